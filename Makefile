@@ -1,0 +1,43 @@
+# make demo: set up everything, then compare plain and speculative decoding on the built-in models.
+# make test: set up what the tests need, then run the whole suite.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SPECDEC := $(VENV)/bin/specdec
+DEMO_MODELS := qwen2.5-coder-1.5b qwen2.5-coder-0.5b
+TEST_MODELS := $(DEMO_MODELS) gemma-3-270m
+
+.PHONY: setup demo test models test-models llama-tools bench-plain clean
+
+# The venv, the package, and llama-cpp-python built for this CPU (once; the wheel is cached).
+$(VENV)/.ready: pyproject.toml scripts/install_llama_cpp.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) scripts/install_llama_cpp.py
+	touch $@
+
+setup: $(VENV)/.ready
+
+models: setup
+	$(SPECDEC) fetch $(DEMO_MODELS)
+
+test-models: setup
+	$(SPECDEC) fetch $(TEST_MODELS)
+
+demo: models
+	$(SPECDEC) compare
+
+test: test-models
+	SPECDEC_REQUIRE_MODELS=1 $(PY) -m pytest -q
+
+# llama.cpp's own binaries (llama-bench, llama-speculative-simple) for benchmarks; not in CI.
+llama-tools: setup
+	$(PY) scripts/build_llama_cpp_tools.py
+
+# Our plain decoding next to llama-bench's tg128 on the same model and threads.
+bench-plain: llama-tools models
+	$(PY) benchmarks/plain_vs_llama_bench.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info
