@@ -9,6 +9,9 @@ We build with GGML_NATIVE=OFF and switch on exactly the x86 extensions /proc/cpu
 pip caches built wheels without regard to CMAKE_ARGS, so we never let pip's cache answer: the
 wheel is built with --no-cache-dir into $SPECDEC_HOME/wheels/<version>-<hash of the flags>/ and
 installed from there; a second run (or CI on the same machine) skips the five-minute compile.
+
+    python scripts/install_llama_cpp.py                     # build once, install into this Python
+    python scripts/install_llama_cpp.py --print-cmake-args  # just print the flags for this CPU
 """
 from __future__ import annotations
 
@@ -76,6 +79,9 @@ def run(cmd: list[str], env: dict | None = None) -> None:
 
 def main() -> int:
     args = cmake_args()
+    if "--print-cmake-args" in sys.argv[1:]:
+        print(args)
+        return 0
     tag = hashlib.sha256(f"{VERSION} {args} {sys.version_info[:2]}".encode()).hexdigest()[:12]
     wheel_dir = specdec_home() / "wheels" / f"llama-cpp-python-{VERSION}-{tag}"
     wheels = sorted(wheel_dir.glob("llama_cpp_python-*.whl"))
