@@ -60,11 +60,16 @@ def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--target", default=catalog.DEFAULT_TARGET,
                    help=f"built-in name or .gguf path (default: {catalog.DEFAULT_TARGET})")
-    g.add_argument("--draft", default=catalog.DEFAULT_DRAFT,
-                   help="built-in name, .gguf path, 'ngram' (prompt lookup) or 'none' "
+    g.add_argument("--draft", default="auto",
+                   help="'auto' (a cost-aware controller picks prompt lookup, the draft model or a "
+                        "plain step, and k, every step), a built-in name or .gguf path (a draft model, "
+                        "k tokens a step), 'ngram' (prompt lookup, k tokens a step) or 'none' "
+                        "(default: auto)")
+    g.add_argument("--draft-model", default=catalog.DEFAULT_DRAFT,
+                   help=f"the draft model --draft auto may use; 'none' for prompt lookup only "
                         f"(default: {catalog.DEFAULT_DRAFT})")
     g.add_argument("-k", "--draft-tokens", type=_non_negative_int, default=4, metavar="K",
-                   help="draft tokens per step; 0 = plain decoding (default: 4)")
+                   help="draft tokens per step with a fixed drafter; 0 = plain decoding (default: 4)")
     g.add_argument("--threads", type=_positive(int), default=None,
                    help="CPU threads (default: all cores this process may use)")
     g.add_argument("--ctx", type=_positive(int), default=4096, help="context window in tokens (default: 4096)")
@@ -106,7 +111,37 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the same loaded models and print both, with the speedup and "
                                    "acceptance statistics.")
     _add_request_flags(p, max_tokens=128)
+    p.add_argument("--stats", action="store_true", help="also print the controller's decisions")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+
+    p = sub.add_parser("bench", help="benchmark methods and peers on a prompt suite",
+                       description="Run every (prompt, method) pair of a prompt suite with repeats, "
+                                   "alternating methods, and write results.jsonl, summary.md, "
+                                   "speedup.png and acceptance.png to --out. By default: two prompts "
+                                   "per category and the informative methods; --full runs everything.")
+    p.add_argument("--suite", default=None, help="prompt suite (JSONL: id, category, prompt; "
+                                                 "default: benchmarks/prompts.jsonl)")
+    p.add_argument("--categories", nargs="+", default=None, help="only these categories")
+    p.add_argument("--methods", nargs="+", default=None,
+                   help="plain, draft:K, ngram:K, llama.cpp:plain, llama.cpp:draft:K, "
+                        "llama.cpp:ngram-simple:K (or another llama.cpp n-gram type), hf:plain, "
+                        "hf:assisted:K, hf:prompt-lookup:K")
+    p.add_argument("--max-tokens", "-n", type=_positive(int), default=256, help="per run (default: 256)")
+    p.add_argument("--repeats", type=_positive(int), default=1, help="runs per (prompt, method) (default: 1)")
+    p.add_argument("--per-category", type=_positive(int), default=2,
+                   help="prompts per category (default: 2; --full: all)")
+    p.add_argument("--limit", type=_positive(int), default=None, help="at most this many prompts")
+    p.add_argument("--full", action="store_true", help="every prompt and every method")
+    p.add_argument("--out", default="bench-out", help="output folder (default: bench-out)")
+    p.add_argument("--llama-cpp-bin", default=None, metavar="DIR",
+                   help="folder with llama.cpp's llama-speculative-simple: adds the llama.cpp peer")
+    p.add_argument("--hf", action="store_true", help="add the Hugging Face transformers peer")
+    p.add_argument("--target", default=catalog.DEFAULT_TARGET)
+    p.add_argument("--draft", default=catalog.DEFAULT_DRAFT, help="the draft model for draft:K methods")
+    p.add_argument("--threads", type=_positive(int), default=None)
+    p.add_argument("--ctx", type=_positive(int), default=8192)
+    p.add_argument("--temperature", "-t", type=_float_in(0, float("inf"), False), default=0.0)
+    p.add_argument("--seed", type=int, default=None)
 
     sub.add_parser("models", help="list the built-in models and whether each is installed and assembled",
                    description="List the built-in models.")
@@ -136,21 +171,25 @@ def _read_prompt(args, default: str | None) -> str:
     raise SpecdecError("no prompt: give --prompt, --prompt-file, or pipe it on stdin")
 
 
-def _load(args):
-    """(target, drafter, k) from the flags."""
+def _decoder(args):
+    """The SpeculativeDecoder the flags ask for."""
     from . import load_model
+    from .drafters.model import ModelDrafter
+    from .engine import SpeculativeDecoder
 
     target = load_model(args.target, n_ctx=args.ctx, threads=args.threads)
-    k = args.draft_tokens
-    draft = args.draft
+    draft, k = args.draft, args.draft_tokens
     if draft in ("none", "") or k == 0:
-        return target, None, 0
+        return SpeculativeDecoder(target, None, 0)
     if draft == "ngram":
-        return target, "ngram", k
-    from .drafters.model import ModelDrafter
-
+        return SpeculativeDecoder(target, "ngram", k)
+    if draft == "auto":
+        model = None
+        if args.draft_model not in ("none", ""):
+            model = ModelDrafter(load_model(args.draft_model, n_ctx=args.ctx, threads=args.threads), target)
+        return SpeculativeDecoder(target, "auto", draft_model=model)
     model = load_model(draft, n_ctx=args.ctx, threads=args.threads)
-    return target, ModelDrafter(model, target), k
+    return SpeculativeDecoder(target, ModelDrafter(model, target), k)
 
 
 def _config(args):
@@ -161,10 +200,13 @@ def _config(args):
                             stop=tuple(args.stop), chat=args.chat, system=args.system)
 
 
-def _drafter_name(drafter) -> str:
-    if drafter is None:
+def _drafter_name(decoder) -> str:
+    if decoder.auto:
+        model = decoder.model_drafter
+        return "auto (ngram" + (f" + {model.model.name})" if model is not None else ")")
+    if decoder.drafter is None:
         return "none"
-    return drafter if isinstance(drafter, str) else drafter.model.name
+    return "ngram" if decoder.drafter.name == "ngram" else decoder.drafter.model.name
 
 
 def _stats_lines(stats) -> list[str]:
@@ -177,22 +219,28 @@ def _stats_lines(stats) -> list[str]:
         f"mean accepted len {stats.mean_accepted_length:.2f} tokens/step",
         f"by draft position {by_pos}",
         f"drafter / target  {stats.draft_seconds:.2f} s / {stats.target_seconds:.2f} s",
-    ]
+        f"decisions         {_decisions(stats)}",
+    ] + ([f"speedup predicted {stats.predicted_speedup:.2f}x, measured {stats.measured_speedup:.2f}x "
+          f"(against the controller's plain-step cost)"] if stats.predicted_speedup else [])
+
+
+def _decisions(stats) -> str:
+    """Steps per (drafter, k), most used first."""
+    items = sorted(stats.decisions.items(), key=lambda kv: -kv[1])
+    return " ".join(f"{key}={n}" for key, n in items) or "-"
 
 
 def cmd_generate(args) -> int:
-    from .engine import SpeculativeDecoder
-
     prompt = _read_prompt(args, default=None)
     config = _config(args)
-    target, drafter, k = _load(args)
-    decoder = SpeculativeDecoder(target, drafter, k)
+    decoder = _decoder(args)
+    target = decoder.target
     stream = decoder.stream(prompt, config)
     if args.json:
         for _ in stream:
             pass
         out = stream.result.to_dict()
-        out.update(target=target.name, draft=_drafter_name(drafter), k=k)
+        out.update(target=target.name, draft=_drafter_name(decoder), k=None if decoder.auto else decoder.k)
         print(json.dumps(out, ensure_ascii=False))
     else:
         for piece in stream:
@@ -209,16 +257,18 @@ def cmd_compare(args) -> int:
 
     prompt = _read_prompt(args, default=DEFAULT_PROMPT)
     config = _config(args)
-    target, drafter, k = _load(args)
-    result = compare(target, drafter, prompt, config, k)
+    decoder = _decoder(args)
+    target = decoder.target
+    k = "auto" if decoder.auto else decoder.k
+    result = compare(decoder, prompt, config)
     if args.json:
         out = result.to_dict()
-        out.update(target=target.name, draft=_drafter_name(drafter), k=k, verdict=result.verdict())
+        out.update(target=target.name, draft=_drafter_name(decoder), k=k, verdict=result.verdict())
         print(json.dumps(out, ensure_ascii=False))
         return 0
     p, s = result.plain.stats, result.speculative.stats
     mode = "greedy" if config.sampling.greedy else f"temperature {config.temperature}"
-    print(f"target {target.name} | draft {_drafter_name(drafter)} | k={k} | {mode} | "
+    print(f"target {target.name} | draft {_drafter_name(decoder)} | k={k} | {mode} | "
           f"threads {target.n_threads} | prompt {p.prompt_tokens} tokens")
     print()
     print(f"{'':22}{'plain':>12}{'speculative':>14}")
@@ -238,6 +288,40 @@ def cmd_compare(args) -> int:
     print(f"acceptance by position {by_pos}")
     print(f"drafter vs target     {s.draft_seconds:.2f} s vs {s.target_seconds:.2f} s")
     print(f"outputs               {result.verdict()}")
+    if args.stats:
+        print(f"decisions             {_decisions(s)}")
+        if s.predicted_speedup:
+            print(f"controller speedup    predicted {s.predicted_speedup:.2f}x, measured "
+                  f"{s.measured_speedup:.2f}x (against its plain-step cost)")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from pathlib import Path
+
+    from . import bench
+
+    methods = list(args.methods or (bench.FULL_METHODS if args.full else bench.DEFAULT_METHODS))
+    if not args.methods:
+        if args.llama_cpp_bin:
+            methods += bench.LLAMA_CPP_METHODS
+        if args.hf:
+            methods += bench.HF_METHODS
+    for method in methods:
+        bench.parse_method(method)   # fail on a typo before loading anything
+    prompts = bench.load_suite(Path(args.suite) if args.suite else bench.DEFAULT_SUITE, args.categories,
+                               None if args.full else args.per_category, args.limit)
+    runner = bench.Bench(args.target, args.draft, args.threads, args.ctx, args.max_tokens,
+                         args.temperature, args.seed, args.llama_cpp_bin)
+    if args.hf or any(m.startswith("hf:") for m in methods):
+        runner.enable_hf()
+    out = Path(args.out)
+    print(f"{len(prompts)} prompts x {len(methods)} methods x {args.repeats} repeats -> {out}/",
+          file=sys.stderr)
+    rows = bench.run_bench(runner, prompts, methods, args.repeats, out)
+    print(bench.write_summary(rows, runner, methods, out, "specdec bench " + " ".join(sys.argv[2:])))
+    for path in bench.plot(rows, methods, out):
+        print(f"wrote {path}")
     return 0
 
 
@@ -258,7 +342,8 @@ def cmd_fetch(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "compare": cmd_compare, "models": cmd_models, "fetch": cmd_fetch}
+COMMANDS = {"generate": cmd_generate, "compare": cmd_compare, "bench": cmd_bench, "models": cmd_models,
+            "fetch": cmd_fetch}
 
 
 def main(argv: list[str] | None = None) -> int:

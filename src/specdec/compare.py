@@ -61,10 +61,11 @@ def top2_gap(target: CausalLM, tokens: Sequence[int]) -> float:
     return float(top2[1] - top2[0])
 
 
-def compare(target: CausalLM, drafter, prompt, config: GenerationConfig, k: int = 4,
+def compare(speculative: SpeculativeDecoder, prompt, config: GenerationConfig,
             warmup: bool = True) -> Comparison:
+    """Plain decoding, then `speculative`, on the same request and the same loaded target."""
+    target = speculative.target
     plain = SpeculativeDecoder(target, None)
-    speculative = SpeculativeDecoder(target, drafter, k)
     if warmup:  # touch every weight page of both models so that neither run pays for it
         speculative.generate(prompt, replace(config, max_new_tokens=min(8, config.max_new_tokens)))
     plain_result = plain.generate(prompt, config)

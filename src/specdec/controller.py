@@ -1,21 +1,43 @@
 """Chooses the drafter and the draft length for each step.
 
-For now the policy is fixed: the one drafter, k tokens a step (k = 0 or no drafter is plain
-decoding). The engine asks before every step and reports after it, so a cost-aware policy can
-replace this one without touching the loop.
+`FixedController`: one drafter, k tokens a step (k = 0 or no drafter is plain decoding).
+
+`CostAwareController` (`--draft auto`): speculation only pays when the tokens it gains are worth
+more than the drafting and the wider target pass cost. Each step it picks the drafter and k that
+maximise expected emitted tokens per second,
+
+    E[tokens | k] / (draft_cost(k) + target_cost(k + 1)),      E[tokens | k] = 1 + sum_i prod_{j<=i} a_j
+
+from measured costs (the target's forward for 1..16 rows, timed at load, cached per model file,
+backend and threads, refined live) and measured acceptance (a_j = P(position j accepted | the ones
+before were), an exponential moving average per drafter, and for prompt lookup per match length).
+k = 0, a plain step, is always a candidate, so speculation steps aside when it cannot pay.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
-from .drafters.base import Drafter
+import numpy as np
+
+from .drafters.base import Draft, Drafter
+
+K_MAX = 15          # largest draft: k + 1 = 16 rows, the widest forward we time
+EMA = 0.15          # weight of a new observation in the moving averages
 
 
 @dataclass
 class FixedController:
     drafter: Drafter | None
     k: int
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
 
     def choose(self, context: Sequence[int], room: int) -> tuple[Drafter | None, int]:
         """(drafter, k) for the next step; `room` is how many more tokens the target's cache holds
@@ -24,6 +46,200 @@ class FixedController:
             return None, 0
         return self.drafter, max(0, min(self.k, room))
 
-    def observe(self, drafter: Drafter | None, k: int, n_drafted: int, n_accepted: int,
+    def draft(self, context: Sequence[int], room: int) -> tuple[Drafter | None, Draft | None]:
+        drafter, k = self.choose(context, room)
+        if drafter is None or k == 0:
+            return None, None
+        draft = drafter.propose(context, k)
+        return drafter, Draft(draft.tokens[:k], None if draft.q is None else draft.q[:k])
+
+    def observe(self, drafter: Drafter | None, draft: Draft | None, n_accepted: int, emitted: Sequence[int],
                 draft_seconds: float, target_seconds: float) -> None:
         """Told the outcome of every step (a fixed policy ignores it)."""
+
+
+# -- costs --------------------------------------------------------------------------------------
+
+def _cache_file(model, tag: str) -> Path | None:
+    from .catalog import specdec_home
+
+    path = getattr(model, "path", None)
+    if path is None:
+        return None
+    st = os.stat(path)
+    key = f"{os.path.abspath(path)} {st.st_size} {st.st_mtime_ns} {type(model).__name__} " \
+          f"{getattr(model, 'n_threads', '')} {tag}"
+    return specdec_home() / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def measure_forward_costs(model, n_max: int = K_MAX + 1, repeats: int = 3, use_cache: bool = True) -> list[float]:
+    """Seconds of one forward of n = 1..n_max rows at a realistic cache depth, median of repeats.
+    Cached per model file, backend and threads in $SPECDEC_HOME/costs/."""
+    cache = _cache_file(model, f"forward-{n_max}") if use_cache else None
+    if cache is not None and cache.is_file():
+        costs = json.loads(cache.read_text())
+        if len(costs) == n_max:
+            return costs
+    context = [int(t) % model.vocab_size for t in range(1000, 1128)]  # [128] arbitrary tokens
+    model.reset()
+    model.forward(context, n_rows=0)
+    base = model.n_past
+    model.forward(context[:n_max], n_rows=n_max)        # warm-up: touch every weight page
+    model.rollback(base)
+    costs = []
+    for n in range(1, n_max + 1):
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            model.forward(context[:n], n_rows=n)
+            times.append(time.perf_counter() - t)
+            model.rollback(base)
+        costs.append(float(np.median(times)))
+    model.reset()
+    costs = list(np.maximum.accumulate(costs))          # wider is never cheaper: smooth out noise
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(costs))
+    return costs
+
+
+class CostTable:
+    """target_cost(n) for n rows, from the load-time measurement, refined by live observations."""
+
+    def __init__(self, costs: Sequence[float]):
+        self.costs = list(costs)                        # [n_max] seconds for 1..n_max rows
+
+    def __call__(self, n: int) -> float:
+        if n <= len(self.costs):
+            return self.costs[n - 1]
+        return self.costs[-1] * n / len(self.costs)
+
+    def observe(self, n: int, seconds: float) -> None:
+        if 1 <= n <= len(self.costs) and seconds > 0:
+            # scale the whole curve a little: the machine got faster or slower for every width
+            ratio = 1.0 + EMA * 0.2 * (seconds / self.costs[n - 1] - 1.0)
+            self.costs = [c * ratio for c in self.costs]
+            self.costs[n - 1] += EMA * (seconds - self.costs[n - 1])
+
+
+# -- acceptance ---------------------------------------------------------------------------------
+
+@dataclass
+class Acceptance:
+    """a[i] = P(draft position i accepted | positions before it were), as moving averages."""
+    prior: float
+    a: np.ndarray = field(default=None)  # [K_MAX]
+
+    def __post_init__(self):
+        if self.a is None:
+            self.a = np.full(K_MAX, self.prior)
+
+    def expected_tokens(self, k_max: int) -> np.ndarray:
+        """[k_max + 1] E[emitted tokens | k] for k = 0..k_max: the accepted prefix plus one."""
+        survive = np.cumprod(self.a[:k_max])            # [k_max] P(first i+1 positions accepted)
+        return 1.0 + np.concatenate([[0.0], np.cumsum(survive)])
+
+    def observe(self, n_drafted: int, n_accepted: int) -> None:
+        # positions 0..n_accepted were examined: the first n_accepted passed, the next one failed
+        for i in range(min(n_accepted + 1, n_drafted)):
+            self.a[i] += EMA * ((1.0 if i < n_accepted else 0.0) - self.a[i])
+
+
+def _agreement(proposal: Sequence[int], emitted: Sequence[int]) -> tuple[int, int]:
+    """(positions checked, positions that matched) of a draft against the tokens the target emitted."""
+    n = min(len(proposal), len(emitted))
+    matched = 0
+    while matched < n and proposal[matched] == emitted[matched]:
+        matched += 1
+    return (min(matched + 1, n), matched)
+
+
+class CostAwareController:
+    """Picks, every step, prompt lookup with its best k, the draft model with its best k, or a
+    plain step, whichever promises the most tokens per second (see the module docstring)."""
+
+    def __init__(self, target, ngram: Drafter | None, model_drafter: Drafter | None,
+                 target_costs: Sequence[float], draft_token_cost: float | None = None,
+                 explore_every: int = 32):
+        self.target_cost = CostTable(target_costs)
+        self.ngram, self.model = ngram, model_drafter
+        self.draft_token_cost = draft_token_cost      # seconds per proposed token of the model drafter
+        self.ngram_accept = {n: Acceptance(prior=0.5) for n in range(1, 9)}   # by match length
+        self.model_accept = Acceptance(prior=0.7)
+        self.explore_every = explore_every
+        self._steps = 0
+        self._shadow: tuple[list[int], int] | None = None   # free n-gram proposal, for learning
+        self.decisions: dict[str, int] = {}           # "plain" / "ngram:k" / "draft:k" -> steps
+        self.predicted_speedup: list[float] = []       # per step: chosen value / plain value
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self._shadow = None
+        self.predicted_speedup = []
+
+    def speedups(self, tokens_per_second: float) -> tuple[float, float]:
+        """(predicted, measured) speedup over plain decoding for the generation so far: the mean
+        of each step's promise, and the tokens/s achieved over what plain steps would give."""
+        predicted = float(np.mean(self.predicted_speedup)) if self.predicted_speedup else 1.0
+        return predicted, tokens_per_second * self.target_cost(1)
+
+    # -- the decision -------------------------------------------------------------------------
+
+    def _best_k(self, expected: np.ndarray, draft_cost) -> tuple[int, float]:
+        """argmax over k of expected[k] / (draft_cost(k) + target_cost(k + 1))."""
+        values = [expected[k] / (draft_cost(k) + self.target_cost(k + 1)) for k in range(len(expected))]
+        k = int(np.argmax(values))
+        return k, values[k]
+
+    def draft(self, context: Sequence[int], room: int) -> tuple[Drafter | None, Draft | None]:
+        self._steps += 1
+        k_cap = max(0, min(K_MAX, room))
+        plain_value = 1.0 / self.target_cost(1)
+        best = ("plain", 0, plain_value, None)
+        # Prompt lookup is free to consult: look first, then decide how much of it to use.
+        if self.ngram is not None and k_cap:
+            proposal = self.ngram.propose(context, k_cap)
+            match = max(1, min(getattr(self.ngram, "last_match_length", 1), 8))
+            self._shadow = (list(proposal.tokens), match) if proposal.tokens else None
+            if proposal.tokens:
+                expected = self.ngram_accept[match].expected_tokens(len(proposal.tokens))
+                k, value = self._best_k(expected, lambda k: 0.0)
+                if value > best[2]:
+                    best = ("ngram", k, value, proposal)
+        if self.model is not None and k_cap and self.draft_token_cost is not None:
+            expected = self.model_accept.expected_tokens(min(k_cap, 8))
+            k, value = self._best_k(expected, lambda k: k * self.draft_token_cost)
+            explore = self._steps % self.explore_every == 0 and best[0] == "plain"
+            if value > best[2] or (explore and k == 0):
+                best = ("draft", max(k, 1), value, None)
+        kind, k, value, proposal = best
+        self.predicted_speedup.append(value / plain_value)
+        key = "plain" if kind == "plain" or k == 0 else f"{kind}:{k}"
+        self.decisions[key] = self.decisions.get(key, 0) + 1
+        if kind == "ngram" and k:
+            return self.ngram, Draft(proposal.tokens[:k])
+        if kind == "draft":
+            draft = self.model.propose(context, k)
+            return self.model, Draft(draft.tokens[:k], None if draft.q is None else draft.q[:k])
+        return None, None
+
+    # -- learning -----------------------------------------------------------------------------
+
+    def observe(self, drafter: Drafter | None, draft: Draft | None, n_accepted: int, emitted: Sequence[int],
+                draft_seconds: float, target_seconds: float) -> None:
+        n_drafted = len(draft.tokens) if draft is not None else 0
+        self.target_cost.observe(n_drafted + 1, target_seconds)
+        if drafter is self.model and drafter is not None and n_drafted:
+            self.model_accept.observe(n_drafted, n_accepted)
+            per_token = draft_seconds / n_drafted
+            if self.draft_token_cost is None:
+                self.draft_token_cost = per_token
+            else:
+                self.draft_token_cost += EMA * (per_token - self.draft_token_cost)
+        if self._shadow is not None:
+            # Prompt lookup costs nothing to check after the fact: score its proposal against what
+            # the target emitted, whether or not it was used, so its estimate never goes stale.
+            tokens, match = self._shadow
+            checked, matched = _agreement(tokens, emitted)
+            if checked:
+                self.ngram_accept[match].observe(checked, matched)
+        self._shadow = None

@@ -72,15 +72,50 @@ class GenerationStream:
 
 
 class SpeculativeDecoder:
-    """Generates with `target`, drafting with `drafter`: None (plain decoding), "ngram",
-    a CausalLM of the same vocabulary, or any Drafter. `k` is the draft length per step."""
+    """Generates with `target`, drafting with `drafter`:
 
-    def __init__(self, target: CausalLM, drafter: Drafter | CausalLM | str | None = None, k: int = 4):
+    - None: plain decoding;
+    - "ngram": prompt lookup, k tokens a step;
+    - a CausalLM of the same vocabulary (or any Drafter): k tokens a step;
+    - "auto": the cost-aware controller picks prompt lookup, `draft_model` (if given) or a plain
+      step, and k, every step (controller.CostAwareController); `k` is then ignored.
+    """
+
+    def __init__(self, target: CausalLM, drafter: Drafter | CausalLM | str | None = None, k: int = 4,
+                 draft_model: CausalLM | Drafter | None = None):
         if k < 0:
             raise SpecdecError(f"k (draft tokens per step) must be >= 0, got {k}")
         self.target = target
-        self.drafter = _as_drafter(drafter, target)
         self.k = k
+        self.auto = drafter == "auto"
+        if self.auto:
+            from .drafters.ngram import NgramDrafter
+            self.ngram = NgramDrafter()
+            self.model_drafter = _as_drafter(draft_model, target)
+            self.drafter = None
+            self._auto_controller = None
+        else:
+            self.drafter = _as_drafter(drafter, target)
+
+    def drafters(self) -> list[Drafter]:
+        if self.auto:
+            return [d for d in (self.ngram, self.model_drafter) if d is not None]
+        return [self.drafter] if self.drafter is not None else []
+
+    def controller(self):
+        """The policy for the next generation. The cost-aware one is built once, so what it learned
+        (costs, acceptance) carries over from one generation to the next."""
+        if not self.auto:
+            return FixedController(self.drafter, self.k if self.drafter else 0)
+        if self._auto_controller is None:
+            from .controller import CostAwareController, measure_forward_costs
+            costs = measure_forward_costs(self.target)
+            draft_cost = None
+            if self.model_drafter is not None and hasattr(self.model_drafter, "model"):
+                draft_cost = measure_forward_costs(self.model_drafter.model, n_max=1)[0]
+            self._auto_controller = CostAwareController(self.target, self.ngram, self.model_drafter,
+                                                        costs, draft_cost)
+        return self._auto_controller
 
     # -- public API -------------------------------------------------------------------------
 
@@ -125,9 +160,10 @@ class SpeculativeDecoder:
         text (stop strings) are applied by the caller, which simply stops iterating."""
         target, params = self.target, config.sampling
         rng = np.random.default_rng(config.seed)
-        controller = FixedController(self.drafter, self.k if self.drafter else 0)
-        if self.drafter is not None:
-            self.drafter.begin(prompt_tokens, params, rng)
+        controller = self.controller()
+        for drafter in self.drafters():
+            drafter.begin(prompt_tokens, params, rng)
+        controller.begin(prompt_tokens)
         eog = target.tokenizer.eog_ids
         stats.prompt_tokens = len(prompt_tokens)
 
@@ -141,16 +177,14 @@ class SpeculativeDecoder:
         context = list(prompt_tokens)
         generated = 0
         while True:
-            # 1. pick the drafter and k; keep k + 1 rows inside the context window
-            room = target.n_ctx - len(context) - 1
+            room = target.n_ctx - len(context) - 1   # k + 1 rows must fit in the context window
             if room < 0:
                 stats.finish_reason = "context"
                 break
-            drafter, k = controller.choose(context, room)
-            # 2. draft
+            # 1-2. the controller picks the drafter and k (0 = a plain step), and drafts
             t = time.perf_counter()
-            draft = drafter.propose(context, k) if drafter and k else None
-            draft_tokens = draft.tokens[:k] if draft else []
+            drafter, draft = controller.draft(context, room)
+            draft_tokens = draft.tokens if draft is not None else []
             t_draft = time.perf_counter() - t
             # 3. score [last, *draft] in one target pass: k + 1 rows
             t = time.perf_counter()
@@ -169,8 +203,7 @@ class SpeculativeDecoder:
                 t_draft += time.perf_counter() - t
             stats.draft_seconds += t_draft
             stats.target_seconds += t_target
-            stats.record_step(len(draft_tokens), n)
-            controller.observe(drafter, k, len(draft_tokens), n, t_draft, t_target)
+            stats.record_step(len(draft_tokens), n, drafter.name.split(":")[0] if drafter else "plain")
             # 6. emit, honouring end-of-generation tokens and the token budget
             emitted = []
             for token in [*draft_tokens[:n], next_token]:
@@ -182,9 +215,12 @@ class SpeculativeDecoder:
                 if generated >= config.max_new_tokens:
                     stats.finish_reason = "length"
                     break
+            controller.observe(drafter, draft, n, emitted, t_draft, t_target)
             context += emitted
             stats.generated_tokens = generated
             stats.decode_seconds = time.perf_counter() - t_decode
+            if hasattr(controller, "speedups"):
+                stats.predicted_speedup, stats.measured_speedup = controller.speedups(stats.tokens_per_second)
             if emitted:
                 yield emitted
             if stats.finish_reason:

@@ -13,14 +13,19 @@ class GenerationStats:
     accepted: int = 0                   # draft tokens kept
     drafted_at: list[int] = field(default_factory=list)    # [position] tokens drafted at draft position i
     accepted_at: list[int] = field(default_factory=list)   # [position] of those, how many were kept
+    decisions: dict[str, int] = field(default_factory=dict)  # "plain" / "ngram:k" / "draft:k" -> steps
+    predicted_speedup: float | None = None   # --draft auto: what the controller expected
+    measured_speedup: float | None = None    # --draft auto: tokens/s over its plain-step estimate
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0         # wall time from the end of the prefill to the last token
     draft_seconds: float = 0.0          # time inside drafter.propose / accept
     target_seconds: float = 0.0         # time inside target.forward / rollback
     finish_reason: str = ""             # "length", "eog", "stop", "context"
 
-    def record_step(self, n_drafted: int, n_accepted: int) -> None:
+    def record_step(self, n_drafted: int, n_accepted: int, kind: str = "draft") -> None:
         self.steps += 1
+        key = f"{kind}:{n_drafted}" if n_drafted else "plain"
+        self.decisions[key] = self.decisions.get(key, 0) + 1
         self.drafted += n_drafted
         self.accepted += n_accepted
         if n_drafted > len(self.drafted_at):

@@ -1,0 +1,352 @@
+"""`specdec bench`: fixed prompts, warm-up, repeats, medians, and the peers on the same machine.
+
+Every (prompt, method) pair runs `repeats` times; methods alternate per prompt (the order rotates)
+so that drift in machine speed hits all methods alike. Speedups are computed pair by pair: each
+run against the plain run of the same prompt and repeat, then the median per category.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .errors import SpecdecError
+
+DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts.jsonl"
+CATEGORIES = ("code-generation", "code-editing", "summarization", "chat", "math")
+DEFAULT_METHODS = ("plain", "draft:2", "draft:4", "ngram:4", "ngram:8", "ngram:16")
+LLAMA_CPP_METHODS = ("llama.cpp:plain", "llama.cpp:draft:4", "llama.cpp:ngram-simple:8",
+                     "llama.cpp:ngram-map-k:8", "llama.cpp:ngram-mod:8")
+FULL_METHODS = ("plain", *(f"draft:{k}" for k in range(1, 9)), "ngram:2", "ngram:4", "ngram:8", "ngram:16")
+HF_METHODS = ("hf:plain", "hf:assisted:4", "hf:prompt-lookup:8")
+
+
+@dataclass
+class Row:
+    prompt_id: str
+    category: str
+    method: str
+    repeat: int
+    tokens: int
+    seconds: float
+    tokens_per_second: float
+    drafted: int = 0
+    accepted: int = 0
+    acceptance_rate: float = 0.0
+    mean_accepted_length: float = 0.0
+    identical_to_plain: bool | None = None
+    acceptance_by_position: list[float] = field(default_factory=list)
+    drafted_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    text: str = ""
+
+
+def load_suite(path: Path, categories=None, per_category: int | None = None, limit: int | None = None):
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise SpecdecError(f"cannot read the prompt suite {path}: {exc.strerror}") from None
+    prompts = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            item["id"], item["category"], item["prompt"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise SpecdecError(f"{path}:{n}: each line needs a JSON object with id, category and prompt") from None
+        if categories and item["category"] not in categories:
+            continue
+        prompts.append(item)
+    if per_category:
+        kept, seen = [], {}
+        for item in prompts:
+            seen[item["category"]] = seen.get(item["category"], 0) + 1
+            if seen[item["category"]] <= per_category:
+                kept.append(item)
+        prompts = kept
+    if limit:
+        prompts = prompts[:limit]
+    if not prompts:
+        raise SpecdecError(f"no prompts selected from {path}")
+    return prompts
+
+
+def parse_method(method: str) -> tuple[str, str, int]:
+    """'plain' | 'draft:K' | 'ngram:K' | 'llama.cpp:plain' | 'llama.cpp:draft:K' |
+    'llama.cpp:<ngram type>:K' | 'hf:plain' | 'hf:assisted:K' | 'hf:prompt-lookup:K'
+    -> (runner, drafter, k)."""
+    parts = method.split(":")
+    runner = "specdec"
+    if parts[0] in ("llama.cpp", "hf"):
+        runner, parts = parts[0], parts[1:]
+    try:
+        if parts == ["plain"]:
+            return runner, "plain", 0
+        if len(parts) == 2 and int(parts[1]) >= 1:
+            if runner == "specdec" and parts[0] in ("draft", "ngram"):
+                return runner, parts[0], int(parts[1])
+            if runner == "llama.cpp" and (parts[0] == "draft" or parts[0].startswith("ngram")):
+                return runner, parts[0], int(parts[1])
+            if runner == "hf" and parts[0] in ("assisted", "prompt-lookup"):
+                return runner, parts[0], int(parts[1])
+    except ValueError:
+        pass
+    raise SpecdecError(f"unknown method {method!r}: use plain, draft:K, ngram:K, llama.cpp:plain, "
+                       f"llama.cpp:draft:K, llama.cpp:ngram-simple:K, hf:plain, hf:assisted:K, "
+                       f"hf:prompt-lookup:K")
+
+
+class Bench:
+    def __init__(self, target_name: str, draft_name: str, threads: int | None, ctx: int,
+                 max_tokens: int, temperature: float = 0.0, seed: int | None = None,
+                 llama_cpp_bin: str | None = None):
+        from . import load_model
+        from .catalog import resolve
+        from .drafters.model import ModelDrafter
+        from .models.llama_cpp import default_threads
+
+        self.threads = threads or default_threads()
+        self.ctx, self.max_tokens, self.temperature, self.seed = ctx, max_tokens, temperature, seed
+        self.target = load_model(target_name, n_ctx=ctx, threads=self.threads)
+        self.draft_model = load_model(draft_name, n_ctx=ctx, threads=self.threads)
+        self.drafter = ModelDrafter(self.draft_model, self.target)
+        self.target_path, self.draft_path = resolve(target_name), resolve(draft_name)
+        self.llama_cpp = None
+        if llama_cpp_bin:
+            from .peers import LlamaCppPeer
+            self.llama_cpp = LlamaCppPeer(llama_cpp_bin, self.target_path, self.draft_path, self.threads, ctx)
+        self.hf = None
+
+    def enable_hf(self):
+        from .peers import HuggingFacePeer
+        self.hf = HuggingFacePeer(self.target_path, self.draft_path, self.threads)
+
+    def prompt_text(self, prompt: str) -> str:
+        """The chat-templated prompt, as every runner receives it."""
+        tok = self.target.tokenizer
+        return tok.apply_chat_template([{"role": "user", "content": prompt}])
+
+    def run(self, item: dict, method: str, repeat: int) -> Row:
+        from .engine import GenerationConfig, SpeculativeDecoder
+
+        runner, drafter, k = parse_method(method)
+        text = self.prompt_text(item["prompt"])
+        row = Row(item["id"], item["category"], method, repeat, 0, 0.0, 0.0)
+        if runner == "specdec":
+            chosen = {"plain": None, "draft": self.drafter, "ngram": "ngram"}[drafter]
+            config = GenerationConfig(max_new_tokens=self.max_tokens, temperature=self.temperature,
+                                      seed=self.seed, chat=False)
+            result = SpeculativeDecoder(self.target, chosen, k).generate(text, config)
+            s = result.stats
+            row.tokens, row.seconds, row.tokens_per_second = s.generated_tokens, s.decode_seconds, s.tokens_per_second
+            row.drafted, row.accepted = s.drafted, s.accepted
+            row.acceptance_rate, row.mean_accepted_length = s.acceptance_rate, s.mean_accepted_length
+            row.acceptance_by_position = s.acceptance_by_position
+            row.drafted_at, row.accepted_at = s.drafted_at, s.accepted_at
+            row.text = result.text
+        elif runner == "llama.cpp":
+            if self.llama_cpp is None:
+                raise SpecdecError("llama.cpp methods need --llama-cpp-bin DIR (see `make llama-tools`)")
+            spec_type = {"plain": "none", "draft": "draft-simple"}.get(drafter, drafter)
+            peer = self.llama_cpp.run(text, self.max_tokens, spec_type, k)
+            row.tokens, row.seconds, row.tokens_per_second = peer.tokens, peer.seconds, peer.tokens_per_second
+            row.drafted, row.accepted, row.text = peer.drafted, peer.accepted, peer.text
+            row.acceptance_rate = peer.accepted / peer.drafted if peer.drafted else 0.0
+        else:
+            if self.hf is None:
+                raise SpecdecError("hf methods need --hf")
+            peer = self.hf.run(text, self.max_tokens, drafter, k)
+            row.tokens, row.seconds, row.tokens_per_second = peer.tokens, peer.seconds, peer.tokens_per_second
+            row.text = peer.text
+        return row
+
+
+def _progress(done: int, total: int, started: float, label: str) -> None:
+    elapsed = time.perf_counter() - started
+    eta = elapsed / done * (total - done) if done else 0.0
+    bar = "#" * int(30 * done / total)
+    sys.stderr.write(f"\r[{bar:<30}] {done}/{total} elapsed {elapsed / 60:4.1f} min, "
+                     f"ETA {eta / 60:4.1f} min  {label[:40]:<40}")
+    sys.stderr.flush()
+
+
+def run_bench(bench: Bench, prompts: list[dict], methods: list[str], repeats: int, out: Path) -> list[Row]:
+    out.mkdir(parents=True, exist_ok=True)
+    if "plain" not in methods:
+        methods = ["plain", *methods]   # every speedup is measured against it
+    rows: list[Row] = []
+    total, started = len(prompts) * len(methods) * repeats, time.perf_counter()
+    # Warm-up: every weight page of both models touched before any timing.
+    bench.run(prompts[0], "draft:4", repeat=-1)
+    with open(out / "results.jsonl", "w", encoding="utf-8") as results:
+        for i, item in enumerate(prompts):
+            for repeat in range(repeats):
+                shift = (i * repeats + repeat) % len(methods)
+                order = methods[shift:] + methods[:shift]          # alternate methods per prompt
+                runs = {}
+                for method in order:
+                    _progress(len(rows), total, started, f"{item['id']} {method}")
+                    runs[method] = bench.run(item, method, repeat)
+                    rows.append(runs[method])
+                for method in order:
+                    run = runs[method]
+                    base = runs.get(_plain_of(method))   # each tool against its own plain decoding
+                    run.identical_to_plain = None if base is None else run.text.strip() == base.text.strip()
+                    record = asdict(run)
+                    record.pop("text")
+                    results.write(json.dumps(record) + "\n")
+                results.flush()
+    _progress(total, total, started, "done")
+    sys.stderr.write("\n")
+    return rows
+
+
+def _plain_of(method: str) -> str:
+    runner = parse_method(method)[0]
+    return "plain" if runner == "specdec" else f"{runner}:plain"
+
+
+def speedups(rows: list[Row]) -> dict[tuple[str, str], list[float]]:
+    """(category, method) -> speedups, each run against the plain run of its prompt and repeat."""
+    plain = {(r.prompt_id, r.repeat): r.tokens_per_second for r in rows if r.method == "plain"}
+    out: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        base = plain.get((r.prompt_id, r.repeat))
+        if base:
+            out.setdefault((r.category, r.method), []).append(r.tokens_per_second / base)
+    return out
+
+
+def machine_line(threads: int) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, {threads} threads"
+
+
+def versions() -> str:
+    import importlib.metadata as md
+    from . import __version__
+    parts = [f"specdec {__version__}", f"python {platform.python_version()}"]
+    for dist in ("llama_cpp_python", "numpy", "transformers", "torch"):
+        try:
+            parts.append(f"{dist.replace('_', '-')} {md.version(dist)}")
+        except md.PackageNotFoundError:
+            pass
+    return ", ".join(parts)
+
+
+def write_summary(rows: list[Row], bench: Bench, methods: list[str], out: Path, command: str) -> str:
+    ups = speedups(rows)
+    categories = [c for c in CATEGORIES if any(r.category == c for r in rows)]
+    categories += sorted({r.category for r in rows} - set(categories))
+    methods = [m for m in dict.fromkeys(["plain", *methods]) if any(r.method == m for r in rows)]
+    lines = [
+        "# specdec bench",
+        "",
+        f"- date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- machine: {machine_line(bench.threads)}",
+        f"- versions: {versions()}",
+        f"- target {bench.target.name}, draft {bench.draft_model.name}, max {bench.max_tokens} tokens, "
+        f"{'greedy' if bench.temperature == 0 else f'temperature {bench.temperature}, seed {bench.seed}'}",
+        f"- command: `{command}`",
+        "",
+        "Median tokens/s (decode) and median speedup over plain decoding, pair by pair (each run "
+        "against the plain run of the same prompt).",
+        "",
+        "| category | " + " | ".join(methods) + " |",
+        "|---|" + "---|" * len(methods),
+    ]
+    for cat in [*categories, "all"]:
+        cells = []
+        for m in methods:
+            sel = [r for r in rows if r.method == m and (cat == "all" or r.category == cat)]
+            if not sel:
+                cells.append("-")
+                continue
+            tps = statistics.median(r.tokens_per_second for r in sel)
+            if m == "plain":
+                cells.append(f"{tps:.1f} tok/s")
+            else:
+                su = [s for (c, mm), v in ups.items() if mm == m and (cat == "all" or c == cat) for s in v]
+                cells.append(f"{tps:.1f} tok/s, {statistics.median(su):.2f}x" if su else f"{tps:.1f} tok/s")
+        lines.append(f"| {cat} | " + " | ".join(cells) + " |")
+    lines += ["", "| method | acceptance rate | mean accepted length | identical to plain | min speedup |",
+              "|---|---|---|---|---|"]
+    for m in methods[1:]:
+        sel = [r for r in rows if r.method == m]
+        drafted = sum(r.drafted for r in sel)
+        rate = sum(r.accepted for r in sel) / drafted if drafted else 0.0
+        mal = statistics.median(r.mean_accepted_length for r in sel) if sel[0].mean_accepted_length else 0.0
+        same = sum(bool(r.identical_to_plain) for r in sel if r.identical_to_plain is not None)
+        su = [s for (c, mm), v in ups.items() if mm == m for s in v]
+        lines.append(f"| {m} | {rate:.1%} | {mal:.2f} | {same}/{len(sel)} | {min(su):.2f}x |")
+    text = "\n".join(lines) + "\n"
+    (out / "summary.md").write_text(text, encoding="utf-8")
+    return text
+
+
+def plot(rows: list[Row], methods: list[str], out: Path) -> list[Path]:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plots (pip install matplotlib)", file=sys.stderr)
+        return []
+    import numpy as np
+
+    ups = speedups(rows)
+    categories = [c for c in CATEGORIES if any(r.category == c for r in rows)]
+    shown = [m for m in methods if m != "plain" and any(mm == m for (_, mm) in ups)]
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(categories) + 0.35 * len(shown) * len(categories)), 5))
+    width = 0.8 / max(len(shown), 1)
+    x = np.arange(len(categories))
+    for i, m in enumerate(shown):
+        vals = [statistics.median(ups.get((c, m), [0])) for c in categories]
+        ax.bar(x + (i - (len(shown) - 1) / 2) * width, vals, width, label=m)
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
+    ax.set_xticks(x, categories)
+    ax.set_ylabel("median speedup over plain decoding")
+    ax.set_title("Speedup by category and method (same prompts, same machine)")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    paths = [out / "speedup.png"]
+    fig.savefig(paths[0], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for m in methods:
+        sel = [r for r in rows if r.method == m and r.drafted_at]
+        if not sel:
+            continue
+        n = max(len(r.drafted_at) for r in sel)
+        drafted = np.zeros(n)
+        accepted = np.zeros(n)
+        for r in sel:
+            drafted[:len(r.drafted_at)] += r.drafted_at
+            accepted[:len(r.accepted_at)] += r.accepted_at
+        keep = drafted > 0
+        ax.plot(np.arange(1, n + 1)[keep], (accepted / np.maximum(drafted, 1))[keep], marker="o", label=m)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate (all prompts)")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Acceptance by draft position")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(out / "acceptance.png")
+    fig.savefig(paths[1], dpi=120)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,108 @@
+"""The tools people would use instead, run on the same prompts, models, threads and settings.
+
+- llama.cpp's own `llama-speculative-simple` (draft model, or one of its n-gram types), and plain
+  decoding through the same binary (`--spec-type none`), parsed from its log.
+- Hugging Face transformers `generate()`: plain, with `assistant_model`, and with
+  `prompt_lookup_num_tokens`, on the same GGUF files (transformers dequantises them to float32).
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import SpecdecError
+
+
+@dataclass
+class PeerRun:
+    text: str
+    tokens: int
+    seconds: float
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+_DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+_DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
+_ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
+
+
+class LlamaCppPeer:
+    """Runs llama-speculative-simple from `bin_dir` (built by scripts/build_llama_cpp_tools.py)."""
+
+    def __init__(self, bin_dir: str | Path, target: Path, draft: Path | None, threads: int, ctx: int):
+        self.binary = Path(bin_dir) / "llama-speculative-simple"
+        if not self.binary.is_file():
+            raise SpecdecError(f"no llama-speculative-simple in {bin_dir}; build it with `make llama-tools`")
+        self.target, self.draft, self.threads, self.ctx = target, draft, threads, ctx
+
+    def run(self, prompt_text: str, max_tokens: int, spec_type: str, k: int) -> PeerRun:
+        """spec_type: 'none' (plain), 'draft-simple' (the draft model) or an n-gram type."""
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
+            f.write(prompt_text)
+            f.flush()
+            cmd = [str(self.binary), "-m", str(self.target), "-f", f.name, "-n", str(max_tokens),
+                   "--temp", "0", "-t", str(self.threads), "-c", str(self.ctx), "--spec-type", spec_type,
+                   "--spec-draft-n-max", str(max(k, 1)), "--no-warmup"]
+            if spec_type.startswith("draft"):
+                cmd += ["-md", str(self.draft), "--spec-draft-threads", str(self.threads)]
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+            wall = time.perf_counter() - t0
+        log = proc.stdout + proc.stderr
+        m = _DECODED.search(log)
+        if proc.returncode != 0 or not m:
+            tail = " | ".join(log.strip().splitlines()[-3:])
+            raise SpecdecError(f"llama-speculative-simple ({spec_type}) failed: {tail}")
+        drafted, accepted = _DRAFTED.search(log), _ACCEPTED.search(log)
+        return PeerRun(text=proc.stdout, tokens=int(m.group(1)), seconds=float(m.group(2)) or wall,
+                       drafted=int(drafted.group(1)) if drafted else 0,
+                       accepted=int(accepted.group(1)) if accepted else 0)
+
+
+class HuggingFacePeer:
+    """transformers generate() on the GGUF files (optional: needs torch, transformers, gguf)."""
+
+    def __init__(self, target: Path, draft: Path | None, threads: int):
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError as exc:
+            raise SpecdecError("--hf needs torch and transformers: `make hf-deps` or "
+                               "`pip install torch==2.13.0 transformers gguf`") from exc
+        torch.set_num_threads(threads)
+        self.torch = torch
+
+        def load(path: Path):
+            return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                        torch_dtype=torch.float32).eval()
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(target.parent), gguf_file=target.name)
+        self.target = load(target)
+        self.draft = load(draft) if draft is not None else None
+
+    def run(self, prompt_text: str, max_tokens: int, mode: str, k: int) -> PeerRun:
+        """mode: 'plain', 'assisted' (draft model) or 'prompt-lookup'."""
+        torch = self.torch
+        ids = self.tokenizer(prompt_text, return_tensors="pt", add_special_tokens=False).input_ids
+        kwargs = dict(max_new_tokens=max_tokens, do_sample=False, attention_mask=torch.ones_like(ids))
+        if mode == "assisted":
+            kwargs.update(assistant_model=self.draft, num_assistant_tokens=k,
+                          num_assistant_tokens_schedule="constant")
+        elif mode == "prompt-lookup":
+            kwargs.update(prompt_lookup_num_tokens=k)
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            out = self.target.generate(ids, **kwargs)
+            seconds = time.perf_counter() - t0
+        new = out[0, ids.shape[1]:]
+        return PeerRun(text=self.tokenizer.decode(new, skip_special_tokens=True), tokens=int(new.shape[0]),
+                       seconds=seconds)
