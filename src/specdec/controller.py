@@ -104,22 +104,24 @@ def measure_forward_costs(model, n_max: int = K_MAX + 1, repeats: int = 3, use_c
 
 
 class CostTable:
-    """target_cost(n) for n rows, from the load-time measurement, refined by live observations."""
+    """target_cost(n) for n rows: the load-time measurement times a ratio learned live, per width
+    where that width was seen, else the ratio over all widths (the machine got faster or slower)."""
 
     def __init__(self, costs: Sequence[float]):
-        self.costs = list(costs)                        # [n_max] seconds for 1..n_max rows
+        self.base = list(costs)                         # [n_max] seconds for 1..n_max rows, measured
+        self.ratio: dict[int, float] = {}               # width -> live seconds / measured seconds
+        self.overall = 1.0
 
     def __call__(self, n: int) -> float:
-        if n <= len(self.costs):
-            return self.costs[n - 1]
-        return self.costs[-1] * n / len(self.costs)
+        base = self.base[n - 1] if n <= len(self.base) else self.base[-1] * n / len(self.base)
+        return base * self.ratio.get(n, self.overall)
 
     def observe(self, n: int, seconds: float) -> None:
-        if 1 <= n <= len(self.costs) and seconds > 0:
-            # scale the whole curve a little: the machine got faster or slower for every width
-            ratio = 1.0 + EMA * 0.2 * (seconds / self.costs[n - 1] - 1.0)
-            self.costs = [c * ratio for c in self.costs]
-            self.costs[n - 1] += EMA * (seconds - self.costs[n - 1])
+        if not (1 <= n <= len(self.base)) or seconds <= 0:
+            return
+        r = seconds / self.base[n - 1]
+        self.overall += EMA * (r - self.overall)
+        self.ratio[n] = self.ratio.get(n, self.overall) + EMA * (r - self.ratio.get(n, self.overall))
 
 
 # -- acceptance ---------------------------------------------------------------------------------
