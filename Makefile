@@ -7,7 +7,7 @@ SPECDEC := $(VENV)/bin/specdec
 DEMO_MODELS := qwen2.5-coder-1.5b qwen2.5-coder-0.5b
 TEST_MODELS := $(DEMO_MODELS) gemma-3-270m
 
-.PHONY: setup demo test models test-models llama-tools bench-plain clean
+.PHONY: setup demo test models test-models llama-tools bench bench-plain hf-deps clean
 
 # The venv, the package, and llama-cpp-python built for this CPU (once; the wheel is cached).
 $(VENV)/.ready: pyproject.toml scripts/install_llama_cpp.py
@@ -34,6 +34,18 @@ test: test-models
 # llama.cpp's own binaries (llama-bench, llama-speculative-simple) for benchmarks; not in CI.
 llama-tools: setup
 	$(PY) scripts/build_llama_cpp_tools.py
+
+# The default benchmark (about 25 minutes here): two prompts per category, our methods and the
+# llama.cpp peer. Pass more flags with BENCH_ARGS="--full" or BENCH_ARGS="--hf".
+BENCH_ARGS ?=
+bench: llama-tools models
+	$(PY) -m pip install --quiet -e ".[bench]"
+	$(SPECDEC) bench --llama-cpp-bin "$$($(PY) scripts/build_llama_cpp_tools.py | tail -n 1)" --out bench-out $(BENCH_ARGS)
+
+# The Hugging Face peer for `specdec bench --hf`: CPU torch first, so pip does not pull CUDA builds.
+hf-deps: setup
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[hf]"
 
 # Our plain decoding next to llama-bench's tg128 on the same model and threads.
 bench-plain: llama-tools models

@@ -48,7 +48,7 @@ def test_expected_tokens():
 def test_plain_when_drafting_cannot_pay():
     linear = [0.03 * n for n in range(1, 17)]              # a batch costs as much as its tokens
     c = controller(linear, ngram=FixedProposals(range(10)), model=FixedProposals(range(10), "draft:m"),
-                   draft_cost=0.02, ngram_prior=0.6, model_prior=0.9)
+                   draft_cost=[0.02] * 16, ngram_prior=0.6, model_prior=0.9)
     drafter, draft = c.draft([1, 2, 3], room=100)
     assert drafter is None and draft is None
     assert c.decisions == {"plain": 1}
@@ -80,11 +80,14 @@ def test_room_caps_k():
 
 def test_draft_model_only_when_it_pays():
     cheap_verify = [0.03, 0.031, 0.032, 0.033, 0.034] + [0.04] * 11
-    c = controller(cheap_verify, model=FixedProposals(range(9), "draft:m"), draft_cost=0.002, model_prior=0.9)
+    c = controller(cheap_verify, model=FixedProposals(range(9), "draft:m"), draft_cost=[0.002] * 16,
+                   model_prior=0.9)
     drafter, draft = c.draft([1], room=100)
     assert drafter.name == "draft:m" and len(draft.tokens) >= 4
-    c = controller(cheap_verify, model=FixedProposals(range(9), "draft:m"), draft_cost=0.05, model_prior=0.9)
-    assert c.draft([1], room=100) == (None, None)
+    c = controller(cheap_verify, model=FixedProposals(range(9), "draft:m"), draft_cost=[0.05] * 16,
+                   model_prior=0.9)
+    for _ in range(64):   # not even exploration: a perfect draft would not pay either
+        assert c.draft([1], room=100) == (None, None)
 
 
 def test_shadow_learning_turns_a_useless_ngram_off():

@@ -20,10 +20,10 @@ from .errors import SpecdecError
 
 DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts.jsonl"
 CATEGORIES = ("code-generation", "code-editing", "summarization", "chat", "math")
-DEFAULT_METHODS = ("plain", "draft:2", "draft:4", "ngram:4", "ngram:8", "ngram:16")
+DEFAULT_METHODS = ("plain", "auto", "draft:2", "draft:4", "ngram:4", "ngram:8", "ngram:16")
 LLAMA_CPP_METHODS = ("llama.cpp:plain", "llama.cpp:draft:4", "llama.cpp:ngram-simple:8",
                      "llama.cpp:ngram-map-k:8", "llama.cpp:ngram-mod:8")
-FULL_METHODS = ("plain", *(f"draft:{k}" for k in range(1, 9)), "ngram:2", "ngram:4", "ngram:8", "ngram:16")
+FULL_METHODS = ("plain", "auto", *(f"draft:{k}" for k in range(1, 9)), "ngram:2", "ngram:4", "ngram:8", "ngram:16")
 HF_METHODS = ("hf:plain", "hf:assisted:4", "hf:prompt-lookup:8")
 
 
@@ -89,6 +89,8 @@ def parse_method(method: str) -> tuple[str, str, int]:
     try:
         if parts == ["plain"]:
             return runner, "plain", 0
+        if parts == ["auto"] and runner == "specdec":
+            return runner, "auto", 0
         if len(parts) == 2 and int(parts[1]) >= 1:
             if runner == "specdec" and parts[0] in ("draft", "ngram"):
                 return runner, parts[0], int(parts[1])
@@ -98,7 +100,7 @@ def parse_method(method: str) -> tuple[str, str, int]:
                 return runner, parts[0], int(parts[1])
     except ValueError:
         pass
-    raise SpecdecError(f"unknown method {method!r}: use plain, draft:K, ngram:K, llama.cpp:plain, "
+    raise SpecdecError(f"unknown method {method!r}: use plain, auto, draft:K, ngram:K, llama.cpp:plain, "
                        f"llama.cpp:draft:K, llama.cpp:ngram-simple:K, hf:plain, hf:assisted:K, "
                        f"hf:prompt-lookup:K")
 
@@ -117,6 +119,7 @@ class Bench:
         self.target = load_model(target_name, n_ctx=ctx, threads=self.threads)
         self.draft_model = load_model(draft_name, n_ctx=ctx, threads=self.threads)
         self.drafter = ModelDrafter(self.draft_model, self.target)
+        self.auto = None   # the --draft auto decoder, built once so that it keeps what it learns
         self.target_path, self.draft_path = resolve(target_name), resolve(draft_name)
         self.llama_cpp = None
         if llama_cpp_bin:
@@ -140,10 +143,16 @@ class Bench:
         text = self.prompt_text(item["prompt"])
         row = Row(item["id"], item["category"], method, repeat, 0, 0.0, 0.0)
         if runner == "specdec":
-            chosen = {"plain": None, "draft": self.drafter, "ngram": "ngram"}[drafter]
             config = GenerationConfig(max_new_tokens=self.max_tokens, temperature=self.temperature,
                                       seed=self.seed, chat=False)
-            result = SpeculativeDecoder(self.target, chosen, k).generate(text, config)
+            if drafter == "auto":
+                if self.auto is None:
+                    self.auto = SpeculativeDecoder(self.target, "auto", draft_model=self.drafter)
+                decoder = self.auto
+            else:
+                chosen = {"plain": None, "draft": self.drafter, "ngram": "ngram"}[drafter]
+                decoder = SpeculativeDecoder(self.target, chosen, k)
+            result = decoder.generate(text, config)
             s = result.stats
             row.tokens, row.seconds, row.tokens_per_second = s.generated_tokens, s.decode_seconds, s.tokens_per_second
             row.drafted, row.accepted = s.drafted, s.accepted

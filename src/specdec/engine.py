@@ -110,11 +110,11 @@ class SpeculativeDecoder:
         if self._auto_controller is None:
             from .controller import CostAwareController, measure_forward_costs
             costs = measure_forward_costs(self.target)
-            draft_cost = None
+            draft_costs = None
             if self.model_drafter is not None and hasattr(self.model_drafter, "model"):
-                draft_cost = measure_forward_costs(self.model_drafter.model, n_max=1)[0]
+                draft_costs = measure_forward_costs(self.model_drafter.model)
             self._auto_controller = CostAwareController(self.target, self.ngram, self.model_drafter,
-                                                        costs, draft_cost)
+                                                        costs, draft_costs)
         return self._auto_controller
 
     # -- public API -------------------------------------------------------------------------

@@ -32,6 +32,10 @@ class ModelDrafter:
         self.model.reset()
         self._fed = []
 
+    def lag(self, context: Sequence[int]) -> int:
+        """Context tokens the draft model has not seen yet (what the next proposal feeds first)."""
+        return len(context) - len(self._fed)
+
     def _catch_up(self, context: Sequence[int]) -> np.ndarray:
         """Feed the context tokens the cache lacks (at least one) and return the last row's logits."""
         fed = self._fed
