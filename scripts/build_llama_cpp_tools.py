@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build llama.cpp's own tools (llama-bench, llama-speculative-simple, llama-cli) for benchmarks.
+"""Build llama.cpp's own tools (llama-bench, llama-speculative-simple, llama-completion) for benchmarks.
 
 They are built from the llama.cpp sources vendored in the llama-cpp-python sdist of the version
 we use, with the same CPU flags as our Python build (scripts/install_llama_cpp.py), into
@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from install_llama_cpp import VERSION, cmake_args, run, specdec_home  # noqa: E402
 
-TOOLS = ["llama-bench", "llama-speculative-simple", "llama-speculative", "llama-cli"]
+TOOLS = ["llama-bench", "llama-speculative-simple", "llama-completion"]
 
 
 def main() -> int:
@@ -26,7 +26,7 @@ def main() -> int:
     tag = hashlib.sha256(f"{VERSION} {args}".encode()).hexdigest()[:12]
     home = specdec_home() / f"llama.cpp-{VERSION}-{tag}"
     bin_dir = home / "build" / "bin"
-    if all((bin_dir / t).exists() for t in TOOLS[:2]):
+    if all((bin_dir / t).exists() for t in TOOLS):
         print(bin_dir)
         return 0
     src = home / "src"

@@ -1,7 +1,7 @@
 """The tools people would use instead, run on the same prompts, models, threads and settings.
 
 - llama.cpp's own `llama-speculative-simple` (draft model, or one of its n-gram types), and plain
-  decoding through the same binary (`--spec-type none`), parsed from its log.
+  decoding through `llama-completion` from the same build, parsed from their logs.
 - Hugging Face transformers `generate()`: plain, with `assistant_model`, and with
   `prompt_lookup_num_tokens`, on the same GGUF files (transformers dequantises them to float32).
 """
@@ -31,39 +31,52 @@ class PeerRun:
 
 
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+_EVAL = re.compile(r"\beval time =\s+([\d.]+) ms /\s+(\d+) runs")
 _DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
 _ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
 
 
 class LlamaCppPeer:
-    """Runs llama-speculative-simple from `bin_dir` (built by scripts/build_llama_cpp_tools.py)."""
+    """Runs llama-speculative-simple and llama-completion from `bin_dir` (built by
+    scripts/build_llama_cpp_tools.py)."""
 
     def __init__(self, bin_dir: str | Path, target: Path, draft: Path | None, threads: int, ctx: int):
         self.binary = Path(bin_dir) / "llama-speculative-simple"
-        if not self.binary.is_file():
-            raise SpecdecError(f"no llama-speculative-simple in {bin_dir}; build it with `make llama-tools`")
+        self.plain_binary = Path(bin_dir) / "llama-completion"
+        for binary in (self.binary, self.plain_binary):
+            if not binary.is_file():
+                raise SpecdecError(f"no {binary.name} in {bin_dir}; build it with `make llama-tools`")
         self.target, self.draft, self.threads, self.ctx = target, draft, threads, ctx
 
     def run(self, prompt_text: str, max_tokens: int, spec_type: str, k: int) -> PeerRun:
-        """spec_type: 'none' (plain), 'draft-simple' (the draft model) or an n-gram type."""
+        """spec_type: 'none' (plain, through llama-completion), 'draft-simple' (the draft model) or
+        one of llama.cpp's n-gram types (ngram-simple, ngram-map-k, ngram-mod, ...)."""
         with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
             f.write(prompt_text)
             f.flush()
-            cmd = [str(self.binary), "-m", str(self.target), "-f", f.name, "-n", str(max_tokens),
-                   "--temp", "0", "-t", str(self.threads), "-c", str(self.ctx), "--spec-type", spec_type,
-                   "--spec-draft-n-max", str(max(k, 1)), "--no-warmup"]
-            if spec_type.startswith("draft"):
-                cmd += ["-md", str(self.draft), "--spec-draft-threads", str(self.threads)]
-            t0 = time.perf_counter()
-            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
-            wall = time.perf_counter() - t0
+            common = ["-m", str(self.target), "-f", f.name, "-n", str(max_tokens), "--temp", "0",
+                      "-t", str(self.threads), "-c", str(self.ctx)]
+            if spec_type == "none":
+                cmd = [str(self.plain_binary), *common, "-no-cnv"]
+            else:
+                cmd = [str(self.binary), *common, "--spec-type", spec_type, "--spec-draft-n-max", str(max(k, 1))]
+                if spec_type.startswith("draft"):
+                    cmd += ["-md", str(self.draft), "--spec-draft-threads", str(self.threads)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
+                                  stdin=subprocess.DEVNULL)
         log = proc.stdout + proc.stderr
-        m = _DECODED.search(log)
+        if spec_type == "none":
+            m = _EVAL.search(log)
+            tokens, seconds = (int(m.group(2)), float(m.group(1)) / 1000) if m else (0, 0.0)
+        else:
+            m = _DECODED.search(log)
+            tokens, seconds = (int(m.group(1)), float(m.group(2))) if m else (0, 0.0)
         if proc.returncode != 0 or not m:
             tail = " | ".join(log.strip().splitlines()[-3:])
-            raise SpecdecError(f"llama-speculative-simple ({spec_type}) failed: {tail}")
+            raise SpecdecError(f"llama.cpp ({spec_type}) failed: {tail}")
         drafted, accepted = _DRAFTED.search(log), _ACCEPTED.search(log)
-        return PeerRun(text=proc.stdout, tokens=int(m.group(1)), seconds=float(m.group(2)) or wall,
+        text = proc.stdout.split(prompt_text, 1)[1] if prompt_text in proc.stdout else proc.stdout
+        return PeerRun(text=text, tokens=tokens, seconds=seconds,
                        drafted=int(drafted.group(1)) if drafted else 0,
                        accepted=int(accepted.group(1)) if accepted else 0)
 
