@@ -19,6 +19,7 @@ def test_parse_method():
     assert bench.parse_method("llama.cpp:draft:4") == ("llama.cpp", "draft", 4)
     assert bench.parse_method("llama.cpp:ngram-simple:8") == ("llama.cpp", "ngram-simple", 8)
     assert bench.parse_method("hf:prompt-lookup:10") == ("hf", "prompt-lookup", 10)
+    assert bench.parse_method("early-exit:20:4") == ("specdec", "early-exit:20", 4)
     for bad in ("draft", "draft:0", "draft:x", "magic:3", "hf:ngram:3", "llama.cpp:auto"):
         with pytest.raises(SpecdecError, match="unknown method"):
             bench.parse_method(bad)

@@ -35,6 +35,10 @@ def assert_user_error(proc, *fragments):
     (["generate", "-p", "x", "--min-p", "2"], "--min-p"),
     (["generate", "-p", "x", "--threads", "zero"], "--threads"),
     (["compare", "--bogus"], "unrecognized arguments"),
+    (["generate", "-p", "x", "--draft", "early-exit:3"], "needs --backend numpy"),
+    (["generate", "-p", "x", "--draft", "early-exit:x", "--backend", "numpy"], "early-exit:L"),
+    (["generate", "-p", "x", "--backend", "torch"], "invalid choice"),
+    (["bench", "--methods", "magic:3"], "unknown method"),
     (["nonsense"], "invalid choice"),
 ])
 def test_bad_flags(args, fragment):

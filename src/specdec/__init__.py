@@ -17,22 +17,31 @@ __all__ = ["generate", "SpeculativeDecoder", "load_model", "GenerationConfig", "
 __version__ = "0.1.0"
 
 
+BACKENDS = ("llama", "numpy")
+
+
 def load_model(name_or_path: str | os.PathLike, backend: str = "llama", n_ctx: int = 4096,
                threads: int | None = None, progress: bool = True):
-    """A built-in model name (see `specdec models`) or a path to a .gguf file, loaded on a backend.
+    """A built-in model name (see `specdec models`) or a path to a .gguf file, loaded on a backend:
+    'llama' (llama.cpp, the default) or 'numpy' (the pure-NumPy reference, models/numpy_ref.py).
     Built-in models are assembled from their installed packages on first use."""
     from .catalog import CATALOG, resolve
 
-    if backend != "llama":
-        raise SpecdecError(f"unknown backend {backend!r}: the available backend is 'llama'")
+    if backend not in BACKENDS:
+        raise SpecdecError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
     if n_ctx < 16:
         raise SpecdecError(f"the context must hold at least 16 tokens, got {n_ctx}")
     if threads is not None and threads < 1:
         raise SpecdecError(f"threads must be >= 1, got {threads}")
     path = resolve(name_or_path, progress=progress)
-    from .models.llama_cpp import LlamaCppModel
+    if backend == "numpy":
+        from .models.numpy_ref import load_numpy_model
 
-    model = LlamaCppModel(path, n_ctx=n_ctx, n_threads=threads)
+        model = load_numpy_model(path, n_ctx=n_ctx)
+    else:
+        from .models.llama_cpp import LlamaCppModel
+
+        model = LlamaCppModel(path, n_ctx=n_ctx, n_threads=threads)
     if str(name_or_path) in CATALOG:
         model.name = str(name_or_path)
         model.is_instruct = CATALOG[model.name].chat

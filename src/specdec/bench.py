@@ -91,6 +91,9 @@ def parse_method(method: str) -> tuple[str, str, int]:
             return runner, "plain", 0
         if parts == ["auto"] and runner == "specdec":
             return runner, "auto", 0
+        if len(parts) == 3 and runner == "specdec" and parts[0] == "early-exit" and int(parts[1]) >= 1 \
+                and int(parts[2]) >= 1:
+            return runner, f"early-exit:{int(parts[1])}", int(parts[2])
         if len(parts) == 2 and int(parts[1]) >= 1:
             if runner == "specdec" and parts[0] in ("draft", "ngram"):
                 return runner, parts[0], int(parts[1])
@@ -100,7 +103,8 @@ def parse_method(method: str) -> tuple[str, str, int]:
                 return runner, parts[0], int(parts[1])
     except ValueError:
         pass
-    raise SpecdecError(f"unknown method {method!r}: use plain, auto, draft:K, ngram:K, llama.cpp:plain, "
+    raise SpecdecError(f"unknown method {method!r}: use plain, auto, draft:K, ngram:K, early-exit:L:K "
+                       f"(--backend numpy), llama.cpp:plain, "
                        f"llama.cpp:draft:K, llama.cpp:ngram-simple:K, hf:plain, hf:assisted:K, "
                        f"hf:prompt-lookup:K")
 
@@ -108,7 +112,7 @@ def parse_method(method: str) -> tuple[str, str, int]:
 class Bench:
     def __init__(self, target_name: str, draft_name: str, threads: int | None, ctx: int,
                  max_tokens: int, temperature: float = 0.0, seed: int | None = None,
-                 llama_cpp_bin: str | None = None):
+                 llama_cpp_bin: str | None = None, backend: str = "llama"):
         from . import load_model
         from .catalog import resolve
         from .drafters.model import ModelDrafter
@@ -116,8 +120,9 @@ class Bench:
 
         self.threads = threads or default_threads()
         self.ctx, self.max_tokens, self.temperature, self.seed = ctx, max_tokens, temperature, seed
-        self.target = load_model(target_name, n_ctx=ctx, threads=self.threads)
-        self.draft_model = load_model(draft_name, n_ctx=ctx, threads=self.threads)
+        self.backend = backend
+        self.target = load_model(target_name, backend=backend, n_ctx=ctx, threads=self.threads)
+        self.draft_model = load_model(draft_name, backend=backend, n_ctx=ctx, threads=self.threads)
         self.drafter = ModelDrafter(self.draft_model, self.target)
         self.auto = None   # the --draft auto decoder, built once so that it keeps what it learns
         self.target_path, self.draft_path = resolve(target_name), resolve(draft_name)
@@ -149,6 +154,9 @@ class Bench:
                 if self.auto is None:
                     self.auto = SpeculativeDecoder(self.target, "auto", draft_model=self.drafter)
                 decoder = self.auto
+            elif drafter.startswith("early-exit:"):
+                from .drafters.early_exit import EarlyExitDrafter
+                decoder = SpeculativeDecoder(self.target, EarlyExitDrafter(self.target, int(drafter[11:])), k)
             else:
                 chosen = {"plain": None, "draft": self.drafter, "ngram": "ngram"}[drafter]
                 decoder = SpeculativeDecoder(self.target, chosen, k)
@@ -268,7 +276,8 @@ def write_summary(rows: list[Row], bench: Bench, methods: list[str], out: Path, 
         f"- date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- machine: {machine_line(bench.threads)}",
         f"- versions: {versions()}",
-        f"- target {bench.target.name}, draft {bench.draft_model.name}, max {bench.max_tokens} tokens, "
+        f"- target {bench.target.name}, draft {bench.draft_model.name}, backend {bench.backend}, "
+        f"max {bench.max_tokens} tokens, "
         f"{'greedy' if bench.temperature == 0 else f'temperature {bench.temperature}, seed {bench.seed}'}",
         f"- command: `{command}`",
         "",

@@ -63,13 +63,17 @@ def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
     g.add_argument("--draft", default="auto",
                    help="'auto' (a cost-aware controller picks prompt lookup, the draft model or a "
                         "plain step, and k, every step), a built-in name or .gguf path (a draft model, "
-                        "k tokens a step), 'ngram' (prompt lookup, k tokens a step) or 'none' "
-                        "(default: auto)")
+                        "k tokens a step), 'ngram' (prompt lookup, k tokens a step), "
+                        "'early-exit:L' (the target's first L layers draft; --backend numpy) or "
+                        "'none' (default: auto)")
     g.add_argument("--draft-model", default=catalog.DEFAULT_DRAFT,
                    help=f"the draft model --draft auto may use; 'none' for prompt lookup only "
                         f"(default: {catalog.DEFAULT_DRAFT})")
     g.add_argument("-k", "--draft-tokens", type=_non_negative_int, default=4, metavar="K",
                    help="draft tokens per step with a fixed drafter; 0 = plain decoding (default: 4)")
+    g.add_argument("--backend", choices=("llama", "numpy"), default="llama",
+                   help="llama: GGUF through llama.cpp (default); numpy: the pure-NumPy reference, "
+                        "for target and draft alike")
     g.add_argument("--threads", type=_positive(int), default=None,
                    help="CPU threads (default: all cores this process may use)")
     g.add_argument("--ctx", type=_positive(int), default=4096, help="context window in tokens (default: 4096)")
@@ -123,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "default: benchmarks/prompts.jsonl)")
     p.add_argument("--categories", nargs="+", default=None, help="only these categories")
     p.add_argument("--methods", nargs="+", default=None,
-                   help="plain, draft:K, ngram:K, llama.cpp:plain, llama.cpp:draft:K, "
+                   help="plain, auto, draft:K, ngram:K, early-exit:L:K (--backend numpy), "
+                        "llama.cpp:plain, llama.cpp:draft:K, "
                         "llama.cpp:ngram-simple:K (or another llama.cpp n-gram type), hf:plain, "
                         "hf:assisted:K, hf:prompt-lookup:K")
     p.add_argument("--max-tokens", "-n", type=_positive(int), default=256, help="per run (default: 256)")
@@ -138,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf", action="store_true", help="add the Hugging Face transformers peer")
     p.add_argument("--target", default=catalog.DEFAULT_TARGET)
     p.add_argument("--draft", default=catalog.DEFAULT_DRAFT, help="the draft model for draft:K methods")
+    p.add_argument("--backend", choices=("llama", "numpy"), default="llama")
     p.add_argument("--threads", type=_positive(int), default=None)
     p.add_argument("--ctx", type=_positive(int), default=8192)
     p.add_argument("--temperature", "-t", type=_float_in(0, float("inf"), False), default=0.0)
@@ -177,19 +183,31 @@ def _decoder(args):
     from .drafters.model import ModelDrafter
     from .engine import SpeculativeDecoder
 
-    target = load_model(args.target, n_ctx=args.ctx, threads=args.threads)
+    def load(name):
+        return load_model(name, backend=args.backend, n_ctx=args.ctx, threads=args.threads)
+
     draft, k = args.draft, args.draft_tokens
+    if draft.startswith("early-exit"):   # check the flag before a long load
+        if args.backend != "numpy":
+            raise SpecdecError("--draft early-exit:L needs --backend numpy")
+        try:
+            n_layers = int(draft.split(":", 1)[1])
+        except (IndexError, ValueError):
+            raise SpecdecError(f"--draft {draft}: write early-exit:L with L the number of layers") from None
+    target = load(args.target)
     if draft in ("none", "") or k == 0:
         return SpeculativeDecoder(target, None, 0)
     if draft == "ngram":
         return SpeculativeDecoder(target, "ngram", k)
+    if draft.startswith("early-exit"):
+        from .drafters.early_exit import EarlyExitDrafter
+        return SpeculativeDecoder(target, EarlyExitDrafter(target, n_layers), k)
     if draft == "auto":
         model = None
         if args.draft_model not in ("none", ""):
-            model = ModelDrafter(load_model(args.draft_model, n_ctx=args.ctx, threads=args.threads), target)
+            model = ModelDrafter(load(args.draft_model), target)
         return SpeculativeDecoder(target, "auto", draft_model=model)
-    model = load_model(draft, n_ctx=args.ctx, threads=args.threads)
-    return SpeculativeDecoder(target, ModelDrafter(model, target), k)
+    return SpeculativeDecoder(target, ModelDrafter(load(draft), target), k)
 
 
 def _config(args):
@@ -206,7 +224,8 @@ def _drafter_name(decoder) -> str:
         return "auto (ngram" + (f" + {model.model.name})" if model is not None else ")")
     if decoder.drafter is None:
         return "none"
-    return "ngram" if decoder.drafter.name == "ngram" else decoder.drafter.model.name
+    model = getattr(decoder.drafter, "model", None)
+    return decoder.drafter.name if model is None or model is decoder.target else model.name
 
 
 def _stats_lines(stats) -> list[str]:
@@ -312,7 +331,7 @@ def cmd_bench(args) -> int:
     prompts = bench.load_suite(Path(args.suite) if args.suite else bench.DEFAULT_SUITE, args.categories,
                                None if args.full else args.per_category, args.limit)
     runner = bench.Bench(args.target, args.draft, args.threads, args.ctx, args.max_tokens,
-                         args.temperature, args.seed, args.llama_cpp_bin)
+                         args.temperature, args.seed, args.llama_cpp_bin, args.backend)
     if args.hf or any(m.startswith("hf:") for m in methods):
         runner.enable_hf()
     out = Path(args.out)

@@ -1,0 +1,83 @@
+"""Self-speculation by early exit: the target drafts with its own first L layers.
+
+Draft & Verify (Zhang et al. 2309.08168) and LayerSkip (Elhoushi et al. 2404.16710): a draft
+token is the target's final norm and output head applied to the hidden state after layer L
+instead of after the last layer. No second model, no second vocabulary, no second cache.
+
+One KV cache, shared. Between steps the target's cache holds every token of the context but the
+last, in every layer (the engine keeps it so). A proposal then:
+
+    1. runs [last] and each draft token but the final one through layers 0 .. L-1 only:
+       forward(..., n_layers=L) writes their K/V into slots len(context) - 1 onward of those
+       layers (the deeper layers' slots are left as they were);
+    2. rolls the cache back to len(context) - 1 tokens, so that the target's verification pass over
+       [last, *draft] starts at the same slot and rewrites every layer there. Layers < L get the
+       same K/V back (same tokens, same positions; only float rounding of a different batch
+       shape can differ), layers >= L get theirs for the first time;
+    3. the engine's rollback to len(context) + n_accepted then leaves all layers holding exactly
+       the accepted tokens: the drafter's view of the cache is the target's, by construction.
+
+So `accept` has nothing to do. The target must be a NumpyModel (its `forward` takes n_layers).
+
+LayerSkip goes further and starts verification at layer L from the draft's own hidden states. We
+recompute the first L layers instead: the verification pass is then exactly a plain forward, so
+the output cannot depend on what the drafter did, and the code stays simple.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import SpecdecError
+from ..sampling import SamplingParams, logits_to_probs, sample
+from .base import Draft
+
+
+class EarlyExitDrafter:
+    def __init__(self, model, n_layers: int):
+        total = getattr(model, "n_layer", None)
+        if total is None:
+            raise SpecdecError("early-exit drafting needs the NumPy backend's target model "
+                               "(its forward can stop after the first layers)")
+        if not 1 <= n_layers <= total:
+            raise SpecdecError(f"early exit after {n_layers} layers: pick 1..{total} for {model.name}")
+        self.model = model              # the target itself: drafter and target share its cache
+        self.n_layers = n_layers
+        self.name = f"early-exit:{n_layers}"
+        self._params = SamplingParams()
+        self._rng = np.random.default_rng()
+
+    def begin(self, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
+        self._params, self._rng = params, rng
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        model = self.model
+        k = min(k, model.n_ctx - len(context))
+        if k <= 0:
+            return Draft([])
+        verified = len(context) - 1            # tokens the cache should hold in every layer
+        if model.n_past > verified:
+            model.rollback(verified)
+        if model.n_past < verified:            # not the engine's target (or not in step): catch up
+            model.forward(context[model.n_past:verified], n_rows=0)
+
+        tokens, rows = [], []
+        token = context[-1]
+        for _ in range(k):
+            # 1. the first n_layers layers, then the final norm and head
+            logits = model.forward([token], n_rows=1, n_layers=self.n_layers)[0]   # [vocab]
+            if self._params.greedy:
+                token = int(np.argmax(logits))
+            else:
+                q = logits_to_probs(logits, self._params)   # [vocab], processed exactly like p
+                token = sample(q, self._rng)
+                rows.append(q)
+            tokens.append(token)
+        # 2. hand the cache back as we found it: verification rewrites these slots in every layer
+        model.rollback(verified)
+        return Draft(tokens, np.stack(rows) if rows else None)
+
+    def accept(self, n_accepted: int) -> None:
+        # 3. nothing to do: the engine's target.rollback already cut the shared cache
+        pass

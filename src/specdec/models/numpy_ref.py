@@ -1,0 +1,674 @@
+"""A transformer in plain NumPy that runs the GGUF models: the reference backend to read.
+
+Everything a forward pass does is on this page, in the order it happens:
+
+    tokens -> embedding -> n_layer x [norm -> attention -> residual -> norm -> MLP -> residual]
+           -> final norm -> output head -> logits
+
+Two families are supported, chosen by the GGUF's `general.architecture`:
+
+    llama, qwen2   RMSNorm, rotary position embeddings, grouped-query attention (qwen2 adds
+                   biases to q, k and v), SwiGLU MLP
+    gpt2           LayerNorm, learned position embeddings, one fused q|k|v matrix, GELU MLP,
+                   biases everywhere
+
+Weights. The GGUF stores most matrices quantised (Q4_K, Q5_0, Q6_K, Q8_0 ...). We dequantise each
+tensor once, at load, with `gguf.quants.dequantize`, reading the file one tensor at a time and
+dequantising a few MB of rows at a time, so that the whole file is never in memory twice. A matrix
+is kept as [out, in] (the GGUF's ne0 = in is the fastest dimension) and a linear layer is
+`x @ w.T`. Two storage formats:
+
+    float32    exact dequantised values; a matmul is one BLAS call.
+    bfloat16   the top 16 bits of each float32, as uint16: half the memory, ~3 significant
+               digits (the 4-to-8-bit quantisation already lost more). A matmul widens a block of
+               rows back to float32 (a 16-bit shift) in a scratch buffer that stays in the CPU
+               cache, then multiplies it: ~1.4x the time of float32 for one token.
+
+`dtype="auto"` keeps float32 when the matrices need at most 3 GiB that way (the 0.5B: 2.1 GB) and
+bfloat16 otherwise (the 1.5B: 3.2 GB instead of 6.3 GB). The token embedding is not dequantised
+at all: a forward dequantises only the rows of its tokens.
+
+KV cache. Per layer, K and V arrays of [n_head_kv, n_ctx, head_dim], allocated once (np.zeros:
+the OS hands out pages only as they are written). Position p of the sequence lives in slot p.
+`n_past` says how many slots are valid, so rollback is `n_past = n_keep`: the slots after it are
+dead and the next forward overwrites them.
+
+Early exit (drafters/early_exit.py) runs only the first layers: `forward(..., n_layers=L)` writes
+the K/V of layers < L only. So each layer counts its own valid slots (`layer_len`), and a forward
+refuses to start when a layer it needs lags behind `n_past`: roll back first.
+
+Tokenizer. `NumpyTokenizer` is GPT-2's byte-level BPE read from the GGUF's vocabulary and merges,
+with the model's pre-tokenizer regex and its special tokens.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+import time
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import (BackendUnavailableError, ContextOverflowError, ModelLoadError,
+                      ModelNotFoundError, SpecdecError)
+
+FLOAT32_BUDGET = 3 << 30     # dtype="auto": float32 weights up to this many bytes, else bfloat16
+CHUNK_ELEMENTS = 1 << 20     # weights dequantised / widened per block: 4 MB of float32
+BATCH = 256                  # tokens per pass through the layers (bounds the attention scores' memory)
+
+
+# --------------------------------------------------------------------------------------------
+# The architecture: hyperparameters from the GGUF metadata
+# --------------------------------------------------------------------------------------------
+
+# arch -> (norm, positions, mlp)
+ARCHS = {
+    "llama": ("rms", "rope", "swiglu"),       # rope rotates adjacent pairs (2i, 2i + 1)
+    "qwen2": ("rms", "rope-neox", "swiglu"),  # rope rotates pairs (i, i + head_dim / 2)
+    "gpt2": ("layer", "learned", "gelu"),
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    arch: str                # general.architecture: a key of ARCHS
+    n_layer: int             # transformer blocks
+    n_embd: int              # width of the residual stream
+    n_head: int              # query heads
+    n_head_kv: int           # key/value heads (fewer than n_head: grouped-query attention)
+    head_dim: int            # n_embd // n_head
+    n_ctx_train: int         # the context the model was trained for (gpt2: its position table)
+    norm_eps: float          # epsilon inside RMSNorm / LayerNorm
+    rope_base: float         # rotary embedding frequency base (unused by gpt2)
+
+    @property
+    def norm(self) -> str:
+        return ARCHS[self.arch][0]
+
+    @property
+    def positions(self) -> str:
+        return ARCHS[self.arch][1]
+
+    @property
+    def mlp(self) -> str:
+        return ARCHS[self.arch][2]
+
+
+def config_from_metadata(meta: dict) -> Config:
+    arch = meta.get("general.architecture")
+    if arch not in ARCHS:
+        raise ModelLoadError(f"the NumPy backend runs {', '.join(ARCHS)} models, not {arch!r}; "
+                             f"use the llama.cpp backend for this one")
+    n_embd = int(meta[f"{arch}.embedding_length"])
+    n_head = int(meta[f"{arch}.attention.head_count"])
+    head_dim = n_embd // n_head
+    if int(meta.get(f"{arch}.rope.dimension_count", head_dim)) != head_dim:
+        raise ModelLoadError(f"{arch}: partial rotary embeddings are not supported by the NumPy backend")
+    if meta.get(f"{arch}.rope.scaling.type", "none") != "none":
+        raise ModelLoadError(f"{arch}: rope scaling is not supported by the NumPy backend")
+    eps = meta.get(f"{arch}.attention.layer_norm_rms_epsilon",           # RMSNorm models
+                   meta.get(f"{arch}.attention.layer_norm_epsilon"))         # LayerNorm models
+    return Config(
+        arch=arch,
+        n_layer=int(meta[f"{arch}.block_count"]),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=int(meta.get(f"{arch}.attention.head_count_kv", n_head)),
+        head_dim=head_dim,
+        n_ctx_train=int(meta[f"{arch}.context_length"]),
+        norm_eps=float(eps if eps is not None else 1e-5),
+        rope_base=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The math: pure functions on arrays
+# --------------------------------------------------------------------------------------------
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x [T, n_embd] scaled to unit root-mean-square per row, times weight [n_embd]."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    """x [T, n_embd] to zero mean and unit variance per row, then weight * x + bias."""
+    mean = np.mean(x, axis=-1, keepdims=True)                       # [T, 1]
+    var = np.mean((x - mean) ** 2, axis=-1, keepdims=True)          # [T, 1]
+    return (x - mean) / np.sqrt(var + eps) * weight + bias
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x); sigmoid written with tanh, which cannot overflow as exp(-x) can."""
+    return x * (0.5 + 0.5 * np.tanh(0.5 * x))
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """GPT-2's GELU, the tanh approximation (as llama.cpp computes it)."""
+    return 0.5 * x * (1.0 + np.tanh(np.float32(np.sqrt(2.0 / np.pi)) * (x + np.float32(0.044715) * x ** 3)))
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis; -inf entries get probability 0."""
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def rope(x: np.ndarray, positions: np.ndarray, base: float, neox: bool) -> np.ndarray:
+    """Rotary position embedding of x [T, n_heads, head_dim] at positions [T].
+
+    Dimension pair i turns by the angle position * base^(-2i / head_dim). NEOX style (qwen2) pairs
+    dimension i with i + head_dim/2; the original style (llama, whose q/k weights the GGUF
+    converter permuted to match) pairs 2i with 2i + 1.
+    """
+    half = x.shape[-1] // 2
+    inv_freq = base ** (-np.arange(half) / half)                     # [half] float64
+    angle = positions[:, None] * inv_freq[None, :]                   # [T, half]
+    cos = np.cos(angle).astype(np.float32)[:, None, :]               # [T, 1, half]
+    sin = np.sin(angle).astype(np.float32)[:, None, :]               # [T, 1, half]
+    if neox:
+        x1, x2 = x[..., :half], x[..., half:]                        # [T, n_heads, half] each
+        return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    x1, x2 = x[..., 0::2], x[..., 1::2]                              # [T, n_heads, half] each
+    out = np.empty_like(x)                                           # [T, n_heads, head_dim]
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x2 * cos + x1 * sin
+    return out
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int) -> np.ndarray:
+    """Causal grouped-query attention.
+
+    q [T, n_head, head_dim]: the queries of positions pos0 .. pos0 + T - 1.
+    k, v [n_head_kv, S, head_dim]: keys and values of positions 0 .. S - 1 (S = pos0 + T).
+    Query head h reads kv head h // group, group = n_head // n_head_kv (as llama.cpp does).
+    Returns [T, n_head * head_dim].
+    """
+    T, n_head, head_dim = q.shape
+    n_head_kv, S, _ = k.shape
+    group = n_head // n_head_kv
+    # the `group` query heads that share a kv head become one batch of group * T rows
+    q = q.reshape(T, n_head_kv, group, head_dim).transpose(1, 2, 0, 3)       # [n_head_kv, group, T, head_dim]
+    q = q.reshape(n_head_kv, group * T, head_dim)                            # [n_head_kv, group*T, head_dim]
+    scores = q @ k.transpose(0, 2, 1) / np.float32(np.sqrt(head_dim))        # [n_head_kv, group * T, S]
+    scores = scores.reshape(n_head_kv, group, T, S)                          # [n_head_kv, group, T, S]
+    future = np.arange(S)[None, :] > pos0 + np.arange(T)[:, None]            # [T, S] key after query
+    scores[:, :, future] = -np.inf
+    probs = softmax(scores).reshape(n_head_kv, group * T, S)                 # [n_head_kv, group * T, S]
+    out = (probs @ v).reshape(n_head_kv, group, T, head_dim)                 # [n_head_kv, group, T, head_dim]
+    return out.transpose(2, 0, 1, 3).reshape(T, n_head * head_dim)          # [T, n_head * head_dim]
+
+
+def to_bfloat16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), rounded to nearest even: the top half of the
+    float32 (sign, 8 exponent bits, 7 mantissa bits), i.e. about 3 significant digits."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    bits = bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))     # round the dropped half
+    return (bits >> 16).astype(np.uint16)
+
+
+def matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x [T, in] float32 times w [out, in] transposed -> [T, out] float32.
+
+    w is float32, or bfloat16 bits (uint16): then it is widened a block of rows at a time into a
+    float32 scratch buffer small enough to stay in the CPU cache, and multiplied block by block.
+    """
+    if w.dtype != np.uint16:
+        return x @ w.T
+    n_out, n_in = w.shape
+    out = np.empty((x.shape[0], n_out), dtype=np.float32)                   # [T, out]
+    rows = max(1, CHUNK_ELEMENTS // n_in)
+    scratch = np.empty((min(rows, n_out), n_in), dtype=np.uint32)           # [rows, in]
+    for start in range(0, n_out, rows):
+        block = w[start:start + rows]                                        # [<= rows, in] bfloat16
+        bits = scratch[:len(block)]
+        bits[:] = block        # the 16 bits in the low half of each uint32 ...
+        bits <<= 16            # ... moved to the high half: now they are a float32's bits
+        out[:, start:start + len(block)] = x @ bits.view(np.float32).T
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------------
+
+class NumpyModel:
+    """A GGUF transformer in NumPy with one sequence in its KV cache. Implements models.base.CausalLM.
+
+    weights: "token_embd.weight" (quantised rows, see `embed`), "output_norm.weight" (and .bias),
+    "output.weight" [vocab, n_embd], "position_embd.weight" (gpt2); layers[i]: the tensors of
+    block i without the "blk.{i}." prefix, e.g. layers[i]["attn_q.weight"] [n_head * head_dim, n_embd].
+    """
+
+    def __init__(self, config: Config, weights: dict, layers: list[dict], token_embd_type,
+                 tokenizer: "NumpyTokenizer", name: str, n_ctx: int, is_instruct: bool = False):
+        self.config = config
+        self.weights, self.layers = weights, layers
+        self.token_embd_type = token_embd_type      # the GGML quantisation type of token_embd rows
+        self.tokenizer = tokenizer
+        self.name = name
+        self.description = name                    # general.name, set by load_numpy_model
+        self.vocab_size = weights["output.weight"].shape[0]
+        self.n_ctx = n_ctx
+        self.n_layer = config.n_layer
+        self.is_instruct = is_instruct
+        self.load_seconds = 0.0                     # set by load_numpy_model
+        # per layer: [n_head_kv, n_ctx, head_dim]; slot p holds the key (value) of position p
+        shape = (config.n_head_kv, n_ctx, config.head_dim)
+        self.k_cache = [np.zeros(shape, dtype=np.float32) for _ in range(config.n_layer)]
+        self.v_cache = [np.zeros(shape, dtype=np.float32) for _ in range(config.n_layer)]
+        self.n_past = 0                         # tokens in the cache = the position of the next one
+        self.layer_len = [0] * config.n_layer   # slots 0 .. layer_len[i] - 1 of layer i are valid
+
+    @property
+    def n_full(self) -> int:
+        """Tokens held by every layer (fewer than n_past after an early-exit pass)."""
+        return min(self.layer_len)
+
+    @property
+    def weight_bytes(self) -> int:
+        arrays = list(self.weights.values()) + [w for layer in self.layers for w in layer.values()]
+        return sum(a.nbytes for a in arrays)
+
+    # -- the CausalLM protocol -----------------------------------------------------------
+
+    def forward(self, tokens: Sequence[int], n_rows: int | None = None,
+                n_layers: int | None = None) -> np.ndarray:
+        """Append `tokens` to the cache and return the logits of the last n_rows of them
+        ([n_rows, vocab] float32; all when None). With n_layers, only the first n_layers blocks run
+        (then the final norm and head: an early exit) and only their caches are written."""
+        n = len(tokens)
+        n_rows = n if n_rows is None else min(n_rows, n)
+        n_layers = self.n_layer if n_layers is None else n_layers
+        if not 1 <= n_layers <= self.n_layer:
+            raise ValueError(f"n_layers must be in 1..{self.n_layer}, got {n_layers}")
+        if self.n_past + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"{self.n_past + n} tokens do not fit in the context of {self.n_ctx}; raise --ctx")
+        stale = min(self.layer_len[:n_layers])
+        if stale < self.n_past:     # an early exit skipped layers this pass needs
+            raise RuntimeError(f"layers below {n_layers} hold only {stale} of the {self.n_past} "
+                               f"tokens (an early-exit pass); rollback({stale}) first")
+        first_row = n - n_rows                       # tokens from this index on give a logits row
+        hidden = []
+        for start in range(0, n, BATCH):
+            chunk = np.asarray(tokens[start:start + BATCH], dtype=np.int64)   # [t]
+            x = self.embed(chunk, self.n_past)                                # [t, n_embd]
+            for i in range(n_layers):
+                x = self.block(i, x, self.n_past)                             # [t, n_embd]
+                self.layer_len[i] = self.n_past + len(chunk)
+            self.n_past += len(chunk)
+            hidden.append(x[max(0, first_row - start):])                      # [rows wanted, n_embd]
+        if n_rows == 0:
+            return np.empty((0, self.vocab_size), dtype=np.float32)
+        x = self.norm(np.concatenate(hidden), self.weights, "output_norm")    # [n_rows, n_embd]
+        return matmul(x, self.weights["output.weight"])                       # [n_rows, vocab]
+
+    def rollback(self, n_keep: int) -> None:
+        """Cut the cache to its first n_keep tokens: the slots after them become free."""
+        if n_keep < 0:
+            raise ValueError(f"n_keep must be >= 0, got {n_keep}")
+        self.n_past = min(self.n_past, n_keep)
+        self.layer_len = [min(length, n_keep) for length in self.layer_len]
+
+    def reset(self) -> None:
+        self.rollback(0)
+
+    # -- the pieces of a forward pass ----------------------------------------------------
+
+    def embed(self, tokens: np.ndarray, pos0: int) -> np.ndarray:
+        """Token embeddings (+ learned position embeddings for gpt2) -> [T, n_embd]."""
+        import gguf
+
+        # dequantise only the rows we need: [T, bytes per row] -> [T, n_embd]
+        x = gguf.quants.dequantize(self.weights["token_embd.weight"][tokens], self.token_embd_type)
+        x = x.astype(np.float32)
+        if self.config.positions == "learned":
+            x = x + self.weights["position_embd.weight"][pos0:pos0 + len(tokens)]
+        return x
+
+    def norm(self, x: np.ndarray, w: dict, name: str) -> np.ndarray:
+        if self.config.norm == "rms":
+            return rms_norm(x, w[f"{name}.weight"], self.config.norm_eps)
+        return layer_norm(x, w[f"{name}.weight"], w[f"{name}.bias"], self.config.norm_eps)
+
+    @staticmethod
+    def linear(x: np.ndarray, w: dict, name: str) -> np.ndarray:
+        """x @ weight.T (+ bias, when the model has one) -> [T, out]."""
+        y = matmul(x, w[f"{name}.weight"])
+        bias = w.get(f"{name}.bias")
+        return y if bias is None else y + bias
+
+    def block(self, i: int, x: np.ndarray, pos0: int) -> np.ndarray:
+        """Transformer block i on x [T, n_embd] at positions pos0 .. pos0 + T - 1; writes the
+        block's K/V cache slots for those positions."""
+        c, w = self.config, self.layers[i]
+        T = x.shape[0]
+        # 1. attention: project, rotate, cache, attend
+        h = self.norm(x, w, "attn_norm")                                      # [T, n_embd]
+        if "attn_qkv.weight" in w:      # gpt2 stores q|k|v as one matrix
+            q, k, v = np.split(self.linear(h, w, "attn_qkv"), 3, axis=-1)     # [T, n_embd] each
+        else:
+            q = self.linear(h, w, "attn_q")                                   # [T, n_head * head_dim]
+            k = self.linear(h, w, "attn_k")                                   # [T, n_head_kv * head_dim]
+            v = self.linear(h, w, "attn_v")                                   # [T, n_head_kv * head_dim]
+        q = q.reshape(T, c.n_head, c.head_dim)                                # [T, n_head, head_dim]
+        k = k.reshape(T, c.n_head_kv, c.head_dim)                             # [T, n_head_kv, head_dim]
+        v = v.reshape(T, c.n_head_kv, c.head_dim)                             # [T, n_head_kv, head_dim]
+        if c.positions.startswith("rope"):
+            positions = np.arange(pos0, pos0 + T)                             # [T]
+            q = rope(q, positions, c.rope_base, neox=c.positions == "rope-neox")
+            k = rope(k, positions, c.rope_base, neox=c.positions == "rope-neox")
+        # overwrite, not append: slots pos0.. may hold a rolled-back or early-exit draft's K/V
+        self.k_cache[i][:, pos0:pos0 + T] = k.transpose(1, 0, 2)             # [n_head_kv, T, head_dim]
+        self.v_cache[i][:, pos0:pos0 + T] = v.transpose(1, 0, 2)
+        S = pos0 + T
+        a = attention(q, self.k_cache[i][:, :S], self.v_cache[i][:, :S], pos0)  # [T, n_head * head_dim]
+        x = x + self.linear(a, w, "attn_output")                              # [T, n_embd]
+        # 2. MLP
+        h = self.norm(x, w, "ffn_norm")                                       # [T, n_embd]
+        if c.mlp == "swiglu":
+            h = silu(self.linear(h, w, "ffn_gate")) * self.linear(h, w, "ffn_up")  # [T, n_ff]
+        else:
+            h = gelu(self.linear(h, w, "ffn_up"))                             # [T, n_ff]
+        return x + self.linear(h, w, "ffn_down")                              # [T, n_embd]
+
+    def __repr__(self) -> str:
+        kind = "bfloat16" if self.weights["output.weight"].dtype == np.uint16 else "float32"
+        return (f"NumpyModel({self.name!r}, {self.config.arch}, {self.n_layer} layers, {kind} "
+                f"weights {self.weight_bytes / 1e9:.2f} GB, n_ctx={self.n_ctx})")
+
+
+# --------------------------------------------------------------------------------------------
+# Loading a GGUF
+# --------------------------------------------------------------------------------------------
+
+def _gguf():
+    try:
+        import gguf
+    except ImportError as exc:
+        raise BackendUnavailableError("the NumPy backend reads GGUF files with the gguf package: "
+                                      "pip install gguf") from exc
+    return gguf
+
+
+def read_metadata(reader) -> dict:
+    """The GGUF's key/value metadata as Python values (strings, numbers, lists)."""
+    return {key: field.contents() for key, field in reader.fields.items()}
+
+
+def _read_tensor(f, dtype, shape, offset: int) -> np.ndarray:
+    """One tensor's bytes, read from the open file (not through the reader's memory map, so that
+    pages of the file do not pile up in this process): [rows, bytes per row] uint8 for quantised
+    types, [rows, cols] float32 / float16 for plain ones."""
+    f.seek(offset)
+    return np.fromfile(f, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
+
+
+def _dequantize(raw: np.ndarray, qtype, dtype: str) -> np.ndarray:
+    """Quantised rows [rows, bytes per row] -> [rows, cols] float32 or bfloat16 bits, a few MB
+    of rows at a time (dequantising a whole 150k-row head at once would need GBs of temporaries)."""
+    gguf = _gguf()
+    if raw.ndim == 1:                                     # norms and biases: small, always float32
+        return gguf.quants.dequantize(raw, qtype).astype(np.float32)
+    cols = gguf.quants.dequantize(raw[:1], qtype).shape[-1]
+    out = np.empty((raw.shape[0], cols), dtype=np.float32 if dtype == "float32" else np.uint16)
+    rows = max(1, CHUNK_ELEMENTS // cols)
+    for start in range(0, raw.shape[0], rows):
+        part = gguf.quants.dequantize(raw[start:start + rows], qtype)       # [rows, cols] float32
+        out[start:start + rows] = part if dtype == "float32" else to_bfloat16(part)
+    return out
+
+
+def load_numpy_model(path: str | os.PathLike, n_ctx: int = 4096, dtype: str = "auto") -> NumpyModel:
+    """Load a GGUF file into a NumpyModel. dtype: "float32", "bfloat16" or "auto" (float32 when
+    its matrices need at most FLOAT32_BUDGET bytes). Prints nothing; the time taken is in
+    `model.load_seconds`."""
+    t0 = time.perf_counter()
+    path = Path(path)
+    if not path.is_file():
+        raise ModelNotFoundError(f"model file not found: {path}")
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ModelLoadError(f"{path} is not a GGUF file")
+    if dtype not in ("auto", "float32", "bfloat16"):
+        raise SpecdecError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {dtype!r}")
+    gguf = _gguf()
+    try:
+        reader = gguf.GGUFReader(path)     # parses the header; tensor data stays on disk
+    except Exception as exc:               # noqa: BLE001 - any parse error means a bad file
+        raise ModelLoadError(f"cannot read {path} as GGUF ({exc}); the file is corrupt or truncated") from exc
+    meta = read_metadata(reader)
+    # what we need of each tensor: name, quantisation type, numpy dtype and shape of its bytes,
+    # offset in the file. Then drop the reader: its parsed fields take ~0.5 GB for a 150k vocabulary.
+    tensors = [(t.name, t.tensor_type, t.data.dtype, t.data.shape, t.data_offset) for t in reader.tensors]
+    matrix_sizes = {t.name: int(t.n_elements) for t in reader.tensors if len(t.shape) == 2}
+    del reader
+    try:
+        config = config_from_metadata(meta)
+    except KeyError as exc:
+        raise ModelLoadError(f"{path} lacks the metadata key {exc}: not a complete GGUF model") from None
+    tokenizer = NumpyTokenizer(meta)
+    tied = "output.weight" not in matrix_sizes        # gpt2 and small llamas: the head is token_embd
+    if not tied:
+        matrix_sizes.pop("token_embd.weight", None)   # kept quantised, never dequantised whole
+    if dtype == "auto":
+        dtype = "float32" if 4 * sum(matrix_sizes.values()) <= FLOAT32_BUDGET else "bfloat16"
+    if any(name == "rope_freqs.weight" for name, *_ in tensors):
+        raise ModelLoadError(f"{path}: rope frequency factors (Llama 3.1) are not supported by the "
+                             f"NumPy backend")
+
+    weights: dict[str, np.ndarray] = {}
+    layers: list[dict[str, np.ndarray]] = [{} for _ in range(config.n_layer)]
+    token_embd_type = None
+    with open(path, "rb") as f:
+        for name, qtype, raw_dtype, raw_shape, offset in tensors:
+            raw = _read_tensor(f, raw_dtype, raw_shape, offset)
+            if name == "token_embd.weight":
+                weights[name] = raw                   # kept quantised: [vocab, bytes per row]
+                token_embd_type = qtype
+                if tied:
+                    weights["output.weight"] = _dequantize(raw, qtype, dtype)
+            elif name == "position_embd.weight":      # gpt2; small, looked up by row
+                weights[name] = _dequantize(raw, qtype, "float32")
+            elif name.startswith("blk."):
+                _, i, key = name.split(".", 2)        # "blk.3.attn_q.weight" -> 3, "attn_q.weight"
+                layers[int(i)][key] = _dequantize(raw, qtype, dtype)
+            else:
+                weights[name] = _dequantize(raw, qtype, dtype)
+
+    if "output.weight" not in weights or token_embd_type is None:
+        raise ModelLoadError(f"{path} has no token embedding: not a complete language model")
+    if weights["output.weight"].shape[0] != len(tokenizer.tokens):
+        raise ModelLoadError(f"{path}: the output head has {weights['output.weight'].shape[0]} rows "
+                             f"but the vocabulary {len(tokenizer.tokens)} tokens")
+    general_name = str(meta.get("general.name") or path.name)
+    model = NumpyModel(config, weights, layers, token_embd_type, tokenizer, name=path.name,
+                       n_ctx=min(n_ctx, config.n_ctx_train), is_instruct="instruct" in general_name.lower())
+    model.description = general_name
+    model.load_seconds = time.perf_counter() - t0
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# The tokenizer: GPT-2 byte-level BPE from the GGUF vocabulary
+# --------------------------------------------------------------------------------------------
+
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6   # tokenizer.ggml.token_type
+
+# Texts of end-of-generation tokens, as llama.cpp recognises them (FIM tokens included: a coder
+# model that writes <|file_sep|> has finished the file).
+EOG_TEXTS = frozenset({"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>", "<|end|>",
+                       "<|eom_id|>", "<|end_of_text|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"})
+
+# Pre-tokenizers (tokenizer.ggml.pre): text is cut into pieces with this regex, then each piece is
+# BPE-encoded on its own. \p{L} = any letter, \p{N} = any number.
+PRETOKENIZERS = {
+    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+             r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "gpt-2": r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+}
+
+
+def compile_pretokenizer(pattern: str) -> re.Pattern:
+    """The `regex` module knows \\p{L} and \\p{N}; Python's `re` does not, so without it we spell
+    them out as character classes listing every letter / number code point (see unicode_class)."""
+    try:
+        import regex
+        return regex.compile(pattern)
+    except ImportError:
+        pass
+    letters, numbers = unicode_class("L"), unicode_class("N")
+    pattern = (pattern
+               .replace(r"[^\r\n\p{L}\p{N}]", f"[^\\r\\n{letters}{numbers}]")
+               .replace(r"[^\s\p{L}\p{N}]", f"[^\\s{letters}{numbers}]")
+               .replace(r"\p{L}", f"[{letters}]")
+               .replace(r"\p{N}", f"[{numbers}]"))
+    return re.compile(pattern)
+
+
+@functools.lru_cache(maxsize=None)
+def unicode_class(category: str) -> str:
+    """The inside of a regex character class matching every code point whose Unicode category
+    starts with `category` ("L": letters, "N": numbers), as ranges \\U0000XXXX-\\U0000YYYY.
+    Built from Python's unicodedata (~0.1 s); llama.cpp's tables may be a Unicode version apart."""
+    ranges, start = [], None
+    for cp in range(0x110000 + 1):
+        inside = cp < 0x110000 and unicodedata.category(chr(cp)).startswith(category)
+        if inside and start is None:
+            start = cp
+        elif not inside and start is not None:
+            ranges.append(f"\\U{start:08x}-\\U{cp - 1:08x}")
+            start = None
+    return "".join(ranges)
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from the 256 byte values to printable characters: printable Latin-1
+    bytes map to themselves, the others (space, control bytes ...) to chr(256 + n). So a space
+    is 'Ġ' and a newline 'Ċ' in the vocabulary."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    table, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + n)
+            n += 1
+    return table
+
+
+BYTE_TO_CHAR = bytes_to_unicode()
+CHAR_TO_BYTE = {c: b for b, c in BYTE_TO_CHAR.items()}
+
+
+class NumpyTokenizer:
+    """Byte-level BPE ('gpt2' tokenizer model) from GGUF metadata. Implements models.base.Tokenizer."""
+
+    def __init__(self, meta: dict):
+        model = meta.get("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise ModelLoadError(f"the NumPy tokenizer reads byte-level BPE vocabularies ('gpt2'), "
+                                 f"not {model!r}; use the llama.cpp backend for this model")
+        pre = meta.get("tokenizer.ggml.pre", "gpt-2")
+        if pre not in PRETOKENIZERS:
+            raise ModelLoadError(f"the NumPy tokenizer knows the pre-tokenizers {', '.join(PRETOKENIZERS)}, "
+                                 f"not {pre!r}; use the llama.cpp backend for this model")
+        self.tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
+        self.token_type: list[int] = list(meta.get("tokenizer.ggml.token_type", [NORMAL] * len(self.tokens)))
+        self.ids = {text: i for i, text in enumerate(self.tokens)}
+        # merge rank: the lower, the earlier BPE learned it, the sooner it applies
+        self.merge_rank = {tuple(m.split(" ", 1)): rank
+                           for rank, m in enumerate(meta.get("tokenizer.ggml.merges", []))}
+        self.pretokenizer = compile_pretokenizer(PRETOKENIZERS[pre])
+        self.ignore_merges = pre == "llama-bpe"    # Llama 3: a pre-token in the vocabulary is one token
+        # special tokens are matched literally, longest first, before any BPE
+        kinds = list(zip(self.tokens, self.token_type))
+        special = sorted((t for t, kind in kinds if kind in (CONTROL, USER_DEFINED)), key=len, reverse=True)
+        self.special = re.compile("|".join(map(re.escape, special))) if special else None
+        self.bos_id = meta.get("tokenizer.ggml.bos_token_id")
+        self.eos_id = meta.get("tokenizer.ggml.eos_token_id")
+        self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and self.bos_id is not None
+        self.add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and self.eos_id is not None
+        declared = {meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")} - {None}
+        self.eog_ids = frozenset(int(t) for t in declared) | frozenset(
+            i for i, (t, kind) in enumerate(kinds) if kind == CONTROL and t in EOG_TEXTS)
+        self.chat_template: str | None = meta.get("tokenizer.chat_template")
+        self._bpe_cache: dict[str, list[str]] = {}
+
+    def bpe(self, word: str) -> list[str]:
+        """Merge the characters of one pre-token: repeatedly join the adjacent pair with the lowest
+        merge rank (the leftmost on ties) until no pair is a known merge."""
+        parts = self._bpe_cache.get(word)
+        if parts is not None:
+            return parts
+        parts = list(word)
+        while len(parts) > 1:
+            pairs = list(zip(parts, parts[1:]))
+            best = min(range(len(pairs)), key=lambda j: self.merge_rank.get(pairs[j], math.inf))
+            if pairs[best] not in self.merge_rank:
+                break
+            parts[best:best + 2] = [parts[best] + parts[best + 1]]
+        self._bpe_cache[word] = parts
+        return parts
+
+    def _encode_text(self, text: str) -> list[int]:
+        """Plain text (no special tokens): pre-tokenize, map bytes to characters, BPE, look up."""
+        ids = []
+        for piece in self.pretokenizer.findall(text):
+            word = "".join(BYTE_TO_CHAR[b] for b in piece.encode("utf-8"))
+            if self.ignore_merges and word in self.ids:
+                ids.append(self.ids[word])
+                continue
+            for part in self.bpe(word):
+                if part in self.ids:
+                    ids.append(self.ids[part])
+                else:   # a merge result missing from the vocabulary: fall back to its characters
+                    ids.extend(self.ids[c] for c in part)
+        return ids
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        ids = [self.bos_id] if add_special and self.add_bos else []
+        start = 0
+        for match in (self.special.finditer(text) if self.special else ()):
+            ids += self._encode_text(text[start:match.start()])
+            ids.append(self.ids[match.group()])
+            start = match.end()
+        ids += self._encode_text(text[start:])
+        if add_special and self.add_eos:
+            ids.append(self.eos_id)
+        return ids
+
+    def token_bytes(self, token: int) -> bytes:
+        """Normal tokens: their characters mapped back to bytes. User-defined tokens: their text.
+        Control and unused tokens print nothing (as llama.cpp renders them without `special`)."""
+        kind, text = self.token_type[token], self.tokens[token]
+        if kind == NORMAL:
+            if all(c in CHAR_TO_BYTE for c in text):
+                return bytes(CHAR_TO_BYTE[c] for c in text)
+            return text.encode("utf-8")     # not byte-level text (rare): as written
+        if kind == USER_DEFINED:
+            return text.encode("utf-8")
+        return b""
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def token_text(self, token: int) -> str:
+        return self.tokens[token]
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        """ChatML (Qwen and others): <|im_start|>role\\ncontent<|im_end|>\\n ... <|im_start|>assistant\\n.
+        Like llama.cpp, no default system message is added."""
+        if "<|im_start|>" not in (self.chat_template or ""):
+            raise SpecdecError("the NumPy backend formats ChatML chat templates only, and this model's "
+                               "is not one; use --no-chat, or the llama.cpp backend")
+        turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        return turns + "<|im_start|>assistant\n"
