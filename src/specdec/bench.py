@@ -20,9 +20,9 @@ from .errors import SpecdecError
 
 DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts.jsonl"
 CATEGORIES = ("code-generation", "code-editing", "summarization", "chat", "math")
-DEFAULT_METHODS = ("plain", "auto", "draft:2", "draft:4", "ngram:4", "ngram:8", "ngram:16")
+DEFAULT_METHODS = ("plain", "auto", "draft:2", "draft:4", "ngram:8", "ngram:16")
 LLAMA_CPP_METHODS = ("llama.cpp:plain", "llama.cpp:draft:4", "llama.cpp:ngram-simple:8",
-                     "llama.cpp:ngram-map-k:8", "llama.cpp:ngram-mod:8")
+                     "llama.cpp:ngram-mod:8")
 FULL_METHODS = ("plain", "auto", *(f"draft:{k}" for k in range(1, 9)), "ngram:2", "ngram:4", "ngram:8", "ngram:16")
 HF_METHODS = ("hf:plain", "hf:assisted:4", "hf:prompt-lookup:8")
 
