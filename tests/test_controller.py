@@ -31,7 +31,7 @@ class FixedProposals:
 def controller(costs, ngram=None, model=None, draft_cost=None, ngram_prior=None, model_prior=None):
     c = CostAwareController(None, ngram, model, costs, draft_cost)
     if ngram_prior is not None:
-        for acc in c.ngram_accept.values():
+        for acc in c.ngram_accept.values():  # every (match length, in-run) table
             acc.a[:] = ngram_prior
     if model_prior is not None:
         c.model_accept.a[:] = model_prior
@@ -136,3 +136,23 @@ def test_auto_is_lossless_on_toy_models():
     assert result.tokens == plain
     assert sum(result.stats.decisions.values()) == result.stats.steps
     assert result.stats.predicted_speedup is not None
+
+
+def test_copied_runs_earn_long_drafts():
+    """Inside a copied run (prompt lookup predicted everything the target emitted last step) the
+    controller drafts long; the first miss sends it back to short drafts or plain steps."""
+    curve = np.interp(np.arange(1, 17), [1, 2, 3, 5, 8, 16], [28, 38, 50, 74, 99, 110]) / 1000
+    ngram = FixedProposals(range(100, 120))
+    c = controller(curve, ngram=ngram)
+    lengths = []
+    for _ in range(30):
+        drafter, draft = c.draft([1, 2], room=100)
+        k = len(draft.tokens) if draft else 0
+        lengths.append(k)
+        emitted = list(range(100, 100 + k + 1))          # the target agrees with every guess
+        c.observe(drafter, draft, k, emitted, 0.0, curve[k])
+    assert lengths[-1] == 15 and lengths[-1] > lengths[0]
+    drafter, draft = c.draft([1, 2], room=100)
+    c.observe(drafter, draft, 0, [7], 0.0, curve[len(draft.tokens)])   # a miss ends the run
+    _, after = c.draft([1, 2], room=100)
+    assert after is None or len(after.tokens) < 15

@@ -38,6 +38,10 @@ def load_model(name_or_path: str | os.PathLike, backend: str = "llama", n_ctx: i
         from .models.numpy_ref import load_numpy_model
 
         model = load_numpy_model(path, n_ctx=n_ctx)
+        if progress:
+            import sys
+            print(f"loaded {path.name} into NumPy in {model.load_seconds:.1f} s "
+                  f"({model.weight_bytes / 2**30:.2f} GiB of weights)", file=sys.stderr)
     else:
         from .models.llama_cpp import LlamaCppModel
 

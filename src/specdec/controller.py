@@ -169,7 +169,11 @@ class CostAwareController:
         # the draft model's forward costs for 1..16 rows: catching up on m tokens it has not seen
         # costs a forward of m rows, then each further draft token one row
         self.draft_cost = CostTable(draft_costs) if draft_costs else None
-        self.ngram_accept = {n: Acceptance(prior=0.5) for n in range(1, 9)}   # by match length
+        # prompt lookup's acceptance by (match length, whether its last guess matched everything the
+        # target emitted): inside a copied run its guesses keep landing, outside they rarely do
+        self.ngram_accept = {(n, run): Acceptance(prior=0.8 if run else 0.4) for n in range(1, 5)
+                             for run in (False, True)}
+        self._in_run = False
         self.model_accept = Acceptance(prior=0.7)
         self.explore_every = explore_every
         self._steps = 0
@@ -203,10 +207,11 @@ class CostAwareController:
         # Prompt lookup is free to consult: look first, then decide how much of it to use.
         if self.ngram is not None and k_cap:
             proposal = self.ngram.propose(context, k_cap)
-            match = max(1, min(getattr(self.ngram, "last_match_length", 1), 8))
-            self._shadow = (list(proposal.tokens), match) if proposal.tokens else None
+            match = max(1, min(getattr(self.ngram, "last_match_length", 1), 4))
+            key = (match, self._in_run)
+            self._shadow = (list(proposal.tokens), key) if proposal.tokens else None
             if proposal.tokens:
-                expected = self.ngram_accept[match].expected_tokens(len(proposal.tokens))
+                expected = self.ngram_accept[key].expected_tokens(len(proposal.tokens))
                 k, value = self._best_k(expected, lambda k: 0.0)
                 if value > best[2]:
                     best = ("ngram", k, value, proposal)
@@ -242,11 +247,13 @@ class CostAwareController:
         self.target_cost.observe(n_drafted + 1, target_seconds)
         if drafter is self.model and drafter is not None and n_drafted:
             self.model_accept.observe(n_drafted, n_accepted)
+        self._in_run = False
         if self._shadow is not None:
             # Prompt lookup costs nothing to check after the fact: score its proposal against what
             # the target emitted, whether or not it was used, so its estimate never goes stale.
-            tokens, match = self._shadow
+            tokens, key = self._shadow
             checked, matched = _agreement(tokens, emitted)
             if checked:
-                self.ngram_accept[match].observe(checked, matched)
+                self.ngram_accept[key].observe(checked, matched)
+                self._in_run = matched == min(len(emitted), len(tokens))
         self._shadow = None
