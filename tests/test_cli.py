@@ -121,3 +121,18 @@ def test_models_lists_the_catalog():
     assert proc.returncode == 0
     for name in catalog.CATALOG:
         assert name in proc.stdout
+
+
+def test_compare_and_generate_on_the_numpy_backend(tmp_path):
+    """The whole CLI path on --backend numpy, with a tiny random gpt2 GGUF written here."""
+    from .models.test_numpy_ref import write_tiny_gguf
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    common = ["--backend", "numpy", "--target", str(path), "--no-chat", "-n", "12", "-p", "hello"]
+    proc = specdec("compare", *common, "--draft", "early-exit:1", "-k", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "backend numpy" in proc.stdout and "outputs" in proc.stdout
+    proc = specdec("generate", *common, "--draft", "ngram", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["stats"]["generated_tokens"] >= 1

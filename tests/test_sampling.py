@@ -502,3 +502,14 @@ def test_detector_has_power(broken, name, monkeypatch):
     counts, exact, stat, df, tv = measure(verify_fn, CASES[name])
     print(f"{broken} on {name}: chi2 {stat:.1f} df {df} threshold {chi2_threshold(df):.1f}; TV {tv:.4f}")
     assert stat > chi2_threshold(df)
+
+
+def test_draft_token_greedy_and_sampled():
+    from specdec.sampling import draft_token
+
+    logits = np.array([0.1, 2.0, -1.0, 1.9])
+    assert draft_token(logits, SamplingParams(), np.random.default_rng(0)) == (1, None)
+    params = SamplingParams(temperature=0.7, top_k=2)
+    token, q = draft_token(logits, params, np.random.default_rng(0))
+    np.testing.assert_allclose(q, logits_to_probs(logits, params))
+    assert q[token] > 0 and token in (1, 3)

@@ -287,8 +287,9 @@ def cmd_compare(args) -> int:
         return 0
     p, s = result.plain.stats, result.speculative.stats
     mode = "greedy" if config.sampling.greedy else f"temperature {config.temperature}"
+    threads = getattr(target, "n_threads", None)
     print(f"target {target.name} | draft {_drafter_name(decoder)} | k={k} | {mode} | "
-          f"threads {target.n_threads} | prompt {p.prompt_tokens} tokens")
+          f"{f'threads {threads}' if threads else f'backend {args.backend}'} | prompt {p.prompt_tokens} tokens")
     print()
     print(f"{'':22}{'plain':>12}{'speculative':>14}")
     rows = [("wall time (s)", f"{p.seconds:.2f}", f"{s.seconds:.2f}"),

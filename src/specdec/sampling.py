@@ -27,6 +27,7 @@ __all__ = [
     "verify_greedy",
     "verify_stochastic",
     "verify",
+    "draft_token",
 ]
 
 
@@ -223,3 +224,15 @@ def verify(
     if params.greedy:
         return verify_greedy(logits, draft_tokens)
     return verify_stochastic(logits_to_probs(logits, params), draft_tokens, q, rng)
+
+
+def draft_token(
+    logits: np.ndarray, params: SamplingParams, rng: np.random.Generator
+) -> tuple[int, np.ndarray | None]:
+    """How a model drafter picks its next token from its logits [vocab]: the argmax when greedy
+    (no q needed: greedy verification compares tokens), else a sample from q, returned with q
+    (processed exactly like the target's p, as lossless verification requires)."""
+    if params.greedy:
+        return int(np.argmax(logits)), None
+    q = logits_to_probs(logits, params)  # [vocab]
+    return sample(q, rng), q

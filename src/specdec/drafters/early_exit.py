@@ -30,7 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import SpecdecError
-from ..sampling import SamplingParams, logits_to_probs, sample
+from ..sampling import SamplingParams, draft_token
 from .base import Draft
 
 
@@ -67,13 +67,10 @@ class EarlyExitDrafter:
         for _ in range(k):
             # 1. the first n_layers layers, then the final norm and head
             logits = model.forward([token], n_rows=1, n_layers=self.n_layers)[0]   # [vocab]
-            if self._params.greedy:
-                token = int(np.argmax(logits))
-            else:
-                q = logits_to_probs(logits, self._params)   # [vocab], processed exactly like p
-                token = sample(q, self._rng)
-                rows.append(q)
+            token, q = draft_token(logits, self._params, self._rng)
             tokens.append(token)
+            if q is not None:
+                rows.append(q)
         # 2. hand the cache back as we found it: verification rewrites these slots in every layer
         model.rollback(verified)
         return Draft(tokens, np.stack(rows) if rows else None)

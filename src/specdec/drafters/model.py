@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from ..models.base import CausalLM, check_same_vocab
-from ..sampling import SamplingParams, logits_to_probs, sample
+from ..sampling import SamplingParams, draft_token
 from .base import Draft
 
 
@@ -60,13 +60,10 @@ class ModelDrafter:
         logits = self._catch_up(context)
         tokens, rows = [], []
         for i in range(k):
-            if self._params.greedy:
-                token = int(np.argmax(logits))
-            else:
-                q = logits_to_probs(logits, self._params)   # [vocab], processed exactly like p
-                token = sample(q, self._rng)
-                rows.append(q)
+            token, q = draft_token(logits, self._params, self._rng)
             tokens.append(token)
+            if q is not None:
+                rows.append(q)
             if i + 1 < k:   # the last draft token need not be fed: nothing would read its logits
                 logits = self.model.forward([token], n_rows=1)[0]
                 self._fed.append(token)
