@@ -360,7 +360,8 @@ def plot(rows: list[Row], methods: list[str], out: Path) -> list[Path]:
     ax.set_ylabel("acceptance rate (all prompts)")
     ax.set_ylim(0, 1.02)
     ax.set_title("Acceptance by draft position")
-    ax.legend(fontsize=8)
+    if any(not line.get_label().startswith("_") for line in ax.get_lines()):
+        ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(out / "acceptance.png")
     fig.savefig(paths[1], dpi=120)
