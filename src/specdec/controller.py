@@ -179,16 +179,17 @@ class CostAwareController:
         self._steps = 0
         self._shadow: tuple[list[int], int] | None = None   # free n-gram proposal, for learning
         self.decisions: dict[str, int] = {}           # "plain" / "ngram:k" / "draft:k" -> steps
-        self.predicted_speedup: list[float] = []       # per step: chosen value / plain value
+        self._promised = (0.0, 0)                      # this generation: sum of value / plain value, steps
 
     def begin(self, prompt: Sequence[int]) -> None:
         self._shadow = None
-        self.predicted_speedup = []
+        self._promised = (0.0, 0)
 
     def speedups(self, tokens_per_second: float) -> tuple[float, float]:
         """(predicted, measured) speedup over plain decoding for the generation so far: the mean
         of each step's promise, and the tokens/s achieved over what plain steps would give."""
-        predicted = float(np.mean(self.predicted_speedup)) if self.predicted_speedup else 1.0
+        total, steps = self._promised
+        predicted = total / steps if steps else 1.0
         return predicted, tokens_per_second * self.target_cost(1)
 
     # -- the decision -------------------------------------------------------------------------
@@ -229,7 +230,7 @@ class CostAwareController:
                 if k_opt and optimistic > 1.1 * best[2]:
                     best = ("draft", 1, value, None)
         kind, k, value, proposal = best
-        self.predicted_speedup.append(value / plain_value)
+        self._promised = (self._promised[0] + value / plain_value, self._promised[1] + 1)
         key = "plain" if kind == "plain" or k == 0 else f"{kind}:{k}"
         self.decisions[key] = self.decisions.get(key, 0) + 1
         if kind == "ngram" and k:
