@@ -29,7 +29,7 @@ class FixedProposals:
 
 
 def controller(costs, ngram=None, model=None, draft_cost=None, ngram_prior=None, model_prior=None):
-    c = CostAwareController(None, ngram, model, costs, draft_cost)
+    c = CostAwareController(ngram, model, costs, draft_cost)
     if ngram_prior is not None:
         for acc in c.ngram_accept.values():  # every (match length, in-run) table
             acc.a[:] = ngram_prior

@@ -50,8 +50,7 @@ class FixedController:
         drafter, k = self.choose(context, room)
         if drafter is None or k == 0:
             return None, None
-        draft = drafter.propose(context, k)
-        return drafter, Draft(draft.tokens[:k], None if draft.q is None else draft.q[:k])
+        return drafter, drafter.propose(context, k)   # a Drafter returns at most k tokens
 
     def observe(self, drafter: Drafter | None, draft: Draft | None, n_accepted: int, emitted: Sequence[int],
                 draft_seconds: float, target_seconds: float) -> None:
@@ -161,7 +160,7 @@ class CostAwareController:
     """Picks, every step, prompt lookup with its best k, the draft model with its best k, or a
     plain step, whichever promises the most tokens per second (see the module docstring)."""
 
-    def __init__(self, target, ngram: Drafter | None, model_drafter: Drafter | None,
+    def __init__(self, ngram: Drafter | None, model_drafter: Drafter | None,
                  target_costs: Sequence[float], draft_costs: Sequence[float] | None = None,
                  explore_every: int = 32):
         self.target_cost = CostTable(target_costs)
@@ -236,8 +235,7 @@ class CostAwareController:
         if kind == "ngram" and k:
             return self.ngram, Draft(proposal.tokens[:k])
         if kind == "draft":
-            draft = self.model.propose(context, k)
-            return self.model, Draft(draft.tokens[:k], None if draft.q is None else draft.q[:k])
+            return self.model, self.model.propose(context, k)
         return None, None
 
     # -- learning -----------------------------------------------------------------------------

@@ -113,7 +113,7 @@ class SpeculativeDecoder:
             draft_costs = None
             if self.model_drafter is not None and hasattr(self.model_drafter, "model"):
                 draft_costs = measure_forward_costs(self.model_drafter.model)
-            self._auto_controller = CostAwareController(self.target, self.ngram, self.model_drafter,
+            self._auto_controller = CostAwareController(self.ngram, self.model_drafter,
                                                         costs, draft_costs)
         return self._auto_controller
 
