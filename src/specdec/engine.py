@@ -121,6 +121,7 @@ class SpeculativeDecoder:
 
     def generate(self, prompt: str | Sequence[int], config: GenerationConfig | None = None,
                  **overrides) -> GenerationResult:
+        """One prompt (text or token ids) -> GenerationResult. For many prompts: generate_batch."""
         stream = self.stream(prompt, config, **overrides)
         for _ in stream:
             pass
@@ -229,33 +230,212 @@ class SpeculativeDecoder:
     def _text_pieces(self, prompt_tokens: list[int], config: GenerationConfig):
         """Turns steps into text: whole UTF-8 characters only, cut at the first stop string.
         Text that could still become a stop string is held back until it cannot."""
-        tok = self.target.tokenizer
         stats = GenerationStats()
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        hold = max((len(s) for s in config.stop), default=1) - 1
-        tokens: list[int] = []
-        text, sent = "", 0           # all text so far; how much of it was yielded
+        text = _Detokenizer(self.target.tokenizer, config.stop)
         for emitted in self.steps(prompt_tokens, config, stats):
-            for token in emitted:
-                tokens.append(token)
-                text += decoder.decode(tok.token_bytes(token))
-                cut = _find_stop(text, config.stop, max(0, sent - hold))
-                if cut is not None:
-                    text = text[:cut]
-                    stats.finish_reason = "stop"
-                    break
-            if stats.finish_reason == "stop":
+            stopped = text.add(emitted)
+            piece = text.ready()
+            if piece:
+                yield piece
+            if stopped:
+                stats.finish_reason = "stop"
                 break
-            safe = len(text) - hold if config.stop else len(text)
-            if safe > sent:
-                yield text[sent:safe]
-                sent = safe
-        if stats.finish_reason != "stop":
-            text += decoder.decode(b"", final=True)
-        if len(text) > sent:
-            yield text[sent:]
-        stats.generated_tokens = len(tokens)
-        return GenerationResult(text=text, tokens=tokens, prompt_tokens=prompt_tokens, stats=stats)
+        piece = text.finish()
+        if piece:
+            yield piece
+        stats.generated_tokens = len(text.tokens)
+        return GenerationResult(text=text.text, tokens=text.tokens, prompt_tokens=prompt_tokens, stats=stats)
+
+    # -- batches ----------------------------------------------------------------------------
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], config: GenerationConfig | None = None,
+                       **overrides) -> list[GenerationResult]:
+        """Generates for every prompt; row i is what generate(prompts[i], seed=seed + i) gives.
+
+        On a target with a batched cache (the torch backend) the rows run together: each drafts,
+        verifies and accepts on its own, rows that accept more move ahead, and finished rows leave
+        the batch. Other backends run the rows one after the other."""
+        config = replace(config or GenerationConfig(), **overrides)
+        rows = [self.prompt_tokens(p, config) for p in prompts]
+        configs = [config if config.seed is None else replace(config, seed=config.seed + i)
+                   for i in range(len(rows))]
+        if not rows:
+            return []
+        if len(rows) == 1 or not hasattr(self.target, "forward_rows"):
+            return [self.generate(r, c) for r, c in zip(rows, configs)]
+        return _BatchRun(self, rows, configs).run()
+
+
+class _Detokenizer:
+    """Tokens -> text, whole UTF-8 characters at a time, cut at the first stop string; text that
+    could still grow into a stop string is held back until it cannot."""
+
+    def __init__(self, tokenizer, stop: Sequence[str]):
+        self._tokenizer, self._stop = tokenizer, stop
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._hold = max((len(s) for s in stop), default=1) - 1
+        self.tokens: list[int] = []
+        self.text = ""               # all text so far
+        self._sent = 0               # how much of it ready() has handed out
+        self.stopped = False
+
+    def add(self, tokens: Sequence[int]) -> bool:
+        """Append tokens; True when a stop string ended the text (later tokens are dropped)."""
+        for token in tokens:
+            self.tokens.append(token)
+            self.text += self._decoder.decode(self._tokenizer.token_bytes(token))
+            cut = _find_stop(self.text, self._stop, max(0, self._sent - self._hold))
+            if cut is not None:
+                self.text = self.text[:cut]
+                self.stopped = True
+                return True
+        return False
+
+    def ready(self) -> str:
+        """The new text that is final."""
+        safe = len(self.text) - self._hold if self._stop and not self.stopped else len(self.text)
+        if safe <= self._sent:
+            return ""
+        piece, self._sent = self.text[self._sent:safe], safe
+        return piece
+
+    def finish(self) -> str:
+        """The rest, once generation is over."""
+        if not self.stopped:
+            self.text += self._decoder.decode(b"", final=True)
+        piece, self._sent = self.text[self._sent:], len(self.text)
+        return piece
+
+
+class _BatchRun:
+    """One batched generation (see SpeculativeDecoder.generate_batch). The step is the one of
+    SpeculativeDecoder.steps, done for every live row at once: one batched draft, one batched
+    target pass over each row's [last, *draft], verification row by row with the row's own
+    random stream, one batched rollback."""
+
+    def __init__(self, decoder: SpeculativeDecoder, prompts: list[list[int]], configs: list[GenerationConfig]):
+        self.decoder, self.prompts, self.configs = decoder, prompts, configs
+
+    def _drafter(self):
+        from .drafters.batch import BatchModelDrafter, PerRowDrafters
+        from .drafters.model import ModelDrafter
+        from .drafters.ngram import NgramDrafter
+
+        d = self.decoder
+        if d.auto:   # the cost-aware controller is single-sequence: the draft model if given, else lookup
+            source = d.model_drafter if d.model_drafter is not None else d.ngram
+        else:
+            source = d.drafter
+        if source is None or d.k == 0:
+            return None
+        if isinstance(source, NgramDrafter):
+            return PerRowDrafters(lambda: NgramDrafter(source.n_max, source.n_min))
+        if isinstance(source, ModelDrafter):
+            if not hasattr(source.model, "forward_rows"):
+                raise SpecdecError(f"the draft model {source.model.name} has no batched cache; batches "
+                                   f"need a torch draft model (--backend torch), or --draft ngram")
+            return BatchModelDrafter(source.model)
+        raise SpecdecError(f"{source.name} cannot draft for a batch; use --draft ngram or a torch draft model")
+
+    def run(self) -> list[GenerationResult]:
+        d = self.decoder
+        target, config = d.target, self.configs[0]
+        params, k = config.sampling, d.k
+        B = len(self.prompts)
+        rngs = [np.random.default_rng(c.seed) for c in self.configs]
+        drafter = self._drafter()
+        if drafter is not None:
+            drafter.begin(self.prompts, params, rngs)
+        eog = target.tokenizer.eog_ids
+        stats = [GenerationStats(prompt_tokens=len(p)) for p in self.prompts]
+        texts = [_Detokenizer(target.tokenizer, config.stop) for _ in range(B)]
+
+        t0 = time.perf_counter()
+        target.start(B)
+        target.forward_rows([p[:-1] for p in self.prompts], [0] * B)   # last prompt tokens open step one
+        prefill = time.perf_counter() - t0
+        for s in stats:
+            s.prefill_seconds = s.target_seconds = prefill
+        t_decode = time.perf_counter()
+
+        live = list(range(B))                     # the original index of each row still in the batch
+        contexts = [list(p) for p in self.prompts]
+        while live:
+            ks = [min(k, target.n_ctx - len(contexts[i]) - 1) for i in live]
+            done = {i for i, room in zip(live, ks) if room < 0}
+            for i in done:
+                stats[i].finish_reason = "context"
+            ks = [max(kk, 0) for kk in ks]
+            # 1-2. every row drafts up to its k
+            t = time.perf_counter()
+            drafts = (drafter.propose([contexts[i] for i in live], ks) if drafter is not None
+                      else [None] * len(live))
+            t_draft = time.perf_counter() - t
+            # 3. one target pass: row r scores [last, *draft]
+            t = time.perf_counter()
+            inputs = [[] if i in done else [contexts[i][-1], *(dr.tokens if dr else [])]
+                      for i, dr in zip(live, drafts)]
+            logits = target.forward_rows(inputs)                          # per row [k + 1, vocab]
+            t_target = time.perf_counter() - t
+            # 4. verify each row with its own random stream
+            accepted, nexts = [], []
+            for r, i in enumerate(live):
+                tokens = drafts[r].tokens if drafts[r] is not None else []
+                if i in done:
+                    accepted.append(0)
+                    nexts.append(None)
+                    continue
+                q = drafts[r].q if drafts[r] is not None else None
+                n, token = verify(logits[r], tokens, q, params, rngs[i])
+                accepted.append(n)
+                nexts.append(token)
+            # 5. roll every row back to what it kept
+            t = time.perf_counter()
+            target.rollback_rows([len(contexts[i]) + n for i, n in zip(live, accepted)])
+            t_target += time.perf_counter() - t
+            if drafter is not None:
+                t = time.perf_counter()
+                drafter.accept(accepted)
+                t_draft += time.perf_counter() - t
+            # 6. emit per row; finished rows leave the batch
+            now = time.perf_counter()
+            keep = []
+            for r, i in enumerate(live):
+                s = stats[i]
+                s.draft_seconds += t_draft
+                s.target_seconds += t_target
+                if i in done:
+                    continue
+                tokens = drafts[r].tokens if drafts[r] is not None else []
+                s.record_step(len(tokens), accepted[r], drafter.name.split(":")[0] if drafter else "plain")
+                emitted = []
+                for token in [*tokens[:accepted[r]], nexts[r]]:
+                    if token in eog:
+                        s.finish_reason = "eog"
+                        break
+                    emitted.append(token)
+                    if s.generated_tokens + len(emitted) >= self.configs[i].max_new_tokens:
+                        s.finish_reason = "length"
+                        break
+                contexts[i] += emitted
+                s.generated_tokens += len(emitted)
+                s.decode_seconds = now - t_decode
+                if texts[i].add(emitted):
+                    s.finish_reason = "stop"
+                if not s.finish_reason:
+                    keep.append(r)
+            if len(keep) < len(live):
+                live = [live[r] for r in keep]
+                if live:
+                    target.keep_rows(keep)
+                    if drafter is not None:
+                        drafter.keep_rows(keep)
+        results = []
+        for prompt, text, s in zip(self.prompts, texts, stats):
+            text.finish()
+            s.generated_tokens = len(text.tokens)
+            results.append(GenerationResult(text=text.text, tokens=text.tokens, prompt_tokens=prompt, stats=s))
+        return results
 
 
 def _find_stop(text: str, stops: Sequence[str], start: int) -> int | None:

@@ -1,0 +1,152 @@
+"""The torch backend on tiny random models: the cache after rollback is a fresh prefill, a row in
+a batch computes what it computes alone, logits only for the rows asked, the tokenizer, loading."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from specdec.errors import ContextOverflowError, ModelLoadError  # noqa: E402
+from specdec.models.transformers import HFTokenizer, TransformersModel, load_transformers_model  # noqa: E402
+
+from .. import tiny_hf  # noqa: E402
+
+ATOL = 1e-4   # float32 summation order differs between batch shapes
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_hf.tokenizer()
+
+
+@pytest.fixture(scope="module", params=tiny_hf.ARCHS)
+def model(request, tokenizer):
+    target, _ = tiny_hf.pair(request.param, len(tokenizer))
+    return TransformersModel(target, tokenizer, name=request.param)
+
+
+def full_logits(model, tokens):
+    """Logits of every position from one uncached forward: the reference."""
+    with torch.no_grad():
+        return model.model(torch.tensor([tokens])).logits[0].float().numpy()
+
+
+def tokens(seed, n, vocab=320):
+    return np.random.default_rng(seed).integers(1, vocab, n).tolist()
+
+
+def test_forward_matches_an_uncached_pass(model):
+    a, b = tokens(1, 12), tokens(2, 5)
+    model.reset()
+    assert model.forward(a, n_rows=0).shape == (0, model.vocab_size)
+    out = model.forward(b)
+    assert out.shape == (5, model.vocab_size) and out.dtype == np.float32
+    np.testing.assert_allclose(out, full_logits(model, a + b)[12:], atol=ATOL)
+    assert model.n_past == 17
+
+
+def test_only_the_asked_rows_come_back(model):
+    a = tokens(3, 9)
+    model.reset()
+    last2 = model.forward(a, n_rows=2)
+    np.testing.assert_allclose(last2, full_logits(model, a)[-2:], atol=ATOL)
+
+
+def test_rollback_leaves_the_cache_of_a_fresh_prefill(model):
+    """A rejected draft is cut off: keys and values equal a fresh prefill of the kept tokens, and the
+    next step gives the logits a fresh model would."""
+    a, draft, c = tokens(4, 10), tokens(5, 5), tokens(6, 3)
+    model.reset()
+    model.forward(a, n_rows=0)
+    model.forward(draft)                 # verification of a 4-token draft: 5 rows
+    model.rollback(12)                   # 2 accepted
+    kept = model.cached_keys_values()
+    fresh = TransformersModel(model.model, model.tokenizer, name="fresh")
+    fresh.forward(a + draft[:2], n_rows=0)
+    for (k1, v1), (k2, v2) in zip(kept, fresh.cached_keys_values(), strict=True):
+        assert k1.shape == k2.shape
+        torch.testing.assert_close(k1, k2, atol=ATOL, rtol=0)
+        torch.testing.assert_close(v1, v2, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(model.forward(c), fresh.forward(c), atol=ATOL)
+    np.testing.assert_allclose(model.forward(c[:1]), full_logits(model, a + draft[:2] + c + c[:1])[-1:], atol=ATOL)
+
+
+def test_rows_of_a_batch_compute_what_they_compute_alone(model):
+    prompts = [tokens(7, 3), tokens(8, 11), tokens(9, 1), tokens(10, 20)]
+    steps = [tokens(11, 4), [], tokens(12, 1), tokens(13, 2)]
+    model.start(4)
+    model.forward_rows(prompts, [0] * 4)
+    outs = model.forward_rows(steps)
+    assert model.rows_past() == [7, 11, 2, 22]
+    for prompt, step, out in zip(prompts, steps, outs):
+        assert out.shape == (len(step), model.vocab_size)
+        if step:
+            np.testing.assert_allclose(out, full_logits(model, prompt + step)[-len(step):], atol=ATOL)
+    # each row rolls back by its own amount, a finished row leaves, the rest go on
+    model.rollback_rows([5, None, 1, 21])
+    model.keep_rows([3, 0, 2])
+    histories = [(prompts[3] + steps[3])[:21], (prompts[0] + steps[0])[:5], (prompts[2] + steps[2])[:1]]
+    nexts = [tokens(14, 3), tokens(15, 1), tokens(16, 2)]
+    outs = model.forward_rows(nexts, [1, 1, 2])
+    for history, step, out in zip(histories, nexts, outs):
+        np.testing.assert_allclose(out, full_logits(model, history + step)[-len(out):], atol=ATOL)
+
+
+def test_holes_are_compacted_and_results_stay(model):
+    """Many rejected drafts leave holes in the shared cache; compaction must not change a row."""
+    model.start(2)
+    histories = [tokens(20, 6), tokens(21, 2)]
+    model.forward_rows(histories, [0, 0])
+    rng = np.random.default_rng(0)
+    for step in range(40):
+        drafts = [tokens(100 + step, 6), tokens(200 + step, 1)]
+        model.forward_rows(drafts, [0, 0])
+        kept = [int(rng.integers(1, 3)), 1]
+        model.rollback_rows([len(h) + n for h, n in zip(histories, kept)])
+        for h, d, n in zip(histories, drafts, kept):
+            h.extend(d[:n])
+    assert model._valid.shape[1] <= 2 * max(len(h) for h in histories) + 64
+    outs = model.forward_rows([[5], [6]], [1, 1])
+    for h, t, out in zip(histories, [5, 6], outs):
+        np.testing.assert_allclose(out, full_logits(model, h + [t])[-1:], atol=ATOL)
+
+
+def test_context_overflow_is_an_error(model):
+    model.reset()
+    with pytest.raises(ContextOverflowError):
+        model.forward(tokens(30, model.n_ctx + 1), n_rows=0)
+
+
+def test_tokenizer_bytes_round_trip(tokenizer):
+    tok = HFTokenizer(tokenizer)
+    text = "def café(x):\n    return x → 1 🙂"
+    ids = tok.encode(text, add_special=False)
+    assert b"".join(tok.token_bytes(t) for t in ids).decode() == text
+    assert tok.decode(ids) == text
+    assert tokenizer.eos_token_id in tok.eog_ids
+    assert tok.token_bytes(tokenizer.eos_token_id) == b"<|end|>"
+    assert tok.token_text(ids[0]) == tokenizer.convert_ids_to_tokens(ids[0])
+
+
+def test_loads_a_saved_folder(tmp_path, tokenizer):
+    target, _ = tiny_hf.pair("qwen2", len(tokenizer))
+    target.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    model = load_transformers_model(tmp_path, device="cpu", dtype="float32", n_ctx=256)
+    assert model.n_ctx == 256 and model.vocab_size == len(tokenizer)
+    a = tokens(40, 7)
+    np.testing.assert_allclose(model.forward(a, n_rows=1), full_logits(model, a)[-1:], atol=ATOL)
+    assert model.tokenizer.decode(model.tokenizer.encode("def add", add_special=False)) == "def add"
+
+
+def test_load_errors_say_what_is_wrong(tmp_path):
+    with pytest.raises(ModelLoadError, match="no such file"):
+        load_transformers_model(tmp_path / "missing", device="cpu")
+    with pytest.raises(ModelLoadError, match="config.json"):
+        load_transformers_model(tmp_path, device="cpu")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf at all")
+    with pytest.raises(ModelLoadError):
+        load_transformers_model(bad, device="cpu")
