@@ -1,5 +1,5 @@
 # make demo: set up everything, then compare plain and speculative decoding on the built-in models.
-# make test: set up what the tests need, then run the whole suite.
+# make test: set up what the tests need (llama.cpp, the models, PyTorch), then run the whole suite.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,7 +7,7 @@ SPECDEC := $(VENV)/bin/specdec
 DEMO_MODELS := qwen2.5-coder-1.5b qwen2.5-coder-0.5b
 TEST_MODELS := $(DEMO_MODELS) gemma-3-270m
 
-.PHONY: setup demo test models test-models llama-tools bench bench-plain hf-deps clean
+.PHONY: setup demo test models test-models torch-deps llama-tools bench bench-plain hf-deps clean
 
 # The venv, the package, and llama-cpp-python built for this CPU (once; the wheel is cached).
 $(VENV)/.ready: pyproject.toml scripts/install_llama_cpp.py
@@ -19,6 +19,17 @@ $(VENV)/.ready: pyproject.toml scripts/install_llama_cpp.py
 
 setup: $(VENV)/.ready
 
+# PyTorch and transformers, for --backend torch, its tests and the transformers peer. torch is
+# pinned first: where the machine offers a CPU wheel of that version pip takes it, and the torch
+# extra's range is then already met (unpinned, pip would pull the newest CUDA build, several GB).
+TORCH ?= torch==2.13.0
+$(VENV)/.torch: $(VENV)/.ready
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[torch]"
+	touch $@
+
+torch-deps: $(VENV)/.torch
+
 models: setup
 	$(SPECDEC) fetch $(DEMO_MODELS)
 
@@ -28,7 +39,7 @@ test-models: setup
 demo: models
 	$(SPECDEC) compare
 
-test: test-models
+test: test-models torch-deps
 	SPECDEC_REQUIRE_MODELS=1 $(PY) -m pytest -q
 
 # llama.cpp's own binaries (llama-bench, llama-speculative-simple) for benchmarks; not in CI.
@@ -42,10 +53,8 @@ bench: llama-tools models
 	$(PY) -m pip install --quiet -e ".[bench]"
 	$(SPECDEC) bench --llama-cpp-bin "$$($(PY) scripts/build_llama_cpp_tools.py | tail -n 1)" --out bench-out $(BENCH_ARGS)
 
-# The Hugging Face peer for `specdec bench --hf`: CPU torch first, so pip does not pull CUDA builds.
-hf-deps: setup
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[hf]"
+# The Hugging Face peer for `specdec bench --hf` needs the same packages.
+hf-deps: torch-deps
 
 # Our plain decoding next to llama-bench's tg128 on the same model and threads.
 bench-plain: llama-tools models

@@ -10,6 +10,18 @@ import pytest
 REQUIRE = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
 
 
+def needs_torch():
+    """Skip (or, under SPECDEC_REQUIRE_MODELS=1, fail) when PyTorch or transformers is missing."""
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        message = f"the torch backend's packages are missing ({exc.name}): make torch-deps"
+        if REQUIRE:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message, allow_module_level=True)
+
+
 def _real_model(name: str):
     from specdec import catalog
     from specdec.errors import SpecdecError

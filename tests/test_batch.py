@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+from .conftest import needs_torch
+
+needs_torch()
 
 from specdec import GenerationConfig, SpeculativeDecoder  # noqa: E402
 from specdec.models.transformers import TransformersModel  # noqa: E402

@@ -37,7 +37,10 @@ def assert_user_error(proc, *fragments):
     (["compare", "--bogus"], "unrecognized arguments"),
     (["generate", "-p", "x", "--draft", "early-exit:3"], "needs --backend numpy"),
     (["generate", "-p", "x", "--draft", "early-exit:x", "--backend", "numpy"], "early-exit:L"),
-    (["generate", "-p", "x", "--backend", "torch"], "invalid choice"),
+    (["generate", "-p", "x", "--backend", "cuda"], "invalid choice"),
+    (["generate", "-p", "x", "--backend", "torch", "--device", "cuda:7"], "no CUDA GPU"),
+    (["generate", "-p", "x", "--dtype", "float8"], "invalid choice"),
+    (["bench", "--batch-sizes", "4"], "need --backend torch"),
     (["bench", "--methods", "magic:3"], "unknown method"),
     (["nonsense"], "invalid choice"),
 ])

@@ -17,14 +17,18 @@ __all__ = ["generate", "SpeculativeDecoder", "load_model", "GenerationConfig", "
 __version__ = "0.1.0"
 
 
-BACKENDS = ("llama", "numpy")
+BACKENDS = ("llama", "numpy", "torch")
 
 
 def load_model(name_or_path: str | os.PathLike, backend: str = "llama", n_ctx: int = 4096,
-               threads: int | None = None, progress: bool = True):
+               threads: int | None = None, progress: bool = True, device: str = "auto",
+               dtype: str = "auto"):
     """A built-in model name (see `specdec models`) or a path to a .gguf file, loaded on a backend:
-    'llama' (llama.cpp, the default) or 'numpy' (the pure-NumPy reference, models/numpy_ref.py).
+    'llama' (llama.cpp, the default), 'numpy' (the pure-NumPy reference, models/numpy_ref.py) or
+    'torch' (transformers on `device` in `dtype`; it also takes a transformers model folder).
     Built-in models are assembled from their installed packages on first use."""
+    from pathlib import Path
+
     from .catalog import CATALOG, resolve
 
     if backend not in BACKENDS:
@@ -33,8 +37,19 @@ def load_model(name_or_path: str | os.PathLike, backend: str = "llama", n_ctx: i
         raise SpecdecError(f"the context must hold at least 16 tokens, got {n_ctx}")
     if threads is not None and threads < 1:
         raise SpecdecError(f"threads must be >= 1, got {threads}")
+    if backend == "torch" and Path(name_or_path).is_dir():
+        from .models.transformers import load_transformers_model
+        return load_transformers_model(name_or_path, device=device, dtype=dtype, n_ctx=n_ctx, threads=threads)
     path = resolve(name_or_path, progress=progress)
-    if backend == "numpy":
+    if backend == "torch":
+        from .models.transformers import load_transformers_model
+
+        if progress:
+            import sys
+            print(f"loading {path.name} into transformers (the GGUF is dequantised: this takes a while)",
+                  file=sys.stderr)
+        model = load_transformers_model(path, device=device, dtype=dtype, n_ctx=n_ctx, threads=threads)
+    elif backend == "numpy":
         from .models.numpy_ref import load_numpy_model
 
         model = load_numpy_model(path, n_ctx=n_ctx)

@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Sequence
 
 from .errors import SpecdecError
 
@@ -44,6 +45,7 @@ class Row:
     acceptance_by_position: list[float] = field(default_factory=list)
     drafted_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
+    batch: int = 1                      # prompts run together; tokens and tokens/s summed over them
     text: str = ""
 
 
@@ -112,7 +114,8 @@ def parse_method(method: str) -> tuple[str, str, int]:
 class Bench:
     def __init__(self, target_name: str, draft_name: str, threads: int | None, ctx: int,
                  max_tokens: int, temperature: float = 0.0, seed: int | None = None,
-                 llama_cpp_bin: str | None = None, backend: str = "llama"):
+                 llama_cpp_bin: str | None = None, backend: str = "llama", device: str = "auto",
+                 dtype: str = "auto"):
         from . import load_model
         from .catalog import resolve
         from .drafters.model import ModelDrafter
@@ -121,8 +124,10 @@ class Bench:
         self.threads = threads or default_threads()
         self.ctx, self.max_tokens, self.temperature, self.seed = ctx, max_tokens, temperature, seed
         self.backend = backend
-        self.target = load_model(target_name, backend=backend, n_ctx=ctx, threads=self.threads)
-        self.draft_model = load_model(draft_name, backend=backend, n_ctx=ctx, threads=self.threads)
+        self.target = load_model(target_name, backend=backend, n_ctx=ctx, threads=self.threads,
+                                 device=device, dtype=dtype)
+        self.draft_model = load_model(draft_name, backend=backend, n_ctx=ctx, threads=self.threads,
+                                      device=device, dtype=dtype)
         self.drafter = ModelDrafter(self.draft_model, self.target)
         self.auto = None   # the --draft auto decoder, built once so that it keeps what it learns
         self.target_path, self.draft_path = resolve(target_name), resolve(draft_name)
@@ -141,26 +146,53 @@ class Bench:
         tok = self.target.tokenizer
         return tok.apply_chat_template([{"role": "user", "content": prompt}])
 
-    def run(self, item: dict, method: str, repeat: int) -> Row:
-        from .engine import GenerationConfig, SpeculativeDecoder
+    def _config(self):
+        from .engine import GenerationConfig
 
+        return GenerationConfig(max_new_tokens=self.max_tokens, temperature=self.temperature,
+                                seed=self.seed, chat=False)
+
+    def _decoder(self, drafter: str, k: int):
+        from .engine import SpeculativeDecoder
+
+        if drafter == "auto":
+            if self.auto is None:
+                self.auto = SpeculativeDecoder(self.target, "auto", draft_model=self.drafter)
+            return self.auto
+        if drafter.startswith("early-exit:"):
+            from .drafters.early_exit import EarlyExitDrafter
+            return SpeculativeDecoder(self.target, EarlyExitDrafter(self.target, int(drafter[11:])), k)
+        chosen = {"plain": None, "draft": self.drafter, "ngram": "ngram"}[drafter]
+        return SpeculativeDecoder(self.target, chosen, k)
+
+    def run_batch(self, items: list[dict], method: str, repeat: int) -> Row:
+        """One of our methods on a batch of prompts (generate_batch): tokens and tokens/s summed
+        over the rows, time from the end of the prefill to the last row's last token."""
+        runner, drafter, k = parse_method(method)
+        if runner != "specdec":
+            raise SpecdecError(f"{method}: batches run our methods only")
+        results = self._decoder(drafter, k).generate_batch([self.prompt_text(i["prompt"]) for i in items],
+                                                           self._config())
+        categories = {i["category"] for i in items}
+        row = Row("+".join(i["id"] for i in items), categories.pop() if len(categories) == 1 else "mixed",
+                  method, repeat, 0, 0.0, 0.0, batch=len(items))
+        row.tokens = sum(r.stats.generated_tokens for r in results)
+        row.seconds = max(r.stats.decode_seconds for r in results)
+        row.tokens_per_second = row.tokens / row.seconds if row.seconds > 0 else 0.0
+        row.drafted = sum(r.stats.drafted for r in results)
+        row.accepted = sum(r.stats.accepted for r in results)
+        row.acceptance_rate = row.accepted / row.drafted if row.drafted else 0.0
+        steps = sum(r.stats.steps for r in results)
+        row.mean_accepted_length = row.tokens / steps if steps else 0.0
+        row.text = "\n\x00\n".join(r.text for r in results)
+        return row
+
+    def run(self, item: dict, method: str, repeat: int) -> Row:
         runner, drafter, k = parse_method(method)
         text = self.prompt_text(item["prompt"])
         row = Row(item["id"], item["category"], method, repeat, 0, 0.0, 0.0)
         if runner == "specdec":
-            config = GenerationConfig(max_new_tokens=self.max_tokens, temperature=self.temperature,
-                                      seed=self.seed, chat=False)
-            if drafter == "auto":
-                if self.auto is None:
-                    self.auto = SpeculativeDecoder(self.target, "auto", draft_model=self.drafter)
-                decoder = self.auto
-            elif drafter.startswith("early-exit:"):
-                from .drafters.early_exit import EarlyExitDrafter
-                decoder = SpeculativeDecoder(self.target, EarlyExitDrafter(self.target, int(drafter[11:])), k)
-            else:
-                chosen = {"plain": None, "draft": self.drafter, "ngram": "ngram"}[drafter]
-                decoder = SpeculativeDecoder(self.target, chosen, k)
-            result = decoder.generate(text, config)
+            result = self._decoder(drafter, k).generate(text, self._config())
             s = result.stats
             row.tokens, row.seconds, row.tokens_per_second = s.generated_tokens, s.decode_seconds, s.tokens_per_second
             row.drafted, row.accepted = s.drafted, s.accepted
@@ -194,23 +226,32 @@ def _progress(done: int, total: int, started: float, label: str) -> None:
     sys.stderr.flush()
 
 
-def run_bench(bench: Bench, prompts: list[dict], methods: list[str], repeats: int, out: Path) -> list[Row]:
+def run_bench(bench: Bench, prompts: list[dict], methods: list[str], repeats: int, out: Path,
+              batch_sizes: Sequence[int] = (1,)) -> list[Row]:
+    """Every (prompt, method, repeat), and for each batch size B > 1 every (B consecutive prompts,
+    our method, repeat) as one batch."""
     out.mkdir(parents=True, exist_ok=True)
     if "plain" not in methods:
         methods = ["plain", *methods]   # every speedup is measured against it
+    ours = [m for m in methods if parse_method(m)[0] == "specdec"]
+    units = [([item], methods) for item in prompts] if 1 in batch_sizes else []
+    for size in sorted(b for b in set(batch_sizes) if b > 1):
+        units += [(prompts[i:i + size], ours) for i in range(0, len(prompts), size)]
     rows: list[Row] = []
-    total, started = len(prompts) * len(methods) * repeats, time.perf_counter()
+    total, started = sum(len(m) for _, m in units) * repeats, time.perf_counter()
     # Warm-up: every weight page of both models touched before any timing.
     bench.run(prompts[0], "draft:4", repeat=-1)
     with open(out / "results.jsonl", "w", encoding="utf-8") as results:
-        for i, item in enumerate(prompts):
+        for i, (items, unit_methods) in enumerate(units):
             for repeat in range(repeats):
-                shift = (i * repeats + repeat) % len(methods)
-                order = methods[shift:] + methods[:shift]          # alternate methods per prompt
+                shift = (i * repeats + repeat) % len(unit_methods)
+                order = unit_methods[shift:] + unit_methods[:shift]   # alternate methods per prompt
                 runs = {}
                 for method in order:
-                    _progress(len(rows), total, started, f"{item['id']} {method}")
-                    runs[method] = bench.run(item, method, repeat)
+                    label = items[0]["id"] if len(items) == 1 else f"batch of {len(items)}"
+                    _progress(len(rows), total, started, f"{label} {method}")
+                    runs[method] = (bench.run(items[0], method, repeat) if len(items) == 1
+                                    else bench.run_batch(items, method, repeat))
                     rows.append(runs[method])
                 for method in order:
                     run = runs[method]
@@ -229,10 +270,10 @@ def run_bench(bench: Bench, prompts: list[dict], methods: list[str], repeats: in
 
 def speedups(rows: list[Row]) -> dict[tuple[str, str], list[float]]:
     """(category, method) -> speedups, each run against the plain run of its prompt and repeat."""
-    plain = {(r.prompt_id, r.repeat): r.tokens_per_second for r in rows if r.method == "plain"}
+    plain = {(r.prompt_id, r.repeat, r.batch): r.tokens_per_second for r in rows if r.method == "plain"}
     out: dict[tuple[str, str], list[float]] = {}
     for r in rows:
-        base = plain.get((r.prompt_id, r.repeat))
+        base = plain.get((r.prompt_id, r.repeat, r.batch))
         if base:
             out.setdefault((r.category, r.method), []).append(r.tokens_per_second / base)
     return out
@@ -263,9 +304,6 @@ def versions() -> str:
 
 
 def write_summary(rows: list[Row], bench: Bench, methods: list[str], out: Path, command: str) -> str:
-    ups = speedups(rows)
-    categories = [c for c in CATEGORIES if any(r.category == c for r in rows)]
-    categories += sorted({r.category for r in rows} - set(categories))
     methods = [m for m in dict.fromkeys(["plain", *methods]) if any(r.method == m for r in rows)]
     lines = [
         "# specdec bench",
@@ -273,11 +311,34 @@ def write_summary(rows: list[Row], bench: Bench, methods: list[str], out: Path, 
         f"- date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- machine: {machine_line(bench.threads)}",
         f"- versions: {versions()}",
-        f"- target {bench.target.name}, draft {bench.draft_model.name}, backend {bench.backend}, "
-        f"max {bench.max_tokens} tokens, "
+        f"- target {bench.target.name}, draft {bench.draft_model.name}, backend {bench.backend}"
+        f"{_device_note(bench.target)}, max {bench.max_tokens} tokens, "
         f"{'greedy' if bench.temperature == 0 else f'temperature {bench.temperature}, seed {bench.seed}'}",
         f"- command: `{command}`",
         "",
+    ]
+    singles = [r for r in rows if r.batch == 1]
+    if singles:
+        lines += _category_tables(singles, methods)
+    batched = [r for r in rows if r.batch > 1]
+    if batched:
+        lines += _batch_table(rows, methods)
+    text = "\n".join(lines) + "\n"
+    (out / "summary.md").write_text(text, encoding="utf-8")
+    return text
+
+
+def _device_note(model) -> str:
+    device, dtype = getattr(model, "device", None), getattr(model, "dtype", None)
+    return f" ({device}, {str(dtype).replace('torch.', '')})" if device is not None else ""
+
+
+def _category_tables(rows: list[Row], methods: list[str]) -> list[str]:
+    ups = speedups(rows)
+    categories = [c for c in CATEGORIES if any(r.category == c for r in rows)]
+    categories += sorted({r.category for r in rows} - set(categories))
+    methods = [m for m in methods if any(r.method == m for r in rows)]
+    lines = [
         "Median tokens/s (decode) and median speedup over plain decoding, pair by pair (each run "
         "against the plain run of the same prompt).",
         "",
@@ -308,10 +369,42 @@ def write_summary(rows: list[Row], bench: Bench, methods: list[str], out: Path, 
         compared = [r.identical_to_plain for r in sel if r.identical_to_plain is not None]
         same = f"{sum(compared)}/{len(compared)}" if compared else "-"
         su = [s for (c, mm), v in ups.items() if mm == m for s in v]
-        lines.append(f"| {m} | {rate:.1%} | {mal} | {same} | {min(su):.2f}x |")
-    text = "\n".join(lines) + "\n"
-    (out / "summary.md").write_text(text, encoding="utf-8")
-    return text
+        lines.append(f"| {m} | {rate:.1%} | {mal} | {same} | {min(su):.2f}x |" if su else
+                     f"| {m} | {rate:.1%} | {mal} | {same} | - |")
+    return lines + [""]
+
+
+def _batch_table(rows: list[Row], methods: list[str]) -> list[str]:
+    """Per batch size: median tokens/s summed over the batch, and the median speedup over plain
+    decoding of the same prompts at the same batch size (batch 1: the single-prompt runs)."""
+    ups: dict[tuple[int, str], list[float]] = {}
+    plain = {(r.prompt_id, r.repeat, r.batch): r.tokens_per_second for r in rows if r.method == "plain"}
+    for r in rows:
+        base = plain.get((r.prompt_id, r.repeat, r.batch))
+        if base:
+            ups.setdefault((r.batch, r.method), []).append(r.tokens_per_second / base)
+    methods = [m for m in methods if any(r.method == m and r.batch > 1 for r in rows)]
+    lines = ["By batch size: median tokens/s summed over the batch's rows, and median speedup over "
+             "plain decoding of the same prompts at the same batch size.", "",
+             "| batch | " + " | ".join(methods) + " | acceptance (" + ", ".join(methods[1:]) + ") |",
+             "|---|" + "---|" * (len(methods) + 1)]
+    for size in sorted({r.batch for r in rows}):
+        cells = []
+        for m in methods:
+            sel = [r for r in rows if r.method == m and r.batch == size]
+            if not sel:
+                cells.append("-")
+                continue
+            tps = statistics.median(r.tokens_per_second for r in sel)
+            su = ups.get((size, m))
+            cells.append(f"{tps:.1f} tok/s" + (f", {statistics.median(su):.2f}x" if su and m != "plain" else ""))
+        rates = []
+        for m in methods[1:]:
+            sel = [r for r in rows if r.method == m and r.batch == size]
+            drafted = sum(r.drafted for r in sel)
+            rates.append(f"{sum(r.accepted for r in sel) / drafted:.0%}" if drafted else "-")
+        lines.append(f"| {size} | " + " | ".join(cells) + " | " + ", ".join(rates) + " |")
+    return lines + [""]
 
 
 def plot(rows: list[Row], methods: list[str], out: Path) -> list[Path]:
@@ -324,6 +417,9 @@ def plot(rows: list[Row], methods: list[str], out: Path) -> list[Path]:
         return []
     import numpy as np
 
+    rows = [r for r in rows if r.batch == 1]   # batches have their own table in summary.md
+    if not rows:
+        return []
     ups = speedups(rows)
     categories = [c for c in CATEGORIES if any(r.category == c for r in rows)]
     shown = [m for m in methods if m != "plain" and any(mm == m for (_, mm) in ups)]

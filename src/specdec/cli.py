@@ -71,9 +71,14 @@ def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
                         f"(default: {catalog.DEFAULT_DRAFT})")
     g.add_argument("-k", "--draft-tokens", type=_non_negative_int, default=4, metavar="K",
                    help="draft tokens per step with a fixed drafter; 0 = plain decoding (default: 4)")
-    g.add_argument("--backend", choices=("llama", "numpy"), default="llama",
-                   help="llama: GGUF through llama.cpp (default); numpy: the pure-NumPy reference, "
-                        "for target and draft alike")
+    g.add_argument("--backend", choices=("llama", "numpy", "torch"), default="llama",
+                   help="llama: GGUF through llama.cpp (default); numpy: the pure-NumPy reference; "
+                        "torch: transformers on PyTorch (a GGUF file, dequantised, or a transformers "
+                        "model folder); for target and draft alike unless --draft-backend")
+    g.add_argument("--draft-backend", choices=("llama", "numpy", "torch"), default=None,
+                   help="backend of the draft model (default: --backend); e.g. a llama.cpp draft "
+                        "for a torch target, when the vocabularies match")
+    _add_torch_flags(g)
     g.add_argument("--threads", type=_positive(int), default=None,
                    help="CPU threads (default: all cores this process may use)")
     g.add_argument("--ctx", type=_positive(int), default=4096, help="context window in tokens (default: 4096)")
@@ -98,6 +103,13 @@ def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
+def _add_torch_flags(g) -> None:
+    g.add_argument("--device", default="auto",
+                   help="torch backend: cuda, cuda:N, cpu, or auto (CUDA when present; default)")
+    g.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="torch backend: weights and activations (auto: bfloat16 on CUDA, float32 on CPU)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="specdec", description="Lossless speculative decoding: a cheap drafter "
                      "guesses, the target verifies, the output is the target's own.")
@@ -107,8 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="stream speculative output to stdout",
                        description="Stream the speculative output to stdout.")
     _add_request_flags(p, max_tokens=256)
+    p.add_argument("--batch-size", "-b", type=_positive(int), default=None, metavar="B",
+                   help="batch mode: every line of --prompt-file (or stdin) is a prompt (in a .jsonl "
+                        "file: {\"prompt\": ...} per line), B rows generate together, each drafting "
+                        "and accepting on its own (the torch backend batches; others run rows in turn). "
+                        "Row i is seeded with --seed + i")
     p.add_argument("--stats", action="store_true", help="print statistics to stderr")
-    p.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, statistics)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, statistics); "
+                                                       "in batch mode one per prompt, a line each")
 
     p = sub.add_parser("compare", help="plain vs speculative decoding, side by side",
                        description="Run the same request with plain and with speculative decoding on "
@@ -143,7 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf", action="store_true", help="add the Hugging Face transformers peer")
     p.add_argument("--target", default=catalog.DEFAULT_TARGET)
     p.add_argument("--draft", default=catalog.DEFAULT_DRAFT, help="the draft model for draft:K methods")
-    p.add_argument("--backend", choices=("llama", "numpy"), default="llama")
+    p.add_argument("--backend", choices=("llama", "numpy", "torch"), default="llama")
+    _add_torch_flags(p)
+    p.add_argument("--batch-sizes", type=_positive(int), nargs="+", default=[1], metavar="B",
+                   help="torch backend: also run our methods on batches of B prompts and report tokens/s "
+                        "summed over the batch (default: 1)")
     p.add_argument("--threads", type=_positive(int), default=None)
     p.add_argument("--ctx", type=_positive(int), default=8192)
     p.add_argument("--temperature", "-t", type=_float_in(0, float("inf"), False), default=0.0)
@@ -183,8 +205,9 @@ def _decoder(args):
     from .drafters.model import ModelDrafter
     from .engine import SpeculativeDecoder
 
-    def load(name):
-        return load_model(name, backend=args.backend, n_ctx=args.ctx, threads=args.threads)
+    def load(name, backend=args.backend):
+        return load_model(name, backend=backend, n_ctx=args.ctx, threads=args.threads,
+                          device=args.device, dtype=args.dtype)
 
     draft, k = args.draft, args.draft_tokens
     if draft.startswith("early-exit"):   # check the flag before a long load
@@ -194,6 +217,9 @@ def _decoder(args):
             n_layers = int(draft.split(":", 1)[1])
         except (IndexError, ValueError):
             raise SpecdecError(f"--draft {draft}: write early-exit:L with L the number of layers") from None
+    if "torch" in (args.backend, args.draft_backend):   # a bad --device fails before a long load
+        from .models.transformers import pick_device
+        pick_device(args.device)
     target = load(args.target)
     if draft in ("none", "") or k == 0:
         return SpeculativeDecoder(target, None, 0)
@@ -205,9 +231,9 @@ def _decoder(args):
     if draft == "auto":
         model = None
         if args.draft_model not in ("none", ""):
-            model = ModelDrafter(load(args.draft_model), target)
+            model = ModelDrafter(load(args.draft_model, args.draft_backend or args.backend), target)
         return SpeculativeDecoder(target, "auto", draft_model=model)
-    return SpeculativeDecoder(target, ModelDrafter(load(draft), target), k)
+    return SpeculativeDecoder(target, ModelDrafter(load(draft, args.draft_backend or args.backend), target), k)
 
 
 def _config(args):
@@ -249,7 +275,59 @@ def _decisions(stats) -> str:
     return " ".join(f"{key}={n}" for key, n in items) or "-"
 
 
+def _batch_prompts(args) -> list[str]:
+    """Batch mode: a prompt per non-empty line; in a .jsonl file, the "prompt" field of each line."""
+    text = _read_prompt(args, default=None)
+    if args.prompt_file and args.prompt_file.endswith(".jsonl"):
+        prompts = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                prompts.append(str(json.loads(line)["prompt"]))
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise SpecdecError(f"{args.prompt_file}:{n}: each line needs a JSON object with a "
+                                   f"\"prompt\" field") from None
+        return prompts
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def cmd_generate_batch(args) -> int:
+    import time
+    from dataclasses import replace
+
+    prompts = _batch_prompts(args)
+    config = _config(args)
+    decoder = _decoder(args)
+    B = args.batch_size
+    started, results = time.perf_counter(), []
+    for start in range(0, len(prompts), B):
+        chunk_config = config if config.seed is None else replace(config, seed=config.seed + start)
+        for i, result in enumerate(decoder.generate_batch(prompts[start:start + B], chunk_config), start):
+            results.append(result)
+            if args.json:
+                out = {"index": i, **result.to_dict()}
+                print(json.dumps(out, ensure_ascii=False), flush=True)
+            else:
+                print(f"--- {i} ---\n{result.text}", flush=True)
+    seconds = time.perf_counter() - started
+    if args.stats:
+        tokens = sum(r.stats.generated_tokens for r in results)
+        drafted = sum(r.stats.drafted for r in results)
+        accepted = sum(r.stats.accepted for r in results)
+        steps = sum(r.stats.steps for r in results)
+        print(f"prompts           {len(prompts)} in batches of {B} ({decoder.target.name}, "
+              f"draft {_drafter_name(decoder)})\n"
+              f"tokens            {tokens} in {seconds:.2f} s: {tokens / seconds:.2f} tokens/s summed over "
+              f"the batch (prefill included)\n"
+              f"acceptance rate   {accepted / drafted if drafted else 0:.1%} ({accepted}/{drafted})\n"
+              f"mean accepted len {tokens / steps if steps else 0:.2f} tokens/step per row", file=sys.stderr)
+    return 0
+
+
 def cmd_generate(args) -> int:
+    if args.batch_size is not None:
+        return cmd_generate_batch(args)
     prompt = _read_prompt(args, default=None)
     config = _config(args)
     decoder = _decoder(args)
@@ -331,14 +409,16 @@ def cmd_bench(args) -> int:
         bench.parse_method(method)   # fail on a typo before loading anything
     prompts = bench.load_suite(Path(args.suite) if args.suite else bench.DEFAULT_SUITE, args.categories,
                                None if args.full else args.per_category, args.limit)
+    if any(b > 1 for b in args.batch_sizes) and args.backend != "torch":
+        raise SpecdecError("--batch-sizes above 1 need --backend torch (the batched cache)")
     runner = bench.Bench(args.target, args.draft, args.threads, args.ctx, args.max_tokens,
-                         args.temperature, args.seed, args.llama_cpp_bin, args.backend)
+                         args.temperature, args.seed, args.llama_cpp_bin, args.backend, args.device, args.dtype)
     if args.hf or any(m.startswith("hf:") for m in methods):
         runner.enable_hf()
     out = Path(args.out)
     print(f"{len(prompts)} prompts x {len(methods)} methods x {args.repeats} repeats -> {out}/",
           file=sys.stderr)
-    rows = bench.run_bench(runner, prompts, methods, args.repeats, out)
+    rows = bench.run_bench(runner, prompts, methods, args.repeats, out, args.batch_sizes)
     print(bench.write_summary(rows, runner, methods, out, "specdec bench " + " ".join(sys.argv[2:])))
     for path in bench.plot(rows, methods, out):
         print(f"wrote {path}")

@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+from ..conftest import needs_torch
+
+needs_torch()
+import torch  # noqa: E402
 
 from specdec.errors import ContextOverflowError, ModelLoadError  # noqa: E402
 from specdec.models.transformers import HFTokenizer, TransformersModel, load_transformers_model  # noqa: E402

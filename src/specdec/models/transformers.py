@@ -69,10 +69,11 @@ class HFTokenizer:
         eog = {int(t) for t in extra_eog if t is not None}
         if tokenizer.eos_token_id is not None:
             eog.add(int(tokenizer.eos_token_id))
-        eog.update(vocab[t] for t in _EOG_TEXTS if t in vocab)
-        self.eog_ids = frozenset(eog)
         self._special = {int(i) for i in getattr(tokenizer, "all_special_ids", [])}
         self._special.update(int(i) for i in getattr(tokenizer, "added_tokens_decoder", {}))
+        # only as special tokens: "</s>" is plain text in some vocabularies (Qwen2's)
+        eog.update(vocab[t] for t in _EOG_TEXTS if vocab.get(t) in self._special)
+        self.eog_ids = frozenset(eog)
         decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
         self._byte_level = "ByteLevel" in repr(decoder)
         self._unbyte = {c: b for b, c in _bytes_to_unicode().items()}
@@ -318,6 +319,11 @@ def load_transformers_model(path: str | os.PathLike, device: str = "auto", dtype
     torch = _torch()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import transformers
+
+    if not os.environ.get("SPECDEC_VERBOSE"):   # keep stderr for our own messages
+        transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
     path = Path(path)
     device = pick_device(device)
     torch_dtype = pick_dtype(dtype, device)
@@ -331,6 +337,9 @@ def load_transformers_model(path: str | os.PathLike, device: str = "auto", dtype
         where, extra = str(path.parent), {"gguf_file": path.name}
     else:
         raise ModelLoadError(f"{path}: no such file or folder")
+    quiet = not os.environ.get("SPECDEC_VERBOSE") and "TQDM_DISABLE" not in os.environ
+    if quiet:   # the GGUF loader's own progress bar
+        os.environ["TQDM_DISABLE"] = "1"
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True, **extra)
         model = AutoModelForCausalLM.from_pretrained(where, local_files_only=True, dtype=torch_dtype,
@@ -340,5 +349,8 @@ def load_transformers_model(path: str | os.PathLike, device: str = "auto", dtype
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"transformers could not load {path}: {first}") from None
+    finally:
+        if quiet:
+            del os.environ["TQDM_DISABLE"]
     model.to(device)
     return TransformersModel(model, tokenizer, name=name or path.name, n_ctx=n_ctx)

@@ -1,0 +1,78 @@
+"""`specdec generate / compare --backend torch` end to end on tiny transformers models saved to a
+folder: batch mode, JSON lines, greedy equality with one-prompt runs, and its user errors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import needs_torch
+
+needs_torch()
+
+from . import tiny_hf  # noqa: E402
+from .test_cli import assert_user_error, specdec  # noqa: E402
+
+PROMPTS = ["def add(a, b):", "The quick brown fox", "class Point:", "lazy dog."]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    tokenizer = tiny_hf.tokenizer()
+    target, draft = tiny_hf.pair("qwen2", len(tokenizer))
+    for model, name in ((target, "target"), (draft, "draft")):
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    (root / "prompts.txt").write_text("\n".join(PROMPTS) + "\n\n")
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    return root
+
+
+def torch_flags(root, *extra):
+    return ["--backend", "torch", "--device", "cpu", "--target", str(root / "target"),
+            "--draft", str(root / "draft"), "-k", "3", "--no-chat", "-n", "24", *extra]
+
+
+def test_batch_mode_prints_a_json_line_per_prompt_equal_to_single_runs(folders):
+    proc = specdec("generate", *torch_flags(folders, "--prompt-file", str(folders / "prompts.txt"),
+                                            "--batch-size", "3", "--json", "--stats"))
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["index"] for r in rows] == [0, 1, 2, 3]
+    assert "summed over the batch" in proc.stderr
+    for prompt, row in zip(PROMPTS, rows):
+        alone = specdec("generate", *torch_flags(folders, "-p", prompt, "--json"))
+        assert alone.returncode == 0, alone.stderr
+        assert json.loads(alone.stdout)["tokens"] == row["tokens"]
+        assert row["stats"]["drafted"] > 0
+
+
+def test_batch_mode_reads_jsonl_and_prints_text(folders):
+    proc = specdec("generate", *torch_flags(folders, "--prompt-file", str(folders / "prompts.jsonl"),
+                                            "-b", "4"))
+    assert proc.returncode == 0, proc.stderr
+    assert [line for line in proc.stdout.splitlines() if line.startswith("--- ")] == \
+        ["--- 0 ---", "--- 1 ---", "--- 2 ---", "--- 3 ---"]
+
+
+def test_compare_on_the_torch_backend(folders):
+    proc = specdec("compare", *torch_flags(folders, "-p", PROMPTS[0]))
+    assert proc.returncode == 0, proc.stderr
+    assert "identical" in proc.stdout and "speedup" in proc.stdout
+
+
+def test_torch_user_errors(folders, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"text": "no prompt field"}\n')
+    assert_user_error(specdec("generate", *torch_flags(folders, "--prompt-file", str(bad), "-b", "2")),
+                      "bad.jsonl:2")
+    assert_user_error(specdec("generate", "--backend", "torch", "--device", "cpu", "--target", str(tmp_path),
+                              "--draft", "none", "-p", "x"), "config.json")
+    other = tmp_path / "other"   # a draft of another vocabulary
+    tokenizer = tiny_hf.tokenizer(vocab_size=300)
+    tiny_hf.pair("llama", len(tokenizer))[1].save_pretrained(other)
+    tokenizer.save_pretrained(other)
+    assert_user_error(specdec("generate", "--backend", "torch", "--device", "cpu", "--target",
+                                            str(folders / "target"), "--draft", str(other), "-p", "x"),
+                      "has 300 tokens")
