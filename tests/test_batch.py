@@ -83,6 +83,7 @@ def test_seeded_sampled_batch_equals_its_rows_one_by_one(models):
     batch = decoder.generate_batch(PROMPTS[:5], config)
     alone = [decoder.generate(p, config, seed=7 + i) for i, p in enumerate(PROMPTS[:5])]
     assert [b.tokens for b in batch] == [a.tokens for a in alone]
+    assert [b.tokens for b in decoder.generate(PROMPTS[:5], config)] == [a.tokens for a in alone]
     assert [b.text for b in batch] == [a.text for a in alone]
     assert len({tuple(b.tokens) for b in batch}) == 5
 

@@ -76,3 +76,20 @@ def test_torch_user_errors(folders, tmp_path):
     assert_user_error(specdec("generate", "--backend", "torch", "--device", "cpu", "--target",
                                             str(folders / "target"), "--draft", str(other), "-p", "x"),
                       "has 300 tokens")
+
+
+def test_bench_on_folders_with_a_batch_axis(folders, tmp_path):
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text("".join(json.dumps({"id": f"p{i}", "category": "chat", "prompt": p}) + "\n"
+                             for i, p in enumerate(PROMPTS)))
+    out = tmp_path / "out"
+    proc = specdec("bench", "--backend", "torch", "--device", "cpu", "--target", str(folders / "target"),
+                   "--draft", str(folders / "draft"), "--suite", str(suite), "--per-category", "4",
+                   "--batch-sizes", "1", "2", "--methods", "plain", "draft:3", "-n", "8", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["batch"], r["method"]) for r in rows) == sorted(
+        [(1, m) for m in ("plain", "draft:3") for _ in range(4)] + [(2, m) for m in ("plain", "draft:3") for _ in range(2)])
+    assert all(r["identical_to_plain"] for r in rows)
+    assert all(r["tokens"] == 8 * r["batch"] for r in rows)
+    assert "| 2 |" in (out / "summary.md").read_text()

@@ -130,7 +130,9 @@ class Bench:
                                       device=device, dtype=dtype)
         self.drafter = ModelDrafter(self.draft_model, self.target)
         self.auto = None   # the --draft auto decoder, built once so that it keeps what it learns
-        self.target_path, self.draft_path = resolve(target_name), resolve(draft_name)
+        # the GGUF files the peers run (a transformers folder, for --backend torch, has none)
+        self.target_path, self.draft_path = (Path(n) if Path(n).is_dir() else resolve(n)
+                                             for n in (target_name, draft_name))
         self.llama_cpp = None
         if llama_cpp_bin:
             from .peers import LlamaCppPeer
@@ -142,9 +144,10 @@ class Bench:
         self.hf = HuggingFacePeer(self.target_path, self.draft_path, self.threads)
 
     def prompt_text(self, prompt: str) -> str:
-        """The chat-templated prompt, as every runner receives it."""
-        tok = self.target.tokenizer
-        return tok.apply_chat_template([{"role": "user", "content": prompt}])
+        """The chat-templated prompt (raw text for a base model), as every runner receives it."""
+        if not self.target.is_instruct:
+            return prompt
+        return self.target.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
 
     def _config(self):
         from .engine import GenerationConfig
@@ -236,7 +239,10 @@ def run_bench(bench: Bench, prompts: list[dict], methods: list[str], repeats: in
     ours = [m for m in methods if parse_method(m)[0] == "specdec"]
     units = [([item], methods) for item in prompts] if 1 in batch_sizes else []
     for size in sorted(b for b in set(batch_sizes) if b > 1):
-        units += [(prompts[i:i + size], ours) for i in range(0, len(prompts), size)]
+        if size > len(prompts):
+            raise SpecdecError(f"batch size {size} needs at least {size} prompts; {len(prompts)} selected")
+        # whole batches only (a short last one would be another batch size)
+        units += [(prompts[i:i + size], ours) for i in range(0, len(prompts) - size + 1, size)]
     rows: list[Row] = []
     total, started = sum(len(m) for _, m in units) * repeats, time.perf_counter()
     # Warm-up: every weight page of both models touched before any timing.

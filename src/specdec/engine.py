@@ -119,9 +119,12 @@ class SpeculativeDecoder:
 
     # -- public API -------------------------------------------------------------------------
 
-    def generate(self, prompt: str | Sequence[int], config: GenerationConfig | None = None,
-                 **overrides) -> GenerationResult:
-        """One prompt (text or token ids) -> GenerationResult. For many prompts: generate_batch."""
+    def generate(self, prompt: str | Sequence[int] | Sequence[str | Sequence[int]],
+                 config: GenerationConfig | None = None, **overrides) -> GenerationResult | list[GenerationResult]:
+        """One prompt (text or token ids) -> GenerationResult; a list of prompts (texts or token
+        lists) -> a list of GenerationResult, as generate_batch."""
+        if isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], (int, np.integer)):
+            return self.generate_batch(prompt, config, **overrides)
         stream = self.stream(prompt, config, **overrides)
         for _ in stream:
             pass

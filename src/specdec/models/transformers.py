@@ -16,6 +16,8 @@ The single-sequence CausalLM protocol (forward / rollback / reset / n_past) is a
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from pathlib import Path
 from typing import Sequence
@@ -337,20 +339,17 @@ def load_transformers_model(path: str | os.PathLike, device: str = "auto", dtype
         where, extra = str(path.parent), {"gguf_file": path.name}
     else:
         raise ModelLoadError(f"{path}: no such file or folder")
-    quiet = not os.environ.get("SPECDEC_VERBOSE") and "TQDM_DISABLE" not in os.environ
-    if quiet:   # the GGUF loader's own progress bar
-        os.environ["TQDM_DISABLE"] = "1"
+    # the GGUF loader draws its own progress bar on stderr; SPECDEC_VERBOSE=1 shows it
+    quiet = contextlib.nullcontext() if os.environ.get("SPECDEC_VERBOSE") else contextlib.redirect_stderr(io.StringIO())
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True, **extra)
-        model = AutoModelForCausalLM.from_pretrained(where, local_files_only=True, dtype=torch_dtype,
-                                                     attn_implementation="sdpa", **extra)
+        with quiet:
+            tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True, **extra)
+            model = AutoModelForCausalLM.from_pretrained(where, local_files_only=True, dtype=torch_dtype,
+                                                         attn_implementation="sdpa", **extra)
     except ImportError as exc:
         raise BackendUnavailableError(f"loading {path.name}: {exc}") from None
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"transformers could not load {path}: {first}") from None
-    finally:
-        if quiet:
-            del os.environ["TQDM_DISABLE"]
     model.to(device)
     return TransformersModel(model, tokenizer, name=name or path.name, n_ctx=n_ctx)
