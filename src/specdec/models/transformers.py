@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
 
 INSTALL_HINT = ("install PyTorch and transformers: `make torch-deps`, or "
-                "`pip install torch transformers gguf` (CPU: `pip install torch==2.13.0` first)")
+                "`pip install torch transformers gguf accelerate` (CPU: `pip install torch==2.13.0` first)")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 # end-of-turn tokens of the common chat formats; eog when the vocabulary has them
