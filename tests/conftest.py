@@ -53,3 +53,11 @@ def target_model():
 @pytest.fixture(scope="session")
 def draft_model():
     return _real_model("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The tiny byte-level BPE tokenizer of the torch backend's tests (tests/tiny_hf.py)."""
+    from . import tiny_hf
+
+    return tiny_hf.tokenizer()

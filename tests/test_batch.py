@@ -22,11 +22,6 @@ PROMPTS = ["def add(a, b):", "The quick brown fox", "x", "class Point:\n    x: i
            "Speculative decoding drafts tokens, and the target keeps", "lazy dog.", "def", "    return a"]
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return tiny_hf.tokenizer()
-
-
 @pytest.fixture(scope="module", params=tiny_hf.ARCHS)
 def models(request, tokenizer):
     target, draft = tiny_hf.pair(request.param, len(tokenizer))

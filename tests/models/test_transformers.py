@@ -18,11 +18,6 @@ from .. import tiny_hf  # noqa: E402
 ATOL = 1e-4   # float32 summation order differs between batch shapes
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return tiny_hf.tokenizer()
-
-
 @pytest.fixture(scope="module", params=tiny_hf.ARCHS)
 def model(request, tokenizer):
     target, _ = tiny_hf.pair(request.param, len(tokenizer))

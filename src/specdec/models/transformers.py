@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
+from .numpy_ref import CHAR_TO_BYTE   # GPT-2's byte-level table (numpy_ref imports only numpy)
 
 INSTALL_HINT = ("install PyTorch and transformers: `make torch-deps`, or "
                 "`pip install torch transformers gguf accelerate` (CPU: `pip install torch==2.13.0` first)")
@@ -78,7 +79,6 @@ class HFTokenizer:
         self.eog_ids = frozenset(eog)
         decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
         self._byte_level = "ByteLevel" in repr(decoder)
-        self._unbyte = {c: b for b, c in _bytes_to_unicode().items()}
         self._bytes: dict[int, bytes] = {}
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
@@ -93,8 +93,8 @@ class HFTokenizer:
             text = self.token_text(token)
             if token in self._special:
                 piece = text.encode()
-            elif self._byte_level and all(c in self._unbyte for c in text):
-                piece = bytes(self._unbyte[c] for c in text)
+            elif self._byte_level and all(c in CHAR_TO_BYTE for c in text):
+                piece = bytes(CHAR_TO_BYTE[c] for c in text)
             elif len(text) == 6 and text.startswith("<0x") and text.endswith(">"):   # SentencePiece byte
                 piece = bytes([int(text[3:5], 16)])
             elif "\u2581" in text:                                                   # SentencePiece word
@@ -111,19 +111,6 @@ class HFTokenizer:
         if not getattr(self.hf, "chat_template", None):
             raise SpecdecError("this model has no chat template; pass --no-chat")
         return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level BPE spells every byte as a printable character; this is its table."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
 
 
 class TransformersModel:
