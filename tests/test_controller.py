@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from specdec import SpeculativeDecoder
-from specdec.controller import Acceptance, CostAwareController, CostTable, measure_forward_costs
+from specdec.controller import (Acceptance, CostAwareController, CostTable, MatchAcceptance,
+                                measure_forward_costs)
 from specdec.drafters.base import Draft
 
 from .toy import ToyLM
@@ -31,8 +32,8 @@ class FixedProposals:
 def controller(costs, ngram=None, model=None, draft_cost=None, ngram_prior=None, model_prior=None):
     c = CostAwareController(ngram, model, costs, draft_cost)
     if ngram_prior is not None:
-        for acc in c.ngram_accept.values():  # every (match length, in-run) table
-            acc.a[:] = ngram_prior
+        for table in c.ngram_accept.tables.values():   # every match length and evidence alike
+            table[:] = ngram_prior
     if model_prior is not None:
         c.model_accept.a[:] = model_prior
     return c
@@ -139,10 +140,11 @@ def test_auto_is_lossless_on_toy_models():
 
 
 def test_copied_runs_earn_long_drafts():
-    """Inside a copied run (prompt lookup predicted everything the target emitted last step) the
-    controller drafts long; the first miss sends it back to short drafts or plain steps."""
+    """As a copy goes on, prompt lookup's match grows and the controller drafts longer; after a
+    miss the match is short again and so are the drafts."""
     curve = np.interp(np.arange(1, 17), [1, 2, 3, 5, 8, 16], [28, 38, 50, 74, 99, 110]) / 1000
     ngram = FixedProposals(range(100, 120))
+    ngram.last_match_length = 1
     c = controller(curve, ngram=ngram)
     lengths = []
     for _ in range(30):
@@ -151,8 +153,47 @@ def test_copied_runs_earn_long_drafts():
         lengths.append(k)
         emitted = list(range(100, 100 + k + 1))          # the target agrees with every guess
         c.observe(drafter, draft, k, emitted, 0.0, curve[k])
-    assert lengths[-1] == 15 and lengths[-1] > lengths[0]
+        ngram.last_match_length += len(emitted)          # ... so the copied run grows
+    assert lengths[0] == 0 and lengths[-1] == 15 and lengths == sorted(lengths)
     drafter, draft = c.draft([1, 2], room=100)
     c.observe(drafter, draft, 0, [7], 0.0, curve[len(draft.tokens)])   # a miss ends the run
+    ngram.last_match_length = 1
     _, after = c.draft([1, 2], room=100)
-    assert after is None or len(after.tokens) < 15
+    assert after is None or len(after.tokens) <= 2
+
+
+def test_match_acceptance_learns_per_match_length():
+    acc = MatchAcceptance()
+    for table in acc.tables.values():
+        table[:] = 0.5
+    # a draft from a 4-token match: guesses at lengths 4, 5, 6; the first two right, the third wrong
+    for _ in range(100):
+        acc.observe(4, checked=3, matched=2, kind="agreed")
+    b = MatchAcceptance.bucket
+    first, later = acc.tables["agreed"], acc.tables["later"]
+    assert first[b(4)] > 0.99 and later[b(5)] > 0.99 and later[b(6)] < 0.01
+    assert first[b(5)] == 0.5 and later[b(4)] == 0.5 and later[b(100)] == 0.5   # unseen: prior
+    assert (acc.tables["split"] == 0.5).all() and (acc.tables["single"] == 0.5).all()
+    # P(first i accepted) multiplies h along the growing match: h(4) h(5) h(6) ...
+    np.testing.assert_allclose(acc.expected_tokens(4, 3, "agreed"), [1, 2, 3, 3], atol=0.02)
+    np.testing.assert_allclose(acc.expected_tokens(4, 1, "split"), [1, 1.5])
+    assert b(1) == 0 and b(7) == b(6) and b(64) == b(1000) == len(first) - 1
+
+
+def test_evidence_of_a_first_guess():
+    assert MatchAcceptance.evidence((1, 1)) == "single"
+    assert MatchAcceptance.evidence((3, 3)) == "agreed"
+    assert MatchAcceptance.evidence((2, 3)) == "split"
+
+
+def test_guesses_earlier_occurrences_disagree_on_are_not_drafted():
+    """Same match length, same costs: drafted when every earlier occurrence continued the same
+    way, not when they split."""
+    curve = np.interp(np.arange(1, 17), [1, 2, 3, 5, 8, 16], [28, 38, 50, 74, 99, 110]) / 1000
+    ngram = FixedProposals(range(100, 120))
+    ngram.last_match_length = 3
+    ngram.last_votes = (4, 4)
+    drafter, draft = controller(curve, ngram=ngram).draft([1, 2], room=100)
+    assert drafter is ngram and len(draft.tokens) >= 1
+    ngram.last_votes = (1, 4)
+    assert controller(curve, ngram=ngram).draft([1, 2], room=100) == (None, None)

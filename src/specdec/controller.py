@@ -10,11 +10,12 @@ maximise expected emitted tokens per second,
 
 from measured costs (the target's forward for 1..16 rows, timed at load, cached per model file,
 backend and threads, refined live) and measured acceptance (a_j = P(position j accepted | the ones
-before were), an exponential moving average per drafter, and for prompt lookup per match length).
+before were), an exponential moving average per drafter; for prompt lookup, per match length).
 k = 0, a plain step, is always a candidate, so speculation steps aside when it cannot pay.
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -147,6 +148,59 @@ class Acceptance:
             self.a[i] += EMA * ((1.0 if i < n_accepted else 0.0) - self.a[i])
 
 
+# lower edges of the match-length buckets prompt lookup's acceptance is tracked in
+MATCH_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
+# Before any evidence, per bucket and kind of first guess (see MatchAcceptance.evidence): measured
+# on the greedy outputs of the 1.5B target for the 40 prompts of benchmarks/prompts.jsonl, rounded
+# down a little. A guess from a 1-token match the earlier occurrences disagree on was right 16% of
+# the time, one they all agreed on 49%; after 12 matched tokens a guess is right over 90% of the time.
+MATCH_PRIOR = {
+    "split":  (0.15, 0.2, 0.25, 0.2, 0.2, 0.3, 0.5, 0.6, 0.7, 0.7, 0.8, 0.8, 0.8),
+    "single": (0.3, 0.5, 0.62, 0.65, 0.68, 0.78, 0.84, 0.92, 0.92, 0.94, 0.94, 0.94, 0.96),
+    "agreed": (0.45, 0.68, 0.8, 0.8, 0.85, 0.82, 0.92, 0.94, 0.94, 0.94, 0.94, 0.96, 0.96),
+    "later":  (0.4, 0.45, 0.6, 0.62, 0.65, 0.75, 0.84, 0.9, 0.92, 0.94, 0.94, 0.94, 0.96),
+}
+
+
+class MatchAcceptance:
+    """Prompt lookup's acceptance as a function of its match length: h[b] = P(the next guess is
+    right | the match so far spans m tokens, m in bucket b), a moving average per bucket.
+
+    A draft from a match of m tokens is one guess at length m, and, if that one is accepted, a
+    guess at m + 1, and so on: P(first i guesses accepted) = h(m) h(m + 1) ... h(m + i - 1). So a
+    long copy earns a long draft and the first guess after an edit, from a short match, does not.
+    The first guess has its own tables by the evidence behind it: earlier occurrences of the
+    matched n-gram that disagree on what comes next make it a coin toss even after a long match."""
+
+    def __init__(self):
+        self.tables = {kind: np.array(prior, dtype=float) for kind, prior in MATCH_PRIOR.items()}
+
+    @staticmethod
+    def evidence(votes: tuple[int, int]) -> str:
+        """(occurrences continuing with the guess, occurrences) -> the kind of first guess."""
+        agree, total = votes
+        return "split" if agree < total else "single" if total <= 1 else "agreed"
+
+    @staticmethod
+    def bucket(m: int) -> int:
+        return max(0, bisect.bisect_right(MATCH_BUCKETS, m) - 1)
+
+    def _table(self, i: int, kind: str) -> np.ndarray:
+        return self.tables[kind] if i == 0 else self.tables["later"]
+
+    def expected_tokens(self, m: int, k_max: int, kind: str = "single") -> np.ndarray:
+        """[k_max + 1] E[emitted tokens | k] for k = 0..k_max, the match spanning m tokens now."""
+        a = np.array([self._table(i, kind)[self.bucket(m + i)] for i in range(k_max)])
+        return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(a))])
+
+    def observe(self, m: int, checked: int, matched: int, kind: str = "single") -> None:
+        """`checked` guesses of a proposal from a match of m tokens were compared with what the
+        target emitted; the first `matched` were right."""
+        for i in range(checked):
+            h, b = self._table(i, kind), self.bucket(m + i)
+            h[b] += EMA * ((1.0 if i < matched else 0.0) - h[b])
+
+
 def _agreement(proposal: Sequence[int], emitted: Sequence[int]) -> tuple[int, int]:
     """(positions checked, positions that matched) of a draft against the tokens the target emitted."""
     n = min(len(proposal), len(emitted))
@@ -168,11 +222,8 @@ class CostAwareController:
         # the draft model's forward costs for 1..16 rows: catching up on m tokens it has not seen
         # costs a forward of m rows, then each further draft token one row
         self.draft_cost = CostTable(draft_costs) if draft_costs else None
-        # prompt lookup's acceptance by (match length, whether its last guess matched everything the
-        # target emitted): inside a copied run its guesses keep landing, outside they rarely do
-        self.ngram_accept = {(n, run): Acceptance(prior=0.8 if run else 0.4) for n in range(1, 5)
-                             for run in (False, True)}
-        self._in_run = False
+        # prompt lookup's acceptance by match length: inside a long copy its guesses keep landing
+        self.ngram_accept = MatchAcceptance()
         self.model_accept = Acceptance(prior=0.7)
         self.explore_every = explore_every
         self._steps = 0
@@ -207,11 +258,11 @@ class CostAwareController:
         # Prompt lookup is free to consult: look first, then decide how much of it to use.
         if self.ngram is not None and k_cap:
             proposal = self.ngram.propose(context, k_cap)
-            match = max(1, min(getattr(self.ngram, "last_match_length", 1), 4))
-            key = (match, self._in_run)
-            self._shadow = (list(proposal.tokens), key) if proposal.tokens else None
+            match = max(1, getattr(self.ngram, "last_match_length", 1))
+            kind = MatchAcceptance.evidence(getattr(self.ngram, "last_votes", (1, 1)))
+            self._shadow = (list(proposal.tokens), match, kind) if proposal.tokens else None
             if proposal.tokens:
-                expected = self.ngram_accept[key].expected_tokens(len(proposal.tokens))
+                expected = self.ngram_accept.expected_tokens(match, len(proposal.tokens), kind)
                 k, value = self._best_k(expected, lambda k: 0.0)
                 if value > best[2]:
                     best = ("ngram", k, value, proposal)
@@ -246,13 +297,10 @@ class CostAwareController:
         self.target_cost.observe(n_drafted + 1, target_seconds)
         if drafter is self.model and drafter is not None and n_drafted:
             self.model_accept.observe(n_drafted, n_accepted)
-        self._in_run = False
         if self._shadow is not None:
             # Prompt lookup costs nothing to check after the fact: score its proposal against what
             # the target emitted, whether or not it was used, so its estimate never goes stale.
-            tokens, key = self._shadow
+            tokens, match, kind = self._shadow
             checked, matched = _agreement(tokens, emitted)
-            if checked:
-                self.ngram_accept[key].observe(checked, matched)
-                self._in_run = matched == min(len(emitted), len(tokens))
+            self.ngram_accept.observe(match, checked, matched, kind)
         self._shadow = None

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from specdec.drafters.ngram import NgramDrafter
 from specdec.sampling import SamplingParams
@@ -24,6 +25,26 @@ def test_most_recent_occurrence_wins_and_k_limits():
     context = [8, 9, 1, 8, 9, 2, 3, 8, 9]
     assert d.propose(context, 5).tokens == [2, 3, 8, 9]
     assert d.propose(context, 1).tokens == [2]
+
+
+def test_the_match_reaching_furthest_back_wins():
+    d = drafter(n_max=2)
+    # "5 8 9" is the context's tail; "8 9" occurred after 5 (then 1) and later after 6 (then 2)
+    context = [5, 8, 9, 1, 0, 6, 8, 9, 2, 0, 5, 8, 9]
+    assert d.propose(context, 1).tokens == [1]
+    assert d.last_match_length == 3                     # the 2-gram plus the 5 before it
+    assert d.last_votes == (1, 2)                       # of two occurrences, one continues with 1
+    assert drafter(n_max=2, candidates=1).propose(context, 1).tokens == [2]   # most recent only
+
+
+def test_match_length_is_capped():
+    d = drafter(n_max=2, match_cap=5)
+    context = [1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 2, 3, 4, 5, 6, 7]
+    assert d.propose(context, 2).tokens == [8, 0]
+    assert d.last_match_length == 5
+    assert drafter(n_max=2).propose(context, 2).tokens == [8, 0]
+    with pytest.raises(ValueError):
+        NgramDrafter(n_max=4, match_cap=3)
 
 
 def test_falls_back_to_shorter_ngrams_and_to_nothing():

@@ -1,8 +1,13 @@
-"""Prompt lookup: continue the longest earlier match of the last n tokens.
+"""Prompt lookup: continue an earlier occurrence of the last n tokens.
 
 Code edits, summaries with quotes and chat that repeats the question all copy long runs of the
 context. If the last n tokens occurred before, whatever followed them then is a free guess now.
 The drafter has no distribution, so its q is one-hot (Draft.q is None).
+
+Which occurrence: the one whose match reaches furthest back. A function copied from the prompt
+shares its last four tokens with many places ("    return self."), but only the place it is being
+copied from shares the last forty. That length, `last_match_length`, is also what the cost-aware
+controller predicts acceptance from: the longer the copy so far, the likelier it goes on.
 """
 from __future__ import annotations
 
@@ -15,22 +20,29 @@ from .base import Draft
 
 
 class NgramDrafter:
-    """Tries n = n_max down to n_min; for each n the most recent earlier occurrence wins
-    (edits tend to follow the code nearest to them)."""
+    """Tries n = n_max down to n_min; for the first n whose n-gram occurred before, the latest
+    `candidates` occurrences compete on how far back their match extends (up to `match_cap`
+    tokens), the most recent winning ties (edits tend to follow the code nearest to them)."""
 
-    def __init__(self, n_max: int = 4, n_min: int = 1):
+    def __init__(self, n_max: int = 4, n_min: int = 1, candidates: int = 32, match_cap: int = 64):
         if not 1 <= n_min <= n_max:
             raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
+        if candidates < 1 or match_cap < n_max:
+            raise ValueError(f"need candidates >= 1 and match_cap >= n_max, got {candidates}, {match_cap}")
         self.name = "ngram"
         self.n_min, self.n_max = n_min, n_max
+        self.candidates, self.match_cap = candidates, match_cap
         self._tokens: list[int] = []
-        # n-gram -> the position just after its most recent occurrence, for every n
-        self._last_end: dict[tuple[int, ...], int] = {}
-        self.last_match_length = 0   # n of the last proposal's match (0 = none), for statistics
+        # n-gram -> the positions just after each of its occurrences, oldest first, for every n
+        self._ends: dict[tuple[int, ...], list[int]] = {}
+        self.last_match_length = 0   # tokens the last proposal's match spans (0 = none), capped
+        # of the occurrences considered, (how many continue with the proposal's first token, how
+        # many there were): the controller trusts a guess all earlier occurrences agree on
+        self.last_votes = (0, 0)
 
     def begin(self, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
         self._tokens = []
-        self._last_end = {}
+        self._ends = {}
 
     def _index(self, context: Sequence[int]) -> None:
         """Index every n-gram that ends before the last token. Context only grows within a
@@ -39,7 +51,7 @@ class NgramDrafter:
         start = len(tokens)
         if context[:start] != tokens:   # not an extension: a new context, start over
             tokens.clear()
-            self._last_end.clear()
+            self._ends.clear()
             start = 0
         tokens.extend(context[start:])
         # An n-gram ending at `end` (exclusive) is indexed once a token follows it, i.e. end < len.
@@ -47,19 +59,36 @@ class NgramDrafter:
             for n in range(self.n_min, self.n_max + 1):
                 if end - n < 0:
                     break
-                self._last_end[tuple(tokens[end - n:end])] = end
+                self._ends.setdefault(tuple(tokens[end - n:end]), []).append(end)
+
+    def _match_length(self, end: int, n: int) -> int:
+        """How many tokens before `end` equal the last tokens of the context (at least n)."""
+        tokens, last = self._tokens, len(self._tokens)
+        m = n
+        cap = min(self.match_cap, end)
+        while m < cap and tokens[end - 1 - m] == tokens[last - 1 - m]:
+            m += 1
+        return m
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
-        self.last_match_length = 0
+        self.last_match_length, self.last_votes = 0, (0, 0)
         if k <= 0 or not context:
             return Draft([])
         self._index(context)
         tokens = self._tokens
         for n in range(min(self.n_max, len(tokens) - 1), self.n_min - 1, -1):
-            end = self._last_end.get(tuple(tokens[-n:]))
-            if end is not None:
-                self.last_match_length = n
-                return Draft(tokens[end:end + k])
+            ends = self._ends.get(tuple(tokens[-n:]))
+            if ends:
+                best_end, best_m = ends[-1], -1
+                considered = ends[-self.candidates:]
+                for end in reversed(considered):                   # most recent first
+                    m = self._match_length(end, n)
+                    if m > best_m:
+                        best_end, best_m = end, m
+                self.last_match_length = best_m
+                guess = tokens[best_end]
+                self.last_votes = (sum(tokens[end] == guess for end in considered), len(considered))
+                return Draft(tokens[best_end:best_end + k])
         return Draft([])
 
     def accept(self, n_accepted: int) -> None:
