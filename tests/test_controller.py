@@ -13,10 +13,11 @@ from .toy import ToyLM
 
 
 class FixedProposals:
-    """A drafter that always proposes the same continuation (stands in for prompt lookup)."""
+    """A drafter that always proposes the same continuation (stands in for prompt lookup; by
+    default from a 40-token match, long enough not to cap k)."""
 
     def __init__(self, tokens, name="ngram"):
-        self.tokens, self.name, self.last_match_length, self.proposed = list(tokens), name, 3, 0
+        self.tokens, self.name, self.last_match_length, self.proposed = list(tokens), name, 40, 0
 
     def begin(self, prompt, params, rng):
         pass
@@ -71,6 +72,26 @@ def test_k_grows_with_acceptance_on_a_real_cost_curve():
         _, draft = c.draft([1, 2, 3], room=100)
         ks.append(len(draft.tokens) if draft else 0)
     assert ks[0] == 0 and ks == sorted(ks) and ks[-1] >= 10
+
+
+def test_short_matches_cap_k():
+    """However good the estimates, a draft reaches at most half as far ahead as its match reaches
+    back (controller.REACH)."""
+    ngram = FixedProposals(range(20))
+    c = controller([0.03] * 16, ngram=ngram, ngram_prior=0.99)
+    for match, k in ((1, 1), (4, 2), (10, 5), (30, 15)):
+        ngram.last_match_length = match
+        assert len(c.draft([1, 2, 3], room=100)[1].tokens) == k
+
+
+def test_a_marginal_gain_is_not_worth_a_draft():
+    # one guess at 0.5 on a 2-row step costing 1.4x: 1.5 tokens for 1.4 steps, 7% better than plain,
+    # inside the 10% margin (controller.MARGIN)
+    ngram = FixedProposals([5])
+    c = controller([0.01, 0.014] + [1.0] * 14, ngram=ngram, ngram_prior=0.5)
+    assert c.draft([1, 2], room=100) == (None, None)
+    c = controller([0.01, 0.012] + [1.0] * 14, ngram=ngram, ngram_prior=0.5)   # 25% better: drafted
+    assert c.draft([1, 2], room=100)[1].tokens == [5]
 
 
 def test_room_caps_k():

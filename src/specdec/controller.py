@@ -30,6 +30,14 @@ from .drafters.base import Draft, Drafter
 
 K_MAX = 15          # largest draft: k + 1 = 16 rows, the widest forward we time
 EMA = 0.15          # weight of a new observation in the moving averages
+# A speculative step must promise 10% more tokens per second than a plain step: the estimates it
+# wins on are picked for being the highest, so they err high (and step costs vary by about that).
+MARGIN = 0.1
+# Prompt lookup drafts at most REACH x its match length: a copy that has held for m tokens is
+# trusted for m / 2 more. A failed 16-row draft costs six plain steps here, and the long drafts that
+# failed were the ones from short matches; replayed on the suite this cap removed every prompt that
+# fell below 0.97x without lowering the medians (scripts/replay_controller.py).
+REACH = 0.5
 
 
 @dataclass
@@ -72,7 +80,7 @@ def _cache_file(model, tag: str) -> Path | None:
     return specdec_home() / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def measure_forward_costs(model, n_max: int = K_MAX + 1, repeats: int = 5, use_cache: bool = True) -> list[float]:
+def measure_forward_costs(model, n_max: int = K_MAX + 1, repeats: int = 7, use_cache: bool = True) -> list[float]:
     """Seconds of one forward of n = 1..n_max rows at a realistic cache depth, the fastest of
     `repeats` (another process stealing a core only ever adds time, so the minimum is the cost).
     Cached per model file, backend and threads in $SPECDEC_HOME/costs/."""
@@ -87,15 +95,16 @@ def measure_forward_costs(model, n_max: int = K_MAX + 1, repeats: int = 5, use_c
     base = model.n_past
     model.forward(context[:n_max], n_rows=n_max)        # warm-up: touch every weight page
     model.rollback(base)
-    costs = []
-    for n in range(1, n_max + 1):
-        times = []
-        for _ in range(repeats):
+    # Widths take turns, round after round, so that a slow spell of the machine (another process,
+    # clock changes) lands on every width alike instead of skewing the ratios between them.
+    times = [[] for _ in range(n_max)]
+    for _ in range(repeats):
+        for n in range(1, n_max + 1):
             t = time.perf_counter()
             model.forward(context[:n], n_rows=n)
-            times.append(time.perf_counter() - t)
+            times[n - 1].append(time.perf_counter() - t)
             model.rollback(base)
-        costs.append(min(times))
+    costs = [min(t) for t in times]
     model.reset()
     costs = list(np.maximum.accumulate(costs))          # wider is never cheaper: smooth out noise
     if cache is not None:
@@ -226,13 +235,15 @@ class CostAwareController:
         self.ngram_accept = MatchAcceptance()
         self.model_accept = Acceptance(prior=0.7)
         self.explore_every = explore_every
+        self.margin = MARGIN
         self._steps = 0
-        self._shadow: tuple[list[int], int] | None = None   # free n-gram proposal, for learning
+        self._shadow: tuple[list[int], int, str] | None = None   # free n-gram proposal, for learning
+        self._tracker: tuple[list[int], int, int] | None = None  # a proposal followed over plain steps
         self.decisions: dict[str, int] = {}           # "plain" / "ngram:k" / "draft:k" -> steps
         self._promised = (0.0, 0)                      # this generation: sum of value / plain value, steps
 
     def begin(self, prompt: Sequence[int]) -> None:
-        self._shadow = None
+        self._shadow = self._tracker = None
         self._promised = (0.0, 0)
 
     def speedups(self, tokens_per_second: float) -> tuple[float, float]:
@@ -255,6 +266,7 @@ class CostAwareController:
         k_cap = max(0, min(K_MAX, room))
         plain_value = 1.0 / self.target_cost(1)
         best = ("plain", 0, plain_value, None)
+        bar = plain_value * (1.0 + self.margin)        # what a speculative step must promise
         # Prompt lookup is free to consult: look first, then decide how much of it to use.
         if self.ngram is not None and k_cap:
             proposal = self.ngram.propose(context, k_cap)
@@ -262,16 +274,17 @@ class CostAwareController:
             kind = MatchAcceptance.evidence(getattr(self.ngram, "last_votes", (1, 1)))
             self._shadow = (list(proposal.tokens), match, kind) if proposal.tokens else None
             if proposal.tokens:
-                expected = self.ngram_accept.expected_tokens(match, len(proposal.tokens), kind)
+                reach = min(len(proposal.tokens), max(1, int(REACH * match)))
+                expected = self.ngram_accept.expected_tokens(match, reach, kind)
                 k, value = self._best_k(expected, lambda k: 0.0)
-                if value > best[2]:
+                if value > max(best[2], bar):
                     best = ("ngram", k, value, proposal)
         if self.model is not None and k_cap and self.draft_cost is not None:
             lag = max(1, self.model.lag(context)) if hasattr(self.model, "lag") else 1
             cost = lambda k: self.draft_cost(lag) + (k - 1) * self.draft_cost(1) if k else 0.0  # noqa: E731
             k_model = min(k_cap, 8)
             k, value = self._best_k(self.model_accept.expected_tokens(k_model), cost)
-            if value > best[2] and k:
+            if value > max(best[2], bar) and k:
                 best = ("draft", k, value, None)
             elif self._steps % self.explore_every == 0:
                 # Explore only if a perfect draft would win by a margin: otherwise no acceptance
@@ -297,10 +310,33 @@ class CostAwareController:
         self.target_cost.observe(n_drafted + 1, target_seconds)
         if drafter is self.model and drafter is not None and n_drafted:
             self.model_accept.observe(n_drafted, n_accepted)
+        if n_drafted:
+            self._tracker = None          # the draft's own outcome covers the positions after it
+        elif self._tracker is not None:
+            self._follow(emitted)
         if self._shadow is not None:
             # Prompt lookup costs nothing to check after the fact: score its proposal against what
             # the target emitted, whether or not it was used, so its estimate never goes stale.
             tokens, match, kind = self._shadow
             checked, matched = _agreement(tokens, emitted)
             self.ngram_accept.observe(match, checked, matched, kind)
+            if not n_drafted and self._tracker is None and matched == checked == 1 and len(tokens) > 1:
+                # A plain step only reveals the first guess. Follow the rest of the proposal over
+                # the next steps, or guesses past the first would only ever be scored while
+                # drafting, and an estimate lowered by bad luck could never recover.
+                self._tracker = (tokens, match, 1)
         self._shadow = None
+
+    def _follow(self, emitted: Sequence[int]) -> None:
+        tokens, match, i = self._tracker
+        self._tracker = None
+        for token in emitted:
+            if i >= len(tokens):
+                return
+            right = tokens[i] == token
+            self.ngram_accept.observe(match + i, 1, int(right), kind="later")
+            i += 1
+            if not right:
+                return
+        if i < len(tokens):
+            self._tracker = (tokens, match, i)

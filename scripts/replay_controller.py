@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Measure drafting policies offline (see src/specdec/replay.py).
+
+    python scripts/replay_controller.py record [--out FILE]    # plain greedy outputs of the target
+    python scripts/replay_controller.py replay [--recording FILE] [-v]
+
+`record` runs the default target (or --target) with plain greedy decoding over the benchmark suite
+(chat template applied as `specdec bench` does) and writes the token ids, with the target's
+measured forward-cost curve on the first line. `replay` needs no model: per category, the median
+speedup over plain decoding of fixed prompt lookup (ngram:8), of `--draft auto` (the real
+controller, prompt lookup only, learning across prompts as in a bench run), of a clairvoyant
+controller over the same drafter, and of a clairvoyant copier (the ceiling for prompt lookup).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def record(args) -> None:
+    from specdec import load_model
+    from specdec.bench import load_suite
+    from specdec.controller import measure_forward_costs
+    from specdec.engine import GenerationConfig, SpeculativeDecoder
+
+    target = load_model(args.target, backend="llama", n_ctx=args.ctx)
+    decoder = SpeculativeDecoder(target, None)
+    config = GenerationConfig(max_new_tokens=args.max_tokens, temperature=0.0)
+    with open(args.out, "w") as out:
+        out.write(json.dumps({"target": target.name, "costs": measure_forward_costs(target)}) + "\n")
+        for item in load_suite(Path(args.suite), per_category=args.per_category):
+            prompt = decoder.prompt_tokens(item["prompt"], config)
+            result = decoder.generate(prompt, config)
+            out.write(json.dumps({"id": item["id"], "category": item["category"], "prompt": prompt,
+                                  "output": result.tokens}) + "\n")
+            out.flush()
+            print(f"{item['id']}: {len(prompt)} prompt tokens, {len(result.tokens)} generated", flush=True)
+
+
+def replay(args) -> None:
+    from specdec.controller import CostAwareController, FixedController
+    from specdec.drafters.ngram import NgramDrafter
+    from specdec.replay import copy_ceiling, oracle_speedup, replay_speedup
+
+    lines = Path(args.recording).read_text().splitlines()
+    header, records = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
+    costs = json.loads(Path(args.costs).read_text()) if args.costs else header["costs"]
+    auto = CostAwareController(NgramDrafter(), None, costs)     # one for the suite, as in a bench
+    columns = ("ngram:8", "auto", "oracle", "ceiling")
+    by_category: dict[str, list[tuple[float, ...]]] = {}
+    for r in records:
+        fixed, _ = replay_speedup(r["prompt"], r["output"], costs, FixedController(NgramDrafter(), 8))
+        auto_speedup, decisions = replay_speedup(r["prompt"], r["output"], costs, auto)
+        row = (fixed, auto_speedup, oracle_speedup(r["prompt"], r["output"], costs),
+               copy_ceiling(r["prompt"], r["output"], costs))
+        by_category.setdefault(r["category"], []).append(row)
+        if args.verbose:
+            print(f"{r['id']:24s}" + "".join(f" {c} {v:.2f}x" for c, v in zip(columns, row)))
+    print(f"target {header.get('target')}, forward of 2/5/9/16 rows = "
+          + "/".join(f"{costs[n - 1] / costs[0]:.2f}" for n in (2, 5, 9, 16)) + "x one row\n")
+    print("| category | " + " | ".join(columns) + " | auto, worst prompt |")
+    print("|---" * (len(columns) + 2) + "|")
+    for category, rows in by_category.items():
+        medians = [statistics.median(r[i] for r in rows) for i in range(len(columns))]
+        print(f"| {category} | " + " | ".join(f"{m:.2f}x" for m in medians)
+              + f" | {min(r[1] for r in rows):.2f}x |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="plain greedy outputs of the target over the suite")
+    rec.add_argument("--target", default="qwen2.5-coder-1.5b")
+    rec.add_argument("--suite", default=str(ROOT / "benchmarks" / "prompts.jsonl"))
+    rec.add_argument("--per-category", type=int, default=None)
+    rec.add_argument("--max-tokens", type=int, default=256)
+    rec.add_argument("--ctx", type=int, default=8192)
+    rec.add_argument("--out", default="greedy-outputs.jsonl")
+    rep = sub.add_parser("replay", help="speedups of drafting policies on a recording")
+    rep.add_argument("--recording", default="greedy-outputs.jsonl")
+    rep.add_argument("--costs", help="a JSON list of forward seconds for 1..16 rows (default: the recording's)")
+    rep.add_argument("-v", "--verbose", action="store_true", help="a line per prompt")
+    args = parser.parse_args()
+    record(args) if args.command == "record" else replay(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
