@@ -52,7 +52,9 @@ class LlamaCppPeer:
         """spec_type: 'none' (plain, through llama-completion), 'draft-simple' (the draft model) or
         one of llama.cpp's n-gram types (ngram-simple, ngram-map-k, ngram-mod, ...)."""
         with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
-            f.write(prompt_text)
+            # llama.cpp's -f drops one trailing newline from the file; a chat prompt ends with
+            # "<|im_start|>assistant\n", and without that newline the model answers another prompt
+            f.write(prompt_text + "\n")
             f.flush()
             common = ["-m", str(self.target), "-f", f.name, "-n", str(max_tokens), "--temp", "0",
                       "-t", str(self.threads), "-c", str(self.ctx)]
