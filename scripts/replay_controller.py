@@ -52,7 +52,7 @@ def replay(args) -> None:
     header, records = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
     costs = json.loads(Path(args.costs).read_text()) if args.costs else header["costs"]
     auto = CostAwareController(NgramDrafter(), None, costs)     # one for the suite, as in a bench
-    columns = ("ngram:8", "auto", "oracle", "ceiling")
+    columns = ("ngram:8", "auto", "clairvoyant", "copy ceiling")
     by_category: dict[str, list[tuple[float, ...]]] = {}
     for r in records:
         fixed, _ = replay_speedup(r["prompt"], r["output"], costs, FixedController(NgramDrafter(), 8))
