@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .controller import K_MAX, _agreement
 from .drafters.ngram import NgramDrafter
-
-K_MAX = 15
 
 
 def _best_time(lengths: Sequence[int], costs: Sequence[float]) -> float:
@@ -34,10 +33,8 @@ def _best_time(lengths: Sequence[int], costs: Sequence[float]) -> float:
 
 
 def _accepted(proposal: Sequence[int], output: Sequence[int], pos: int) -> int:
-    n = 0
-    while n < len(proposal) and pos + n < len(output) and proposal[n] == output[pos + n]:
-        n += 1
-    return n
+    """How many of `proposal`'s tokens the target keeps at `pos`: the prefix `output` agrees with."""
+    return _agreement(proposal, output[pos:pos + len(proposal)])[1]
 
 
 def oracle_speedup(prompt: Sequence[int], output: Sequence[int], costs: Sequence[float],
@@ -64,10 +61,10 @@ def copy_ceiling(prompt: Sequence[int], output: Sequence[int], costs: Sequence[f
         best = 0
         for j in range(1, end):
             if seq[j - 1] == last:
-                best = max(best, _accepted(seq[j:end], output, pos))
+                best = max(best, _accepted(seq[j:min(end, j + K_MAX)], output, pos))
                 if best >= K_MAX:
                     break
-        lengths.append(min(best, K_MAX))
+        lengths.append(best)
     return len(output) * costs[0] / _best_time(lengths, costs)
 
 
