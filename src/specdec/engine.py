@@ -209,16 +209,9 @@ class SpeculativeDecoder:
             stats.target_seconds += t_target
             stats.record_step(len(draft_tokens), n, drafter.name.split(":")[0] if drafter else "plain")
             # 6. emit, honouring end-of-generation tokens and the token budget
-            emitted = []
-            for token in [*draft_tokens[:n], next_token]:
-                if token in eog:
-                    stats.finish_reason = "eog"
-                    break
-                emitted.append(token)
-                generated += 1
-                if generated >= config.max_new_tokens:
-                    stats.finish_reason = "length"
-                    break
+            emitted, stats.finish_reason = _emit([*draft_tokens[:n], next_token], eog,
+                                                 config.max_new_tokens - generated)
+            generated += len(emitted)
             controller.observe(drafter, draft, n, emitted, t_draft, t_target)
             context += emitted
             stats.generated_tokens = generated
@@ -332,7 +325,8 @@ class _BatchRun:
         if source is None or d.k == 0:
             return None
         if isinstance(source, NgramDrafter):
-            return PerRowDrafters(lambda: NgramDrafter(source.n_max, source.n_min))
+            return PerRowDrafters(lambda: NgramDrafter(source.n_max, source.n_min, source.candidates,
+                                                       source.match_cap))
         if isinstance(source, ModelDrafter):
             if not hasattr(source.model, "forward_rows"):
                 raise SpecdecError(f"the draft model {source.model.name} has no batched cache; batches "
@@ -374,16 +368,17 @@ class _BatchRun:
             drafts = (drafter.propose([contexts[i] for i in live], ks) if drafter is not None
                       else [None] * len(live))
             t_draft = time.perf_counter() - t
+            draft_tokens = [dr.tokens if dr is not None else [] for dr in drafts]
             # 3. one target pass: row r scores [last, *draft]
             t = time.perf_counter()
-            inputs = [[] if i in done else [contexts[i][-1], *(dr.tokens if dr else [])]
-                      for i, dr in zip(live, drafts)]
+            inputs = [[] if i in done else [contexts[i][-1], *tokens]
+                      for i, tokens in zip(live, draft_tokens)]
             logits = target.forward_rows(inputs)                          # per row [k + 1, vocab]
             t_target = time.perf_counter() - t
             # 4. verify each row with its own random stream
             accepted, nexts = [], []
             for r, i in enumerate(live):
-                tokens = drafts[r].tokens if drafts[r] is not None else []
+                tokens = draft_tokens[r]
                 if i in done:
                     accepted.append(0)
                     nexts.append(None)
@@ -409,17 +404,10 @@ class _BatchRun:
                 s.target_seconds += t_target
                 if i in done:
                     continue
-                tokens = drafts[r].tokens if drafts[r] is not None else []
+                tokens = draft_tokens[r]
                 s.record_step(len(tokens), accepted[r], drafter.name.split(":")[0] if drafter else "plain")
-                emitted = []
-                for token in [*tokens[:accepted[r]], nexts[r]]:
-                    if token in eog:
-                        s.finish_reason = "eog"
-                        break
-                    emitted.append(token)
-                    if s.generated_tokens + len(emitted) >= self.configs[i].max_new_tokens:
-                        s.finish_reason = "length"
-                        break
+                emitted, s.finish_reason = _emit([*tokens[:accepted[r]], nexts[r]], eog,
+                                                 self.configs[i].max_new_tokens - s.generated_tokens)
                 contexts[i] += emitted
                 s.generated_tokens += len(emitted)
                 s.decode_seconds = now - t_decode
@@ -439,6 +427,20 @@ class _BatchRun:
             s.generated_tokens = len(text.tokens)
             results.append(GenerationResult(text=text.text, tokens=text.tokens, prompt_tokens=prompt, stats=s))
         return results
+
+
+def _emit(tokens: Sequence[int], eog, budget: int) -> tuple[list[int], str]:
+    """What a step emits of the tokens it kept: up to an end-of-generation token (not emitted) or
+    until `budget` new tokens are spent, and why generation ends there ("eog", "length"; "" if
+    it goes on)."""
+    emitted = []
+    for token in tokens:
+        if token in eog:
+            return emitted, "eog"
+        emitted.append(token)
+        if len(emitted) >= budget:
+            return emitted, "length"
+    return emitted, ""
 
 
 def _find_stop(text: str, stops: Sequence[str], start: int) -> int | None:
