@@ -274,14 +274,15 @@ def run_bench(bench: Bench, prompts: list[dict], methods: list[str], repeats: in
     return rows
 
 
-def speedups(rows: list[Row]) -> dict[tuple[str, str], list[float]]:
-    """(category, method) -> speedups, each run against the plain run of its prompt and repeat."""
+def speedups(rows: list[Row], group=lambda r: (r.category, r.method)) -> dict[tuple, list[float]]:
+    """group(row) (default: (category, method)) -> speedups, each run against the plain run of its
+    prompt, repeat and batch size."""
     plain = {(r.prompt_id, r.repeat, r.batch): r.tokens_per_second for r in rows if r.method == "plain"}
-    out: dict[tuple[str, str], list[float]] = {}
+    out: dict[tuple, list[float]] = {}
     for r in rows:
         base = plain.get((r.prompt_id, r.repeat, r.batch))
         if base:
-            out.setdefault((r.category, r.method), []).append(r.tokens_per_second / base)
+            out.setdefault(group(r), []).append(r.tokens_per_second / base)
     return out
 
 
@@ -383,12 +384,7 @@ def _category_tables(rows: list[Row], methods: list[str]) -> list[str]:
 def _batch_table(rows: list[Row], methods: list[str]) -> list[str]:
     """Per batch size: median tokens/s summed over the batch, and the median speedup over plain
     decoding of the same prompts at the same batch size (batch 1: the single-prompt runs)."""
-    ups: dict[tuple[int, str], list[float]] = {}
-    plain = {(r.prompt_id, r.repeat, r.batch): r.tokens_per_second for r in rows if r.method == "plain"}
-    for r in rows:
-        base = plain.get((r.prompt_id, r.repeat, r.batch))
-        if base:
-            ups.setdefault((r.batch, r.method), []).append(r.tokens_per_second / base)
+    ups = speedups(rows, group=lambda r: (r.batch, r.method))
     methods = [m for m in methods if any(r.method == m and r.batch > 1 for r in rows)]
     lines = ["By batch size: median tokens/s summed over the batch's rows, and median speedup over "
              "plain decoding of the same prompts at the same batch size.", "",
