@@ -11,6 +11,9 @@ from specdec.drafters.base import Draft
 
 from .toy import ToyLM
 
+# the 1.5B on a 2-core AVX-512 machine: 1, 2, 3, 5, 8 and 16 rows (llama-bench), interpolated
+CURVE = np.interp(np.arange(1, 17), [1, 2, 3, 5, 8, 16], [28, 38, 50, 74, 99, 110]) / 1000
+
 
 class FixedProposals:
     """A drafter that always proposes the same continuation (stands in for prompt lookup; by
@@ -64,11 +67,9 @@ def test_long_drafts_when_acceptance_is_high_and_verification_cheap():
 
 
 def test_k_grows_with_acceptance_on_a_real_cost_curve():
-    # the 1.5B on a 2-core AVX-512 machine: 1, 2, 3, 5, 8 and 16 rows (llama-bench), interpolated
-    curve = np.interp(np.arange(1, 17), [1, 2, 3, 5, 8, 16], [28, 38, 50, 74, 99, 110]) / 1000
     ks = []
     for prior in (0.3, 0.6, 0.8, 0.95):
-        c = controller(curve, ngram=FixedProposals(range(20)), ngram_prior=prior)
+        c = controller(CURVE, ngram=FixedProposals(range(20)), ngram_prior=prior)
         _, draft = c.draft([1, 2, 3], room=100)
         ks.append(len(draft.tokens) if draft else 0)
     assert ks[0] == 0 and ks == sorted(ks) and ks[-1] >= 10
@@ -115,15 +116,14 @@ def test_draft_model_only_when_it_pays():
 def test_shadow_learning_turns_a_useless_ngram_off():
     """Prompt lookup is scored after every step, used or not: wrong guesses lower its estimate
     until the controller stops using it."""
-    curve = np.interp(np.arange(1, 17), [1, 2, 3, 5, 8, 16], [28, 38, 50, 74, 99, 110]) / 1000
     ngram = FixedProposals([7, 7, 7, 7])
-    c = controller(curve, ngram=ngram, ngram_prior=0.9)
+    c = controller(CURVE, ngram=ngram, ngram_prior=0.9)
     used = []
     for _ in range(40):
         drafter, draft = c.draft([1, 2], room=100)
         used.append(drafter is not None)
         width = 1 + (len(draft.tokens) if draft else 0)
-        c.observe(drafter, draft, 0, [5], 0.0, curve[width - 1])   # the target always says 5
+        c.observe(drafter, draft, 0, [5], 0.0, CURVE[width - 1])   # the target always says 5
     assert used[0] and not any(used[-10:])
 
 
@@ -163,21 +163,20 @@ def test_auto_is_lossless_on_toy_models():
 def test_copied_runs_earn_long_drafts():
     """As a copy goes on, prompt lookup's match grows and the controller drafts longer; after a
     miss the match is short again and so are the drafts."""
-    curve = np.interp(np.arange(1, 17), [1, 2, 3, 5, 8, 16], [28, 38, 50, 74, 99, 110]) / 1000
     ngram = FixedProposals(range(100, 120))
     ngram.last_match_length = 1
-    c = controller(curve, ngram=ngram)
+    c = controller(CURVE, ngram=ngram)
     lengths = []
     for _ in range(30):
         drafter, draft = c.draft([1, 2], room=100)
         k = len(draft.tokens) if draft else 0
         lengths.append(k)
         emitted = list(range(100, 100 + k + 1))          # the target agrees with every guess
-        c.observe(drafter, draft, k, emitted, 0.0, curve[k])
+        c.observe(drafter, draft, k, emitted, 0.0, CURVE[k])
         ngram.last_match_length += len(emitted)          # ... so the copied run grows
     assert lengths[0] == 0 and lengths[-1] == 15 and lengths == sorted(lengths)
     drafter, draft = c.draft([1, 2], room=100)
-    c.observe(drafter, draft, 0, [7], 0.0, curve[len(draft.tokens)])   # a miss ends the run
+    c.observe(drafter, draft, 0, [7], 0.0, CURVE[len(draft.tokens)])   # a miss ends the run
     ngram.last_match_length = 1
     _, after = c.draft([1, 2], room=100)
     assert after is None or len(after.tokens) <= 2
@@ -210,11 +209,10 @@ def test_evidence_of_a_first_guess():
 def test_guesses_earlier_occurrences_disagree_on_are_not_drafted():
     """Same match length, same costs: drafted when every earlier occurrence continued the same
     way, not when they split."""
-    curve = np.interp(np.arange(1, 17), [1, 2, 3, 5, 8, 16], [28, 38, 50, 74, 99, 110]) / 1000
     ngram = FixedProposals(range(100, 120))
     ngram.last_match_length = 3
     ngram.last_votes = (4, 4)
-    drafter, draft = controller(curve, ngram=ngram).draft([1, 2], room=100)
+    drafter, draft = controller(CURVE, ngram=ngram).draft([1, 2], room=100)
     assert drafter is ngram and len(draft.tokens) >= 1
     ngram.last_votes = (1, 4)
-    assert controller(curve, ngram=ngram).draft([1, 2], room=100) == (None, None)
+    assert controller(CURVE, ngram=ngram).draft([1, 2], room=100) == (None, None)

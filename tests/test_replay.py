@@ -8,7 +8,7 @@ from specdec.controller import CostAwareController, FixedController
 from specdec.drafters.ngram import NgramDrafter
 from specdec.replay import copy_ceiling, oracle_speedup, replay_speedup
 
-CURVE = list(np.interp(np.arange(1, 17), [1, 2, 3, 5, 8, 16], [28, 38, 50, 74, 99, 110]) / 1000)
+from .test_controller import CURVE
 
 
 def edited_copy(seed: int, n_prompt: int = 300, edits: int = 6):
