@@ -15,36 +15,11 @@ import numpy as np
 
 from .controller import FixedController
 from .drafters.base import Drafter
+from .config import GenerationConfig
 from .errors import ContextOverflowError, SpecdecError
 from .models.base import CausalLM
-from .sampling import SamplingParams, verify
+from .sampling import verify
 from .stats import GenerationStats
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    max_new_tokens: int = 256           # stop after this many generated tokens
-    temperature: float = 0.0            # 0 = greedy: output is exactly the target's argmax path
-    top_k: int = 0                      # 0 = off
-    top_p: float = 1.0                  # 1.0 = off
-    min_p: float = 0.0                  # 0.0 = off
-    seed: int | None = None             # seeds the numpy Generator behind every random draw
-    stop: tuple[str, ...] = ()          # stop strings; the text ends before the first one found
-    chat: bool | None = None            # apply the chat template; None = when the target is instruct
-    system: str | None = None           # system message for the chat template
-
-    def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
-        self.sampling  # validates temperature / top-k / top-p / min-p
-
-    @property
-    def sampling(self) -> SamplingParams:
-        try:
-            return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
-        except ValueError as exc:
-            raise SpecdecError(str(exc)) from None
 
 
 @dataclass

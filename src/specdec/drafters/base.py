@@ -31,3 +31,8 @@ class Drafter(Protocol):
     def accept(self, n_accepted: int) -> None:
         """Told after every step how many of the last draft's tokens the target kept."""
         ...
+
+
+# The longest draft a step may ask for (-k). k + 1 rows go through the target in one forward; past
+# a few dozen tokens a draft is never accepted whole, and the width only costs.
+MAX_DRAFT_TOKENS = 32
