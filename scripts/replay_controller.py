@@ -26,14 +26,14 @@ sys.path.insert(0, str(ROOT / "src"))
 def record(args) -> None:
     from specdec import load_model
     from specdec.bench import load_suite
-    from specdec.controller import measure_forward_costs
+    from specdec.costs import measure_forward_costs
     from specdec.engine import GenerationConfig, SpeculativeDecoder
 
     target = load_model(args.target, backend="llama", n_ctx=args.ctx)
     decoder = SpeculativeDecoder(target, None)
     config = GenerationConfig(max_new_tokens=args.max_tokens, temperature=0.0)
     with open(args.out, "w") as out:
-        out.write(json.dumps({"target": target.name, "costs": measure_forward_costs(target)}) + "\n")
+        out.write(json.dumps({"target": target.name, "costs": list(measure_forward_costs(target).values())}) + "\n")
         for item in load_suite(Path(args.suite), per_category=args.per_category):
             prompt = decoder.prompt_tokens(item["prompt"], config)
             result = decoder.generate(prompt, config)

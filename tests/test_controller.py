@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from specdec import SpeculativeDecoder
-from specdec.controller import (Acceptance, CostAwareController, CostTable, MatchAcceptance,
-                                measure_forward_costs)
+from specdec.controller import Acceptance, CostAwareController, MatchAcceptance, Outcome
+from specdec.costs import CostTable, measure_forward_costs
 from specdec.drafters.base import Draft
 
 from .toy import ToyLM
@@ -16,25 +16,45 @@ CURVE = np.interp(np.arange(1, 17), [1, 2, 3, 5, 8, 16], [28, 38, 50, 74, 99, 11
 
 
 class FixedProposals:
-    """A drafter that always proposes the same continuation (stands in for prompt lookup; by
-    default from a 40-token match, long enough not to cap k)."""
+    """A drafter that always proposes the same continuation for every row (stands in for prompt
+    lookup; by default from a 40-token match, long enough not to cap k)."""
 
     def __init__(self, tokens, name="ngram"):
         self.tokens, self.name, self.last_match_length, self.proposed = list(tokens), name, 40, 0
+        self.last_votes = (1, 1)
 
-    def begin(self, prompt, params, rng):
+    def begin(self, row, prompt, params, rng):
         pass
 
-    def propose(self, context, k):
+    def end(self, rows):
+        pass
+
+    def lag(self, row, context):
+        return 1
+
+    def propose(self, contexts, ks):
         self.proposed += 1
-        return Draft(self.tokens[:k])
+        evidence = {"match": self.last_match_length, "votes": self.last_votes}
+        return {row: Draft(self.tokens[:k], evidence=evidence) for row, k in ks.items()}
 
-    def accept(self, n):
+    def accept(self, n_accepted):
         pass
 
 
-def controller(costs, ngram=None, model=None, draft_cost=None, ngram_prior=None, model_prior=None):
-    c = CostAwareController(ngram, model, costs, draft_cost)
+class OneRow(CostAwareController):
+    """The controller driven for a single row, as the one-sequence controller was."""
+
+    def draft(self, context, room):
+        if 0 not in self._rows:
+            self.begin(0, context)
+        return super().draft({0: context}, {0: room})[0]
+
+    def observe(self, drafter, draft, n_accepted, emitted, width, seconds):
+        super().observe({0: Outcome(drafter, draft, n_accepted, emitted)}, width, seconds)
+
+
+def controller(costs, ngram=None, model=None, draft_cost=None, ngram_prior=None, model_prior=None, cls=OneRow):
+    c = cls(ngram, model, costs, draft_cost)
     if ngram_prior is not None:
         for table in c.ngram_accept.tables.values():   # every match length and evidence alike
             table[:] = ngram_prior
@@ -123,7 +143,7 @@ def test_shadow_learning_turns_a_useless_ngram_off():
         drafter, draft = c.draft([1, 2], room=100)
         used.append(drafter is not None)
         width = 1 + (len(draft.tokens) if draft else 0)
-        c.observe(drafter, draft, 0, [5], 0.0, CURVE[width - 1])   # the target always says 5
+        c.observe(drafter, draft, 0, [5], width, CURVE[width - 1])   # the target always says 5
     assert used[0] and not any(used[-10:])
 
 
@@ -132,10 +152,10 @@ def test_costs_are_measured_once_and_cached(tmp_path, monkeypatch):
     model = ToyLM(vocab_size=32, n_ctx=512)
     model.path = tmp_path / "toy.gguf"
     model.path.write_bytes(b"toy")
-    costs = measure_forward_costs(model, n_max=4, repeats=1)
-    assert len(costs) == 4 and costs == sorted(costs)
+    costs = measure_forward_costs(model, widths=[1, 2, 3, 4], repeats=1)
+    assert list(costs) == [1, 2, 3, 4] and list(costs.values()) == sorted(costs.values())
     calls = len(model.forward_calls)
-    assert measure_forward_costs(model, n_max=4, repeats=1) == costs
+    assert measure_forward_costs(model, widths=[1, 2, 3, 4], repeats=1) == costs
     assert len(model.forward_calls) == calls                # served from the cache
 
 
@@ -144,6 +164,8 @@ def test_cost_table_follows_the_machine():
     for _ in range(50):
         table.observe(1, 0.02)                             # the machine got twice as slow
     assert table(1) == pytest.approx(0.02, rel=0.05) and table(2) > 0.03
+    grid = CostTable({1: 1.0, 16: 4.0, 64: 10.0})          # measured widths, linear between
+    assert grid(40) == pytest.approx(7.0) and grid(128) == pytest.approx(20.0)
 
 
 def test_auto_is_lossless_on_toy_models():
@@ -172,11 +194,11 @@ def test_copied_runs_earn_long_drafts():
         k = len(draft.tokens) if draft else 0
         lengths.append(k)
         emitted = list(range(100, 100 + k + 1))          # the target agrees with every guess
-        c.observe(drafter, draft, k, emitted, 0.0, CURVE[k])
+        c.observe(drafter, draft, k, emitted, k + 1, CURVE[k])
         ngram.last_match_length += len(emitted)          # ... so the copied run grows
     assert lengths[0] == 0 and lengths[-1] == 15 and lengths == sorted(lengths)
     drafter, draft = c.draft([1, 2], room=100)
-    c.observe(drafter, draft, 0, [7], 0.0, CURVE[len(draft.tokens)])   # a miss ends the run
+    c.observe(drafter, draft, 0, [7], len(draft.tokens) + 1, CURVE[len(draft.tokens)])   # a miss ends the run
     ngram.last_match_length = 1
     _, after = c.draft([1, 2], room=100)
     assert after is None or len(after.tokens) <= 2
@@ -216,3 +238,77 @@ def test_guesses_earlier_occurrences_disagree_on_are_not_drafted():
     assert drafter is ngram and len(draft.tokens) >= 1
     ngram.last_votes = (1, 4)
     assert controller(CURVE, ngram=ngram).draft([1, 2], room=100) == (None, None)
+
+
+# -- width allocation over rows ------------------------------------------------------------------
+
+def allocate(costs, rows=4, prior=0.8, width=sum):
+    c = CostAwareController(FixedProposals(range(30)), None, costs, width=width)
+    for table in c.ngram_accept.tables.values():
+        table[:] = prior
+    for row in range(rows):
+        c.begin(row, [1, 2])
+    plan = c.draft({row: [1, 2] for row in range(rows)}, {row: 100 for row in range(rows)})
+    return {row: len(draft.tokens) if draft else 0 for row, (_, draft) in plan.items()}
+
+
+def test_a_flat_curve_drafts_for_every_row():
+    ks = allocate({1: 0.03, 8: 0.03, 16: 0.031, 32: 0.06, 64: 0.12}, rows=4)
+    assert all(k >= 1 for k in ks.values()), ks
+
+
+def test_a_linear_curve_drafts_for_no_row():
+    ks = allocate({w: 0.03 * w for w in (1, 2, 4, 8, 16, 32, 64)}, rows=4)
+    assert set(ks.values()) == {0}
+
+
+def test_width_goes_where_it_pays_most():
+    """Same costs, two rows: the row whose guesses are trusted gets the draft tokens."""
+    c = CostAwareController(FixedProposals(range(30)), None, CURVE)
+    for row in (0, 1):
+        c.begin(row, [1, 2])
+    good, bad = FixedProposals(range(30)), FixedProposals(range(30))
+    good.last_match_length, bad.last_match_length = 40, 1
+    c.ngram.propose = lambda contexts, ks: {0: good.propose({0: 0}, {0: ks[0]})[0],
+                                             1: bad.propose({1: 0}, {1: ks[1]})[1]}
+    plan = c.draft({0: [1, 2], 1: [1, 2]}, {0: 15, 1: 15})
+    assert len(plan[0][1].tokens) > 0 and plan[1] == (None, None)
+
+
+def test_one_row_allocation_is_the_single_row_argmax():
+    """At one row, the allocation is argmax_k E[k] / cost(k + 1) over k = 0..cap (with the margin)."""
+    for prior in (0.3, 0.5, 0.7, 0.9, 0.97):
+        c = controller(CURVE, ngram=FixedProposals(range(20)), ngram_prior=prior)
+        _, draft = c.draft([1, 2, 3], room=100)
+        expected = c.ngram_accept.expected_tokens(40, 15)
+        values = expected / np.array([c.target_cost(k + 1) for k in range(16)])
+        k = int(np.argmax(values))
+        if values[k] <= values[0] * 1.1:
+            k = 0
+        assert (len(draft.tokens) if draft else 0) == k
+
+
+def test_padded_width_fills_rows_to_the_longest():
+    """On a padded backend (torch) every row pays for the longest draft: what one row drafts, the
+    others may draft for free, so they do."""
+    padded = lambda lengths: len(lengths) * max(lengths)   # noqa: E731
+    ks = allocate({1: 0.03, 4: 0.03, 16: 0.04, 64: 0.2}, rows=4, prior=0.6, width=padded)
+    assert len(set(ks.values())) == 1 and min(ks.values()) >= 1, ks
+
+
+def test_auto_drafts_in_a_batch_where_it_pays():
+    """Toy target, prompts that repeat themselves, and a flat cost curve (as on a GPU): auto drafts
+    with prompt lookup for every row of the batch, and each row equals its solo greedy run."""
+    target = ToyLM(vocab_size=32, seed=1)
+    target.path = None
+    prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 8, [4, 12, 4, 13] * 5]
+    plain = [SpeculativeDecoder(target, None).generate(p, max_new_tokens=40).tokens for p in prompts]
+    auto = SpeculativeDecoder(target, "auto")
+    flat = {w: 0.01 for w in range(1, 17)} | {24: 0.0101, 32: 0.0102, 48: 0.0103, 64: 0.0104}
+    auto._engine = None
+    from specdec.engine import Engine
+    auto._engine = Engine(target, CostAwareController(auto.ngram, None, flat, width=target.width),
+                          auto.drafters())
+    results = auto.generate_batch(prompts, max_new_tokens=40)
+    assert [r.tokens for r in results] == plain
+    assert all(r.stats.drafted > 0 for r in results)

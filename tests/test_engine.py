@@ -52,15 +52,19 @@ class WrongDrafter:
 
     def __init__(self, target):
         self.target = target
+        self.asked: list[int] = []          # every k asked for, for tests
 
-    def begin(self, prompt, params, rng):
+    def begin(self, row, prompt, params, rng):
         pass
 
-    def propose(self, context, k):
-        self.target_copy = list(context)
-        return Draft([(context[-1] * 7 + i) % 31 + 1 for i in range(k)])
+    def end(self, rows):
+        pass
 
-    def accept(self, n):
+    def propose(self, contexts, ks):
+        self.asked += ks.values()
+        return {row: Draft([(contexts[row][-1] * 7 + i) % 31 + 1 for i in range(k)]) for row, k in ks.items()}
+
+    def accept(self, n_accepted):
         pass
 
 
@@ -99,29 +103,33 @@ def test_ngram_and_wrong_drafts_equal_plain(target, k):
 
 
 def test_target_cache_tracks_context(target):
-    """After generation the target holds exactly prompt + generated - 1 tokens (the last emitted
-    token is fed by the next step), whatever was rejected on the way."""
+    """After every step the target's row holds exactly prompt + generated - 1 tokens (the last
+    emitted token is fed by the next step), whatever was rejected on the way."""
     draft = ToyLM(vocab_size=32, seed=3, noise_from=target, noise=2.0)
-    result = SpeculativeDecoder(target, draft, k=4).generate(PROMPT, max_new_tokens=30)
-    assert target.cache == (PROMPT + result.tokens)[:len(target.cache)]
-    assert len(target.cache) >= len(PROMPT) + len(result.tokens) - 1
+    engine = SpeculativeDecoder(target, draft, k=4).engine
+    request = engine.add(list(PROMPT), GenerationConfig(max_new_tokens=30))
+    while not request.done:
+        engine.step()
+        if request.row is not None:
+            with target.use_row(request.row):
+                assert target.cache == request.context[:-1]
+    assert engine.rows == {} and target._states == {}      # the row was freed when it finished
 
 
 def test_model_drafter_cache_stays_in_step(target):
     draft_model = ToyLM(vocab_size=32, seed=4, noise_from=target, noise=1.5)
     drafter = ModelDrafter(draft_model, target)
-    decoder = SpeculativeDecoder(target, drafter, k=3)
-    context = list(PROMPT)
-    for emitted in decoder.steps(context, GenerationConfig(max_new_tokens=40), decoder_stats()):
-        context += emitted
-        # the draft's cache is always a prefix of the context (never a rejected token)
-        assert draft_model.cache == context[:len(draft_model.cache)]
-        assert len(draft_model.cache) >= len(context) - 2   # at most the bonus + last draft pending
-
-
-def decoder_stats():
-    from specdec.stats import GenerationStats
-    return GenerationStats()
+    engine = SpeculativeDecoder(target, drafter, k=3).engine
+    request = engine.add(list(PROMPT), GenerationConfig(max_new_tokens=40))
+    while not request.done:
+        engine.step()
+        if request.done:
+            break
+        with draft_model.use_row(drafter._rows[request.row].model_row):
+            # the draft's cache is always a prefix of the context (never a rejected token)
+            assert draft_model.cache == request.context[:len(draft_model.cache)]
+            assert len(draft_model.cache) >= len(request.context) - 2   # at most bonus + last draft pending
+    assert draft_model._states == {}
 
 
 def test_all_accepted_draft_catches_up_in_one_forward(target):
@@ -187,6 +195,10 @@ def test_context_full_stops_cleanly():
 def test_user_errors(target):
     with pytest.raises(SpecdecError, match="k"):
         SpeculativeDecoder(target, None, k=-1)
+    with pytest.raises(SpecdecError, match="0..32"):
+        SpeculativeDecoder(target, None, k=1000)
+    with pytest.raises(SpecdecError, match="empty"):
+        SpeculativeDecoder(target, None).generate("  \n ")
     with pytest.raises(SpecdecError, match="max_new_tokens"):
         GenerationConfig(max_new_tokens=0)
     with pytest.raises(SpecdecError, match="top_p"):
@@ -208,3 +220,70 @@ def test_draft_of_another_vocabulary_is_refused(target):
     other.tokenizer._bytes[7] = b"different"
     with pytest.raises(VocabMismatchError, match="token 7"):
         SpeculativeDecoder(target, other)
+
+
+def test_drafts_never_outrun_the_tokens_wanted(target):
+    """-k 32 -n 4 used to draft 64 tokens for 4: a draft is capped at the tokens still wanted - 1."""
+    drafter = WrongDrafter(target)
+    result = SpeculativeDecoder(target, drafter, k=32).generate(PROMPT, max_new_tokens=4)
+    assert len(result.tokens) == 4
+    assert drafter.asked and max(drafter.asked) <= 3
+    assert sum(drafter.asked) <= 3 + 2 + 1     # wants 4, 3, 2, 1 -> k 3, 2, 1, 0 (no draft)
+
+
+def test_row_joins_a_running_batch_and_equals_its_solo_run(target):
+    draft = ToyLM(vocab_size=32, seed=2, noise_from=target, noise=1.0)
+    decoder = SpeculativeDecoder(target, draft, k=3)
+    solo = {p: decoder.generate(p, max_new_tokens=30).tokens for p in ((5, 6, 7), (9, 9, 4, 3))}
+    engine = decoder.engine
+    first = engine.add([5, 6, 7], GenerationConfig(max_new_tokens=30))
+    for _ in range(3):
+        engine.step()
+    assert len(first.context) > 3 and not first.done
+    second = engine.add([9, 9, 4, 3], GenerationConfig(max_new_tokens=30))
+    engine.step()
+    assert len(engine.rows) == 2                  # the second joined while the first runs
+    engine.run([first, second])
+    assert first.result.tokens == solo[(5, 6, 7)]
+    assert second.result.tokens == solo[(9, 9, 4, 3)]
+
+
+def test_cancel_frees_the_row_at_once(target):
+    draft = ToyLM(vocab_size=32, seed=2, noise_from=target, noise=1.0)
+    decoder = SpeculativeDecoder(target, draft, k=3, max_rows=1)
+    engine = decoder.engine
+    a = engine.add(list(PROMPT), GenerationConfig(max_new_tokens=200))
+    b = engine.add([5, 6, 7], GenerationConfig(max_new_tokens=5))
+    engine.step()
+    assert a.row is not None and b.row is None and b in engine.queue   # one row: b waits
+    engine.cancel(a)
+    assert a.done and a.result.stats.finish_reason == "cancelled"
+    assert target._states == {} and draft._states == {}                # caches freed now
+    engine.step()
+    assert b.row is not None                                           # b takes the row
+    engine.run([b])
+    assert b.result.tokens == decoder.generate([5, 6, 7], max_new_tokens=5).tokens
+
+
+def test_interleaved_streams_are_independent(target):
+    decoder = SpeculativeDecoder(target, "ngram", k=3)
+    config = GenerationConfig(max_new_tokens=25)
+    alone = [decoder.generate(p, config).text for p in (PROMPT, [4, 4, 5])]
+    s1, s2 = decoder.stream(PROMPT, config), decoder.stream([4, 4, 5], config)
+    i1, i2 = iter(s1), iter(s2)
+    texts = ["", ""]
+    for piece in i2:                  # read one piece of the second, then the whole first, then the rest
+        texts[1] += piece
+        break
+    texts[0] = "".join(i1)
+    texts[1] += "".join(i2)
+    assert texts == alone
+    assert [s1.result.text, s2.result.text] == alone
+
+
+def test_abandoned_stream_is_cancelled(target):
+    decoder = SpeculativeDecoder(target, None)
+    it = iter(decoder.stream(PROMPT, max_new_tokens=100))
+    next(it)
+    it.close()
+    assert decoder.engine.rows == {} and not decoder.engine.queue

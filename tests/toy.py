@@ -9,6 +9,8 @@ from typing import Sequence
 
 import numpy as np
 
+from specdec.models.base import SequentialRows
+
 
 class ToyTokenizer:
     def __init__(self, vocab_size: int, eog: Sequence[int] = (0,)):
@@ -35,8 +37,8 @@ class ToyTokenizer:
         return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
 
 
-class ToyLM:
-    """Implements specdec.models.base.CausalLM."""
+class ToyLM(SequentialRows):
+    """Implements specdec.models.base.RowModel (rows in turn, each its own token list as cache)."""
 
     def __init__(self, vocab_size: int = 32, seed: int = 0, n_ctx: int = 512, sharpness: float = 3.0,
                  eog: Sequence[int] = (0,), noise_from: "ToyLM | None" = None, noise: float = 0.0):
@@ -51,6 +53,15 @@ class ToyLM:
         self.is_instruct = False
         self.cache: list[int] = []
         self.forward_calls: list[int] = []     # rows asked per forward, for tests
+
+    def _new_state(self):
+        return []
+
+    def _get_state(self):
+        return self.cache
+
+    def _set_state(self, state) -> None:
+        self.cache = state
 
     @property
     def n_past(self) -> int:
@@ -72,3 +83,24 @@ class ToyLM:
 
     def reset(self) -> None:
         self.cache.clear()
+
+
+class Solo:
+    """One row of a row-indexed drafter, driven as a single sequence: propose(context, k) -> Draft,
+    with prompt lookup's evidence as last_match_length / last_votes. Row None is the model's own
+    sequence (SequentialRows.use_row(None))."""
+
+    def __init__(self, drafter, row=None, params=None, rng=None):
+        from specdec.sampling import SamplingParams
+
+        self.drafter, self.row = drafter, row
+        drafter.begin(row, [], params or SamplingParams(), rng or np.random.default_rng(0))
+
+    def propose(self, context, k):
+        draft = self.drafter.propose({self.row: context}, {self.row: k})[self.row]
+        self.last_match_length = draft.evidence.get("match", 0)
+        self.last_votes = draft.evidence.get("votes", (0, 0))
+        return draft
+
+    def accept(self, n):
+        self.drafter.accept({self.row: n})

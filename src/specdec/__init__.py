@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 
-from .engine import GenerationConfig, GenerationResult, SpeculativeDecoder, generate
+from .config import GenerationConfig
+from .engine import GenerationResult, SpeculativeDecoder, generate
 from .errors import SpecdecError
 
 __all__ = ["generate", "SpeculativeDecoder", "load_model", "GenerationConfig", "GenerationResult",
@@ -22,10 +23,12 @@ BACKENDS = ("llama", "numpy", "torch")
 
 def load_model(name_or_path: str | os.PathLike, backend: str = "llama", n_ctx: int = 4096,
                threads: int | None = None, progress: bool = True, device: str = "auto",
-               dtype: str = "auto"):
+               dtype: str = "auto", max_rows: int = 1):
     """A built-in model name (see `specdec models`) or a path to a .gguf file, loaded on a backend:
     'llama' (llama.cpp, the default), 'numpy' (the pure-NumPy reference, models/numpy_ref.py) or
     'torch' (transformers on `device` in `dtype`; it also takes a transformers model folder).
+    `max_rows`: sequences generated together (llama.cpp sizes its KV cache for them; the torch
+    and NumPy backends grow as rows join).
     Built-in models are assembled from their installed packages on first use."""
     from pathlib import Path
 
@@ -60,7 +63,7 @@ def load_model(name_or_path: str | os.PathLike, backend: str = "llama", n_ctx: i
     else:
         from .models.llama_cpp import LlamaCppModel
 
-        model = LlamaCppModel(path, n_ctx=n_ctx, n_threads=threads)
+        model = LlamaCppModel(path, n_ctx=n_ctx, n_threads=threads, max_rows=max_rows)
     if str(name_or_path) in CATALOG:
         model.name = str(name_or_path)
         model.is_instruct = CATALOG[model.name].chat

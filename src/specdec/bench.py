@@ -115,7 +115,7 @@ class Bench:
     def __init__(self, target_name: str, draft_name: str, threads: int | None, ctx: int,
                  max_tokens: int, temperature: float = 0.0, seed: int | None = None,
                  llama_cpp_bin: str | None = None, backend: str = "llama", device: str = "auto",
-                 dtype: str = "auto"):
+                 dtype: str = "auto", max_rows: int = 1):
         from . import load_model
         from .catalog import resolve
         from .drafters.model import ModelDrafter
@@ -125,9 +125,9 @@ class Bench:
         self.ctx, self.max_tokens, self.temperature, self.seed = ctx, max_tokens, temperature, seed
         self.backend = backend
         self.target = load_model(target_name, backend=backend, n_ctx=ctx, threads=self.threads,
-                                 device=device, dtype=dtype)
+                                 device=device, dtype=dtype, max_rows=max_rows)
         self.draft_model = load_model(draft_name, backend=backend, n_ctx=ctx, threads=self.threads,
-                                      device=device, dtype=dtype)
+                                      device=device, dtype=dtype, max_rows=max_rows)
         self.drafter = ModelDrafter(self.draft_model, self.target)
         self.auto = None   # the --draft auto decoder, built once so that it keeps what it learns
         # the GGUF files the peers run (a transformers folder, for --backend torch, has none)

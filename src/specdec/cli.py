@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", "-b", type=_positive(int), default=None, metavar="B",
                    help="batch mode: every line of --prompt-file (or stdin) is a prompt (in a .jsonl "
                         "file: {\"prompt\": ...} per line), B rows generate together, each drafting "
-                        "and accepting on its own (the torch backend batches; others run rows in turn). "
+                        "and accepting on its own; a waiting prompt joins as soon as a row finishes. "
                         "Row i is seeded with --seed + i")
     p.add_argument("--stats", action="store_true", help="print statistics to stderr")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, statistics); "
@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("llama", "numpy", "torch"), default="llama")
     _add_torch_flags(p)
     p.add_argument("--batch-sizes", type=_positive(int), nargs="+", default=[1], metavar="B",
-                   help="torch backend: also run our methods on batches of B prompts and report tokens/s "
+                   help="also run our methods on batches of B prompts and report tokens/s "
                         "summed over the batch (default: 1)")
     p.add_argument("--threads", type=_positive(int), default=None)
     p.add_argument("--ctx", type=_positive(int), default=8192)
@@ -202,38 +202,23 @@ def _read_prompt(args, default: str | None) -> str:
 def _decoder(args):
     """The SpeculativeDecoder the flags ask for."""
     from . import load_model
-    from .drafters.model import ModelDrafter
+    from .drafters import parse_draft
     from .engine import SpeculativeDecoder
+
+    rows = getattr(args, "batch_size", None) or 1
 
     def load(name, backend=args.backend):
         return load_model(name, backend=backend, n_ctx=args.ctx, threads=args.threads,
-                          device=args.device, dtype=args.dtype)
+                          device=args.device, dtype=args.dtype, max_rows=rows)
 
-    draft, k = args.draft, args.draft_tokens
-    if draft.startswith("early-exit"):   # check the flag before a long load
-        if args.backend != "numpy":
-            raise SpecdecError("--draft early-exit:L needs --backend numpy")
-        try:
-            n_layers = int(draft.split(":", 1)[1])
-        except (IndexError, ValueError):
-            raise SpecdecError(f"--draft {draft}: write early-exit:L with L the number of layers") from None
-    if "torch" in (args.backend, args.draft_backend):   # a bad --device fails before a long load
+    parse_draft(args.draft, args.backend)             # a bad --draft fails before a long load
+    if "torch" in (args.backend, args.draft_backend):   # so does a bad --device
         from .models.transformers import pick_device
         pick_device(args.device)
     target = load(args.target)
-    if draft in ("none", "") or k == 0:
-        return SpeculativeDecoder(target, None, 0)
-    if draft == "ngram":
-        return SpeculativeDecoder(target, "ngram", k)
-    if draft.startswith("early-exit"):
-        from .drafters.early_exit import EarlyExitDrafter
-        return SpeculativeDecoder(target, EarlyExitDrafter(target, n_layers), k)
-    if draft == "auto":
-        model = None
-        if args.draft_model not in ("none", ""):
-            model = ModelDrafter(load(args.draft_model, args.draft_backend or args.backend), target)
-        return SpeculativeDecoder(target, "auto", draft_model=model)
-    return SpeculativeDecoder(target, ModelDrafter(load(draft, args.draft_backend or args.backend), target), k)
+    return SpeculativeDecoder.from_names(target, args.draft, args.draft_tokens,
+                                         lambda name: load(name, args.draft_backend or args.backend),
+                                         draft_model=args.draft_model, max_rows=rows)
 
 
 def _config(args):
@@ -301,15 +286,20 @@ def cmd_generate_batch(args) -> int:
     decoder = _decoder(args)
     B = args.batch_size
     started, results = time.perf_counter(), []
-    for start in range(0, len(prompts), B):
-        chunk_config = config if config.seed is None else replace(config, seed=config.seed + start)
-        for i, result in enumerate(decoder.generate_batch(prompts[start:start + B], chunk_config), start):
-            results.append(result)
-            if args.json:
-                out = {"index": i, **result.to_dict()}
-                print(json.dumps(out, ensure_ascii=False), flush=True)
-            else:
-                print(f"--- {i} ---\n{result.text}", flush=True)
+    # every prompt joins the engine's queue; B rows run at once and a waiting prompt takes the row
+    # of one that finishes (continuous batching). Results print in order, each as soon as it can.
+    engine = decoder.engine
+    requests = [engine.add(decoder.prompt_tokens(p, config),
+                           config if config.seed is None else replace(config, seed=config.seed + i))
+                for i, p in enumerate(prompts)]
+    for i, request in enumerate(requests):
+        engine.run([request])
+        result = request.result
+        results.append(result)
+        if args.json:
+            print(json.dumps({"index": i, **result.to_dict()}, ensure_ascii=False), flush=True)
+        else:
+            print(f"--- {i} ---\n{result.text}", flush=True)
     seconds = time.perf_counter() - started
     if args.stats:
         tokens = sum(r.stats.generated_tokens for r in results)
@@ -409,10 +399,9 @@ def cmd_bench(args) -> int:
         bench.parse_method(method)   # fail on a typo before loading anything
     prompts = bench.load_suite(Path(args.suite) if args.suite else bench.DEFAULT_SUITE, args.categories,
                                None if args.full else args.per_category, args.limit)
-    if any(b > 1 for b in args.batch_sizes) and args.backend != "torch":
-        raise SpecdecError("--batch-sizes above 1 need --backend torch (the batched cache)")
     runner = bench.Bench(args.target, args.draft, args.threads, args.ctx, args.max_tokens,
-                         args.temperature, args.seed, args.llama_cpp_bin, args.backend, args.device, args.dtype)
+                         args.temperature, args.seed, args.llama_cpp_bin, args.backend, args.device, args.dtype,
+                         max_rows=max(args.batch_sizes))
     if args.hf or any(m.startswith("hf:") for m in methods):
         runner.enable_hf()
     out = Path(args.out)

@@ -6,8 +6,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .engine import GenerationConfig, GenerationResult, SpeculativeDecoder
-from .models.base import CausalLM
+from .config import GenerationConfig
+from .engine import GenerationResult, SpeculativeDecoder
+from .models.base import RowModel
 
 # llama.cpp's CPU kernels are not batch-invariant: the same tokens scored in one batch or one at a
 # time give log-probabilities that differ by up to ~0.5 (measured on Qwen2.5 Q4_K_M, AVX-512, with
@@ -52,11 +53,14 @@ class Comparison:
                 "first_difference": self.first_difference, "logit_gap": self.logit_gap}
 
 
-def top2_gap(target: CausalLM, tokens: Sequence[int]) -> float:
+def top2_gap(target: RowModel, tokens: Sequence[int]) -> float:
     """The target's top-1 minus top-2 logit for the token after `tokens` (single-token scoring)."""
-    target.reset()
-    target.forward(tokens[:-1], n_rows=0)
-    row = target.forward(tokens[-1:])[0].astype(np.float64)     # [vocab]
+    [r] = target.add_rows(1)
+    try:
+        target.forward_rows({r: tokens[:-1]})
+        row = target.forward_rows({r: tokens[-1:]}, {r: 1})[r][0].astype(np.float64)     # [vocab]
+    finally:
+        target.drop_rows([r])
     top2 = np.partition(row, -2)[-2:]
     return float(top2[1] - top2[0])
 

@@ -1,35 +1,36 @@
-"""Chooses the drafter and the draft length for each step.
+"""Chooses the drafter and the draft length of every row, every step.
 
-`FixedController`: one drafter, k tokens a step (k = 0 or no drafter is plain decoding).
+`FixedController`: one drafter, k tokens a step for every row (k = 0 or no drafter is plain decoding).
 
 `CostAwareController` (`--draft auto`): speculation only pays when the tokens it gains are worth
-more than the drafting and the wider target pass cost. Each step it picks the drafter and k that
-maximise expected emitted tokens per second,
+more than the drafting and the wider target pass cost. Each step it allocates the step's forward
+width across the live rows: row i drafts k_i >= 0 tokens so as to maximise expected emitted tokens
+per second over the whole batch,
 
-    E[tokens | k] / (draft_cost(k) + target_cost(k + 1)),      E[tokens | k] = 1 + sum_i prod_{j<=i} a_j
+    sum_i E_i[k_i] / (draft_cost(k) + target_cost(width(k_1 + 1, ..., k_n + 1))),
+    E_i[k] = 1 + sum_{j<=k} prod_{l<=j} a_il
 
-from measured costs (the target's forward for 1..16 rows, timed at load, cached per model file,
-backend and threads, refined live) and measured acceptance (a_j = P(position j accepted | the ones
-before were), an exponential moving average per drafter; for prompt lookup, per match length).
-k = 0, a plain step, is always a candidate, so speculation steps aside when it cannot pay.
+from measured costs (costs.py: the target's forward for 1..W rows, timed at load, cached, refined
+live) and measured acceptance (a_il = P(position l of row i accepted | the ones before were), a
+moving average per drafter; for prompt lookup, per match length). The E_i are concave in k (each
+term is a product of probabilities), so adding draft tokens in order of their marginal gain gives
+the most tokens for every total width; the controller walks that order and keeps the prefix with
+the best tokens per second. With one row this is argmax_k E[k] / cost(k + 1). Every row at k = 0,
+a plain step, is always a candidate, so speculation steps aside when it cannot pay.
 """
 from __future__ import annotations
 
 import bisect
-import hashlib
-import json
-import os
-import time
+import heapq
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from .costs import EMA, CostTable
 from .drafters.base import Draft, Drafter
 
 K_MAX = 15          # largest draft: k + 1 = 16 rows, the widest forward we time
-EMA = 0.15          # weight of a new observation in the moving averages
 # A speculative step must promise 10% more tokens per second than a plain step: the estimates it
 # wins on are picked for being the highest, so they err high (and step costs vary by about that).
 MARGIN = 0.1
@@ -42,96 +43,44 @@ REACH = 0.5
 
 @dataclass
 class FixedController:
+    """One drafter, k tokens a step for every row; k = 0 or no drafter is plain decoding."""
     drafter: Drafter | None
     k: int
 
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, row: int, prompt: Sequence[int]) -> None:
         pass
 
-    def choose(self, context: Sequence[int], room: int) -> tuple[Drafter | None, int]:
-        """(drafter, k) for the next step; `room` is how many more tokens the target's cache holds
-        after this step's last token, so k never overflows the context."""
-        if self.drafter is None:
-            return None, 0
-        return self.drafter, max(0, min(self.k, room))
+    def end(self, row: int) -> None:
+        pass
 
-    def draft(self, context: Sequence[int], room: int) -> tuple[Drafter | None, Draft | None]:
-        drafter, k = self.choose(context, room)
-        if drafter is None or k == 0:
-            return None, None
-        return drafter, drafter.propose(context, k)   # a Drafter returns at most k tokens
+    def draft(self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]
+              ) -> dict[int, tuple[Drafter | None, Draft | None]]:
+        """(drafter, draft) per row; caps[r] bounds row r's draft (the context's room, the tokens
+        the row still wants)."""
+        plan = {row: (None, None) for row in contexts}
+        ks = {row: min(self.k, caps[row]) for row in contexts}
+        ks = {row: k for row, k in ks.items() if k > 0}
+        if self.drafter is None or not ks:
+            return plan
+        drafts = self.drafter.propose({row: contexts[row] for row in ks}, ks)   # at most k tokens each
+        plan.update({row: (self.drafter, draft) for row, draft in drafts.items()})
+        return plan
 
-    def observe(self, drafter: Drafter | None, draft: Draft | None, n_accepted: int, emitted: Sequence[int],
-                draft_seconds: float, target_seconds: float) -> None:
+    def observe(self, outcomes: Mapping[int, "Outcome"], width: int, target_seconds: float) -> None:
         """Told the outcome of every step (a fixed policy ignores it)."""
 
-
-# -- costs --------------------------------------------------------------------------------------
-
-def _cache_file(model, tag: str) -> Path | None:
-    from .catalog import specdec_home
-
-    path = getattr(model, "path", None)
-    if path is None:
-        return None
-    st = os.stat(path)
-    key = f"{os.path.abspath(path)} {st.st_size} {st.st_mtime_ns} {type(model).__name__} " \
-          f"{getattr(model, 'n_threads', '')} {tag}"
-    return specdec_home() / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    def speedups(self, row: int, tokens_per_second: float) -> tuple[float | None, float | None]:
+        return None, None
 
 
-def measure_forward_costs(model, n_max: int = K_MAX + 1, repeats: int = 7, use_cache: bool = True) -> list[float]:
-    """Seconds of one forward of n = 1..n_max rows at a realistic cache depth, the fastest of
-    `repeats` (another process stealing a core only ever adds time, so the minimum is the cost).
-    Cached per model file, backend and threads in $SPECDEC_HOME/costs/."""
-    cache = _cache_file(model, f"forward-{n_max}") if use_cache else None
-    if cache is not None and cache.is_file():
-        costs = json.loads(cache.read_text())
-        if len(costs) == n_max:
-            return costs
-    context = [int(t) % model.vocab_size for t in range(1000, 1128)]  # [128] arbitrary tokens
-    model.reset()
-    model.forward(context, n_rows=0)
-    base = model.n_past
-    model.forward(context[:n_max], n_rows=n_max)        # warm-up: touch every weight page
-    model.rollback(base)
-    # Widths take turns, round after round, so that a slow spell of the machine (another process,
-    # clock changes) lands on every width alike instead of skewing the ratios between them.
-    times = [[] for _ in range(n_max)]
-    for _ in range(repeats):
-        for n in range(1, n_max + 1):
-            t = time.perf_counter()
-            model.forward(context[:n], n_rows=n)
-            times[n - 1].append(time.perf_counter() - t)
-            model.rollback(base)
-    costs = [min(t) for t in times]
-    model.reset()
-    costs = list(np.maximum.accumulate(costs))          # wider is never cheaper: smooth out noise
-    if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(costs))
-    return costs
-
-
-class CostTable:
-    """target_cost(n) for n rows: the load-time measurement times a ratio learned live, per width
-    where that width was seen, else the ratio over all widths (the machine got faster or slower)."""
-
-    def __init__(self, costs: Sequence[float]):
-        self.base = list(costs)                         # [n_max] seconds for 1..n_max rows, measured
-        self.ratio: dict[int, float] = {}               # width -> live seconds / measured seconds
-        self.overall = 1.0
-
-    def __call__(self, n: int) -> float:
-        base = self.base[n - 1] if n <= len(self.base) else self.base[-1] * n / len(self.base)
-        return base * self.ratio.get(n, self.overall)
-
-    def observe(self, n: int, seconds: float) -> None:
-        if not (1 <= n <= len(self.base)) or seconds <= 0:
-            return
-        r = seconds / self.base[n - 1]
-        self.overall += EMA * (r - self.overall)
-        self.ratio[n] = self.ratio.get(n, self.overall) + EMA * (r - self.ratio.get(n, self.overall))
+@dataclass(frozen=True)
+class Outcome:
+    """What one row's step did: the drafter and draft used (None: a plain step), how many draft
+    tokens the target kept, and the tokens emitted."""
+    drafter: Drafter | None
+    draft: Draft | None
+    n_accepted: int
+    emitted: Sequence[int]
 
 
 # -- acceptance ---------------------------------------------------------------------------------
@@ -219,117 +168,204 @@ def _agreement(proposal: Sequence[int], emitted: Sequence[int]) -> tuple[int, in
     return (min(matched + 1, n), matched)
 
 
+@dataclass
+class _RowState:
+    steps: int = 0
+    shadow: tuple[list[int], int, str] | None = None   # the free n-gram proposal, for learning
+    tracker: tuple[list[int], int, int] | None = None  # a proposal followed over plain steps
+    promised: float = 0.0                               # sum over steps of value / plain value
+
+
+@dataclass
+class _Option:
+    """One row's best drafter this step: E[k] for k = 0..len - 1 and the cost of drafting."""
+    kind: str                          # "ngram" / "draft" / "plain"
+    expected: np.ndarray               # [k_max + 1]
+    proposal: Draft | None = None      # prompt lookup's proposal (already made: it is free)
+    lag: int = 0                       # draft model: context tokens it must catch up on first
+
+
 class CostAwareController:
-    """Picks, every step, prompt lookup with its best k, the draft model with its best k, or a
-    plain step, whichever promises the most tokens per second (see the module docstring)."""
+    """Picks, every step and for every row, prompt lookup, the draft model or a plain step, and
+    the k of each, to promise the most tokens per second over the batch (module docstring)."""
 
     def __init__(self, ngram: Drafter | None, model_drafter: Drafter | None,
-                 target_costs: Sequence[float], draft_costs: Sequence[float] | None = None,
-                 explore_every: int = 32):
+                 target_costs, draft_costs=None, explore_every: int = 32,
+                 width: Callable[[Sequence[int]], int] = sum):
         self.target_cost = CostTable(target_costs)
         self.ngram, self.model = ngram, model_drafter
-        # the draft model's forward costs for 1..16 rows: catching up on m tokens it has not seen
-        # costs a forward of m rows, then each further draft token one row
+        # the draft model's forward costs: catching up on m tokens costs a forward of m rows,
+        # then each further draft position one forward over the rows still drafting
         self.draft_cost = CostTable(draft_costs) if draft_costs else None
+        self.width = width              # the target's: forward width of per-row token counts
         # prompt lookup's acceptance by match length: inside a long copy its guesses keep landing
         self.ngram_accept = MatchAcceptance()
         self.model_accept = Acceptance(prior=0.7)
         self.explore_every = explore_every
         self.margin = MARGIN
-        self._steps = 0
-        self._shadow: tuple[list[int], int, str] | None = None   # free n-gram proposal, for learning
-        self._tracker: tuple[list[int], int, int] | None = None  # a proposal followed over plain steps
-        self.decisions: dict[str, int] = {}           # "plain" / "ngram:k" / "draft:k" -> steps
-        self._promised = (0.0, 0)                      # this generation: sum of value / plain value, steps
+        self._rows: dict[int, _RowState] = {}
+        self.decisions: dict[str, int] = {}           # "plain" / "ngram:k" / "draft:k" -> row steps
 
-    def begin(self, prompt: Sequence[int]) -> None:
-        self._shadow = self._tracker = None
-        self._promised = (0.0, 0)
+    def begin(self, row: int, prompt: Sequence[int]) -> None:
+        self._rows[row] = _RowState()
 
-    def speedups(self, tokens_per_second: float) -> tuple[float, float]:
-        """(predicted, measured) speedup over plain decoding for the generation so far: the mean
-        of each step's promise, and the tokens/s achieved over what plain steps would give."""
-        total, steps = self._promised
-        predicted = total / steps if steps else 1.0
+    def end(self, row: int) -> None:
+        self._rows.pop(row, None)
+
+    def speedups(self, row: int, tokens_per_second: float) -> tuple[float, float]:
+        """(predicted, measured) speedup over plain decoding for the row's generation so far: the
+        mean of each step's promise, and the tokens/s achieved over what plain steps would give."""
+        state = self._rows.get(row)
+        predicted = state.promised / state.steps if state and state.steps else 1.0
         return predicted, tokens_per_second * self.target_cost(1)
 
     # -- the decision -------------------------------------------------------------------------
 
-    def _best_k(self, expected: np.ndarray, draft_cost) -> tuple[int, float]:
-        """argmax over k of expected[k] / (draft_cost(k) + target_cost(k + 1))."""
-        values = [expected[k] / (draft_cost(k) + self.target_cost(k + 1)) for k in range(len(expected))]
+    def _value(self, expected: np.ndarray, draft_cost: Callable[[int], float]) -> tuple[int, float]:
+        """One row alone: argmax over k of expected[k] / (draft_cost(k) + target_cost(k + 1))."""
+        values = [expected[k] / (draft_cost(k) + self.target_cost(self.width([k + 1])))
+                  for k in range(len(expected))]
         k = int(np.argmax(values))
         return k, values[k]
 
-    def draft(self, context: Sequence[int], room: int) -> tuple[Drafter | None, Draft | None]:
-        self._steps += 1
-        k_cap = max(0, min(K_MAX, room))
-        plain_value = 1.0 / self.target_cost(1)
-        best = ("plain", 0, plain_value, None)
-        bar = plain_value * (1.0 + self.margin)        # what a speculative step must promise
-        # Prompt lookup is free to consult: look first, then decide how much of it to use.
-        if self.ngram is not None and k_cap:
-            proposal = self.ngram.propose(context, k_cap)
-            match = max(1, getattr(self.ngram, "last_match_length", 1))
-            kind = MatchAcceptance.evidence(getattr(self.ngram, "last_votes", (1, 1)))
-            self._shadow = (list(proposal.tokens), match, kind) if proposal.tokens else None
-            if proposal.tokens:
+    def _model_cost(self, lag: int) -> Callable[[int], float]:
+        return lambda k: self.draft_cost(lag) + (k - 1) * self.draft_cost(1) if k else 0.0
+
+    def _options(self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]) -> dict[int, _Option]:
+        """Each row's better drafter, judged as if the row were alone (as the one-row controller
+        decides), and the shadow proposal prompt lookup is scored by afterwards."""
+        options = {row: _Option("plain", np.ones(1)) for row in contexts}
+        ask = {row: min(K_MAX, caps[row]) for row in contexts}
+        ask = {row: k for row, k in ask.items() if k > 0}
+        proposals = self.ngram.propose({r: contexts[r] for r in ask}, ask) if self.ngram and ask else {}
+        plain_value = 1.0 / self.target_cost(self.width([1]))
+        for row, k_cap in ask.items():
+            state = self._rows[row]
+            best_value = plain_value
+            proposal = proposals.get(row)
+            state.shadow = None
+            if proposal is not None and proposal.tokens:
+                match = max(1, proposal.evidence.get("match", 1))
+                kind = MatchAcceptance.evidence(proposal.evidence.get("votes", (1, 1)))
+                state.shadow = (list(proposal.tokens), match, kind)
                 reach = min(len(proposal.tokens), max(1, int(REACH * match)))
                 expected = self.ngram_accept.expected_tokens(match, reach, kind)
-                k, value = self._best_k(expected, lambda k: 0.0)
-                if value > max(best[2], bar):
-                    best = ("ngram", k, value, proposal)
-        if self.model is not None and k_cap and self.draft_cost is not None:
-            lag = max(1, self.model.lag(context)) if hasattr(self.model, "lag") else 1
-            cost = lambda k: self.draft_cost(lag) + (k - 1) * self.draft_cost(1) if k else 0.0  # noqa: E731
-            k_model = min(k_cap, 8)
-            k, value = self._best_k(self.model_accept.expected_tokens(k_model), cost)
-            if value > max(best[2], bar) and k:
-                best = ("draft", k, value, None)
-            elif self._steps % self.explore_every == 0:
-                # Explore only if a perfect draft would win by a margin: otherwise no acceptance
-                # estimate, however stale, could make the draft model worth its cost.
-                k_opt, optimistic = self._best_k(np.arange(1.0, k_model + 2), cost)
-                if k_opt and optimistic > 1.1 * best[2]:
-                    best = ("draft", 1, value, None)
-        kind, k, value, proposal = best
-        self._promised = (self._promised[0] + value / plain_value, self._promised[1] + 1)
-        key = "plain" if kind == "plain" or k == 0 else f"{kind}:{k}"
-        self.decisions[key] = self.decisions.get(key, 0) + 1
-        if kind == "ngram" and k:
-            return self.ngram, Draft(proposal.tokens[:k])
-        if kind == "draft":
-            return self.model, self.model.propose(context, k)
-        return None, None
+                k, value = self._value(expected, lambda k: 0.0)
+                if k and value > best_value:
+                    best_value = value
+                    options[row] = _Option("ngram", expected, proposal)
+            if self.model is not None and self.draft_cost is not None:
+                lag = max(1, self.model.lag(row, contexts[row]))
+                expected = self.model_accept.expected_tokens(min(k_cap, 8))
+                k, value = self._value(expected, self._model_cost(lag))
+                if k and value > best_value:
+                    best_value = value
+                    options[row] = _Option("draft", expected, lag=lag)
+        return options
+
+    def _step_cost(self, ks: Mapping[int, int], options: Mapping[int, _Option]) -> float:
+        """Seconds of a step: the target's forward over every row's k + 1 tokens, plus the draft
+        model's catch-up forward and one forward per draft position over the rows still drafting."""
+        seconds = self.target_cost(self.width([k + 1 for k in ks.values()]))
+        drafting = [ks[r] for r, o in options.items() if o.kind == "draft" and ks[r]]
+        if drafting:
+            seconds += self.draft_cost(sum(options[r].lag for r, o in options.items()
+                                           if o.kind == "draft" and ks[r]))
+            seconds += sum(self.draft_cost(sum(k >= j for k in drafting)) for j in range(2, max(drafting) + 1))
+        return seconds
+
+    def _allocate(self, options: Mapping[int, _Option]) -> tuple[dict[int, int], float, float]:
+        """k per row, the promised tokens per second, and that of a plain step for every row."""
+        ks = {row: 0 for row in options}
+        tokens = float(len(ks))
+        plain = tokens / self._step_cost(ks, options)
+        best = (dict(ks), plain)
+        # every row's next draft token, by marginal gain (E is concave: a row's gains only shrink)
+        heap = [(-(o.expected[1] - o.expected[0]), row) for row, o in options.items() if len(o.expected) > 1]
+        heapq.heapify(heap)
+        while heap:
+            gain, row = heapq.heappop(heap)
+            ks[row] += 1
+            tokens -= gain
+            value = tokens / self._step_cost(ks, options)
+            if value > best[1]:
+                best = (dict(ks), value)
+            e, k = options[row].expected, ks[row]
+            if k + 1 < len(e):
+                heapq.heappush(heap, (-(e[k + 1] - e[k]), row))
+        if best[1] <= plain * (1.0 + self.margin):     # what a speculative step must promise
+            return {row: 0 for row in options}, plain, plain
+        return best[0], best[1], plain
+
+    def draft(self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]
+              ) -> dict[int, tuple[Drafter | None, Draft | None]]:
+        options = self._options(contexts, caps)
+        ks, value, plain = self._allocate(options)
+        for row in contexts:
+            state = self._rows[row]
+            state.steps += 1
+            state.promised += value / plain
+            # Explore the draft model now and then, but only where a perfect draft would win by a
+            # margin: otherwise no acceptance estimate, however stale, could make it worth its cost.
+            if (self.model is not None and self.draft_cost is not None and caps[row] > 0
+                    and options[row].kind != "draft" and state.steps % self.explore_every == 0):
+                lag = max(1, self.model.lag(row, contexts[row]))
+                k_model = min(caps[row], K_MAX, 8)
+                k_opt, optimistic = self._value(np.arange(1.0, k_model + 2), self._model_cost(lag))
+                current = options[row].expected[ks[row]] / self.target_cost(self.width([ks[row] + 1]))
+                if k_opt and optimistic > 1.1 * current:
+                    options[row] = _Option("draft", np.ones(2), lag=lag)
+                    ks[row] = 1
+        plan: dict[int, tuple[Drafter | None, Draft | None]] = {}
+        model_ks = {}
+        for row, k in ks.items():
+            kind = options[row].kind if k else "plain"
+            key = "plain" if kind == "plain" else f"{kind}:{k}"
+            self.decisions[key] = self.decisions.get(key, 0) + 1
+            if kind == "ngram":
+                plan[row] = (self.ngram, Draft(options[row].proposal.tokens[:k]))
+            elif kind == "draft":
+                model_ks[row] = k
+            else:
+                plan[row] = (None, None)
+        if model_ks:
+            drafts = self.model.propose({row: contexts[row] for row in model_ks}, model_ks)
+            plan.update({row: (self.model, drafts[row]) for row in model_ks})
+        return plan
 
     # -- learning -----------------------------------------------------------------------------
 
-    def observe(self, drafter: Drafter | None, draft: Draft | None, n_accepted: int, emitted: Sequence[int],
-                draft_seconds: float, target_seconds: float) -> None:
-        n_drafted = len(draft.tokens) if draft is not None else 0
-        self.target_cost.observe(n_drafted + 1, target_seconds)
-        if drafter is self.model and drafter is not None and n_drafted:
-            self.model_accept.observe(n_drafted, n_accepted)
+    def observe(self, outcomes: Mapping[int, Outcome], width: int, target_seconds: float) -> None:
+        self.target_cost.observe(width, target_seconds)
+        for row, out in outcomes.items():
+            state = self._rows.get(row)
+            if state is not None:
+                self._observe_row(state, out)
+
+    def _observe_row(self, state: _RowState, out: Outcome) -> None:
+        n_drafted = len(out.draft.tokens) if out.draft is not None else 0
+        if out.drafter is self.model and out.drafter is not None and n_drafted:
+            self.model_accept.observe(n_drafted, out.n_accepted)
         if n_drafted:
-            self._tracker = None          # the draft's own outcome covers the positions after it
-        elif self._tracker is not None:
-            self._follow(emitted)
-        if self._shadow is not None:
+            state.tracker = None          # the draft's own outcome covers the positions after it
+        elif state.tracker is not None:
+            self._follow(state, out.emitted)
+        if state.shadow is not None:
             # Prompt lookup costs nothing to check after the fact: score its proposal against what
             # the target emitted, whether or not it was used, so its estimate never goes stale.
-            tokens, match, kind = self._shadow
-            checked, matched = _agreement(tokens, emitted)
+            tokens, match, kind = state.shadow
+            checked, matched = _agreement(tokens, out.emitted)
             self.ngram_accept.observe(match, checked, matched, kind)
-            if not n_drafted and self._tracker is None and matched == checked == 1 and len(tokens) > 1:
+            if not n_drafted and state.tracker is None and matched == checked == 1 and len(tokens) > 1:
                 # A plain step only reveals the first guess. Follow the rest of the proposal over
                 # the next steps, or guesses past the first would only ever be scored while
                 # drafting, and an estimate lowered by bad luck could never recover.
-                self._tracker = (tokens, match, 1)
-        self._shadow = None
+                state.tracker = (tokens, match, 1)
+        state.shadow = None
 
-    def _follow(self, emitted: Sequence[int]) -> None:
-        tokens, match, i = self._tracker
-        self._tracker = None
+    def _follow(self, state: _RowState, emitted: Sequence[int]) -> None:
+        tokens, match, i = state.tracker
+        state.tracker = None
         for token in emitted:
             if i >= len(tokens):
                 return
@@ -339,4 +375,4 @@ class CostAwareController:
             if not right:
                 return
         if i < len(tokens):
-            self._tracker = (tokens, match, i)
+            state.tracker = (tokens, match, i)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .controller import K_MAX, _agreement
+from .controller import K_MAX, Outcome, _agreement
 from .drafters.ngram import NgramDrafter
 
 
@@ -44,7 +44,7 @@ def oracle_speedup(prompt: Sequence[int], output: Sequence[int], costs: Sequence
     context = list(prompt)
     lengths = []
     for pos in range(len(output)):
-        lengths.append(_accepted(drafter.propose(context, K_MAX).tokens, output, pos))
+        lengths.append(_accepted(drafter.propose({0: context}, {0: K_MAX})[0].tokens, output, pos))
         context.append(output[pos])
     return len(output) * costs[0] / _best_time(lengths, costs)
 
@@ -72,19 +72,20 @@ def replay_speedup(prompt: Sequence[int], output: Sequence[int], costs: Sequence
                    controller) -> tuple[float, dict[str, int]]:
     """Speedup over plain decoding of `controller` (a FixedController or CostAwareController with
     a prompt-lookup drafter), and its decisions, replayed step by step on the recorded output."""
-    controller.begin(prompt)
+    controller.begin(0, prompt)
     context = list(prompt)
     pos, seconds, decisions = 0, 0.0, {}
     while pos < len(output):
-        drafter, draft = controller.draft(context, room=len(costs) - 1)
+        [(drafter, draft)] = controller.draft({0: context}, {0: len(costs) - 1}).values()
         tokens = draft.tokens if draft is not None else []
         n = _accepted(tokens, output, pos)
         emitted = output[pos:pos + n + 1]
         cost = costs[len(tokens)]
         seconds += cost
-        controller.observe(drafter, draft, n, emitted, 0.0, cost)
+        controller.observe({0: Outcome(drafter, draft, n, emitted)}, len(tokens) + 1, cost)
         key = f"ngram:{len(tokens)}" if tokens else "plain"
         decisions[key] = decisions.get(key, 0) + 1
         context += emitted
         pos += len(emitted)
+    controller.end(0)
     return len(output) * costs[0] / seconds, decisions

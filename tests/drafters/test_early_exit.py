@@ -12,7 +12,7 @@ from specdec.models.numpy_ref import load_numpy_model
 from specdec.sampling import SamplingParams
 
 from ..models.test_numpy_ref import numpy_builtin, write_tiny_gguf
-from ..toy import ToyLM
+from ..toy import Solo, ToyLM
 
 pytest.importorskip("gguf")
 
@@ -30,6 +30,19 @@ def tiny(tmp_path_factory):
 def cache_state(model, n: int) -> list[np.ndarray]:
     """Copies of every layer's K and V for the first n positions."""
     return [c[:, :n].copy() for c in model.k_cache + model.v_cache]
+
+
+def check_cache_mid_run(model, decoder, prompt, config) -> None:
+    """Run `decoder` on the prompt and, a few tokens before the end, check the cache of its row
+    (check_cache_matches_a_fresh_pass)."""
+    engine = decoder.engine
+    request = engine.add(decoder.prompt_tokens(prompt, config), config)
+    while request.stats.generated_tokens < config.max_new_tokens - 4:
+        engine.step()
+        assert not request.done
+    with model.use_row(request.row):
+        check_cache_matches_a_fresh_pass(model, request.context)
+    engine.cancel(request)
 
 
 def check_cache_matches_a_fresh_pass(model, tokens: list[int]) -> None:
@@ -60,7 +73,8 @@ def test_greedy_speculative_equals_plain_tiny(tiny, n_layers):
         assert stats.accepted == stats.drafted
     elif n_layers == 1:                # the exit after one layer of a random model: many rejections
         assert stats.accepted < stats.drafted
-    check_cache_matches_a_fresh_pass(tiny, list(spec.prompt_tokens) + spec.tokens)
+    check_cache_mid_run(tiny, SpeculativeDecoder(tiny, drafter=EarlyExitDrafter(tiny, n_layers), k=3),
+                        PROMPT, config)
 
 
 def test_propose_leaves_the_cache_as_it_found_it(tiny):
@@ -70,8 +84,7 @@ def test_propose_leaves_the_cache_as_it_found_it(tiny):
         cache[:] = 0.0                                  # so that every written slot shows
     tiny.forward(context[:-1], n_rows=0)
     before = cache_state(tiny, tiny.n_ctx)
-    drafter = EarlyExitDrafter(tiny, 2)
-    drafter.begin(context, SamplingParams(), np.random.default_rng(0))
+    drafter = Solo(EarlyExitDrafter(tiny, 2))
     draft = drafter.propose(context, 5)
     assert len(draft.tokens) == 5 and draft.q is None
     assert tiny.n_past == tiny.n_full == len(context) - 1
@@ -94,8 +107,7 @@ def test_propose_leaves_the_cache_as_it_found_it(tiny):
 
 def test_propose_catches_up_a_cache_behind_the_context(tiny):
     context = tiny.tokenizer.encode(PROMPT)
-    drafter = EarlyExitDrafter(tiny, 3)
-    drafter.begin(context, SamplingParams(), np.random.default_rng(0))
+    drafter = Solo(EarlyExitDrafter(tiny, 3))
     tiny.reset()
     behind = drafter.propose(context, 4)          # the cache was empty: feeds context[:-1] first
     tiny.reset()
@@ -106,8 +118,7 @@ def test_propose_catches_up_a_cache_behind_the_context(tiny):
 
 def test_sampled_drafts_carry_q(tiny):
     context = tiny.tokenizer.encode(PROMPT)
-    drafter = EarlyExitDrafter(tiny, 2)
-    drafter.begin(context, SamplingParams(temperature=0.8, top_k=20), np.random.default_rng(0))
+    drafter = Solo(EarlyExitDrafter(tiny, 2), params=SamplingParams(temperature=0.8, top_k=20))
     tiny.reset()
     draft = drafter.propose(context, 4)
     assert draft.q.shape == (4, tiny.vocab_size)
@@ -156,4 +167,5 @@ def test_greedy_speculative_equals_plain_real():
     spec = SpeculativeDecoder(model, drafter=EarlyExitDrafter(model, 12), k=3).generate(prompt, config)
     assert spec.tokens == plain.tokens
     assert 0 < spec.stats.accepted < spec.stats.drafted
-    check_cache_matches_a_fresh_pass(model, list(spec.prompt_tokens) + spec.tokens)
+    check_cache_mid_run(model, SpeculativeDecoder(model, drafter=EarlyExitDrafter(model, 12), k=3),
+                        prompt, config)

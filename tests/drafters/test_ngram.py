@@ -2,13 +2,12 @@ import numpy as np
 import pytest
 
 from specdec.drafters.ngram import NgramDrafter
-from specdec.sampling import SamplingParams
+
+from ..toy import Solo
 
 
 def drafter(**kw):
-    d = NgramDrafter(**kw)
-    d.begin([], SamplingParams(), np.random.default_rng(0))
-    return d
+    return Solo(NgramDrafter(**kw), row=0)
 
 
 def test_continues_the_longest_match():

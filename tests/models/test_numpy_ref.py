@@ -13,7 +13,7 @@ import pytest
 
 from specdec import GenerationConfig, SpeculativeDecoder
 from specdec.errors import ContextOverflowError, ModelLoadError, ModelNotFoundError, SpecdecError
-from specdec.models.base import CausalLM, Tokenizer
+from specdec.models.base import RowModel, Tokenizer
 from specdec.models.numpy_ref import BYTE_TO_CHAR, NumpyModel, load_numpy_model, to_bfloat16
 
 gguf = pytest.importorskip("gguf")
@@ -146,7 +146,7 @@ TEXT = "the cat in a hat, then the end"
 def test_tiny_gpt2_matches_a_textbook_transformer(tiny):
     path, tensors = tiny
     model = load_numpy_model(path)
-    assert isinstance(model, CausalLM) and isinstance(model.tokenizer, Tokenizer)
+    assert isinstance(model, RowModel) and isinstance(model.tokenizer, Tokenizer)
     tokens = model.tokenizer.encode(TEXT)
     expected = textbook_gpt2(tensors, n_layer=3, n_head=4, tokens=tokens)    # [T, vocab]
     got = model.forward(tokens)

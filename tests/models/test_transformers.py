@@ -73,41 +73,55 @@ def test_rollback_leaves_the_cache_of_a_fresh_prefill(model):
 def test_rows_of_a_batch_compute_what_they_compute_alone(model):
     prompts = [tokens(7, 3), tokens(8, 11), tokens(9, 1), tokens(10, 20)]
     steps = [tokens(11, 4), [], tokens(12, 1), tokens(13, 2)]
-    model.start(4)
-    model.forward_rows(prompts, [0] * 4)
-    outs = model.forward_rows(steps)
-    assert model.rows_past() == [7, 11, 2, 22]
-    for prompt, step, out in zip(prompts, steps, outs):
-        assert out.shape == (len(step), model.vocab_size)
+    model.reset()
+    rows = model.add_rows(4)
+    model.forward_rows(dict(zip(rows, prompts)))
+    outs = model.forward_rows(dict(zip(rows, steps)), {r: len(s) for r, s in zip(rows, steps)})
+    assert [model.row_length(r) for r in rows] == [7, 11, 2, 22]
+    for row, prompt, step in zip(rows, prompts, steps):
+        assert outs[row].shape == (len(step), model.vocab_size)
         if step:
-            np.testing.assert_allclose(out, full_logits(model, prompt + step)[-len(step):], atol=ATOL)
+            np.testing.assert_allclose(outs[row], full_logits(model, prompt + step)[-len(step):], atol=ATOL)
     # each row rolls back by its own amount, a finished row leaves, the rest go on
-    model.rollback_rows([5, None, 1, 21])
-    model.keep_rows([3, 0, 2])
-    histories = [(prompts[3] + steps[3])[:21], (prompts[0] + steps[0])[:5], (prompts[2] + steps[2])[:1]]
-    nexts = [tokens(14, 3), tokens(15, 1), tokens(16, 2)]
-    outs = model.forward_rows(nexts, [1, 1, 2])
-    for history, step, out in zip(histories, nexts, outs):
-        np.testing.assert_allclose(out, full_logits(model, history + step)[-len(out):], atol=ATOL)
+    model.rollback_rows({rows[0]: 5, rows[2]: 1, rows[3]: 21})
+    model.drop_rows([rows[1]])
+    histories = {rows[3]: (prompts[3] + steps[3])[:21], rows[0]: (prompts[0] + steps[0])[:5],
+                 rows[2]: (prompts[2] + steps[2])[:1]}
+    nexts = {rows[3]: tokens(14, 3), rows[0]: tokens(15, 1), rows[2]: tokens(16, 2)}
+    outs = model.forward_rows(nexts, {rows[3]: 1, rows[0]: 1, rows[2]: 2})
+    for row, history in histories.items():
+        out = outs[row]
+        np.testing.assert_allclose(out, full_logits(model, history + nexts[row])[-len(out):], atol=ATOL)
+    # a row joins the running batch and computes what it computes alone; the others are untouched
+    [late] = model.add_rows(1)
+    late_prompt = tokens(17, 9)
+    outs = model.forward_rows({late: late_prompt, rows[0]: [7]}, {late: 2, rows[0]: 1})
+    np.testing.assert_allclose(outs[late], full_logits(model, late_prompt)[-2:], atol=ATOL)
+    np.testing.assert_allclose(outs[rows[0]], full_logits(model, histories[rows[0]] + nexts[rows[0]] + [7])[-1:],
+                               atol=ATOL)
+    model.drop_rows(rows + [late])
+    assert model.n_rows == 0
 
 
 def test_holes_are_compacted_and_results_stay(model):
     """Many rejected drafts leave holes in the shared cache; compaction must not change a row."""
-    model.start(2)
+    model.reset()
+    rows = model.add_rows(2)
     histories = [tokens(20, 6), tokens(21, 2)]
-    model.forward_rows(histories, [0, 0])
+    model.forward_rows(dict(zip(rows, histories)))
     rng = np.random.default_rng(0)
     for step in range(40):
         drafts = [tokens(100 + step, 6), tokens(200 + step, 1)]
-        model.forward_rows(drafts, [0, 0])
+        model.forward_rows(dict(zip(rows, drafts)))
         kept = [int(rng.integers(1, 3)), 1]
-        model.rollback_rows([len(h) + n for h, n in zip(histories, kept)])
+        model.rollback_rows({r: len(h) + n for r, h, n in zip(rows, histories, kept)})
         for h, d, n in zip(histories, drafts, kept):
             h.extend(d[:n])
     assert model._valid.shape[1] <= 2 * max(len(h) for h in histories) + 64
-    outs = model.forward_rows([[5], [6]], [1, 1])
-    for h, t, out in zip(histories, [5, 6], outs):
-        np.testing.assert_allclose(out, full_logits(model, h + [t])[-1:], atol=ATOL)
+    outs = model.forward_rows(dict(zip(rows, [[5], [6]])), {r: 1 for r in rows})
+    for row, h, t in zip(rows, histories, [5, 6]):
+        np.testing.assert_allclose(outs[row], full_logits(model, h + [t])[-1:], atol=ATOL)
+    model.drop_rows(rows)
 
 
 def test_context_overflow_is_an_error(model):

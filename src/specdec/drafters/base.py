@@ -1,38 +1,51 @@
-"""The Drafter protocol and the Draft it returns."""
+"""The row-indexed Drafter protocol and the Draft it returns.
+
+Like llama.cpp's common/speculative.h (begin / draft / accept, with a sequence id on every call),
+a drafter keeps opaque state per row behind a few verbs, and every verb names its rows, so one
+drafter serves a whole batch: a draft model drafts every row in one forward per draft position;
+free drafters (prompt lookup) simply loop over the rows.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from ..sampling import SamplingParams
+
+# The longest draft a step may ask for (-k). k + 1 rows go through the target in one forward; past
+# a few dozen tokens a draft is never accepted whole, and the width only costs.
+MAX_DRAFT_TOKENS = 32
 
 
 @dataclass(frozen=True)
 class Draft:
     tokens: list[int]                 # the k proposed tokens (may be fewer than asked, or none)
     q: np.ndarray | None = None       # [len(tokens), vocab] draft probabilities; None = one-hot
+    # what the controller may read to predict acceptance: prompt lookup's "match" (tokens its
+    # match spans) and "votes" ((occurrences continuing with the first guess, occurrences))
+    evidence: dict = field(default_factory=dict)
 
 
 @runtime_checkable
 class Drafter(Protocol):
     name: str
 
-    def begin(self, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
-        """A new generation starts: forget the last one. `params` and `rng` are the ones the
-        engine verifies with, so that q is processed exactly like p."""
+    def begin(self, row: int, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
+        """A row starts generating. `params` and `rng` are the ones the engine verifies the row
+        with, so that q is processed exactly like p."""
         ...
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
-        """Up to k tokens that follow `context` (prompt + everything emitted so far)."""
+    def propose(self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int]) -> dict[int, Draft]:
+        """Up to ks[r] tokens that follow contexts[r] (prompt + everything emitted so far), for
+        every row asked."""
         ...
 
-    def accept(self, n_accepted: int) -> None:
-        """Told after every step how many of the last draft's tokens the target kept."""
+    def accept(self, n_accepted: Mapping[int, int]) -> None:
+        """After a step: how many of each row's last draft the target kept."""
         ...
 
-
-# The longest draft a step may ask for (-k). k + 1 rows go through the target in one forward; past
-# a few dozen tokens a draft is never accepted whole, and the width only costs.
-MAX_DRAFT_TOKENS = 32
+    def end(self, rows: Sequence[int]) -> None:
+        """These rows are done (or cancelled): free what they hold."""
+        ...

@@ -25,7 +25,7 @@ the output cannot depend on what the drafter did, and the code stays simple.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from .base import Draft
 
 
 class EarlyExitDrafter:
+    """Rows are the target's own (the engine's row ids are the target's): each row drafts with
+    that row's cache swapped in (models.base.SequentialRows.use_row)."""
+
     def __init__(self, model, n_layers: int):
         total = getattr(model, "n_layer", None)
         if total is None:
@@ -45,13 +48,24 @@ class EarlyExitDrafter:
         self.model = model              # the target itself: drafter and target share its cache
         self.n_layers = n_layers
         self.name = f"early-exit:{n_layers}"
-        self._params = SamplingParams()
-        self._rng = np.random.default_rng()
+        self._rows: dict[int, tuple[SamplingParams, np.random.Generator]] = {}
 
-    def begin(self, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
-        self._params, self._rng = params, rng
+    def begin(self, row: int, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
+        self._rows[row] = (params, rng)
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def end(self, rows: Sequence[int]) -> None:
+        for row in rows:
+            self._rows.pop(row, None)
+
+    def propose(self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int]) -> dict[int, Draft]:
+        drafts = {}
+        for row, k in ks.items():
+            with self.model.use_row(row):
+                drafts[row] = self._propose_one(contexts[row], k, *self._rows[row])
+        return drafts
+
+    def _propose_one(self, context: Sequence[int], k: int, params: SamplingParams,
+                     rng: np.random.Generator) -> Draft:
         model = self.model
         k = min(k, model.n_ctx - len(context))
         if k <= 0:
@@ -67,7 +81,7 @@ class EarlyExitDrafter:
         for _ in range(k):
             # 1. the first n_layers layers, then the final norm and head
             logits = model.forward([token], n_rows=1, n_layers=self.n_layers)[0]   # [vocab]
-            token, q = draft_token(logits, self._params, self._rng)
+            token, q = draft_token(logits, params, rng)
             tokens.append(token)
             if q is not None:
                 rows.append(q)
@@ -75,6 +89,6 @@ class EarlyExitDrafter:
         model.rollback(verified)
         return Draft(tokens, np.stack(rows) if rows else None)
 
-    def accept(self, n_accepted: int) -> None:
-        # 3. nothing to do: the engine's target.rollback already cut the shared cache
+    def accept(self, n_accepted: Mapping[int, int]) -> None:
+        # 3. nothing to do: the engine's rollback of the target row already cut the shared cache
         pass

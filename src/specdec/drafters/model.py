@@ -1,78 +1,116 @@
-"""A small model of the same vocabulary drafts k tokens autoregressively.
+"""A small model of the same vocabulary drafts k tokens autoregressively, for every row at once.
 
-It keeps its own KV cache in step with the accepted tokens: after a step it holds the context
-plus the accepted draft tokens it fed itself; the target's correction (or bonus) token, and the
-last draft token when all k were accepted, are fed at the start of the next proposal, in one batch.
+The draft model holds a row of its own for each of the engine's rows. It keeps each row's cache in
+step with the accepted tokens: after a step the row holds the context plus the accepted draft
+tokens it fed itself; the target's correction (or bonus) token, and the last draft token when all
+k were accepted, are fed at the start of the next proposal. A proposal is one forward that catches
+every drafting row up, then one forward per draft position over the rows still drafting.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..models.base import CausalLM, check_same_vocab
+from ..models.base import RowModel, check_same_vocab
 from ..sampling import SamplingParams, draft_token
 from .base import Draft
 
 
+class _Row:
+    def __init__(self, params: SamplingParams, rng: np.random.Generator):
+        self.model_row: int | None = None   # the draft model's row for this engine row, once made
+        self.params, self.rng = params, rng
+        self.fed: list[int] = []            # the tokens in the model row's cache, in order
+        self.base = 0                       # len(context) at the last propose
+        self.drafted = 0                    # draft length of the last propose
+
+
 class ModelDrafter:
-    def __init__(self, model: CausalLM, target: CausalLM | None = None):
+    def __init__(self, model: RowModel, target: RowModel | None = None):
         if target is not None:
             check_same_vocab(target, model)
         self.model = model
         self.name = f"draft:{model.name}"
-        self._params = SamplingParams()
-        self._rng = np.random.default_rng()
-        self._fed: list[int] = []      # the tokens in the model's cache, in order
-        self._base = 0                 # len(context) at the last propose
-        self._draft_len = 0
+        self._rows: dict[int, _Row] = {}
 
-    def begin(self, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
-        self._params, self._rng = params, rng
-        self.model.reset()
-        self._fed = []
+    def begin(self, row: int, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
+        self.end([row])
+        self._rows[row] = _Row(params, rng)      # its model row is made at its first proposal
 
-    def lag(self, context: Sequence[int]) -> int:
-        """Context tokens the draft model has not seen yet (what the next proposal feeds first)."""
-        return len(context) - len(self._fed)
+    def end(self, rows: Sequence[int]) -> None:
+        states = [self._rows.pop(row) for row in rows if row in self._rows]
+        made = [state.model_row for state in states if state.model_row is not None]
+        if made:
+            self.model.drop_rows(made)
 
-    def _catch_up(self, context: Sequence[int]) -> np.ndarray:
-        """Feed the context tokens the cache lacks (at least one) and return the last row's logits."""
-        fed = self._fed
-        if fed == list(context[:len(fed)]):   # the usual case: accept() left a prefix of context
-            keep = len(fed)
-        else:
-            keep = next(i for i, (a, b) in enumerate(zip(fed, context)) if a != b)
-        keep = min(keep, len(context) - 1)     # always feed >= 1 token, to get its logits
-        self.model.rollback(keep)
-        new = list(context[keep:])
-        logits = self.model.forward(new, n_rows=1)[0]   # [vocab]
-        self._fed = list(context)
-        return logits
+    def _make_rows(self, rows) -> None:
+        """Model rows for the rows that have none yet, in one call (a batched cache copies itself
+        to grow)."""
+        new = [self._rows[row] for row in rows if self._rows[row].model_row is None]
+        for state, model_row in zip(new, self.model.add_rows(len(new)) if new else []):
+            state.model_row = model_row
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
-        self._base, self._draft_len = len(context), 0
-        if k <= 0:
-            return Draft([])
-        k = min(k, self.model.n_ctx - len(context))
-        if k <= 0:
-            return Draft([])
-        logits = self._catch_up(context)
-        tokens, rows = [], []
-        for i in range(k):
-            token, q = draft_token(logits, self._params, self._rng)
-            tokens.append(token)
-            if q is not None:
-                rows.append(q)
-            if i + 1 < k:   # the last draft token need not be fed: nothing would read its logits
-                logits = self.model.forward([token], n_rows=1)[0]
-                self._fed.append(token)
-        self._draft_len = len(tokens)
-        return Draft(tokens, np.stack(rows) if rows else None)
+    def lag(self, row: int, context: Sequence[int]) -> int:
+        """Context tokens the draft model has not seen yet (what the row's next proposal feeds first)."""
+        return len(context) - len(self._rows[row].fed)
 
-    def accept(self, n_accepted: int) -> None:
+    def propose(self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int]) -> dict[int, Draft]:
+        model = self.model
+        ks = {row: max(0, min(k, model.n_ctx - len(contexts[row]))) for row, k in ks.items()}
+        drafts = {row: Draft([]) for row in ks}
+        live = {row: self._rows[row] for row, k in ks.items() if k > 0}
+        for row in ks:
+            self._rows[row].base, self._rows[row].drafted = len(contexts[row]), 0
+        if not live:
+            return drafts
+        self._make_rows(live)
+        # 1. catch up: feed every drafting row the context tokens its cache lacks (at least one)
+        keep, feed = {}, {}
+        for row, state in live.items():
+            context = contexts[row]
+            if state.fed == list(context[:len(state.fed)]):   # usual: accept() left a prefix
+                n = len(state.fed)
+            else:
+                n = next(i for i, (a, b) in enumerate(zip(state.fed, context)) if a != b)
+            n = min(n, len(context) - 1)    # always feed >= 1 token, to get its logits
+            keep[state.model_row] = n
+            feed[state.model_row] = list(context[n:])
+            state.fed = list(context)
+        model.rollback_rows(keep)
+        logits = model.forward_rows(feed, {r: 1 for r in feed})         # per row [1, vocab]
+        # 2. one forward per draft position over the rows still drafting
+        tokens = {row: [] for row in live}
+        q = {row: [] for row in live}
+        for i in range(max(ks[row] for row in live)):
+            feed = {}
+            for row, state in live.items():
+                if i >= ks[row]:
+                    continue
+                token, row_q = draft_token(logits[state.model_row][0], state.params, state.rng)
+                tokens[row].append(token)
+                if row_q is not None:
+                    q[row].append(row_q)
+                if i + 1 < ks[row]:   # the last draft token need not be fed: nothing reads it
+                    feed[state.model_row] = [token]
+                    state.fed.append(token)
+            if feed:
+                logits = model.forward_rows(feed, {r: 1 for r in feed})
+        for row, state in live.items():
+            state.drafted = len(tokens[row])
+            drafts[row] = Draft(tokens[row], np.stack(q[row]) if q[row] else None)
+        return drafts
+
+    def accept(self, n_accepted: Mapping[int, int]) -> None:
         # Keep the context and the accepted draft tokens that were fed; drop the rejected ones.
-        keep = self._base + min(n_accepted, max(self._draft_len - 1, 0))
-        if keep < len(self._fed):
-            self.model.rollback(keep)
-            del self._fed[keep:]
+        keep = {}
+        for row, n in n_accepted.items():
+            state = self._rows.get(row)
+            if state is None or state.model_row is None:
+                continue
+            k = state.base + min(n, max(state.drafted - 1, 0))
+            if k < len(state.fed):
+                del state.fed[k:]
+                keep[state.model_row] = k
+        if keep:
+            self.model.rollback_rows(keep)

@@ -6,17 +6,25 @@ The drafter has no distribution, so its q is one-hot (Draft.q is None).
 
 Which occurrence: the one whose match reaches furthest back. A function copied from the prompt
 shares its last four tokens with many places ("    return self."), but only the place it is being
-copied from shares the last forty. That length, `last_match_length`, is also what the cost-aware
-controller predicts acceptance from: the longer the copy so far, the likelier it goes on.
+copied from shares the last forty. That length (Draft.evidence["match"]) is also what the
+cost-aware controller predicts acceptance from: the longer the copy so far, the likelier it goes on.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from ..sampling import SamplingParams
 from .base import Draft
+
+
+class _Index:
+    """One row's context and, for every n-gram in it, the positions just after each occurrence."""
+
+    def __init__(self):
+        self.tokens: list[int] = []
+        self.ends: dict[tuple[int, ...], list[int]] = {}   # n-gram -> positions after it, oldest first
 
 
 class NgramDrafter:
@@ -32,26 +40,30 @@ class NgramDrafter:
         self.name = "ngram"
         self.n_min, self.n_max = n_min, n_max
         self.candidates, self.match_cap = candidates, match_cap
-        self._tokens: list[int] = []
-        # n-gram -> the positions just after each of its occurrences, oldest first, for every n
-        self._ends: dict[tuple[int, ...], list[int]] = {}
-        self.last_match_length = 0   # tokens the last proposal's match spans (0 = none), capped
-        # of the occurrences considered, (how many continue with the proposal's first token, how
-        # many there were): the controller trusts a guess all earlier occurrences agree on
-        self.last_votes = (0, 0)
+        self._rows: dict[int, _Index] = {}
 
-    def begin(self, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
-        self._tokens = []
-        self._ends = {}
+    def begin(self, row: int, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
+        self._rows[row] = _Index()
 
-    def _index(self, context: Sequence[int]) -> None:
+    def end(self, rows: Sequence[int]) -> None:
+        for row in rows:
+            self._rows.pop(row, None)
+
+    def accept(self, n_accepted: Mapping[int, int]) -> None:
+        pass  # nothing to roll back: the index follows the context it is given
+
+    def propose(self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int]) -> dict[int, Draft]:
+        return {row: self.propose_one(self._rows.setdefault(row, _Index()), contexts[row], ks[row])
+                for row in ks}
+
+    def _update(self, index: _Index, context: Sequence[int]) -> None:
         """Index every n-gram that ends before the last token. Context only grows within a
         generation, so each position is indexed once."""
-        tokens = self._tokens
+        tokens = index.tokens
         start = len(tokens)
         if context[:start] != tokens:   # not an extension: a new context, start over
             tokens.clear()
-            self._ends.clear()
+            index.ends.clear()
             start = 0
         tokens.extend(context[start:])
         # An n-gram ending at `end` (exclusive) is indexed once a token follows it, i.e. end < len.
@@ -59,37 +71,32 @@ class NgramDrafter:
             for n in range(self.n_min, self.n_max + 1):
                 if end - n < 0:
                     break
-                self._ends.setdefault(tuple(tokens[end - n:end]), []).append(end)
+                index.ends.setdefault(tuple(tokens[end - n:end]), []).append(end)
 
-    def _match_length(self, end: int, n: int) -> int:
+    def _match_length(self, tokens: list[int], end: int, n: int) -> int:
         """How many tokens before `end` equal the last tokens of the context (at least n)."""
-        tokens, last = self._tokens, len(self._tokens)
+        last = len(tokens)
         m = n
         cap = min(self.match_cap, end)
         while m < cap and tokens[end - 1 - m] == tokens[last - 1 - m]:
             m += 1
         return m
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
-        self.last_match_length, self.last_votes = 0, (0, 0)
+    def propose_one(self, index: _Index, context: Sequence[int], k: int) -> Draft:
         if k <= 0 or not context:
             return Draft([])
-        self._index(context)
-        tokens = self._tokens
+        self._update(index, context)
+        tokens = index.tokens
         for n in range(min(self.n_max, len(tokens) - 1), self.n_min - 1, -1):
-            ends = self._ends.get(tuple(tokens[-n:]))
+            ends = index.ends.get(tuple(tokens[-n:]))
             if ends:
                 best_end, best_m = ends[-1], -1
                 considered = ends[-self.candidates:]
                 for end in reversed(considered):                   # most recent first
-                    m = self._match_length(end, n)
+                    m = self._match_length(tokens, end, n)
                     if m > best_m:
                         best_end, best_m = end, m
-                self.last_match_length = best_m
                 guess = tokens[best_end]
-                self.last_votes = (sum(tokens[end] == guess for end in considered), len(considered))
-                return Draft(tokens[best_end:best_end + k])
+                votes = (sum(tokens[end] == guess for end in considered), len(considered))
+                return Draft(tokens[best_end:best_end + k], evidence={"match": best_m, "votes": votes})
         return Draft([])
-
-    def accept(self, n_accepted: int) -> None:
-        pass  # nothing to roll back: the index is rebuilt from the context it is given

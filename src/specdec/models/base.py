@@ -1,7 +1,26 @@
-"""The CausalLM protocol every backend implements, and the Tokenizer it carries."""
+"""The row protocol every backend implements, and the Tokenizer it carries.
+
+A *row* is one sequence being generated. A model holds several rows in its KV cache at once and
+advances any subset of them in ONE forward: that is what lets the engine batch requests and
+drafts together. Row ids are small integers the model hands out (`add_rows`) and takes back
+(`drop_rows`); every other call names the rows it is about.
+
+    rows = model.add_rows(2)                                  # two empty caches
+    model.forward_rows({rows[0]: prompt_a, rows[1]: prompt_b})   # prefill: no logits asked
+    logits = model.forward_rows({rows[0]: [last, *draft]}, {rows[0]: 1 + len(draft)})
+    model.rollback_rows({rows[0]: n_kept})                    # cut a row back to what it kept
+    model.drop_rows(rows)                                     # free their caches now
+
+Two mixins below give the rest for free:
+- `SingleRow`: the one-sequence calls (forward / rollback / reset / n_past) as a batch of one,
+  for backends whose cache is natively many rows (llama.cpp, torch);
+- `SequentialRows`: the row protocol for a backend that computes one sequence at a time (the
+  NumPy reference, test models): each row keeps its own cache state, swapped in for its turn.
+"""
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+import contextlib
+from typing import Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -18,41 +37,164 @@ class Tokenizer(Protocol):
 
 
 @runtime_checkable
-class CausalLM(Protocol):
+class RowModel(Protocol):
     name: str                                   # for output: file name or model name
     vocab_size: int                             # width of a logits row
-    n_ctx: int                                  # context window in tokens
-    n_past: int                                 # tokens held in the KV cache
+    n_ctx: int                                  # context window of one row, in tokens
+    max_rows: int                               # rows the cache holds at once
     tokenizer: Tokenizer
     is_instruct: bool                           # apply the chat template by default
 
-    def forward(self, tokens: Sequence[int], n_rows: int | None = None) -> np.ndarray:
-        """Append `tokens` to the cache and return logits for the last `n_rows` of them
-        ([n_rows, vocab]; all of them when None; [0, vocab] for a pure prefill). Asking only for
-        the rows you use matters: every returned row costs a copy and, in llama.cpp, output work."""
+    def add_rows(self, n: int = 1) -> list[int]:
+        """n new empty rows; their ids."""
         ...
+
+    def forward_rows(self, tokens: Mapping[int, Sequence[int]],
+                     n_logits: Mapping[int, int] | None = None) -> dict[int, np.ndarray]:
+        """Append tokens[r] to row r's cache, every row in ONE forward, and return for each row
+        the logits of its last n_logits[r] tokens ([n, vocab] float32; rows not in n_logits: none).
+        Asking only for the rows verification needs matters: every returned row costs output work."""
+        ...
+
+    def rollback_rows(self, keep: Mapping[int, int]) -> None:
+        """Cut row r's cache to its first keep[r] tokens."""
+        ...
+
+    def drop_rows(self, rows: Iterable[int]) -> None:
+        """Forget these rows and free their caches now."""
+        ...
+
+    def row_length(self, row: int) -> int:
+        """Tokens held in a row's cache."""
+        ...
+
+    def width(self, lengths: Sequence[int]) -> int:
+        """The width a forward of these per-row token counts costs: their sum where rows are packed
+        (llama.cpp, NumPy), rows x the longest where they are padded to one shape (torch)."""
+        ...
+
+
+class SingleRow:
+    """The one-sequence calls on top of the row protocol: a row made on first use.
+
+        logits = model.forward(tokens, n_rows=1)    # [1, vocab]
+        model.rollback(n_keep); model.reset(); model.n_past
+    """
+
+    _solo: int | None = None
+
+    def _solo_row(self) -> int:
+        if self._solo is None:
+            self._solo = self.add_rows(1)[0]
+        return self._solo
+
+    @property
+    def n_past(self) -> int:
+        return 0 if self._solo is None else self.row_length(self._solo)
+
+    def forward(self, tokens: Sequence[int], n_rows: int | None = None) -> np.ndarray:
+        """Append tokens and return the logits of the last n_rows of them (all when None)."""
+        row = self._solo_row()
+        n = len(tokens) if n_rows is None else min(n_rows, len(tokens))
+        return self.forward_rows({row: tokens}, {row: n})[row]
 
     def rollback(self, n_keep: int) -> None:
-        """Cut the cache to its first n_keep tokens."""
-        ...
+        self.rollback_rows({self._solo_row(): n_keep})
 
-    def reset(self) -> None: ...
+    def reset(self) -> None:
+        """Forget the sequence (its row is given back)."""
+        if self._solo is not None:
+            self.drop_rows([self._solo])
+            self._solo = None
 
 
-def check_same_vocab(target: CausalLM, draft: CausalLM) -> None:
+class SequentialRows:
+    """The row protocol for a model that holds one sequence (`forward(tokens, n_rows)`,
+    `rollback(n_keep)`, `n_past`): every row keeps its own cache state, and a forward over several
+    rows runs them one after another, each with its state swapped in. The subclass says what its
+    state is: `_new_state()` (an empty cache), `_get_state()`, `_set_state(state)`."""
+
+    max_rows = 1 << 16
+
+    def _row_states(self) -> dict:
+        if "_states" not in self.__dict__:
+            self._states, self._next_row, self._current = {}, 0, None
+        return self._states
+
+    def add_rows(self, n: int = 1) -> list[int]:
+        states = self._row_states()
+        ids = list(range(self._next_row, self._next_row + n))
+        self._next_row += n
+        for r in ids:
+            states[r] = self._new_state()
+        return ids
+
+    @contextlib.contextmanager
+    def use_row(self, row: int):
+        """Within the block, the single-sequence calls act on this row (None: the model's own
+        sequence, the one the single-sequence calls use outside any row)."""
+        states = self._row_states()
+        if row is None:
+            yield
+            return
+        if row not in states:
+            raise KeyError(f"no row {row}")
+        if self._current == row:
+            yield
+            return
+        outer, outer_state = self._current, self._get_state()
+        self._set_state(states[row])
+        self._current = row
+        try:
+            yield
+        finally:
+            states[row] = self._get_state()
+            self._set_state(outer_state)
+            self._current = outer
+
+    def forward_rows(self, tokens: Mapping[int, Sequence[int]],
+                     n_logits: Mapping[int, int] | None = None) -> dict[int, np.ndarray]:
+        n_logits = n_logits or {}
+        out = {}
+        for row, row_tokens in tokens.items():
+            with self.use_row(row):
+                logits = self.forward(row_tokens, n_rows=n_logits.get(row, 0)) if row_tokens else None
+            if row in n_logits:
+                out[row] = logits if logits is not None else np.zeros((0, self.vocab_size), np.float32)
+        return out
+
+    def rollback_rows(self, keep: Mapping[int, int]) -> None:
+        for row, n in keep.items():
+            with self.use_row(row):
+                self.rollback(n)
+
+    def drop_rows(self, rows: Iterable[int]) -> None:
+        states = self._row_states()
+        for row in rows:
+            states.pop(row, None)
+
+    def row_length(self, row: int) -> int:
+        with self.use_row(row):
+            return self.n_past
+
+    def width(self, lengths: Sequence[int]) -> int:
+        return sum(lengths)
+
+
+def check_same_vocab(target: RowModel, draft: RowModel) -> None:
     """Refuse a draft whose token ids mean something else: same size and same token texts."""
     from ..errors import VocabMismatchError
 
+    hint = "pick a draft of the same model family, or use --draft ngram (or --draft-model none)"
     if draft.vocab_size != target.vocab_size:
         raise VocabMismatchError(
             f"draft {draft.name} has {draft.vocab_size} tokens but target {target.name} has "
-            f"{target.vocab_size}; pick a draft of the same model family, or use --draft ngram"
+            f"{target.vocab_size}; {hint}"
         )
     t, d = target.tokenizer, draft.tokenizer
     for token in range(target.vocab_size):
         if t.token_text(token) != d.token_text(token):
             raise VocabMismatchError(
                 f"draft {draft.name} and target {target.name} disagree on token {token} "
-                f"({t.token_text(token)!r} vs {d.token_text(token)!r}); pick a draft of the same "
-                f"model family, or use --draft ngram"
+                f"({t.token_text(token)!r} vs {d.token_text(token)!r}); {hint}"
             )

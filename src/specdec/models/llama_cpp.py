@@ -1,8 +1,13 @@
 """GGUF models through llama.cpp's low-level C API (llama-cpp-python's ctypes bindings).
 
 We drive `llama_decode` with our own batch so that logits are computed and copied only for the
-rows verification needs (a plain step: 1 row; a prefill: the last row or none; a speculative step:
-k + 1 rows), and roll the KV cache back with `llama_memory_seq_rm`.
+tokens verification needs (a plain step: 1; a prefill: none; a speculative step: k + 1), and roll
+the KV cache back with `llama_memory_seq_rm`.
+
+Rows are llama.cpp sequences (seq_id 0 .. max_rows - 1) in one context, the way llama-server's
+slots share theirs: one `llama_batch` carries every row's tokens at the row's own positions with
+its seq_id, so a step over many rows is one `llama_decode`. The KV cache is unified (all rows
+draw cells from one pool of max_rows x n_ctx), so a row may use the whole --ctx.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
+from .base import SingleRow
 
 INSTALL_HINT = "install it built for this CPU with `python scripts/install_llama_cpp.py` (or `make setup`)"
 
@@ -103,17 +109,18 @@ class LlamaTokenizer:
             size = n
 
 
-class LlamaCppModel:
-    """A GGUF model with one sequence in its KV cache. Implements models.base.CausalLM."""
-
+class LlamaCppModel(SingleRow):
+    """A GGUF model whose KV cache holds up to `max_rows` sequences. Implements models.base.RowModel."""
 
     def __init__(self, path: str | os.PathLike, n_ctx: int = 4096, n_threads: int | None = None,
-                 n_batch: int = 512, n_gpu_layers: int = 0):
+                 n_batch: int = 512, n_gpu_layers: int = 0, max_rows: int = 1):
         lib = _lib()
         self.path = Path(path)
         _check_gguf_header(self.path)
         self.name = self.path.name
         self.n_threads = n_threads or default_threads()
+        if max_rows < 1:
+            raise SpecdecError(f"a model needs room for at least one row, got max_rows={max_rows}")
 
         mparams = lib.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
@@ -122,23 +129,27 @@ class LlamaCppModel:
             raise ModelLoadError(f"llama.cpp could not load {self.path}: the GGUF file is corrupt, "
                                  f"truncated or of an unsupported architecture")
         cparams = lib.llama_context_default_params()
-        cparams.n_ctx = n_ctx
+        cparams.n_ctx = n_ctx * max_rows
         cparams.n_batch = cparams.n_ubatch = min(n_batch, n_ctx)
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = max_rows
+        cparams.kv_unified = True   # one pool of cells: a row is not limited to n_ctx / max_rows
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.swa_full = True  # sliding-window layers (Gemma 3) must keep what rollback returns to
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             lib.llama_model_free(self._model)
-            raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.path}")
+            raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens x {max_rows} "
+                                 f"rows for {self.path}")
         self._mem = lib.llama_get_memory(self._ctx)
-        self.n_ctx = lib.llama_n_ctx(self._ctx)
+        self.n_ctx = lib.llama_n_ctx(self._ctx) // max_rows
+        self.max_rows = max_rows
         self.n_batch = cparams.n_batch
         self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
         vocab = lib.llama_model_get_vocab(self._model)
         self.tokenizer = LlamaTokenizer(self._model, vocab)
         self.vocab_size = self.tokenizer.n_vocab
-        self.n_past = 0
+        self._free = list(range(max_rows - 1, -1, -1))   # seq ids not in use, next one last
+        self._len: dict[int, int] = {}                   # row (seq id) -> tokens in its cache
         general_name = self.metadata("general.name") or self.name
         self.description = general_name
         self.is_instruct = any(w in general_name.lower() for w in ("instruct", "-it", " it", "chat"))
@@ -148,49 +159,78 @@ class LlamaCppModel:
         n = _lib().llama_model_meta_val_str(self._model, key.encode(), buf, 512)
         return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
 
-    def forward(self, tokens: Sequence[int], n_rows: int | None = None) -> np.ndarray:
+    # -- the row protocol ------------------------------------------------------------------
+
+    def add_rows(self, n: int = 1) -> list[int]:
+        if n > len(self._free):
+            raise SpecdecError(f"{self.name} holds {self.max_rows} rows at once and {len(self._len)} "
+                               f"are in use; load it with more rows (max_rows, --batch-size)")
+        rows = [self._free.pop() for _ in range(n)]
+        for row in rows:
+            self._len[row] = 0
+        return rows
+
+    def drop_rows(self, rows) -> None:
+        for row in rows:
+            if self._len.pop(row, None) is not None:
+                _lib().llama_memory_seq_rm(self._mem, row, -1, -1)
+                self._free.append(row)
+
+    def row_length(self, row: int) -> int:
+        return self._len[row]
+
+    def width(self, lengths: Sequence[int]) -> int:
+        return sum(lengths)
+
+    def forward_rows(self, tokens, n_logits=None) -> dict[int, np.ndarray]:
         lib = _lib()
-        n = len(tokens)
-        n_rows = n if n_rows is None else min(n_rows, n)
-        if self.n_past + n > self.n_ctx:
-            raise ContextOverflowError(
-                f"{self.n_past + n} tokens do not fit in the context of {self.n_ctx}; raise --ctx")
-        rows = []
-        first_out = n - n_rows  # tokens at index >= first_out produce a logits row
+        n_logits = n_logits or {}
+        # every (row, position, token, wants logits) of the forward, row after row
+        items = []
+        for row, row_tokens in tokens.items():
+            past = self._len[row]
+            if past + len(row_tokens) > self.n_ctx:
+                raise ContextOverflowError(
+                    f"{past + len(row_tokens)} tokens do not fit in the context of {self.n_ctx}; raise --ctx")
+            first_out = len(row_tokens) - min(n_logits.get(row, 0), len(row_tokens))
+            items += [(row, past + i, token, i >= first_out) for i, token in enumerate(row_tokens)]
+        outputs: list[np.ndarray] = []
         batch = self._batch
-        for start in range(0, n, self.n_batch):
-            chunk = tokens[start:start + self.n_batch]
-            n_out = 0
-            for i, token in enumerate(chunk):
+        for start in range(0, len(items), self.n_batch):
+            chunk = items[start:start + self.n_batch]
+            for i, (row, pos, token, wants) in enumerate(chunk):
                 batch.token[i] = token
-                batch.pos[i] = self.n_past + i
+                batch.pos[i] = pos
                 batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                wants = start + i >= first_out
+                batch.seq_id[i][0] = row
                 batch.logits[i] = wants
-                n_out += wants
             batch.n_tokens = len(chunk)
             rc = lib.llama_decode(self._ctx, batch)
             if rc != 0:
-                raise RuntimeError(f"llama_decode failed with code {rc} at n_past={self.n_past}")
-            self.n_past += len(chunk)
+                raise RuntimeError(f"llama_decode failed with code {rc} ({len(chunk)} tokens, "
+                                   f"{len(self._len)} rows)")
+            n_out = sum(wants for *_, wants in chunk)
             if n_out:
                 ptr = lib.llama_get_logits(self._ctx)
-                rows.append(np.ctypeslib.as_array(ptr, shape=(n_out, self.vocab_size)).copy())
-        if not rows:
-            return np.empty((0, self.vocab_size), dtype=np.float32)
-        return rows[0] if len(rows) == 1 else np.concatenate(rows)  # [n_rows, vocab]
+                outputs.append(np.ctypeslib.as_array(ptr, shape=(n_out, self.vocab_size)).copy())
+        for row, row_tokens in tokens.items():
+            self._len[row] += len(row_tokens)
+        flat = (np.concatenate(outputs) if len(outputs) > 1 else outputs[0]) if outputs else None
+        result, at = {}, 0
+        for row, row_tokens in tokens.items():     # outputs come in batch order: row after row
+            n = min(n_logits.get(row, 0), len(row_tokens))
+            if row in n_logits:
+                result[row] = flat[at:at + n] if n else np.empty((0, self.vocab_size), np.float32)
+            at += n
+        return result
 
-    def rollback(self, n_keep: int) -> None:
-        if n_keep >= self.n_past:
-            return
-        if not _lib().llama_memory_seq_rm(self._mem, 0, n_keep, -1):
-            raise RuntimeError(f"llama.cpp could not cut the KV cache to {n_keep} tokens")
-        self.n_past = n_keep
-
-    def reset(self) -> None:
-        _lib().llama_memory_clear(self._mem, True)
-        self.n_past = 0
+    def rollback_rows(self, keep) -> None:
+        for row, n_keep in keep.items():
+            if n_keep >= self._len[row]:
+                continue
+            if not _lib().llama_memory_seq_rm(self._mem, row, n_keep, -1):
+                raise RuntimeError(f"llama.cpp could not cut row {row}'s KV cache to {n_keep} tokens")
+            self._len[row] = n_keep
 
     def close(self) -> None:
         lib = _lib()
@@ -207,7 +247,7 @@ class LlamaCppModel:
             pass
 
     def __repr__(self) -> str:
-        return f"LlamaCppModel({self.name!r}, n_ctx={self.n_ctx}, threads={self.n_threads})"
+        return f"LlamaCppModel({self.name!r}, n_ctx={self.n_ctx}, rows={self.max_rows}, threads={self.n_threads})"
 
 
 def _check_gguf_header(path: Path) -> None:

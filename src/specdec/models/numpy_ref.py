@@ -56,6 +56,7 @@ import numpy as np
 
 from ..errors import (BackendUnavailableError, ContextOverflowError, ModelLoadError,
                       ModelNotFoundError, SpecdecError)
+from .base import SequentialRows
 
 FLOAT32_BUDGET = 3 << 30     # dtype="auto": float32 weights up to this many bytes, else bfloat16
 CHUNK_ELEMENTS = 1 << 20     # weights dequantised / widened per block: 4 MB of float32
@@ -236,8 +237,9 @@ def matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 # The model
 # --------------------------------------------------------------------------------------------
 
-class NumpyModel:
-    """A GGUF transformer in NumPy with one sequence in its KV cache. Implements models.base.CausalLM.
+class NumpyModel(SequentialRows):
+    """A GGUF transformer in NumPy. Its forward computes one sequence; several rows each keep
+    their own KV cache and take turns (models.base.SequentialRows). Implements models.base.RowModel.
 
     weights: "token_embd.weight" (quantised rows, see `embed`), "output_norm.weight" (and .bias),
     "output.weight" [vocab, n_embd], "position_embd.weight" (gpt2); layers[i]: the tensors of
@@ -257,12 +259,24 @@ class NumpyModel:
         self.n_layer = config.n_layer
         self.is_instruct = is_instruct
         self.load_seconds = 0.0                     # set by load_numpy_model
-        # per layer: [n_head_kv, n_ctx, head_dim]; slot p holds the key (value) of position p
-        shape = (config.n_head_kv, n_ctx, config.head_dim)
-        self.k_cache = [np.zeros(shape, dtype=np.float32) for _ in range(config.n_layer)]
-        self.v_cache = [np.zeros(shape, dtype=np.float32) for _ in range(config.n_layer)]
-        self.n_past = 0                         # tokens in the cache = the position of the next one
-        self.layer_len = [0] * config.n_layer   # slots 0 .. layer_len[i] - 1 of layer i are valid
+        self._set_state(self._new_state())
+
+    # -- the cache of one row (models.base.SequentialRows swaps these per row) -----------
+
+    def _new_state(self):
+        # per layer: [n_head_kv, n_ctx, head_dim]; slot p holds the key (value) of position p.
+        # np.zeros: the OS hands out pages only as they are written.
+        shape = (self.config.n_head_kv, self.n_ctx, self.config.head_dim)
+        return ([np.zeros(shape, dtype=np.float32) for _ in range(self.n_layer)],
+                [np.zeros(shape, dtype=np.float32) for _ in range(self.n_layer)],
+                0,                      # n_past: tokens in the cache = the position of the next one
+                [0] * self.n_layer)     # layer_len: slots 0 .. layer_len[i] - 1 of layer i are valid
+
+    def _get_state(self):
+        return self.k_cache, self.v_cache, self.n_past, self.layer_len
+
+    def _set_state(self, state) -> None:
+        self.k_cache, self.v_cache, self.n_past, self.layer_len = state
 
     @property
     def n_full(self) -> int:
@@ -274,7 +288,7 @@ class NumpyModel:
         arrays = list(self.weights.values()) + [w for layer in self.layers for w in layer.values()]
         return sum(a.nbytes for a in arrays)
 
-    # -- the CausalLM protocol -----------------------------------------------------------
+    # -- one sequence (the row protocol runs rows through these in turn) -----------------
 
     def forward(self, tokens: Sequence[int], n_rows: int | None = None,
                 n_layers: int | None = None) -> np.ndarray:

@@ -12,7 +12,9 @@ cut off the end, and the cache is compacted when holes pile up. Rotary (or learn
 applied from `position_ids`, so a row's result does not depend on where its columns sit: a row
 in a batch computes what it would compute alone, up to floating-point summation order.
 
-The single-sequence CausalLM protocol (forward / rollback / reset / n_past) is a batch of one.
+Rows join a running batch (`add_rows` appends empty rows along the batch axis) and leave it
+(`drop_rows` selects the others), so the engine can batch requests that come and go. Row ids are
+stable; `_ids` maps each to its index along the batch axis.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
+from .base import SingleRow
 from .numpy_ref import CHAR_TO_BYTE   # GPT-2's byte-level table (numpy_ref imports only numpy)
 
 INSTALL_HINT = ("install PyTorch and transformers: `make torch-deps`, or "
@@ -113,9 +116,10 @@ class HFTokenizer:
         return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-class TransformersModel:
-    """Implements CausalLM (a batch of one) and the batched protocol (start / forward_rows /
-    rollback_rows / keep_rows) over a transformers causal LM."""
+class TransformersModel(SingleRow):
+    """Implements models.base.RowModel over a transformers causal LM."""
+
+    max_rows = 1 << 16
 
     def __init__(self, model, tokenizer, name: str = "transformers", n_ctx: int | None = None,
                  is_instruct: bool | None = None):
@@ -140,51 +144,95 @@ class TransformersModel:
         types = getattr(text, "layer_types", None) or []
         self._sliding = getattr(text, "sliding_window", None) if "sliding_attention" in types else None
         self._mask_keys = sorted(set(types)) if self._sliding else None
-        self.reset()
+        self._clear()
 
-    # -- the batched protocol --------------------------------------------------------------
-
-    @property
-    def n_rows(self) -> int:
-        return self._valid.shape[0]
-
-    def rows_past(self) -> list[int]:
-        """Tokens held in each row's cache."""
-        return self._valid.sum(dim=1).tolist()
-
-    def start(self, n_rows: int) -> None:
-        """Empty caches for a new batch of n_rows rows."""
+    def _clear(self) -> None:
         from transformers import DynamicCache
 
         torch = self._torch
         self._cache = DynamicCache()   # full layers only: sliding windows are applied by the mask
-        self._valid = torch.zeros((n_rows, 0), dtype=torch.bool, device=self.device)   # [rows, columns]
-        self._pos = torch.zeros((n_rows, 0), dtype=torch.long, device=self.device)     # [rows, columns]
-        self._past = [0] * n_rows
+        self._valid = torch.zeros((0, 0), dtype=torch.bool, device=self.device)   # [rows, columns]
+        self._pos = torch.zeros((0, 0), dtype=torch.long, device=self.device)     # [rows, columns]
+        self._past: list[int] = []     # [rows] tokens in each row's cache
+        self._ids: list[int] = []      # [rows] the row id at each batch index
+        self._index: dict[int, int] = {}   # row id -> batch index
+        self._next_id = 0
 
-    def forward_rows(self, tokens: Sequence[Sequence[int]], n_rows: Sequence[int | None] | None = None
-                     ) -> list[np.ndarray]:
-        """Append tokens[r] to row r's cache (an empty list leaves the row as it is) and return, per
-        row, the logits of its last n_rows[r] tokens ([n, vocab] float32; all of them when None)."""
+    # -- the row protocol ------------------------------------------------------------------
+
+    def add_rows(self, n: int = 1) -> list[int]:
+        """n empty rows appended along the batch axis (the running rows keep their caches)."""
         torch = self._torch
+        ids = list(range(self._next_id, self._next_id + n))
+        self._next_id += n
+        L = self._valid.shape[1]
+        self._valid = torch.cat([self._valid, torch.zeros((n, L), dtype=torch.bool, device=self.device)])
+        self._pos = torch.cat([self._pos, torch.full((n, L), -1, dtype=torch.long, device=self.device)])
+        for layer in self._layers():
+            pad = lambda t: torch.cat([t, t.new_zeros((n, *t.shape[1:]))])   # noqa: E731
+            layer.keys, layer.values = pad(layer.keys), pad(layer.values)
+        self._past += [0] * n
+        self._ids += ids
+        self._index = {row: i for i, row in enumerate(self._ids)}
+        return ids
+
+    def drop_rows(self, rows) -> None:
+        gone = set(rows)
+        keep = [i for i, row in enumerate(self._ids) if row not in gone]
+        if len(keep) == len(self._ids):
+            return
+        if not keep:
+            next_id = self._next_id
+            self._clear()
+            self._next_id = next_id
+            return
+        index = self._torch.tensor(keep, dtype=self._torch.long, device=self.device)
+        if self._valid.shape[1]:
+            self._cache.batch_select_indices(index)
+        self._valid, self._pos = self._valid[index], self._pos[index]
+        self._past = [self._past[i] for i in keep]
+        self._ids = [self._ids[i] for i in keep]
+        self._index = {row: i for i, row in enumerate(self._ids)}
+        self._trim()
+
+    def row_length(self, row: int) -> int:
+        return self._past[self._index[row]]
+
+    def width(self, lengths: Sequence[int]) -> int:
+        # the rows go through the forward padded to the longest
+        return len(lengths) * max(lengths, default=0)
+
+    @property
+    def n_rows(self) -> int:
+        return len(self._ids)
+
+    def forward_rows(self, tokens, n_logits=None) -> dict[int, np.ndarray]:
+        """One padded forward over every row of the batch: row r appends tokens[r] (rows not in
+        `tokens` append nothing) and returns the logits of its last n_logits[r] tokens."""
+        torch = self._torch
+        n_logits = n_logits or {}
         B = self.n_rows
-        if len(tokens) != B:
-            raise ValueError(f"{len(tokens)} token lists for {B} rows")
-        lengths = [len(t) for t in tokens]
-        wants = [n if n is not None else m for n, m in zip(n_rows or [None] * B, lengths)]
+        index = self._index
+        lengths = [0] * B
+        wants = [0] * B
+        for row, row_tokens in tokens.items():
+            i = index[row]
+            lengths[i] = len(row_tokens)
+            wants[i] = min(n_logits.get(row, 0), lengths[i])
+            if self._past[i] + lengths[i] > self.n_ctx:
+                raise ContextOverflowError(f"the context holds {self.n_ctx} tokens; row {row} would need "
+                                           f"{self._past[i] + lengths[i]}")
+        empty = np.zeros((0, self.vocab_size), np.float32)
         W = max(lengths, default=0)
         if W == 0:
-            return [np.zeros((0, self.vocab_size), np.float32) for _ in range(B)]
-        for r, m in enumerate(lengths):
-            if self._past[r] + m > self.n_ctx:
-                raise ContextOverflowError(f"the context holds {self.n_ctx} tokens; row {r} would need "
-                                           f"{self._past[r] + m}")
+            return {row: empty for row in n_logits if row in tokens}
         ids = torch.zeros((B, W), dtype=torch.long)                     # [rows, W], right-padded
         pos = torch.full((B, W), -1, dtype=torch.long)                  # [rows, W], -1 = padding
-        for r, row in enumerate(tokens):
-            if row:
-                ids[r, :len(row)] = torch.tensor([int(t) for t in row])
-                pos[r, :len(row)] = torch.arange(self._past[r], self._past[r] + len(row))
+        for row, row_tokens in tokens.items():
+            i = index[row]
+            if row_tokens:
+                ids[i, :len(row_tokens)] = torch.tensor([int(t) for t in row_tokens])
+                pos[i, :len(row_tokens)] = torch.arange(self._past[i], self._past[i] + len(row_tokens))
         ids, pos = ids.to(self.device), pos.to(self.device)
         new_valid = pos >= 0
         L = self._valid.shape[1]
@@ -194,26 +242,28 @@ class TransformersModel:
         position_ids = torch.where(new_valid, pos, 0).clamp(max=self.n_ctx - 1)
         mask = self._mask(valid, kv_pos, pos, L)
         # logits only for the columns some row asks for
-        need = sorted({c for r in range(B) for c in range(lengths[r] - wants[r], lengths[r])})
+        need = sorted({c for i in range(B) for c in range(lengths[i] - wants[i], lengths[i])})
         keep = torch.tensor(need or [W - 1], device=self.device)
         with torch.inference_mode():
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
                              past_key_values=self._cache, use_cache=True, logits_to_keep=keep)
         self._cache = out.past_key_values
         self._valid, self._pos = valid, kv_pos
-        for r in range(B):
-            self._past[r] += lengths[r]
+        for i in range(B):
+            self._past[i] += lengths[i]
+        result = {row: empty for row in n_logits if row in tokens}
         if not need:
-            return [np.zeros((0, self.vocab_size), np.float32) for _ in range(B)]
-        col = {c: i for i, c in enumerate(need)}
-        rows = [(r, col[c]) for r in range(B) for c in range(lengths[r] - wants[r], lengths[r])]
-        index_r = torch.tensor([r for r, _ in rows], device=self.device)
-        index_c = torch.tensor([c for _, c in rows], device=self.device)
+            return result
+        col = {c: j for j, c in enumerate(need)}
+        pairs = [(i, col[c]) for i in range(B) for c in range(lengths[i] - wants[i], lengths[i])]
+        index_r = torch.tensor([i for i, _ in pairs], device=self.device)
+        index_c = torch.tensor([c for _, c in pairs], device=self.device)
         flat = out.logits[index_r, index_c].float().cpu().numpy()      # [sum(wants), vocab]
-        result, start = [], 0
-        for r in range(B):
-            result.append(flat[start:start + wants[r]])
-            start += wants[r]
+        start = 0
+        for i in range(B):
+            if wants[i]:
+                result[self._ids[i]] = flat[start:start + wants[i]]
+                start += wants[i]
         return result
 
     def _mask(self, valid, kv_pos, q_pos, L: int):
@@ -236,23 +286,18 @@ class TransformersModel:
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         return mask[:, None]
 
-    def rollback_rows(self, n_keep: Sequence[int | None]) -> None:
-        """Cut row r's cache to its first n_keep[r] tokens (None: leave the row alone)."""
+    def rollback_rows(self, keep) -> None:
+        """Cut row r's cache to its first keep[r] tokens."""
         torch = self._torch
-        cut = torch.tensor([self._past[r] if n is None else n for r, n in enumerate(n_keep)],
-                           device=self.device)
-        self._valid &= self._pos < cut[:, None]
-        self._past = [min(p, int(c)) for p, c in zip(self._past, cut.tolist())]
-        self._trim()
-
-    def keep_rows(self, rows: Sequence[int]) -> None:
-        """Keep only these rows, in this order (finished rows stop costing work)."""
-        torch = self._torch
-        index = torch.tensor(list(rows), dtype=torch.long, device=self.device)
-        if self._valid.shape[1]:
-            self._cache.batch_select_indices(index)
-        self._valid, self._pos = self._valid[index], self._pos[index]
-        self._past = [self._past[r] for r in rows]
+        cut = list(self._past)
+        for row, n in keep.items():
+            i = self._index[row]
+            cut[i] = min(cut[i], n)
+        if cut == self._past:
+            return
+        limit = torch.tensor(cut, device=self.device)
+        self._valid &= self._pos < limit[:, None]
+        self._past = cut
         self._trim()
 
     def _layers(self):
@@ -279,23 +324,9 @@ class TransformersModel:
             self._valid = torch.gather(self._valid, 1, order)
             self._pos = torch.where(self._valid, torch.gather(self._pos, 1, order), -1)
 
-    # -- CausalLM: a batch of one -----------------------------------------------------------
-
-    @property
-    def n_past(self) -> int:
-        return self._past[0]
-
-    def forward(self, tokens: Sequence[int], n_rows: int | None = None) -> np.ndarray:
-        return self.forward_rows([tokens], [n_rows])[0]
-
-    def rollback(self, n_keep: int) -> None:
-        self.rollback_rows([n_keep])
-
-    def reset(self) -> None:
-        self.start(1)
-
-    def cached_keys_values(self, row: int = 0):
+    def cached_keys_values(self, row: int | None = None):
         """The (keys, values) of each layer for a row's valid tokens in position order; for tests."""
+        row = self._index[self._solo if row is None else row]
         order = self._pos[row].masked_fill(~self._valid[row], 1 << 60).argsort()[: self._past[row]]
         return [(layer.keys[row][:, order], layer.values[row][:, order]) for layer in self._layers()]
 
