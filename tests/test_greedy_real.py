@@ -100,3 +100,44 @@ def test_the_check_catches_a_broken_verifier(target_model, plain_outputs, monkey
     with pytest.raises(pytest.fail.Exception, match="not a rounding tie|top-2 gap"):
         assert_greedy_lossless(target_model, plain_outputs[2].prompt_tokens, plain_outputs[2].tokens,
                                result.tokens)
+
+
+@pytest.fixture(scope="module")
+def target_4_rows():
+    from specdec import load_model
+
+    return load_model("qwen2.5-coder-1.5b", n_ctx=2048, max_rows=4, progress=False)
+
+
+@pytest.mark.parametrize("drafter, k", [(None, 0), ("ngram", 6)])
+def test_rows_of_a_batch_equal_their_solo_runs(target_4_rows, plain_outputs, drafter, k):
+    """Four prompts in one llama.cpp context, one llama_decode per step: each row is the target's
+    greedy output alone (under the rounding-tie rule: a batch is another batch shape)."""
+    results = SpeculativeDecoder(target_4_rows, drafter, k=k).generate_batch(PROMPTS[:4], CONFIG)
+    exact = 0
+    for plain, result in zip(plain_outputs, results):
+        assert result.prompt_tokens == plain.prompt_tokens
+        exact += assert_greedy_lossless(target_4_rows, plain.prompt_tokens, plain.tokens, result.tokens)
+    assert exact >= 2, f"only {exact} of 4 rows identical to their solo runs"
+
+
+def test_rows_join_a_running_batch(target_4_rows, plain_outputs):
+    """A row that joins while others decode (its prompt prefilled in chunks between their steps)
+    gives its solo output; a cancelled row frees its sequence for the next."""
+    decoder = SpeculativeDecoder(target_4_rows, "ngram", k=4)
+    engine = decoder.engine
+    engine.prefill_chunk = 8                     # the joining prompt takes several steps
+    config = CONFIG
+    first = engine.add(decoder.prompt_tokens(PROMPTS[0], config), config)
+    doomed = engine.add(decoder.prompt_tokens(PROMPTS[1], config), config)
+    for _ in range(5):
+        engine.step()
+    engine.cancel(doomed)
+    late = engine.add(decoder.prompt_tokens(PROMPTS[2], config), config)
+    engine.step()
+    assert late.row is not None and 0 < late.prefilled < len(late.prompt_tokens) - 1
+    engine.run([first, late])
+    for index, request in ((0, first), (2, late)):
+        plain = plain_outputs[index]
+        assert_greedy_lossless(target_4_rows, plain.prompt_tokens, plain.tokens, request.result.tokens)
+    assert doomed.result.stats.finish_reason == "cancelled"

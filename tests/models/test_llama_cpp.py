@@ -113,3 +113,34 @@ def test_a_draft_of_another_family_is_refused(target_model):
     gemma = _real_model("gemma-3-270m")
     with pytest.raises(VocabMismatchError, match="262144 tokens"):
         SpeculativeDecoder(target_model, gemma)
+
+
+def test_rows_in_one_batch_compute_what_they_compute_alone():
+    """Three sequences of one context, advanced in one llama_decode, against each alone; per-row
+    rollback; a dropped row's sequence is reused clean; one row too many is a clear error."""
+    from specdec import load_model
+    from specdec.errors import SpecdecError
+
+    model = load_model("qwen2.5-coder-0.5b", n_ctx=512, max_rows=3, progress=False)
+    tok = model.tokenizer
+    prompts = [tok.encode(t) for t in ("def add(a, b):", "The capital of France is", "1, 2, 3, 4,")]
+    steps = [tok.encode(" return"), tok.encode(" Paris"), tok.encode(" 5")]
+    rows = model.add_rows(3)
+    with pytest.raises(SpecdecError, match="3 rows"):
+        model.add_rows(1)
+    model.forward_rows(dict(zip(rows, prompts)))
+    together = model.forward_rows(dict(zip(rows, steps)), {r: len(s) for r, s in zip(rows, steps)})
+    assert [model.row_length(r) for r in rows] == [len(p) + len(s) for p, s in zip(prompts, steps)]
+    model.rollback_rows({rows[1]: len(prompts[1])})
+    assert model.row_length(rows[1]) == len(prompts[1]) and model.row_length(rows[0]) == len(prompts[0]) + len(steps[0])
+    again = model.forward_rows({rows[1]: steps[1]}, {rows[1]: len(steps[1])})[rows[1]]
+    np.testing.assert_array_equal(again.argmax(-1), together[rows[1]].argmax(-1))
+    model.drop_rows(rows)
+    for prompt, step, row_logits in zip(prompts, steps, (together[r] for r in rows)):
+        [row] = model.add_rows(1)                 # a reused sequence: nothing of the old row left
+        model.forward_rows({row: prompt})
+        alone = model.forward_rows({row: step}, {row: len(step)})[row]
+        np.testing.assert_array_equal(alone.argmax(-1), row_logits.argmax(-1))
+        assert np.abs(log_softmax(alone) - log_softmax(row_logits)).max() < BATCH_SHAPE_TOLERANCE
+        model.drop_rows([row])
+    model.close()
