@@ -406,6 +406,28 @@ def _batch_table(rows: list[Row], methods: list[str]) -> list[str]:
             drafted = sum(r.drafted for r in sel)
             rates.append(f"{sum(r.accepted for r in sel) / drafted:.0%}" if drafted else "-")
         lines.append(f"| {size} | " + " | ".join(cells) + " | " + ", ".join(rates) + " |")
+    return lines + [""] + _batch_category_table(rows, methods)
+
+
+def _batch_category_table(rows: list[Row], methods: list[str]) -> list[str]:
+    """Per category and batch size: plain decoding's median summed tokens/s and every other
+    method's median speedup over it (batches of one category only)."""
+    ups = speedups(rows, group=lambda r: (r.category, r.batch, r.method))
+    sizes = sorted({r.batch for r in rows})
+    others = [m for m in methods if m != "plain"]
+    lines = ["By category and batch size: plain decoding's median tokens/s summed over the batch, "
+             "and the median speedup of " + ", ".join(others) + " over it.", "",
+             "| category | " + " | ".join(f"batch {b}" for b in sizes) + " |", "|---|" + "---|" * len(sizes)]
+    for category in sorted({r.category for r in rows}):
+        cells = []
+        for size in sizes:
+            plain = [r.tokens_per_second for r in rows
+                     if r.method == "plain" and r.batch == size and r.category == category]
+            parts = [f"{statistics.median(plain):.1f} tok/s" if plain else "-"]
+            parts += [f"{m} {statistics.median(ups[(category, size, m)]):.2f}x"
+                      for m in others if (category, size, m) in ups]
+            cells.append(", ".join(parts))
+        lines.append(f"| {category} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 

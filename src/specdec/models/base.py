@@ -85,8 +85,13 @@ class SingleRow:
 
     def _solo_row(self) -> int:
         if self._solo is None:
-            self._solo = self.add_rows(1)[0]
+            self._solo = self._new_solo_row()
         return self._solo
+
+    def _new_solo_row(self) -> int:
+        """The row the one-sequence calls use (a backend with a fixed number of rows reserves one,
+        so that these calls never take a row from the engine)."""
+        return self.add_rows(1)[0]
 
     @property
     def n_past(self) -> int:

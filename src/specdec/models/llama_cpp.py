@@ -131,7 +131,7 @@ class LlamaCppModel(SingleRow):
         cparams = lib.llama_context_default_params()
         cparams.n_ctx = n_ctx * max_rows
         cparams.n_batch = cparams.n_ubatch = min(n_batch, n_ctx)
-        cparams.n_seq_max = max_rows
+        cparams.n_seq_max = max_rows + 1   # + the one-sequence calls' own (models.base.SingleRow)
         cparams.kv_unified = True   # one pool of cells: a row is not limited to n_ctx / max_rows
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.swa_full = True  # sliding-window layers (Gemma 3) must keep what rollback returns to
@@ -163,18 +163,23 @@ class LlamaCppModel(SingleRow):
 
     def add_rows(self, n: int = 1) -> list[int]:
         if n > len(self._free):
-            raise SpecdecError(f"{self.name} holds {self.max_rows} rows at once and {len(self._len)} "
+            raise SpecdecError(f"{self.name} holds {self.max_rows} rows at once and {self.max_rows - len(self._free)} "
                                f"are in use; load it with more rows (max_rows, --batch-size)")
         rows = [self._free.pop() for _ in range(n)]
         for row in rows:
             self._len[row] = 0
         return rows
 
+    def _new_solo_row(self) -> int:
+        self._len[self.max_rows] = 0
+        return self.max_rows
+
     def drop_rows(self, rows) -> None:
         for row in rows:
             if self._len.pop(row, None) is not None:
                 _lib().llama_memory_seq_rm(self._mem, row, -1, -1)
-                self._free.append(row)
+                if row != self.max_rows:              # the reserved one-sequence row is not lent
+                    self._free.append(row)
 
     def row_length(self, row: int) -> int:
         return self._len[row]
@@ -206,6 +211,9 @@ class LlamaCppModel(SingleRow):
                 batch.logits[i] = wants
             batch.n_tokens = len(chunk)
             rc = lib.llama_decode(self._ctx, batch)
+            if rc == 1:
+                raise ContextOverflowError(f"the KV cache of {self.max_rows} x {self.n_ctx} tokens is full "
+                                           f"({len(self._len)} rows hold {sum(self._len.values())}); raise --ctx")
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed with code {rc} ({len(chunk)} tokens, "
                                    f"{len(self._len)} rows)")
