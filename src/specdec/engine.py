@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .controller import FixedController
-from .drafters.base import Drafter
+from .drafters.base import MAX_DRAFT_TOKENS, Drafter
 from .config import GenerationConfig
 from .errors import ContextOverflowError, SpecdecError
 from .models.base import CausalLM
@@ -58,8 +58,8 @@ class SpeculativeDecoder:
 
     def __init__(self, target: CausalLM, drafter: Drafter | CausalLM | str | None = None, k: int = 4,
                  draft_model: CausalLM | Drafter | None = None):
-        if k < 0:
-            raise SpecdecError(f"k (draft tokens per step) must be >= 0, got {k}")
+        if not 0 <= k <= MAX_DRAFT_TOKENS:
+            raise SpecdecError(f"k (draft tokens per step) must be in 0..{MAX_DRAFT_TOKENS}, got {k}")
         self.target = target
         self.k = k
         self.auto = drafter == "auto"
