@@ -61,6 +61,8 @@ def load_model(name_or_path: str | os.PathLike, backend: str = "llama", n_ctx: i
         from .models.llama_cpp import LlamaCppModel
 
         model = LlamaCppModel(path, n_ctx=n_ctx, n_threads=threads)
+        # llama.cpp pads the context to a multiple of 256 (--ctx 32 holds 256): honour what was asked
+        model.n_ctx = min(model.n_ctx, n_ctx)
     if str(name_or_path) in CATALOG:
         model.name = str(name_or_path)
         model.is_instruct = CATALOG[model.name].chat
