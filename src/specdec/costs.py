@@ -10,7 +10,6 @@ import bisect
 import hashlib
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Sequence
@@ -37,18 +36,6 @@ def _cache_file(model, tag: str) -> Path | None:
     key = f"{os.path.abspath(path)} {st.st_size} {st.st_mtime_ns} {type(model).__name__} " \
           f"{getattr(model, 'n_threads', '')} {tag}"
     return specdec_home() / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-
-
-def _save(cache: Path, costs: dict[int, float]) -> None:
-    """Write the curve if the cache folder can be written; a read-only one is not an error."""
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({str(w): s for w, s in costs.items()}))
-        os.replace(tmp, cache)
-    except OSError as exc:
-        print(f"specdec: warning: cannot write {cache.parent} ({exc.strerror or exc}); "
-              f"costs are kept in memory", file=sys.stderr)
 
 
 def measure_forward_costs(model, widths: Sequence[int] | None = None, repeats: int = 7, depth: int = 128,
@@ -87,7 +74,8 @@ def measure_forward_costs(model, widths: Sequence[int] | None = None, repeats: i
     best = np.maximum.accumulate([min(times[w]) for w in widths])   # wider is never cheaper: smooth noise
     costs = {w: float(s) for w, s in zip(widths, best)}
     if cache is not None:
-        _save(cache, costs)
+        from .catalog import write_cache_file
+        write_cache_file(cache, json.dumps({str(w): s for w, s in costs.items()}))
     return costs
 
 

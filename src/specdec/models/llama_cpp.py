@@ -141,7 +141,8 @@ class LlamaCppModel(SingleRow):
             raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens x {max_rows} "
                                  f"rows for {self.path}")
         self._mem = lib.llama_get_memory(self._ctx)
-        self.n_ctx = lib.llama_n_ctx(self._ctx) // max_rows
+        # llama.cpp pads the context to a multiple of 256 (--ctx 32 would hold 256): honour what was asked
+        self.n_ctx = min(n_ctx, lib.llama_n_ctx(self._ctx) // max_rows)
         self.max_rows = max_rows
         self.n_batch = cparams.n_batch
         self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
