@@ -148,9 +148,9 @@ HEADER = ("| server | C | tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | TPOT
           "|---|---|---|---|---|---|---|---|")
 
 
-def main(argv=None) -> int:
+def main_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", default="http://127.0.0.1:8000/v1", help="the server's OpenAI base URL (…/v1)")
+    p.add_argument("--url", default="http://127.0.0.1:8000/v1", help="the server's OpenAI base URL (.../v1)")
     p.add_argument("-c", "--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("-n", "--prompts", type=int, default=8, help="prompts per concurrency level (default 8)")
     p.add_argument("--suite", type=Path, default=SUITE)
@@ -165,8 +165,16 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--label", default="server")
     p.add_argument("--json", type=Path, default=None, help="append one JSON line per run here")
-    args = p.parse_args(argv)
-    url = urlparse(args.url if args.url.rstrip("/").endswith("/v1") else args.url.rstrip("/") + "/v1")
+    return p.parse_args(argv)
+
+
+def base_url(args):
+    return urlparse(args.url if args.url.rstrip("/").endswith("/v1") else args.url.rstrip("/") + "/v1")
+
+
+def main(argv=None) -> int:
+    args = main_args(argv)
+    url = base_url(args)
     prompts = load_prompts(args.suite, args.prompts, args.categories)
     for _ in range(args.warmup):
         r = one_request(url, prompts[0], argparse.Namespace(**{**vars(args), "max_tokens": 8}))

@@ -10,6 +10,7 @@ Prints the bin folder on its last line.
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 import tarfile
@@ -49,7 +50,9 @@ def main() -> int:
          # llama-server without its web UI: the UI would need npm or a download at build time,
          # and the API (all a benchmark talks to) does not depend on it
          "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", *args.split()])
-    run(["cmake", "--build", str(build), "-j", "--target", *TOOLS])
+    # -j with a number: a bare -j lets make start every compile at once (llama-server's sources
+    # take over a GB each to compile)
+    run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", *TOOLS])
     print(bin_dir)
     return 0
 
