@@ -13,7 +13,7 @@ TEST_MODELS := $(DEMO_MODELS) gemma-3-270m
 $(VENV)/.ready: pyproject.toml scripts/install_llama_cpp.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,serve]"
 	$(PY) scripts/install_llama_cpp.py
 	touch $@
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Build llama.cpp's own tools (llama-bench, llama-speculative-simple, llama-completion) for benchmarks.
+"""Build llama.cpp's own tools (llama-bench, llama-speculative-simple, llama-completion, llama-server)
+for benchmarks.
 
 They are built from the llama.cpp sources vendored in the llama-cpp-python sdist of the version
 we use, with the same CPU flags as our Python build (scripts/install_llama_cpp.py), into
@@ -9,6 +10,7 @@ Prints the bin folder on its last line.
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 import tarfile
@@ -18,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from install_llama_cpp import VERSION, cmake_args, run, specdec_home  # noqa: E402
 
-TOOLS = ["llama-bench", "llama-speculative-simple", "llama-completion"]
+# llama-server: the peer of `specdec serve` (benchmarks/serve_load.py measures both the same way)
+TOOLS = ["llama-bench", "llama-speculative-simple", "llama-completion", "llama-server"]
 
 
 def main() -> int:
@@ -43,8 +46,13 @@ def main() -> int:
                 tar.extractall(src, members=[m for m in members if m.name], filter="data")
     build = home / "build"
     run(["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
-         "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF", *args.split()])
-    run(["cmake", "--build", str(build), "-j", "--target", *TOOLS])
+         "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF",
+         # llama-server without its web UI: the UI would need npm or a download at build time,
+         # and the API (all a benchmark talks to) does not depend on it
+         "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", *args.split()])
+    # -j with a number: a bare -j lets make start every compile at once (llama-server's sources
+    # take over a GB each to compile)
+    run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", *TOOLS])
     print(bin_dir)
     return 0
 

@@ -264,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true",
                    help="hash an assembled file again instead of trusting its size and modification "
                         "time, and assemble it again if it changed")
+    _add_serve_parser(sub)
     return parser
 
 
@@ -577,8 +578,108 @@ def cmd_fetch(args) -> int:
     return 0
 
 
+def _add_serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching",
+                       description="Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, "
+                                   "/health, /metrics) over one loaded target: requests join the running "
+                                   "batch between steps and leave when done. Needs the serve extra: "
+                                   "pip install 'specdec[serve]'.")
+    g = p.add_argument_group("models")
+    g.add_argument("--target", default=catalog.DEFAULT_TARGET,
+                   help=f"built-in name or .gguf path (default: {catalog.DEFAULT_TARGET})")
+    g.add_argument("--draft", default="auto",
+                   help="the default speculation of a request: 'auto', 'ngram', 'none' or a draft model "
+                        "(built-in name or .gguf path); a request may pick another in its body "
+                        "(\"speculative\": {\"draft\": ..., \"k\": ...}) (default: auto)")
+    g.add_argument("--draft-model", default=catalog.DEFAULT_DRAFT,
+                   help=f"the draft model 'auto' may use, loaded once; 'none' for prompt lookup only "
+                        f"(default: {catalog.DEFAULT_DRAFT})")
+    g.add_argument("-k", "--draft-tokens", type=_int_in(1, MAX_DRAFT_TOKENS), default=4, metavar="K",
+                   help="draft tokens per step when the default is a fixed drafter (default: 4)")
+    g.add_argument("--backend", choices=("llama", "numpy", "torch"), default="llama",
+                   help="llama (default), numpy or torch, as for generate")
+    g.add_argument("--draft-backend", choices=("llama", "numpy", "torch"), default=None,
+                   help="backend of the draft model (default: --backend)")
+    _add_torch_flags(g)
+    g.add_argument("--threads", type=_positive(int), default=None,
+                   help="CPU threads (default: all cores this process may use)")
+    g.add_argument("--ctx", type=_positive(int), default=4096,
+                   help="context window of each request, in tokens (default: 4096)")
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    g.add_argument("--port", type=_port, default=8000, help="TCP port (default: 8000; 0 picks a free one)")
+    g.add_argument("--max-batch", type=_positive(int), default=4, metavar="B",
+                   help="requests generated together (rows of the KV cache; llama-server's -np, "
+                        "vLLM's --max-num-seqs) (default: 4)")
+    g.add_argument("--max-queue", type=_non_negative_int, default=64, metavar="N",
+                   help="requests waiting for a row; past it a request gets 429 (default: 64)")
+    g.add_argument("--request-timeout", type=_positive(float), default=600.0, metavar="SECONDS",
+                   help="a request still running after this ends with finish_reason time_limit (default: 600)")
+    g.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECDEC_API_KEY; none)")
+    g.add_argument("--served-model-name", default=None,
+                   help="the model id clients send and /v1/models lists (default: --target)")
+    g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info")
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {text}")
+    return value
+
+
+def cmd_serve(args) -> int:
+    from . import load_model
+    from .drafters import parse_draft
+    from .errors import BackendUnavailableError
+
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise BackendUnavailableError(f"specdec serve needs {exc.name}: pip install 'specdec[serve]'") from None
+    from .server.app import build_service, serve
+    from .server.protocol import Policy
+
+    spec = parse_draft(args.draft, args.backend)
+    if spec.kind == "early-exit":
+        raise SpecdecError("specdec serve takes --draft auto, ngram, none or a draft model")
+    if "torch" in (args.backend, args.draft_backend):
+        from .models.transformers import pick_device
+        pick_device(args.device)
+    draft_name = spec.model if spec.kind == "model" else (
+        None if parse_draft(args.draft_model).kind == "none" else args.draft_model)
+
+    def load(name, backend):
+        return load_model(name, backend=backend, n_ctx=args.ctx, threads=args.threads, device=args.device,
+                          dtype=args.dtype, max_rows=args.max_batch)
+
+    target = load(args.target, args.backend)
+    draft = load(draft_name, args.draft_backend or args.backend) if draft_name else None
+    policy = {"auto": Policy("auto"), "none": Policy("none"), "ngram": Policy("ngram", args.draft_tokens),
+              "model": Policy("model", args.draft_tokens)}[spec.kind]
+    names = tuple(dict.fromkeys(n for n in (args.served_model_name or args.target, target.name) if n))
+    service = build_service(target, draft, policy, args.max_batch, names, draft_name,
+                            max_queue=args.max_queue, request_timeout=args.request_timeout, api_key=args.api_key)
+
+    def ready(server):
+        print(f"specdec serve: {names[0]} | draft {policy.label}"
+              f"{f' (model {draft_name})' if draft_name else ''} | {args.max_batch} rows, queue {args.max_queue} | "
+              f"ctx {target.n_ctx} | http://{args.host}:{args.port}/v1"
+              f"{' | API key required' if args.api_key else ''}", file=sys.stderr, flush=True)
+
+    serve(service, args.host, args.port, log_level=args.log_level, on_ready=ready)
+    return 0
+
+
+
 COMMANDS = {"generate": cmd_generate, "compare": cmd_compare, "demo": cmd_demo, "bench": cmd_bench,
-            "models": cmd_models, "fetch": cmd_fetch}
+            "models": cmd_models, "fetch": cmd_fetch, "serve": cmd_serve}
 
 
 def _interrupted_in_callback(unraisable) -> None:

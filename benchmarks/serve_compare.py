@@ -1,0 +1,118 @@
+"""`specdec serve` against llama-server, each started with C rows for C concurrent clients, measured
+by benchmarks/serve_load.py the same way. Prints one markdown table (and appends JSON lines to --json).
+
+    python benchmarks/serve_compare.py --llama-bin "$(python scripts/build_llama_cpp_tools.py | tail -n 1)" \
+        --servers specdec:auto specdec:none llama:plain llama:ngram-simple llama:draft -c 1 2 4 8
+
+Servers: specdec:<draft> (auto, none, ngram, or a draft model name) and llama:plain,
+llama:ngram-simple, llama:ngram-mod, llama:draft (the 0.5B draft model, 4 tokens).
+Take the CPU to yourself while it runs: timings on a shared CPU mean nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import serve_load  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"{url} did not come up")
+
+
+def command(server: str, c: int, port: int, args) -> list[str]:
+    kind, _, variant = server.partition(":")
+    if kind == "specdec":
+        return [sys.executable, "-m", "specdec.cli", "serve", "--target", args.target, "--draft", variant or "auto",
+                "--draft-model", args.draft, "--max-batch", str(c), "--ctx", str(args.ctx), "--port", str(port),
+                "--log-level", "warning"] + (["--threads", str(args.threads)] if args.threads else [])
+    from specdec.catalog import resolve
+
+    base = [str(Path(args.llama_bin) / "llama-server"), "-m", str(resolve(args.target)), "-c", str(args.ctx * c),
+            "-np", str(c), "--host", "127.0.0.1", "--port", str(port), "--no-webui", "-lv", "0"]
+    if args.threads:
+        base += ["-t", str(args.threads)]
+    # the same settings as `specdec bench`'s llama.cpp peer (src/specdec/peers.py)
+    spec = {"plain": [], "ngram-simple": ["--spec-type", "ngram-simple", "--spec-draft-n-max", "8"],
+            "ngram-mod": ["--spec-type", "ngram-mod", "--spec-draft-n-max", "8"],
+            "draft": ["--spec-type", "draft-simple", "-md", str(resolve(args.draft)), "--spec-draft-n-max", "4"]
+            }[variant or "plain"]
+    return base + spec
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--servers", nargs="+", default=["specdec:auto", "specdec:none", "llama:plain"])
+    p.add_argument("-c", "--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("-n", "--prompts", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--target", default="qwen2.5-coder-1.5b")
+    p.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    p.add_argument("--ctx", type=int, default=4096, help="per row")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--llama-bin", default=None)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    print(serve_load.HEADER, flush=True)
+    for server in args.servers:
+        for c in args.concurrency:
+            port = free_port()
+            proc = subprocess.Popen(command(server, c, port, args), stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE if server.startswith("specdec") else subprocess.DEVNULL)
+            try:
+                url = f"http://127.0.0.1:{port}"
+                wait_healthy(url, proc, 600)
+                load = ["--url", url + "/v1", "-c", str(c), "-n", str(args.prompts), "--max-tokens",
+                        str(args.max_tokens), "--label", server]
+                if server.startswith("specdec"):
+                    load += ["--model", args.target]
+                if args.json:
+                    load += ["--json", str(args.json)]
+                ns = serve_load.main_args(load)
+                prompts = serve_load.load_prompts(ns.suite, ns.prompts, ns.categories)
+                serve_load.one_request(serve_load.base_url(ns), prompts[0], argparse.Namespace(**{**vars(ns), "max_tokens": 8}))
+                row = serve_load.run_level(serve_load.base_url(ns), prompts, c, ns)
+                print(serve_load.fmt(row), flush=True)
+                for e in row["errors"][:3]:
+                    print(f"  error: {e}", file=sys.stderr)
+                if args.json:
+                    with args.json.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

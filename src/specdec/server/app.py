@@ -1,0 +1,348 @@
+"""HTTP: the OpenAI API on FastAPI, and the service rules around it.
+
+The rules: a bounded number of requests in the house (rows + queue; past it, 429 with
+Retry-After); every request has a time limit; a client that goes away has its row cancelled
+within one step; `--api-key` guards /v1/*; SIGTERM (or Ctrl-C) drains -- new requests get 503,
+the ones in flight finish, then the process exits 0 (a second signal exits at once). Nothing a
+request sends can end the server: every failure is an OpenAI-style error body.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import signal
+import time
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..engine import Engine
+from .metrics import Metrics
+from .policy import RoutingController
+from .protocol import (Job, Policy, RequestError, chunk_body, error_body, new_id, now, parse_chat,
+                       parse_completion, response_body, speculative_body, usage_body)
+from .worker import Handle, Worker
+
+log = logging.getLogger("specdec.server")
+
+MAX_BODY = 8 << 20          # bytes of a request body; a prompt that needs more exceeds any context
+RETRY_AFTER = 1             # seconds a 429 / 503 asks the client to wait
+
+
+class Service:
+    """The models, the engine's worker, and the limits: what the HTTP routes call."""
+
+    def __init__(self, engine: Engine, router: RoutingController, model_names: tuple[str, ...],
+                 draft_names: dict[str, str], default_policy: Policy, max_queue: int = 64,
+                 request_timeout: float = 600.0, api_key: str | None = None):
+        self.model_names, self.draft_names = model_names, draft_names
+        self.default_policy = default_policy
+        self.max_batch = engine.max_rows
+        self.capacity = engine.max_rows + max_queue      # requests in the house at once
+        self.request_timeout = request_timeout
+        self.api_key = api_key
+        self.n_ctx = engine.target.n_ctx
+        self.metrics = Metrics(model_names[0])
+        self.worker = Worker(engine, router, self.metrics)
+        self.inflight = 0                                # requests accepted and not yet answered
+        self.draining = False
+        self.started = int(time.time())
+
+    @property
+    def idle(self) -> bool:
+        return self.inflight == 0
+
+    def close(self) -> None:
+        self.worker.stop()
+
+
+def build_service(target, draft_model=None, default_policy: Policy = Policy("auto"), max_batch: int = 4,
+                  model_names: tuple[str, ...] = (), draft_name: str | None = None, **limits) -> Service:
+    """A service over loaded models: `target`, and `draft_model` (a RowModel of the same
+    vocabulary, or None) for the 'auto' policy and for requests that name it (`draft_name`).
+    The cost-aware controller is built (its cost curves measured, or read from the cache) even
+    when the default policy is fixed, since any request may ask for 'auto'."""
+    from ..engine import SpeculativeDecoder
+
+    decoder = SpeculativeDecoder(target, "auto", draft_model=draft_model, max_rows=max_batch)
+    router = RoutingController(decoder.controller(), decoder.ngram, decoder.model_drafter)
+    engine = Engine(target, router, decoder.drafters(), max_rows=max_batch)
+    router.engine = engine
+    draft_names = {"auto": "auto", "ngram": "ngram", "none": "none"}
+    if draft_model is not None:
+        for name in (draft_name, draft_model.name):
+            if name:
+                draft_names[name] = "model"
+    if default_policy.draft == "model" and draft_model is None:
+        raise ValueError("a 'model' default policy needs a draft model")
+    return Service(engine, router, model_names or (target.name,), draft_names, default_policy, **limits)
+
+
+# -- the app ----------------------------------------------------------------------------------------
+
+def _error(exc: RequestError, metrics: Metrics | None = None) -> JSONResponse:
+    if metrics is not None:
+        metrics.rejected(exc.status)
+    headers = {"Retry-After": str(RETRY_AFTER)} if exc.status in (429, 503) else None
+    if exc.status == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+def _sse(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events that end the moment the client goes away: the stream runs beside a
+    watch on the connection (whatever ASGI version the server speaks), and `on_close` runs
+    whichever way it ends (even if the stream never started), so the request's row is cancelled
+    within one step."""
+
+    def __init__(self, content, on_close, **kwargs):
+        super().__init__(content, **kwargs)
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+                async def stream():
+                    try:
+                        await self.stream_response(send)
+                    except OSError:
+                        pass
+                    group.cancel_scope.cancel()
+
+                group.start_soon(stream)
+                await self.listen_for_disconnect(receive)
+                group.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()
+            self.on_close()
+
+
+def create_app(service: Service) -> FastAPI:
+    app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None)
+    metrics = service.metrics
+
+    @app.exception_handler(RequestError)
+    async def _request_error(request: Request, exc: RequestError):
+        return _error(exc, metrics)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return JSONResponse(error_body(message, kind), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):     # never expected: a bug, not a crash
+        log.exception("unhandled error")
+        metrics.rejected(500)
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"),
+                            status_code=500)
+
+    def check_auth(request: Request) -> None:
+        if service.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), service.api_key.encode()):
+            raise RequestError("missing or wrong API key: send the header 'Authorization: Bearer <key>'",
+                               code="invalid_api_key", status=401, type="authentication_error")
+
+    async def read_json(request: Request):
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > MAX_BODY:
+            raise RequestError(f"the request body is larger than {MAX_BODY} bytes", status=413)
+        body = b""
+        async for part in request.stream():
+            body += part
+            if len(body) > MAX_BODY:
+                raise RequestError(f"the request body is larger than {MAX_BODY} bytes", status=413)
+        try:
+            return json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+
+    @app.get("/health")
+    async def health():
+        if service.draining:
+            return JSONResponse({"status": "draining"}, status_code=503, headers={"Retry-After": str(RETRY_AFTER)})
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus():
+        from prometheus_client import CONTENT_TYPE_LATEST
+        return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        check_auth(request)
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": service.started, "owned_by": "specdec",
+             "max_model_len": service.n_ctx} for name in service.model_names[:1]]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await generate(request, parse_chat)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, parse_completion)
+
+    async def generate(request: Request, parse):
+        if service.draining:
+            raise RequestError("the server is shutting down; retry on another replica", code="shutting_down",
+                               status=503, type="unavailable_error")
+        check_auth(request)
+        job: Job = parse(await read_json(request), service.model_names, service.draft_names)
+        if service.inflight >= service.capacity:
+            raise RequestError(f"the server is full ({service.max_batch} running and the queue of "
+                               f"{service.capacity - service.max_batch} waiting); retry later",
+                               code="queue_full", status=429, type="rate_limit_error")
+        loop = asyncio.get_running_loop()
+        handle = Handle(job, job.policy or service.default_policy, loop, asyncio.Queue(),
+                        deadline=time.monotonic() + service.request_timeout)
+        service.inflight += 1
+        released = False
+
+        def release():
+            """Once per request: it leaves the house; if the worker still runs it, it is cancelled."""
+            nonlocal released
+            if not released:
+                released = True
+                service.inflight -= 1
+                if not handle.closed:
+                    service.worker.cancel(handle)
+
+        streaming = False
+        try:
+            service.worker.submit(handle)
+            event = await handle.events.get()       # admitted, or refused (context, token ids)
+            if event[0] == "error":
+                raise event[1]
+            if job.stream:
+                streaming = True
+                return _EventStream(_stream(handle), release, media_type="text/event-stream",
+                                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return await _complete(request, handle)
+        finally:
+            if not streaming:
+                release()
+
+    async def _complete(request: Request, handle: Handle):
+        """Wait for the whole text, watching the connection: a client that leaves is cancelled."""
+        pieces, outcome = [], {}
+
+        async def watch(scope):
+            while True:
+                message = await request.receive()
+                if message["type"] == "http.disconnect":
+                    outcome["gone"] = True
+                    scope.cancel()
+                    return
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(watch, group.cancel_scope)
+            while True:
+                event = await handle.events.get()
+                if event[0] == "text":
+                    pieces.append(event[1])
+                    continue
+                outcome["event"] = event
+                group.cancel_scope.cancel()
+                break
+        if "event" not in outcome:
+            return Response(status_code=499)        # nobody is listening
+        event = outcome["event"]
+        if event[0] == "error":
+            raise event[1]
+        _, result, finish = event
+        job = handle.job
+        return response_body(job, new_id(job.kind), now(), result.text, result.tokens, finish, result.stats,
+                             handle.policy)
+
+    async def _stream(handle: Handle):
+        job = handle.job
+        id, created = new_id(job.kind), now()
+        if job.kind == "chat":
+            yield _sse(chunk_body(job, id, created, role=True))
+        while True:
+            event = await handle.events.get()
+            if event[0] == "text":
+                yield _sse(chunk_body(job, id, created, text=event[1]))
+            elif event[0] == "done":
+                _, result, finish = event
+                last = chunk_body(job, id, created, finish=finish,
+                                  tokens=result.tokens if job.return_tokens else None)
+                # llama-server's habit: the last chunk carries usage; and ours, the speculation
+                last["usage"] = usage_body(result.stats)
+                last["speculative"] = speculative_body(result.stats, handle.policy)
+                yield _sse(last)
+                if job.include_usage:      # OpenAI's: a last chunk with no choices, only usage
+                    yield _sse({"id": id, "object": last["object"], "created": created, "model": job.model,
+                                "system_fingerprint": None, "choices": [],
+                                "usage": last["usage"], "speculative": last["speculative"]})
+                break
+            else:                          # an error after the headers went out: vLLM's way
+                yield _sse(event[1].body())
+                break
+        yield "data: [DONE]\n\n"
+
+    return app
+
+
+# -- running it -------------------------------------------------------------------------------------
+
+def serve(service: Service, host: str = "127.0.0.1", port: int = 8000, sockets=None,
+          log_level: str = "info", on_ready=None) -> None:
+    """Run the HTTP server until a signal drains it (or, in a thread, until `.should_exit`)."""
+    import uvicorn
+
+    app = create_app(service)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
+                            timeout_keep_alive=5)
+    server = DrainingServer(config, service)
+    if on_ready is not None:
+        on_ready(server)
+    try:
+        server.run(sockets=sockets)
+    finally:
+        service.close()
+
+
+def _draining_server_class():
+    import uvicorn
+
+    class _DrainingServer(uvicorn.Server):
+        """uvicorn, but the first SIGTERM / SIGINT drains instead of closing the listener: new
+        requests get 503 while the ones in flight finish; then it exits (code 0). A second
+        signal exits at once."""
+
+        def __init__(self, config, service: Service):
+            super().__init__(config)
+            self.service = service
+
+        def handle_exit(self, sig, frame) -> None:
+            if self.service.draining or sig not in (signal.SIGTERM, signal.SIGINT):
+                self.should_exit = self.force_exit = True
+                return
+            log.warning("draining: %d request(s) in flight; new requests get 503", self.service.inflight)
+            self.service.draining = True
+
+        async def on_tick(self, counter: int) -> bool:
+            if self.service.draining and self.service.idle:
+                self.should_exit = True
+            return await super().on_tick(counter)
+
+    return _DrainingServer
+
+
+def DrainingServer(config, service: Service):
+    return _draining_server_class()(config, service)

@@ -1,0 +1,71 @@
+"""Each request its own speculation, every row in the same step.
+
+The engine asks ONE controller for every live row's drafter and k. `RoutingController` is that
+controller for a server whose requests choose their own policy (protocol.Policy): it splits the
+rows by policy and hands each group to what decides for it -- the cost-aware controller for
+'auto' rows, prompt lookup or the draft model at the row's own k for fixed rows, nothing for
+plain rows -- and puts the plans back together. So one target forward still scores every row,
+whatever it asked for: rows choosing different policies batch together, as they must on a CPU
+where width is the scarce resource.
+
+Why this and not one engine per policy: engines sharing the target would each run their own
+forward, serialising the rows a batch should carry together, and each would believe it has the
+whole cache. The router needs nothing of the engine but its controller slot and `engine.rows`
+(to see which request a new row belongs to).
+
+What it does not do: the cost-aware controller allocates width among its own rows only; the
+fixed-policy rows in the same step widen the forward without it knowing. With a draft model, a
+step where 'auto' rows and fixed draft-model rows both draft runs the draft model twice.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from ..controller import Outcome
+from ..drafters.base import Draft, Drafter
+from .protocol import Policy
+
+
+class RoutingController:
+    def __init__(self, auto, ngram: Drafter | None, model: Drafter | None):
+        self.auto = auto                    # CostAwareController (over `ngram` and `model`)
+        self.drafters = {"ngram": ngram, "model": model}
+        self.engine = None                  # set once the engine exists: rows -> requests
+        self.policies: dict[int, Policy] = {}   # request id -> policy, set by the worker on add
+        self._rows: dict[int, Policy] = {}      # row -> policy, while the row lives
+
+    def begin(self, row: int, prompt: Sequence[int]) -> None:
+        policy = self.policies[self.engine.rows[row].id]
+        self._rows[row] = policy
+        if policy.draft == "auto":
+            self.auto.begin(row, prompt)
+
+    def end(self, row: int) -> None:
+        policy = self._rows.pop(row, None)
+        if policy is not None and policy.draft == "auto":
+            self.auto.end(row)
+
+    def draft(self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]
+              ) -> dict[int, tuple[Drafter | None, Draft | None]]:
+        plan: dict[int, tuple[Drafter | None, Draft | None]] = {row: (None, None) for row in contexts}
+        auto = [row for row in contexts if self._rows[row].draft == "auto"]
+        if auto:
+            plan.update(self.auto.draft({r: contexts[r] for r in auto}, {r: caps[r] for r in auto}))
+        for kind, drafter in self.drafters.items():
+            ks = {row: min(self._rows[row].k, caps[row]) for row in contexts if self._rows[row].draft == kind}
+            ks = {row: k for row, k in ks.items() if k > 0}
+            if drafter is not None and ks:
+                drafts = drafter.propose({row: contexts[row] for row in ks}, ks)
+                plan.update({row: (drafter, draft) for row, draft in drafts.items()})
+        return plan
+
+    def observe(self, outcomes: Mapping[int, Outcome], width: int, target_seconds: float) -> None:
+        # the cost table learns from every forward (its width is the whole step's); acceptance
+        # only from the rows the cost-aware controller drafted for
+        self.auto.observe({row: o for row, o in outcomes.items() if self._rows.get(row, Policy("none")).draft
+                           == "auto"}, width, target_seconds)
+
+    def speedups(self, row: int, tokens_per_second: float) -> tuple[float | None, float | None]:
+        if self._rows.get(row, Policy("none")).draft == "auto":
+            return self.auto.speedups(row, tokens_per_second)
+        return None, None

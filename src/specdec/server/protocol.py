@@ -1,0 +1,395 @@
+"""The OpenAI API's request bodies -> what the engine runs, and results -> response bodies.
+
+Pure functions over JSON-like values: no HTTP, no models. Every field a body may carry is listed
+here; a field we cannot honour is a RequestError (400) that names it, unless it holds the value
+that asks for nothing (`n: 1`, `logprobs: false`, `tools: []`, `presence_penalty: 0`, ...).
+Unknown fields are refused too: a silently ignored field is a wrong answer the client cannot see.
+"""
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from ..config import GenerationConfig
+from ..drafters.base import MAX_DRAFT_TOKENS
+from ..errors import SpecdecError
+from ..stats import GenerationStats
+
+MAX_STOP = 16               # stop strings per request (OpenAI allows 4; llama-server any number)
+COMPLETIONS_MAX_TOKENS = 16     # OpenAI's and vLLM's default max_tokens for /v1/completions
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class RequestError(SpecdecError):
+    """A request the server refuses: HTTP `status` with an OpenAI-style error body."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None,
+                 status: int = 400, type: str = "invalid_request_error"):
+        super().__init__(message)
+        self.message, self.param, self.code, self.status, self.type = message, param, code, status, type
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How one request speculates: 'auto' (the cost-aware controller), 'ngram' (prompt lookup, k
+    tokens a step), 'model' (the loaded draft model, k tokens a step) or 'none' (plain)."""
+    draft: str
+    k: int = 0
+
+    @property
+    def label(self) -> str:
+        return self.draft if self.draft in ("auto", "none") else f"{self.draft}:{self.k}"
+
+
+@dataclass
+class Job:
+    """One parsed request: the prompt (chat messages, text, or token ids), its generation config,
+    its speculation, and how to answer."""
+    kind: str                               # "chat" | "completion"
+    model: str
+    messages: list[dict] | None = None      # chat: [{"role", "content"}], roles normalised
+    prompt: str | list[int] | None = None   # completion: text or token ids
+    config: GenerationConfig = field(default_factory=GenerationConfig)
+    max_tokens_given: bool = False          # False: as many as the context leaves
+    policy: Policy | None = None            # None: the server's default
+    stream: bool = False
+    include_usage: bool = False
+    return_tokens: bool = False             # llama-server's extension: the generated token ids
+
+
+# -- type checks ------------------------------------------------------------------------------
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def _int(body: dict, name: str, low: int | None = None, high: int | None = None) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not _is_int(v):
+        raise RequestError(f"'{name}' must be an integer, got {v!r}", name)
+    if (low is not None and v < low) or (high is not None and v > high):
+        where = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise RequestError(f"'{name}' must be {where}, got {v}", name)
+    return v
+
+
+def _number(body: dict, name: str, low: float, high: float, low_open: bool = False) -> float | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not _is_number(v):
+        raise RequestError(f"'{name}' must be a number, got {v!r}", name)
+    if not ((low < v if low_open else low <= v) and v <= high):
+        raise RequestError(f"'{name}' must be in {'(' if low_open else '['}{low:g}, {high:g}], got {v}", name)
+    return float(v)
+
+
+def _bool(body: dict, name: str) -> bool | None:
+    v = body.get(name)
+    if v is not None and not isinstance(v, bool):
+        raise RequestError(f"'{name}' must be true or false, got {v!r}", name)
+    return v
+
+
+# -- what is refused unless it asks for nothing --------------------------------------------------
+
+def _no_op(v) -> bool:
+    return v is None or v is False or v == 0 or v == [] or v == {} or v == "none"
+
+
+# field -> (the values that ask for nothing, why we cannot do more)
+_UNSUPPORTED = {
+    "n": (lambda v: v is None or v == 1, "only n = 1 is supported (one choice per request)"),
+    "best_of": (lambda v: v is None or v == 1, "only best_of = 1 is supported"),
+    "logprobs": (_no_op, "logprobs are not supported"),
+    "top_logprobs": (_no_op, "logprobs are not supported"),
+    "echo": (_no_op, "echo is not supported"),
+    "suffix": (lambda v: v is None or v == "", "suffix (insertion) is not supported"),
+    "tools": (_no_op, "tools (function calling) are not supported"),
+    "tool_choice": (_no_op, "tools (function calling) are not supported"),
+    "parallel_tool_calls": (lambda v: v is None, "tools (function calling) are not supported"),
+    "functions": (_no_op, "functions (function calling) are not supported"),
+    "function_call": (_no_op, "functions (function calling) are not supported"),
+    "response_format": (lambda v: v is None or v == {"type": "text"},
+                        "response_format other than {\"type\": \"text\"} (JSON mode, schemas) is not supported"),
+    "frequency_penalty": (_no_op, "frequency_penalty is not supported (it would change the target's "
+                                  "distribution, which speculative decoding reproduces exactly)"),
+    "presence_penalty": (_no_op, "presence_penalty is not supported (it would change the target's "
+                                 "distribution, which speculative decoding reproduces exactly)"),
+    "logit_bias": (_no_op, "logit_bias is not supported"),
+    "audio": (_no_op, "audio output is not supported"),
+    "modalities": (lambda v: v is None or v == ["text"], "only text output is supported"),
+    "prediction": (_no_op, "predicted outputs are not supported (the drafter predicts by itself)"),
+}
+
+_SAMPLING = {"temperature", "top_p", "top_k", "min_p", "seed", "stop", "max_tokens", "model", "stream",
+             "stream_options", "user", "speculative", "return_tokens"}
+CHAT_FIELDS = _SAMPLING | {"messages", "max_completion_tokens"} | (set(_UNSUPPORTED) - {"best_of", "echo", "suffix"})
+COMPLETION_FIELDS = _SAMPLING | {"prompt"} | {"n", "best_of", "logprobs", "echo", "suffix",
+                                              "frequency_penalty", "presence_penalty", "logit_bias"}
+
+
+def _check_fields(body: dict, allowed: set[str]) -> None:
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise RequestError(f"unsupported field{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}",
+                           unknown[0], "unsupported_field")
+    for name, (ok, why) in _UNSUPPORTED.items():
+        if name in body and not ok(body[name]):
+            raise RequestError(f"'{name}': {why}", name, "unsupported_value")
+
+
+# -- the parts every request shares ---------------------------------------------------------------
+
+def _stop(body: dict) -> tuple[str, ...]:
+    v = body.get("stop")
+    if v is None:
+        return ()
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise RequestError(f"'stop' must be a string or a list of strings, got {v!r}", "stop")
+    if len(stops) > MAX_STOP:
+        raise RequestError(f"'stop' holds at most {MAX_STOP} strings, got {len(stops)}", "stop")
+    if any(s == "" for s in stops):
+        raise RequestError("'stop' strings must not be empty", "stop")
+    return tuple(stops)
+
+
+def _policy(body: dict, draft_names: dict[str, str]) -> Policy | None:
+    """The request's own speculation: {"draft": "auto" | "ngram" | "none" | <loaded draft model>,
+    "k": 1..MAX_DRAFT_TOKENS}. `draft_names` maps the names this server offers to a Policy.draft.
+    A request can only pick among what the server loaded: it never names a file to load."""
+    v = body.get("speculative")
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise RequestError(f"'speculative' must be an object like {{\"draft\": \"auto\"}}, got {v!r}",
+                           "speculative")
+    unknown = sorted(set(v) - {"draft", "k"})
+    if unknown:
+        raise RequestError(f"'speculative' has unknown field(s) {', '.join(unknown)}: it takes draft and k",
+                           f"speculative.{unknown[0]}")
+    draft = v.get("draft", "auto")
+    offered = ", ".join(draft_names)
+    if not isinstance(draft, str) or draft not in draft_names:
+        raise RequestError(f"'speculative.draft' must be one of {offered}; got {draft!r}",
+                           "speculative.draft", "unsupported_value")
+    kind = draft_names[draft]
+    k = _int(v, "k", 1, MAX_DRAFT_TOKENS) if "k" in v else None
+    if "k" in v and k is None:
+        raise RequestError("'speculative.k' must be an integer", "speculative.k")
+    if kind in ("auto", "none") and k is not None:
+        raise RequestError(f"'speculative.k' applies to a fixed drafter (ngram or a draft model); "
+                           f"{draft!r} {'chooses k itself' if kind == 'auto' else 'drafts nothing'}",
+                           "speculative.k")
+    if kind in ("ngram", "model"):
+        return Policy(kind, k if k is not None else 4)
+    return Policy(kind)
+
+
+def _common(body: dict, kind: str, model_names: tuple[str, ...], draft_names: dict[str, str],
+            max_tokens_fields: tuple[str, ...]) -> Job:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError(f"'model' must be a string, got {model!r}", "model")
+    if model is not None and model not in model_names:
+        raise RequestError(f"model {model!r} is not served here; this server serves {model_names[0]!r} "
+                           f"(see GET /v1/models)", "model", "model_not_found")
+    stream = bool(_bool(body, "stream"))
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise RequestError("'stream_options' is only allowed with \"stream\": true", "stream_options")
+        if not isinstance(options, dict) or set(options) - {"include_usage"}:
+            raise RequestError(f"'stream_options' takes only include_usage, got {options!r}", "stream_options")
+        include_usage = bool(_bool(options, "include_usage"))
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise RequestError("'user' must be a string", "user")
+    max_tokens = None
+    for name in max_tokens_fields:
+        v = _int(body, name, 1)
+        if v is not None:
+            if max_tokens is not None and v != max_tokens:
+                raise RequestError("give max_tokens or max_completion_tokens, not two different values", name)
+            max_tokens = v
+    top_k = _int(body, "top_k", -1)
+    seed = _int(body, "seed", 0, 2**63 - 1)
+    temperature = _number(body, "temperature", 0, 2)
+    top_p = _number(body, "top_p", 0, 1, low_open=True)
+    min_p = _number(body, "min_p", 0, 1)
+    try:
+        config = GenerationConfig(
+            max_new_tokens=max_tokens or 1,     # the real default needs the prompt's length: see worker
+            temperature=0.0 if temperature is None else temperature,
+            top_k=0 if top_k in (None, -1) else top_k,     # -1: vLLM's "off"
+            top_p=1.0 if top_p is None else top_p,
+            min_p=0.0 if min_p is None else min_p,
+            seed=seed, stop=_stop(body))
+    except SpecdecError as exc:
+        raise RequestError(str(exc)) from None
+    return Job(kind, model or model_names[0], config=config, max_tokens_given=max_tokens is not None,
+               policy=_policy(body, draft_names), stream=stream, include_usage=include_usage,
+               return_tokens=bool(_bool(body, "return_tokens")))
+
+
+def parse_chat(body, model_names: tuple[str, ...], draft_names: dict[str, str]) -> Job:
+    """POST /v1/chat/completions."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    _check_fields(body, CHAT_FIELDS)
+    job = _common(body, "chat", model_names, draft_names, ("max_tokens", "max_completion_tokens"))
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' must be a non-empty list of {\"role\", \"content\"} objects", "messages")
+    job.messages = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise RequestError(f"{where} must be an object with role and content", where)
+        extra = sorted(set(m) - {"role", "content"})
+        if extra:
+            raise RequestError(f"{where}: unsupported field(s) {', '.join(extra)} (tool calls, names "
+                               f"and audio are not supported)", f"{where}.{extra[0]}", "unsupported_field")
+        role = m.get("role")
+        if role not in ROLES:
+            raise RequestError(f"{where}.role must be one of {', '.join(ROLES)}; got {role!r}"
+                               + (" (tools are not supported)" if role in ("tool", "function") else ""),
+                               f"{where}.role")
+        job.messages.append({"role": ROLES[role], "content": _content(m.get("content"), where)})
+    return job
+
+
+def _content(content, where: str) -> str:
+    """A message's text: a string, or a list of {"type": "text", "text": ...} parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise RequestError(f"{where}.content[{j}]: only text parts are supported, got {kind!r}",
+                                   f"{where}.content")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise RequestError(f"{where}.content must be a string or a list of text parts, got {content!r}",
+                       f"{where}.content")
+
+
+def parse_completion(body, model_names: tuple[str, ...], draft_names: dict[str, str]) -> Job:
+    """POST /v1/completions: the prompt is raw text (no chat template) or token ids."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    _check_fields(body, COMPLETION_FIELDS)
+    job = _common(body, "completion", model_names, draft_names, ("max_tokens",))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]          # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise RequestError("'prompt' is empty", "prompt")
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        pass
+    elif isinstance(prompt, list) and len(prompt) > 1:
+        raise RequestError("'prompt' holds several prompts; send one per request (n > 1 prompts are "
+                           "not supported)", "prompt", "unsupported_value")
+    else:
+        raise RequestError("'prompt' must be a non-empty string or a list of token ids", "prompt")
+    job.prompt = prompt
+    if not job.max_tokens_given:
+        job.config = _with_max_tokens(job.config, COMPLETIONS_MAX_TOKENS)
+        job.max_tokens_given = True
+    return job
+
+
+def _with_max_tokens(config: GenerationConfig, n: int) -> GenerationConfig:
+    from dataclasses import replace
+
+    return replace(config, max_new_tokens=n)
+
+
+# -- responses ------------------------------------------------------------------------------------
+
+# our finish reasons -> OpenAI's: an end-of-generation token or a stop string is "stop"; the token
+# budget or the context is "length"; the server's time limit is "time_limit" (not OpenAI's)
+FINISH = {"eog": "stop", "stop": "stop", "length": "length", "context": "length",
+          "time_limit": "time_limit", "cancelled": "cancelled"}
+
+
+def speculative_body(stats: GenerationStats, policy: Policy) -> dict:
+    """The `speculative` object every response carries (vLLM's spec-decode metrics, per request)."""
+    return {
+        "policy": policy.label,
+        "num_drafts": stats.drafted_at[0] if stats.drafted_at else 0,   # steps that drafted
+        "drafted": stats.drafted,
+        "accepted": stats.accepted,
+        "acceptance_rate": round(stats.acceptance_rate, 6),
+        "drafted_by_position": list(stats.drafted_at),
+        "accepted_by_position": list(stats.accepted_at),
+        "acceptance_by_position": [round(a, 6) for a in stats.acceptance_by_position],
+        "mean_accepted_length": round(stats.mean_accepted_length, 6),
+        "steps": stats.steps,
+        "decisions": dict(stats.decisions),
+    }
+
+
+def usage_body(stats: GenerationStats) -> dict:
+    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
+            "total_tokens": stats.prompt_tokens + stats.generated_tokens}
+
+
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def response_body(job: Job, id: str, created: int, text: str, tokens: list[int], finish: str,
+                  stats: GenerationStats, policy: Policy) -> dict:
+    """The whole (non-streaming) response."""
+    if job.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": FINISH.get(finish, finish)}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": FINISH.get(finish, finish)}
+    if job.return_tokens:
+        choice["tokens"] = list(tokens)
+    return {"id": id, "object": "chat.completion" if job.kind == "chat" else "text_completion",
+            "created": created, "model": job.model, "system_fingerprint": None, "choices": [choice],
+            "usage": usage_body(stats), "speculative": speculative_body(stats, policy)}
+
+
+def chunk_body(job: Job, id: str, created: int, text: str | None = None, finish: str | None = None,
+               role: bool = False, tokens: list[int] | None = None) -> dict:
+    """One streamed chunk: a piece of text, the first (role) chunk, or the last (finish_reason)."""
+    if job.kind == "chat":
+        delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+        choice = {"index": 0, "delta": delta, "logprobs": None,
+                  "finish_reason": FINISH.get(finish, finish) if finish else None}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None,
+                  "finish_reason": FINISH.get(finish, finish) if finish else None}
+        obj = "text_completion"
+    if tokens is not None:
+        choice["tokens"] = list(tokens)
+    return {"id": id, "object": obj, "created": created, "model": job.model, "system_fingerprint": None,
+            "choices": [choice]}
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,236 @@
+"""The one thread that owns the engine.
+
+The engine is single-threaded: models, caches and drafters are touched by this thread only. The
+HTTP side (asyncio) sends it commands through a thread-safe inbox -- add a request, cancel one,
+stop -- and it answers each request through that request's asyncio queue (`call_soon_threadsafe`).
+Its loop: take every waiting command (new requests join the engine's queue, cancelled ones leave
+at once), end the requests past their time limit, run ONE engine step, then hand every request
+the text it produced and report metrics. So a command waits at most one step.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+
+from ..engine import Engine, Request
+from ..errors import SpecdecError
+from .metrics import Metrics
+from .protocol import Job, Policy, RequestError
+
+log = logging.getLogger("specdec.server")
+
+
+@dataclass
+class Handle:
+    """One request, as both sides see it. The worker writes events to `events` (on the HTTP side's
+    loop): ("admitted",), ("text", piece), ("done", result, finish_reason), ("error", RequestError)."""
+    job: Job
+    policy: Policy
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+    deadline: float                          # time.monotonic() past which the request is ended
+    arrived: float = field(default_factory=time.monotonic)
+    request: Request | None = None           # the engine's, once added
+    finish: str = ""                         # a finish reason the worker imposed ("time_limit")
+    closed: bool = False                     # the worker is done with it
+    # what metrics have seen of this request's stats
+    seen_drafts: int = 0
+    seen_drafted: int = 0
+    seen_accepted: int = 0
+    seen_drafted_at: list[int] = field(default_factory=list)
+    seen_accepted_at: list[int] = field(default_factory=list)
+    seen_tokens: int = 0
+    first_token: float | None = None
+    last_token: float | None = None
+
+    def send(self, *event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:        # the HTTP side's loop is gone (shutdown): nobody to tell
+            pass
+
+
+class Worker:
+    def __init__(self, engine: Engine, router, metrics: Metrics):
+        self.engine, self.router, self.metrics = engine, router, metrics
+        self.target = engine.target
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.handles: dict[int, Handle] = {}     # engine request id -> handle
+        self.thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
+        self.thread.start()
+
+    # -- the HTTP side's verbs (any thread) --------------------------------------------------------
+
+    def submit(self, handle: Handle) -> None:
+        self.inbox.put(("add", handle))
+
+    def cancel(self, handle: Handle) -> None:
+        self.inbox.put(("cancel", handle))
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.inbox.put(("stop", None))
+        self.thread.join(timeout)
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        stopping = False
+        while not (stopping and not self.engine.busy):
+            commands = []
+            if not self.engine.busy and not stopping:
+                commands.append(self.inbox.get())        # idle: sleep until something arrives
+            while True:
+                try:
+                    commands.append(self.inbox.get_nowait())
+                except queue.Empty:
+                    break
+            for kind, handle in commands:
+                if kind == "stop":
+                    stopping = True
+                elif kind == "add":
+                    self._add(handle)
+                elif kind == "cancel":
+                    self._cancel(handle, "")
+            self._expire()
+            if self.engine.busy:
+                try:
+                    self.engine.step()
+                except Exception as exc:            # a bug or a backend failure: never the server's end
+                    self._fail_all(exc)
+            self._publish()
+        for handle in list(self.handles.values()):
+            self._cancel(handle, "cancelled")
+        self._publish()
+
+    def _add(self, handle: Handle) -> None:
+        try:
+            tokens, config = self._prepare(handle.job)
+            request = self.engine.add(tokens, config)
+        except RequestError as exc:
+            handle.closed = True
+            handle.send("error", exc)
+            return
+        except SpecdecError as exc:                 # e.g. a model without a chat template
+            handle.closed = True
+            handle.send("error", RequestError(str(exc)))
+            return
+        except Exception as exc:
+            log.error("preparing a request failed:\n%s", traceback.format_exc())
+            handle.closed = True
+            handle.send("error", RequestError(f"internal error while preparing the request: {exc}",
+                                              status=500, type="server_error"))
+            return
+        handle.request = request
+        self.router.policies[request.id] = handle.policy
+        self.handles[request.id] = handle
+        handle.send("admitted")
+
+    def _prepare(self, job: Job):
+        """Prompt tokens and the final config: the chat template or the raw prompt, checked
+        against the context before any work."""
+        tok, n_ctx = self.target.tokenizer, self.target.n_ctx
+        if job.kind == "chat":
+            tokens = tok.encode(tok.apply_chat_template(job.messages), add_special=True)
+        elif isinstance(job.prompt, str):
+            tokens = tok.encode(job.prompt, add_special=True)
+        else:
+            tokens = list(job.prompt)
+            bad = next((t for t in tokens if not 0 <= t < self.target.vocab_size), None)
+            if bad is not None:
+                raise RequestError(f"'prompt' token id {bad} is outside the vocabulary (0..{self.target.vocab_size - 1})",
+                                   "prompt")
+        if not tokens:
+            raise RequestError("the prompt is empty after tokenization", "prompt" if job.kind != "chat" else "messages")
+        room = n_ctx - len(tokens)
+        if room < 1:
+            raise RequestError(f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}: shorten it "
+                               f"(or start the server with a larger --ctx)",
+                               "messages" if job.kind == "chat" else "prompt", "context_length_exceeded")
+        if job.max_tokens_given and job.config.max_new_tokens > room:
+            raise RequestError(f"this model's context holds {n_ctx} tokens; the prompt has {len(tokens)} and "
+                               f"{job.config.max_new_tokens} more were asked for (at most {room} fit)",
+                               "max_tokens", "context_length_exceeded")
+        config = job.config if job.max_tokens_given else replace(job.config, max_new_tokens=room)
+        return tokens, config
+
+    def _cancel(self, handle: Handle, finish: str) -> None:
+        """End a request now (its row and caches are freed in the engine's cancel); `finish` is
+        the reason its client is told, "" when the client is gone."""
+        request = handle.request
+        if handle.closed or request is None or request.done:
+            return
+        handle.finish = finish or "cancelled"
+        self.engine.cancel(request)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for handle in list(self.handles.values()):
+            if now > handle.deadline and not handle.request.done:
+                self._cancel(handle, "time_limit")
+
+    def _fail_all(self, exc: Exception) -> None:
+        """A step raised: every request in the engine is ended with an error (a 500 or an error
+        event), their rows freed, and the server goes on."""
+        log.error("engine step failed; ending the %d request(s) in it:\n%s", len(self.handles),
+                  traceback.format_exc())
+        error = RequestError(f"internal error during generation: {exc}", status=500, type="server_error")
+        for handle in list(self.handles.values()):
+            try:
+                self._cancel(handle, "cancelled")
+            except Exception:
+                log.error("cancelling after the failure failed too:\n%s", traceback.format_exc())
+            handle.closed = True
+            handle.send("error", error)
+            self._forget(handle)
+
+    def _forget(self, handle: Handle) -> None:
+        if handle.request is not None:
+            self.handles.pop(handle.request.id, None)
+            self.router.policies.pop(handle.request.id, None)
+
+    def _publish(self) -> None:
+        """Every request's new text to its client; metrics; finished requests leave."""
+        now = time.monotonic()
+        m = self.metrics
+        for handle in list(self.handles.values()):
+            request = handle.request
+            s = request.stats
+            # speculation counters as they happen (they only grow)
+            drafts = s.drafted_at[0] if s.drafted_at else 0
+            grow = len(s.drafted_at) - len(handle.seen_drafted_at)
+            handle.seen_drafted_at += [0] * grow
+            handle.seen_accepted_at += [0] * grow
+            m.drafted(drafts - handle.seen_drafts, s.drafted - handle.seen_drafted, s.accepted - handle.seen_accepted,
+                      [d - e for d, e in zip(s.drafted_at, handle.seen_drafted_at)],
+                      [a - e for a, e in zip(s.accepted_at, handle.seen_accepted_at)])
+            handle.seen_drafts, handle.seen_drafted, handle.seen_accepted = drafts, s.drafted, s.accepted
+            handle.seen_drafted_at, handle.seen_accepted_at = list(s.drafted_at), list(s.accepted_at)
+            if s.generated_tokens > handle.seen_tokens:
+                if handle.first_token is None:
+                    handle.first_token = now
+                    m.ttft.labels(m.model_name).observe(now - handle.arrived)
+                else:
+                    m.itl.labels(m.model_name).observe(now - handle.last_token)
+                handle.last_token = now
+                handle.seen_tokens = s.generated_tokens
+            piece = request.read()
+            if piece and not handle.finish == "cancelled":
+                handle.send("text", piece)
+            if request.done:
+                finish = handle.finish or s.finish_reason
+                n = s.generated_tokens
+                tpot = ((handle.last_token - handle.first_token) / (n - 1)
+                        if n > 1 and handle.first_token is not None else None)
+                m.finished({"eog": "stop", "stop": "stop", "length": "length", "context": "length"}.get(finish, "abort"),
+                           s.prompt_tokens, n, now - handle.arrived, tpot)
+                if handle.finish != "cancelled":
+                    handle.send("done", request.result, finish)
+                handle.closed = True
+                self._forget(handle)
+        m.running.labels(m.model_name).set(len(self.engine.rows))
+        m.waiting.labels(m.model_name).set(len(self.engine.queue))
