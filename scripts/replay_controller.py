@@ -30,17 +30,36 @@ def record(args) -> None:
     from specdec.engine import GenerationConfig, SpeculativeDecoder
 
     target = load_model(args.target, backend="llama", n_ctx=args.ctx)
+    draft = load_model(args.draft, backend="llama", n_ctx=args.ctx) if args.draft != "none" else None
     decoder = SpeculativeDecoder(target, None)
     config = GenerationConfig(max_new_tokens=args.max_tokens, temperature=0.0)
     with open(args.out, "w") as out:
-        out.write(json.dumps({"target": target.name, "costs": list(measure_forward_costs(target).values())}) + "\n")
-        for item in load_suite(Path(args.suite), per_category=args.per_category):
+        out.write(json.dumps({"target": target.name, "draft": draft.name if draft else None,
+                              "costs": list(measure_forward_costs(target).values())}) + "\n")
+        for item in load_suite(Path(args.suite), args.categories, per_category=args.per_category):
             prompt = decoder.prompt_tokens(item["prompt"], config)
             result = decoder.generate(prompt, config)
-            out.write(json.dumps({"id": item["id"], "category": item["category"], "prompt": prompt,
-                                  "output": result.tokens}) + "\n")
+            line = {"id": item["id"], "category": item["category"], "prompt": prompt, "output": result.tokens}
+            if draft is not None:
+                line["draft_agrees"] = draft_agreement(draft, prompt, result.tokens)
+            out.write(json.dumps(line) + "\n")
             out.flush()
             print(f"{item['id']}: {len(prompt)} prompt tokens, {len(result.tokens)} generated", flush=True)
+
+
+def draft_agreement(draft, prompt: list[int], output: list[int]) -> str:
+    """'1' where the draft model's greedy token, given the prompt and the target's output before
+    it, is the target's token, else '0': one teacher-forced forward. Under greedy decoding a draft
+    of k tokens from position i is accepted up to the first '0' at or after i (an accepted draft
+    token IS the target's token, so the draft's next guess sees the true context), so this string
+    gives every draft:K step's accepted length (specdec.replay.draft_accepted)."""
+    [row] = draft.add_rows(1)
+    try:
+        logits = draft.forward_rows({row: prompt + output}, {row: len(output) + 1})[row]   # [n + 1, vocab]
+    finally:
+        draft.drop_rows([row])
+    guesses = logits[:len(output)].argmax(axis=1)
+    return "".join("1" if int(g) == t else "0" for g, t in zip(guesses, output))
 
 
 def replay(args) -> None:
@@ -77,7 +96,10 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="plain greedy outputs of the target over the suite")
     rec.add_argument("--target", default="qwen2.5-coder-1.5b")
+    rec.add_argument("--draft", default="qwen2.5-coder-0.5b",
+                     help="also record this draft model's greedy agreement with the target ('none': skip)")
     rec.add_argument("--suite", default=str(ROOT / "benchmarks" / "prompts.jsonl"))
+    rec.add_argument("--categories", nargs="+", default=None, help="only these categories")
     rec.add_argument("--per-category", type=int, default=None)
     rec.add_argument("--max-tokens", type=int, default=256)
     rec.add_argument("--ctx", type=int, default=8192)
