@@ -188,6 +188,7 @@ class TransformersModel(SingleRow):
             self._valid_buf = torch.zeros((0, C), dtype=torch.bool, device=self.device)   # [rows, capacity]
             self._pos_buf = torch.full((0, C), -1, dtype=torch.long, device=self.device)  # [rows, capacity]
             self._set_end(0)
+            self._parked = 0       # rows the buffers hold while no row is live (see _park)
         else:
             self._cache = DynamicCache()   # full layers only: sliding windows are applied by the mask
             self._valid = torch.zeros((0, 0), dtype=torch.bool, device=self.device)   # [rows, columns]
@@ -204,6 +205,16 @@ class TransformersModel(SingleRow):
         torch = self._torch
         ids = list(range(self._next_id, self._next_id + n))
         self._next_id += n
+        if self.static and not self._ids and self._parked != n:
+            next_id = self._next_id
+            self._clear()                # parked buffers of another row count: start afresh
+            self._next_id = next_id
+        if self.static and not self._ids and self._parked == n:
+            # the buffers (and the graphs captured over them) of the last batch of n rows
+            self._parked = 0
+            self._past, self._ids = [0] * n, ids
+            self._index = {row: i for i, row in enumerate(self._ids)}
+            return ids
         if self.static:
             C = self._capacity
             self._valid_buf = torch.cat([self._valid_buf, torch.zeros((n, C), dtype=torch.bool, device=self.device)])
@@ -228,6 +239,9 @@ class TransformersModel(SingleRow):
         if len(keep) == len(self._ids):
             return
         if not keep:
+            if self.static:
+                self._park()
+                return
             next_id = self._next_id
             self._clear()
             self._next_id = next_id
@@ -332,6 +346,15 @@ class TransformersModel(SingleRow):
         """Columns [0, end) of the buffers are in use; _valid and _pos are views of them."""
         self._end = end
         self._valid, self._pos = self._valid_buf[:, :end], self._pos_buf[:, :end]
+
+    def _park(self) -> None:
+        """Every row left: keep the buffers and the captured graphs for the next batch of as many
+        rows (one prompt after another, with graphs, would otherwise capture again every time)."""
+        self._parked = len(self._ids)
+        self._valid_buf.fill_(False)
+        self._pos_buf.fill_(-1)
+        self._set_end(0)
+        self._past, self._ids, self._index = [], [], {}
 
     def _forward_static(self, ids, pos, new_valid, position_ids, need: list[int]):
         """Write the new columns at [L, L + W) of the buffers and run the model over a view of
