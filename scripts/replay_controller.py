@@ -10,6 +10,13 @@ measured forward-cost curve on the first line. `replay` needs no model: per cate
 speedup over plain decoding of fixed prompt lookup (ngram:8), of `--draft auto` (the real
 controller, prompt lookup only, learning across prompts as in a bench run), of a clairvoyant
 controller over the same drafter, and of a clairvoyant copier (the ceiling for prompt lookup).
+With `--curve` (a `specdec costs --out` JSON, from any device) the costs are that curve's; with
+`--draft-curve` and a recording that holds the draft model's agreement (`record --draft`, the
+default), also fixed draft:K, `auto` with the draft model, and a clairvoyant draft controller.
+
+    python scripts/replay_controller.py replay --recording benchmarks/greedy-1.5b-0.5b.jsonl \
+        --curve benchmarks/gpu-h100/costs-1.5b-static-graphs.json \
+        --draft-curve benchmarks/gpu-h100/costs-0.5b-static-graphs.json
 """
 from __future__ import annotations
 
@@ -30,40 +37,81 @@ def record(args) -> None:
     from specdec.engine import GenerationConfig, SpeculativeDecoder
 
     target = load_model(args.target, backend="llama", n_ctx=args.ctx)
+    draft = load_model(args.draft, backend="llama", n_ctx=args.ctx) if args.draft != "none" else None
     decoder = SpeculativeDecoder(target, None)
     config = GenerationConfig(max_new_tokens=args.max_tokens, temperature=0.0)
     with open(args.out, "w") as out:
-        out.write(json.dumps({"target": target.name, "costs": list(measure_forward_costs(target).values())}) + "\n")
-        for item in load_suite(Path(args.suite), per_category=args.per_category):
+        out.write(json.dumps({"target": target.name, "draft": draft.name if draft else None,
+                              "costs": list(measure_forward_costs(target).values())}) + "\n")
+        for item in load_suite(Path(args.suite), args.categories, per_category=args.per_category):
             prompt = decoder.prompt_tokens(item["prompt"], config)
             result = decoder.generate(prompt, config)
-            out.write(json.dumps({"id": item["id"], "category": item["category"], "prompt": prompt,
-                                  "output": result.tokens}) + "\n")
+            line = {"id": item["id"], "category": item["category"], "prompt": prompt, "output": result.tokens}
+            if draft is not None:
+                line["draft_agrees"] = draft_agreement(draft, prompt, result.tokens)
+            out.write(json.dumps(line) + "\n")
             out.flush()
             print(f"{item['id']}: {len(prompt)} prompt tokens, {len(result.tokens)} generated", flush=True)
 
 
+def draft_agreement(draft, prompt: list[int], output: list[int]) -> str:
+    """'1' where the draft model's greedy token, given the prompt and the target's output before
+    it, is the target's token, else '0': one teacher-forced forward. Under greedy decoding a draft
+    of k tokens from position i is accepted up to the first '0' at or after i (an accepted draft
+    token IS the target's token, so the draft's next guess sees the true context), so this string
+    gives every draft:K step's accepted length (specdec.replay.draft_accepted)."""
+    [row] = draft.add_rows(1)
+    try:
+        logits = draft.forward_rows({row: prompt + output}, {row: len(output) + 1})[row]   # [n + 1, vocab]
+    finally:
+        draft.drop_rows([row])
+    guesses = logits[:len(output)].argmax(axis=1)
+    return "".join("1" if int(g) == t else "0" for g, t in zip(guesses, output))
+
+
 def replay(args) -> None:
     from specdec.controller import CostAwareController, FixedController
+    from specdec.costs import single_row_curve
     from specdec.drafters.ngram import NgramDrafter
-    from specdec.replay import copy_ceiling, oracle_speedup, replay_speedup
+    from specdec.replay import RecordedDrafter, copy_ceiling, draft_ceiling, oracle_speedup, replay_speedup
 
     lines = Path(args.recording).read_text().splitlines()
     header, records = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
-    costs = json.loads(Path(args.costs).read_text()) if args.costs else header["costs"]
-    auto = CostAwareController(NgramDrafter(), None, costs)     # one for the suite, as in a bench
-    columns = ("ngram:8", "auto", "clairvoyant", "copy ceiling")
+    if args.curve:                    # a `specdec costs` report
+        costs = single_row_curve(json.loads(Path(args.curve).read_text()), depth=args.depth)
+    else:
+        costs = json.loads(Path(args.costs).read_text()) if args.costs else header["costs"]
+    draft_costs = None
+    if args.draft_curve:
+        report = json.loads(Path(args.draft_curve).read_text())
+        draft_costs = single_row_curve(report, "draft" if "draft" in report else "target", depth=args.depth)
+    with_draft = draft_costs is not None and all("draft_agrees" in r for r in records)
+    recorded = RecordedDrafter({tuple(r["prompt"]): (r["output"], r["draft_agrees"]) for r in records}) \
+        if with_draft else None
+    # one `auto` for the suite, as in a bench: it learns across prompts
+    auto = CostAwareController(NgramDrafter(), recorded, costs, draft_costs)
+    columns = ["ngram:8", "auto", "clairvoyant", "copy ceiling"]
+    if with_draft:
+        columns += [f"draft:{k}" for k in args.draft_k] + ["draft ceiling"]
     by_category: dict[str, list[tuple[float, ...]]] = {}
     for r in records:
-        fixed, _ = replay_speedup(r["prompt"], r["output"], costs, FixedController(NgramDrafter(), 8))
-        auto_speedup, decisions = replay_speedup(r["prompt"], r["output"], costs, auto)
-        row = (fixed, auto_speedup, oracle_speedup(r["prompt"], r["output"], costs),
-               copy_ceiling(r["prompt"], r["output"], costs))
-        by_category.setdefault(r["category"], []).append(row)
+        prompt, output = r["prompt"], r["output"]
+        fixed, _ = replay_speedup(prompt, output, costs, FixedController(NgramDrafter(), 8))
+        auto_speedup, decisions = replay_speedup(prompt, output, costs, auto, recorded, draft_costs)
+        row = [fixed, auto_speedup, oracle_speedup(prompt, output, costs), copy_ceiling(prompt, output, costs)]
+        if with_draft:
+            for k in args.draft_k:
+                row.append(replay_speedup(prompt, output, costs, FixedController(recorded, k), recorded,
+                                          draft_costs)[0])
+            row.append(draft_ceiling(output, r["draft_agrees"], costs, draft_costs))
+        by_category.setdefault(r["category"], []).append(tuple(row))
         if args.verbose:
-            print(f"{r['id']:24s}" + "".join(f" {c} {v:.2f}x" for c, v in zip(columns, row)))
-    print(f"target {header.get('target')}, forward of 2/5/9/16 rows = "
-          + "/".join(f"{costs[n - 1] / costs[0]:.2f}" for n in (2, 5, 9, 16)) + "x one row\n")
+            print(f"{r['id']:24s}" + "".join(f" {c} {v:.2f}x" for c, v in zip(columns, row))
+                  + f"  auto: {decisions}")
+    print(f"target {header.get('target')}, forward of 2/5/9/16 tokens = "
+          + "/".join(f"{costs[n - 1] / costs[0]:.2f}" for n in (2, 5, 9, 16)) + "x one token"
+          + (f"; draft model's 1-token forward = {draft_costs[0] / costs[0]:.2f}x the target's" if with_draft else "")
+          + "\n")
     print("| category | " + " | ".join(columns) + " | auto, worst prompt |")
     print("|---" * (len(columns) + 2) + "|")
     for category, rows in by_category.items():
@@ -77,7 +125,10 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="plain greedy outputs of the target over the suite")
     rec.add_argument("--target", default="qwen2.5-coder-1.5b")
+    rec.add_argument("--draft", default="qwen2.5-coder-0.5b",
+                     help="also record this draft model's greedy agreement with the target ('none': skip)")
     rec.add_argument("--suite", default=str(ROOT / "benchmarks" / "prompts.jsonl"))
+    rec.add_argument("--categories", nargs="+", default=None, help="only these categories")
     rec.add_argument("--per-category", type=int, default=None)
     rec.add_argument("--max-tokens", type=int, default=256)
     rec.add_argument("--ctx", type=int, default=8192)
@@ -85,6 +136,13 @@ def main() -> int:
     rep = sub.add_parser("replay", help="speedups of drafting policies on a recording")
     rep.add_argument("--recording", default="greedy-outputs.jsonl")
     rep.add_argument("--costs", help="a JSON list of forward seconds for 1..16 rows (default: the recording's)")
+    rep.add_argument("--curve", help="the target's curve from `specdec costs --out` (its one-row curve at "
+                                     "--depth, else the shallowest) instead of --costs")
+    rep.add_argument("--draft-curve", help="the draft model's curve from `specdec costs --out` (its draft, else "
+                                           "its target): adds draft:K, auto with the draft model and the "
+                                           "draft ceiling, from the recording's draft agreement")
+    rep.add_argument("--depth", type=int, default=None, help="the curves' depth to use")
+    rep.add_argument("--draft-k", type=int, nargs="+", default=[2, 4], help="fixed draft:K columns (default: 2 4)")
     rep.add_argument("-v", "--verbose", action="store_true", help="a line per prompt")
     args = parser.parse_args()
     record(args) if args.command == "record" else replay(args)

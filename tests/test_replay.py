@@ -48,3 +48,52 @@ def test_a_wrong_guess_costs_a_wider_step():
     speedup, decisions = replay_speedup(prompt, output, CURVE, FixedController(NgramDrafter(), 4))
     # step one drafts [4, 8, 1, 2] from "1 2 3" and keeps none; later steps draft from "7"
     assert decisions["ngram:4"] >= 1 and speedup < 1.0
+
+
+# -- a draft model replayed from its recorded agreement ----------------------------------------
+
+def test_draft_run_is_the_run_of_agreements():
+    from specdec.replay import draft_run
+    assert [draft_run("1101110", i, 4) for i in range(7)] == [2, 1, 0, 3, 2, 1, 0]
+    assert draft_run("1111", 0, 2) == 2 and draft_run("11", 1, 4) == 1
+
+
+def test_the_recorded_drafter_is_accepted_exactly_as_recorded_and_pays_its_forwards():
+    """Fixed draft:K replayed: every step keeps the recorded run; a draft that always agrees and
+    costs nothing gives the ceiling's tokens per step, a costly draft model less."""
+    from specdec.replay import RecordedDrafter, draft_ceiling, draft_seconds
+    rng = np.random.default_rng(0)
+    prompt, output = list(range(10)), [int(t) for t in rng.integers(100, 200, 120)]
+    agrees = "".join("1" if x < 0.8 else "0" for x in rng.random(len(output)))
+    recorded = RecordedDrafter({tuple(prompt): (output, agrees)})
+    flat = [1.0] * 16                                       # a GPU-like curve: width is free
+    free = [0.0] * 16
+    speedup, decisions = replay_speedup(prompt, output, flat, FixedController(recorded, 4), recorded, free)
+    steps = sum(decisions.values())
+    assert speedup == pytest.approx(len(output) / steps)
+    assert set(decisions) <= {"draft:4", "draft:3", "draft:2", "draft:1", "plain"}
+    # a step keeps the run of agreements: the mean is what the agreement string says
+    pos, expected_steps = 0, 0
+    while pos < len(output):
+        k = min(4, len(output) - pos - 1)
+        n = 0
+        while n < k and agrees[pos + n] == "1":
+            n += 1
+        pos, expected_steps = pos + n + 1, expected_steps + 1
+    assert steps == expected_steps
+    costly = [0.5] * 16                                     # a draft forward costs half a target forward
+    slower, _ = replay_speedup(prompt, output, flat, FixedController(recorded, 4), recorded, costly)
+    assert slower < speedup
+    assert draft_seconds(costly, 3, 4) == pytest.approx(0.5 + 3 * 0.5)
+    assert draft_ceiling(output, agrees, flat, free) >= speedup - 1e-9
+    assert draft_ceiling(output, "0" * len(output), flat, free) == pytest.approx(1.0)
+
+
+def test_auto_uses_a_recorded_draft_model_when_it_pays():
+    from specdec.replay import RecordedDrafter
+    prompt, output = list(range(10)), list(range(1000, 1200))       # nothing to copy: lookup is useless
+    recorded = RecordedDrafter({tuple(prompt): (output, "1" * len(output))})
+    flat = [1.0 + 0.01 * i for i in range(16)]
+    auto = CostAwareController(NgramDrafter(), recorded, flat, [0.05] * 16)
+    speedup, decisions = replay_speedup(prompt, output, flat, auto, recorded, [0.05] * 16)
+    assert speedup > 2 and any(key.startswith("draft:") for key in decisions)

@@ -39,13 +39,15 @@ def _cache_file(model, tag: str) -> Path | None:
 
 
 def measure_forward_costs(model, widths: Sequence[int] | None = None, repeats: int = 7, depth: int = 128,
-                          use_cache: bool = True) -> dict[int, float]:
-    """Seconds of one forward of W rows (one row of W tokens) at a cache depth of `depth` tokens,
-    for each W in `widths`, the fastest of `repeats` (another process stealing a core only ever
-    adds time, so the minimum is the cost). Cached per model file, backend and threads in
+                          use_cache: bool = True, rows: int = 1) -> dict[int, float]:
+    """Seconds of one forward of W tokens in each of `rows` rows (rows x W tokens in all; one row:
+    the verification of a k = W - 1 draft) at a cache depth of `depth` tokens per row, for each W
+    in `widths`, the fastest of `repeats` (another process stealing a core only ever adds time, so
+    the minimum is the cost). Cached per model file, backend, threads and rows in
     $SPECDEC_HOME/costs/."""
     widths = sorted(widths or widths_for(getattr(model, "max_rows", 1)))
-    cache = _cache_file(model, f"forward-{','.join(map(str, widths))}-{depth}") if use_cache else None
+    tag = f"forward-{','.join(map(str, widths))}-{depth}" + (f"-rows{rows}" if rows > 1 else "")
+    cache = _cache_file(model, tag) if use_cache else None
     if cache is not None and cache.is_file():
         try:
             costs = {int(w): float(s) for w, s in json.loads(cache.read_text()).items()}
@@ -54,29 +56,77 @@ def measure_forward_costs(model, widths: Sequence[int] | None = None, repeats: i
         except (ValueError, AttributeError):
             pass   # a damaged cache file is measured again
     n_max = widths[-1]
-    context = [int(t) % model.vocab_size for t in range(1000, 1000 + depth + n_max)]  # arbitrary tokens
-    [row] = model.add_rows(1)
+    # arbitrary tokens, another stretch for every row
+    contexts = [[int(t) % model.vocab_size for t in range(1000 + 97 * i, 1000 + 97 * i + depth + n_max)]
+                for i in range(rows)]
+    ids = model.add_rows(rows)
+    feed = lambda w: {r: c[depth:depth + w] for r, c in zip(ids, contexts)}   # noqa: E731
+    back = {r: depth for r in ids}
     try:
-        model.forward_rows({row: context[:depth]})
-        model.forward_rows({row: context[depth:depth + n_max]}, {row: n_max})   # warm-up: every weight page
-        model.rollback_rows({row: depth})
+        model.forward_rows({r: c[:depth] for r, c in zip(ids, contexts)})
+        model.forward_rows(feed(n_max), {r: n_max for r in ids})   # warm-up: every weight page
+        model.rollback_rows(back)
         # Widths take turns, round after round, so that a slow spell of the machine (another
         # process, clock changes) lands on every width alike instead of skewing the ratios.
         times: dict[int, list[float]] = {w: [] for w in widths}
         for _ in range(repeats):
             for w in widths:
                 t = time.perf_counter()
-                model.forward_rows({row: context[depth:depth + w]}, {row: w})
+                model.forward_rows(feed(w), {r: w for r in ids})
                 times[w].append(time.perf_counter() - t)
-                model.rollback_rows({row: depth})
+                model.rollback_rows(back)
     finally:
-        model.drop_rows([row])
+        model.drop_rows(ids)
     best = np.maximum.accumulate([min(times[w]) for w in widths])   # wider is never cheaper: smooth noise
     costs = {w: float(s) for w, s in zip(widths, best)}
     if cache is not None:
         from .catalog import write_cache_file
         write_cache_file(cache, json.dumps({str(w): s for w, s in costs.items()}))
     return costs
+
+
+# -- the `specdec costs` report ---------------------------------------------------------------
+
+def cost_report(model, rows: Sequence[int] = (1,), depths: Sequence[int] = (128,), repeats: int = 5,
+                widths: Sequence[int] | None = None) -> list[dict]:
+    """One curve per (rows, depth): {"rows", "depth", "widths", "seconds"}, seconds[i] the cost of
+    a forward of widths[i] tokens in each of `rows` rows (measure_forward_costs, not cached:
+    a report is a fresh measurement)."""
+    curves = []
+    for n in rows:
+        for depth in depths:
+            costs = measure_forward_costs(model, widths, repeats=repeats, depth=depth, use_cache=False, rows=n)
+            curves.append({"rows": n, "depth": depth, "widths": list(costs), "seconds": list(costs.values())})
+    return curves
+
+
+def single_row_curve(report: dict, role: str = "target", depth: int | None = None) -> list[float]:
+    """Seconds of a forward of 1..16 tokens in one row from a `specdec costs` JSON report (the
+    curve at `depth`, else the shallowest), as the controller and the replay take it."""
+    curves = [c for c in report[role]["curves"] if c["rows"] == 1 and (depth is None or c["depth"] == depth)]
+    if not curves:
+        raise ValueError(f"the report has no one-row {role} curve" + (f" at depth {depth}" if depth else ""))
+    curve = min(curves, key=lambda c: c["depth"])
+    table = CostTable(dict(zip(curve["widths"], curve["seconds"])))
+    return [table.measured(w) for w in range(1, NARROW + 1)]
+
+
+def format_curves(name: str, curves: list[dict]) -> str:
+    """The curves as a table: a line per width, milliseconds and the ratio to one token, a column
+    pair per (rows, depth)."""
+    heads = [f"{c['rows']} row{'s' if c['rows'] > 1 else ''} @ {c['depth']}" for c in curves]
+    lines = [name, f"{'width':>6}" + "".join(f"{h:>24}" for h in heads)]
+    widths = sorted({w for c in curves for w in c["widths"]})
+    for w in widths:
+        cells = []
+        for c in curves:
+            if w in c["widths"]:
+                s = c["seconds"][c["widths"].index(w)]
+                cells.append(f"{s * 1e3:12.2f} ms {s / c['seconds'][0]:6.2f}x")
+            else:
+                cells.append(" " * 24)
+        lines.append(f"{w:>6}" + "".join(f"{cell:>24}" for cell in cells))
+    return "\n".join(lines)
 
 
 class CostTable:

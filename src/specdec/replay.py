@@ -11,13 +11,22 @@ changes measurable in seconds instead of a 40-minute benchmark, and gives two ce
 - `copy_ceiling`: the same, drafting from whichever earlier occurrence of the last token continues
   furthest into the real output (the best any prompt-lookup drafter could do).
 
+A recording may also hold a draft model's greedy agreement with the target at every position
+(`draft_agrees`, scripts/replay_controller.py record): under greedy decoding an accepted draft
+token is the target's own token, so the draft's next guess sees the true context, and the draft
+of k tokens from position i keeps the run of agreements starting at i, up to k. `RecordedDrafter`
+replays such a draft model for the controllers (fixed draft:K and `auto`), and `draft_ceiling` is
+a clairvoyant controller over it. The draft model's costs come from its own curve: a catch-up
+forward of the tokens it has not seen, then one forward per further draft token.
+
 Costs only: Python's own time per step (well under 1% here) and noise are left out.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from .controller import K_MAX, Outcome, _agreement
+from .drafters.base import Draft
 from .drafters.ngram import NgramDrafter
 
 
@@ -68,11 +77,92 @@ def copy_ceiling(prompt: Sequence[int], output: Sequence[int], costs: Sequence[f
     return len(output) * costs[0] / _best_time(lengths, costs)
 
 
-def replay_speedup(prompt: Sequence[int], output: Sequence[int], costs: Sequence[float],
-                   controller) -> tuple[float, dict[str, int]]:
-    """Speedup over plain decoding of `controller` (a FixedController or CostAwareController with
-    a prompt-lookup drafter), and its decisions, replayed step by step on the recorded output."""
+def draft_run(agrees: str, pos: int, k: int) -> int:
+    """Draft tokens the target keeps of a k-token greedy draft from position `pos`: the run of
+    agreements ('1') that starts there, at most k."""
+    n = 0
+    while n < k and pos + n < len(agrees) and agrees[pos + n] == "1":
+        n += 1
+    return n
+
+
+class RecordedDrafter:
+    """A draft model replayed from recordings (prompt -> (the target's output, the draft's
+    agreement string)): it proposes what the real one would have under greedy decoding, the
+    target's tokens for the run of agreements and then a token the target rejects, and keeps the
+    draft model's cache bookkeeping (ModelDrafter's) so that `lag` and the costs are the real ones."""
+
+    def __init__(self, recordings: Mapping[tuple[int, ...], tuple[Sequence[int], str]], vocab_size: int = 1 << 20):
+        self.name = "draft:recorded"
+        self.vocab_size = vocab_size
+        self._recordings = {tuple(p): r for p, r in recordings.items()}
+        self._rows: dict[int, dict] = {}
+        self.last_cost_rows: tuple[int, int] = (0, 0)   # (catch-up tokens, draft tokens) of the last proposal
+
+    def begin(self, row: int, prompt: Sequence[int], params=None, rng=None) -> None:
+        output, agrees = self._recordings[tuple(prompt)]
+        self._rows[row] = {"start": len(prompt), "output": output, "agrees": agrees, "fed": 0,
+                           "base": 0, "drafted": 0}
+
+    def end(self, rows: Sequence[int]) -> None:
+        for row in rows:
+            self._rows.pop(row, None)
+
+    def lag(self, row: int, context: Sequence[int]) -> int:
+        return len(context) - self._rows[row]["fed"]
+
+    def propose(self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int]) -> dict[int, Draft]:
+        drafts = {}
+        for row, k in ks.items():
+            state, context = self._rows[row], contexts[row]
+            pos = len(context) - state["start"]
+            n = draft_run(state["agrees"], pos, k)
+            tokens = list(state["output"][pos:pos + n])
+            if n < k:   # the first guess the target rejects; what follows it is never looked at
+                right = state["output"][pos + n] if pos + n < len(state["output"]) else 0
+                tokens += [(right + 1) % self.vocab_size] * (k - n)
+            self.last_cost_rows = (max(1, len(context) - state["fed"]) if k else 0, k)
+            state["base"], state["drafted"] = len(context), k
+            state["fed"] = len(context) + max(k - 1, 0) if k else state["fed"]
+            drafts[row] = Draft(tokens)
+        return drafts
+
+    def accept(self, n_accepted: Mapping[int, int]) -> None:
+        for row, n in n_accepted.items():   # as ModelDrafter.accept: keep the accepted draft tokens fed
+            state = self._rows[row]
+            state["fed"] = min(state["fed"], state["base"] + min(n, max(state["drafted"] - 1, 0)))
+
+
+def draft_seconds(draft_costs: Sequence[float], catch_up: int, k: int) -> float:
+    """Seconds the draft model spends on a k-token proposal: a forward of the catch-up tokens,
+    then one of one token for each draft token after the first."""
+    if k == 0:
+        return 0.0
+    return _cost(draft_costs, catch_up) + (k - 1) * draft_costs[0]
+
+
+def _cost(costs: Sequence[float], width: int) -> float:
+    """Seconds of a forward of `width` tokens on a 1..len curve (proportional past its end)."""
+    return costs[width - 1] if width <= len(costs) else costs[-1] * width / len(costs)
+
+
+def draft_ceiling(output: Sequence[int], agrees: str, costs: Sequence[float], draft_costs: Sequence[float]) -> float:
+    """Speedup of a clairvoyant controller over the draft model: at every position it drafts
+    exactly as many tokens as will be accepted (or none), paying the draft model's forwards."""
+    lengths = [draft_run(agrees, pos, len(costs) - 1) for pos in range(len(output))]
+    step = [costs[k] + draft_seconds(draft_costs, 1, k) for k in range(len(costs))]
+    return len(output) * costs[0] / _best_time(lengths, step)
+
+
+def replay_speedup(prompt: Sequence[int], output: Sequence[int], costs: Sequence[float], controller,
+                   recorded: RecordedDrafter | None = None,
+                   draft_costs: Sequence[float] | None = None) -> tuple[float, dict[str, int]]:
+    """Speedup over plain decoding of `controller` (a FixedController or CostAwareController over
+    prompt lookup and/or `recorded`, the draft model, whose forwards cost `draft_costs`), and its
+    decisions, replayed step by step on the recorded output."""
     controller.begin(0, prompt)
+    if recorded is not None:
+        recorded.begin(0, prompt)
     context = list(prompt)
     pos, seconds, decisions = 0, 0.0, {}
     while pos < len(output):
@@ -82,10 +172,17 @@ def replay_speedup(prompt: Sequence[int], output: Sequence[int], costs: Sequence
         emitted = output[pos:pos + n + 1]
         cost = costs[len(tokens)]
         seconds += cost
+        kind = "ngram"
+        if drafter is not None and drafter is recorded:
+            kind = "draft"
+            seconds += draft_seconds(draft_costs, *recorded.last_cost_rows)
+            recorded.accept({0: n})
         controller.observe({0: Outcome(drafter, draft, n, emitted)}, len(tokens) + 1, cost)
-        key = f"ngram:{len(tokens)}" if tokens else "plain"
+        key = f"{kind}:{len(tokens)}" if tokens else "plain"
         decisions[key] = decisions.get(key, 0) + 1
         context += emitted
         pos += len(emitted)
     controller.end(0)
+    if recorded is not None:
+        recorded.end([0])
     return len(output) * costs[0] / seconds, decisions

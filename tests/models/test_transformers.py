@@ -10,18 +10,22 @@ from ..conftest import needs_torch
 needs_torch()
 import torch  # noqa: E402
 
-from specdec.errors import ContextOverflowError, ModelLoadError  # noqa: E402
-from specdec.models.transformers import HFTokenizer, TransformersModel, load_transformers_model  # noqa: E402
+from specdec.errors import ContextOverflowError, ModelLoadError, SpecdecError  # noqa: E402
+from specdec.models.transformers import (HFTokenizer, TransformersModel, load_random_weights,  # noqa: E402
+                                         load_transformers_model)
 
 from .. import tiny_hf  # noqa: E402
 
 ATOL = 1e-4   # float32 summation order differs between batch shapes
 
 
-@pytest.fixture(scope="module", params=tiny_hf.ARCHS)
+@pytest.fixture(scope="module", params=[(arch, "dynamic") for arch in tiny_hf.ARCHS] + [("qwen2", "static"),
+                                                                                       ("gpt2", "static")],
+                ids=lambda p: "-".join(p))
 def model(request, tokenizer):
-    target, _ = tiny_hf.pair(request.param, len(tokenizer))
-    return TransformersModel(target, tokenizer, name=request.param)
+    arch, cache = request.param
+    target, _ = tiny_hf.pair(arch, len(tokenizer))
+    return TransformersModel(target, tokenizer, name=arch, cache=cache)
 
 
 def full_logits(model, tokens):
@@ -161,3 +165,59 @@ def test_load_errors_say_what_is_wrong(tmp_path):
     bad.write_bytes(b"not a gguf at all")
     with pytest.raises(ModelLoadError):
         load_transformers_model(bad, device="cpu")
+
+
+def test_a_full_static_cache_compacts_in_place(tokenizer):
+    """With a static cache of 2 x 48 columns, rejected drafts fill it fast: the holes are squeezed
+    out in place (the buffers keep their addresses) and every row still computes what it would alone."""
+    target, _ = tiny_hf.pair("llama", len(tokenizer))
+    model = TransformersModel(target, tokenizer, n_ctx=48, cache="static")
+    rows = model.add_rows(2)
+    histories = [tokens(50, 5), tokens(51, 3)]
+    model.forward_rows(dict(zip(rows, histories)))
+    buffer = model._layers()[0].keys.data_ptr()
+    rng = np.random.default_rng(1)
+    for step in range(12):
+        drafts = [tokens(300 + step, 5), tokens(400 + step, 2)]
+        model.forward_rows(dict(zip(rows, drafts)))
+        kept = [int(rng.integers(0, 3)), 1]
+        model.rollback_rows({r: len(h) + n for r, h, n in zip(rows, histories, kept)})
+        for h, d, n in zip(histories, drafts, kept):
+            h.extend(d[:n])
+    assert model._layers()[0].keys.data_ptr() == buffer
+    outs = model.forward_rows(dict(zip(rows, [[5, 9], [6]])), {r: 1 for r in rows})
+    for row, h, t in zip(rows, histories, [[5, 9], [6]]):
+        np.testing.assert_allclose(outs[row], full_logits(model, h + t)[-1:], atol=ATOL)
+
+
+def test_bad_cache_options_are_errors(tokenizer):
+    target, _ = tiny_hf.pair("qwen2", len(tokenizer))
+    with pytest.raises(SpecdecError, match="unknown cache"):
+        TransformersModel(target, tokenizer, cache="paged")
+    with pytest.raises(SpecdecError, match="CUDA graphs"):
+        TransformersModel(target, tokenizer, cache="static", graphs=True)   # on the CPU
+
+
+def test_random_weights_from_a_config(tmp_path):
+    """A model of a config's shape with random weights and a byte tokenizer: what `specdec costs
+    --random-weights` times. Same seed, same weights."""
+    import json
+
+    config = {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300,
+              "max_position_embeddings": 128, "eos_token_id": 299, "_source": "a note, ignored"}
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(config))
+    a = load_random_weights(path, device="cpu", dtype="float32", n_ctx=64)
+    b = load_random_weights(path, device="cpu", dtype="float32", n_ctx=64, cache="static")
+    assert a.vocab_size == 300 and a.n_ctx == 64 and a.name == "tiny (random weights)"
+    assert a.tokenizer.eog_ids == {299} and not a.is_instruct
+    ids = a.tokenizer.encode("def f(): π")
+    assert a.tokenizer.decode(ids) == "def f(): π"
+    np.testing.assert_allclose(a.forward(ids), b.forward(ids), atol=ATOL)
+    for bad, message in (("{", "not JSON"), ("{}", "model_type")):
+        path.write_text(bad)
+        with pytest.raises(ModelLoadError, match=message):
+            load_random_weights(path, device="cpu")
+    with pytest.raises(ModelLoadError, match="cannot read"):
+        load_random_weights(tmp_path / "missing.json", device="cpu")

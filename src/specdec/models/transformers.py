@@ -15,6 +15,15 @@ in a batch computes what it would compute alone, up to floating-point summation 
 Rows join a running batch (`add_rows` appends empty rows along the batch axis) and leave it
 (`drop_rows` selects the others), so the engine can batch requests that come and go. Row ids are
 stable; `_ids` maps each to its index along the batch axis.
+
+Two cache layouts (`cache=`):
+- "dynamic" (default): each forward concatenates its columns onto the cache (transformers'
+  DynamicCache), and attention reads exactly the columns in use;
+- "static": every layer's keys and values live in one buffer allocated once, [rows, heads,
+  capacity, head_dim]; a forward writes its columns in place and attention reads a prefix of the
+  buffer rounded up to VIEW_BUCKET columns. Nothing moves between steps, so on CUDA the
+  verification forward of each (rows, width, view) shape is captured once as a CUDA graph and
+  replayed (`graphs=True`): one launch instead of hundreds of kernel launches from Python.
 """
 from __future__ import annotations
 
@@ -33,6 +42,14 @@ from .numpy_ref import CHAR_TO_BYTE   # GPT-2's byte-level table (numpy_ref impo
 INSTALL_HINT = ("install PyTorch and transformers: `make torch-deps`, or "
                 "`pip install torch transformers gguf accelerate` (CPU: `pip install torch==2.13.0` first)")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+CACHES = ("dynamic", "static")
+# Static cache: attention reads the buffer up to the used columns rounded up to this many, so a
+# CUDA graph serves every depth in a 256-column band (a few graphs per generation), while a short
+# context does not pay for reading the whole buffer.
+VIEW_BUCKET = 256
+# Forwards wider than this run eagerly even with graphs=True: prefill chunks (each width would be
+# a graph of its own, used once); verification forwards are rows x (k + 1) <= 32 x 33 tokens.
+GRAPH_MAX_WIDTH = 64
 
 # end-of-turn tokens of the common chat formats; eog when the vocabulary has them
 _EOG_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>",
@@ -122,8 +139,10 @@ class TransformersModel(SingleRow):
     max_rows = 1 << 16
 
     def __init__(self, model, tokenizer, name: str = "transformers", n_ctx: int | None = None,
-                 is_instruct: bool | None = None):
+                 is_instruct: bool | None = None, cache: str = "dynamic", graphs: bool = False):
         torch = _torch()
+        if cache not in CACHES:
+            raise SpecdecError(f"unknown cache {cache!r}: use one of {', '.join(CACHES)}")
         self._torch = torch
         self.model = model.eval()
         self.config = model.config
@@ -144,15 +163,36 @@ class TransformersModel(SingleRow):
         types = getattr(text, "layer_types", None) or []
         self._sliding = getattr(text, "sliding_window", None) if "sliding_attention" in types else None
         self._mask_keys = sorted(set(types)) if self._sliding else None
+        self.static = cache == "static"
+        if graphs and not (self.static and self.device.type == "cuda"):
+            raise SpecdecError("CUDA graphs need cache='static' and a CUDA device")
+        self.graphs = graphs
+        # a row holds n_ctx tokens; a forward adds at most n_ctx columns after a compaction
+        self._capacity = 2 * self.n_ctx
+        self._n_layers = int(text.num_hidden_layers)
         self._clear()
 
     def _clear(self) -> None:
         from transformers import DynamicCache
 
         torch = self._torch
-        self._cache = DynamicCache()   # full layers only: sliding windows are applied by the mask
-        self._valid = torch.zeros((0, 0), dtype=torch.bool, device=self.device)   # [rows, columns]
-        self._pos = torch.zeros((0, 0), dtype=torch.long, device=self.device)     # [rows, columns]
+        self._graph_cache: dict[tuple[int, int, int], _Graph] = {}
+        self._graph_pool = None
+        if self.static:
+            from transformers.cache_utils import Cache
+
+            self._slot = _Slot()
+            self._slot.capacity = self._capacity
+            self._cache = Cache(layers=[_static_layer(self._slot) for _ in range(self._n_layers)])
+            C = self._capacity
+            self._valid_buf = torch.zeros((0, C), dtype=torch.bool, device=self.device)   # [rows, capacity]
+            self._pos_buf = torch.full((0, C), -1, dtype=torch.long, device=self.device)  # [rows, capacity]
+            self._set_end(0)
+            self._parked = 0       # rows the buffers hold while no row is live (see _park)
+        else:
+            self._cache = DynamicCache()   # full layers only: sliding windows are applied by the mask
+            self._valid = torch.zeros((0, 0), dtype=torch.bool, device=self.device)   # [rows, columns]
+            self._pos = torch.zeros((0, 0), dtype=torch.long, device=self.device)     # [rows, columns]
         self._past: list[int] = []     # [rows] tokens in each row's cache
         self._ids: list[int] = []      # [rows] the row id at each batch index
         self._index: dict[int, int] = {}   # row id -> batch index
@@ -165,9 +205,26 @@ class TransformersModel(SingleRow):
         torch = self._torch
         ids = list(range(self._next_id, self._next_id + n))
         self._next_id += n
-        L = self._valid.shape[1]
-        self._valid = torch.cat([self._valid, torch.zeros((n, L), dtype=torch.bool, device=self.device)])
-        self._pos = torch.cat([self._pos, torch.full((n, L), -1, dtype=torch.long, device=self.device)])
+        if self.static and not self._ids and self._parked != n:
+            next_id = self._next_id
+            self._clear()                # parked buffers of another row count: start afresh
+            self._next_id = next_id
+        if self.static and not self._ids and self._parked == n:
+            # the buffers (and the graphs captured over them) of the last batch of n rows
+            self._parked = 0
+            self._past, self._ids = [0] * n, ids
+            self._index = {row: i for i, row in enumerate(self._ids)}
+            return ids
+        if self.static:
+            C = self._capacity
+            self._valid_buf = torch.cat([self._valid_buf, torch.zeros((n, C), dtype=torch.bool, device=self.device)])
+            self._pos_buf = torch.cat([self._pos_buf, torch.full((n, C), -1, dtype=torch.long, device=self.device)])
+            self._set_end(self._end)
+            self._graph_cache.clear()     # the buffers moved: captured graphs point at the old ones
+        else:
+            L = self._valid.shape[1]
+            self._valid = torch.cat([self._valid, torch.zeros((n, L), dtype=torch.bool, device=self.device)])
+            self._pos = torch.cat([self._pos, torch.full((n, L), -1, dtype=torch.long, device=self.device)])
         for layer in self._layers():
             pad = lambda t: torch.cat([t, t.new_zeros((n, *t.shape[1:]))])   # noqa: E731
             layer.keys, layer.values = pad(layer.keys), pad(layer.values)
@@ -182,14 +239,22 @@ class TransformersModel(SingleRow):
         if len(keep) == len(self._ids):
             return
         if not keep:
+            if self.static:
+                self._park()
+                return
             next_id = self._next_id
             self._clear()
             self._next_id = next_id
             return
         index = self._torch.tensor(keep, dtype=self._torch.long, device=self.device)
-        if self._valid.shape[1]:
+        if self._layers():
             self._cache.batch_select_indices(index)
-        self._valid, self._pos = self._valid[index], self._pos[index]
+        if self.static:
+            self._valid_buf, self._pos_buf = self._valid_buf[index], self._pos_buf[index]
+            self._set_end(self._end)
+            self._graph_cache.clear()
+        else:
+            self._valid, self._pos = self._valid[index], self._pos[index]
         self._past = [self._past[i] for i in keep]
         self._ids = [self._ids[i] for i in keep]
         self._index = {row: i for i, row in enumerate(self._ids)}
@@ -201,6 +266,11 @@ class TransformersModel(SingleRow):
     def width(self, lengths: Sequence[int]) -> int:
         # the rows go through the forward padded to the longest
         return len(lengths) * max(lengths, default=0)
+
+    @property
+    def layout(self) -> str:
+        """The KV cache layout: "dynamic", "static" or "static+graphs"."""
+        return ("static+graphs" if self.graphs else "static") if self.static else "dynamic"
 
     @property
     def n_rows(self) -> int:
@@ -235,20 +305,24 @@ class TransformersModel(SingleRow):
                 pos[i, :len(row_tokens)] = torch.arange(self._past[i], self._past[i] + len(row_tokens))
         ids, pos = ids.to(self.device), pos.to(self.device)
         new_valid = pos >= 0
-        L = self._valid.shape[1]
-        valid = torch.cat([self._valid, new_valid], dim=1)              # [rows, L + W]
-        kv_pos = torch.cat([self._pos, pos], dim=1)                     # [rows, L + W]
         # padding queries see only themselves (a fully masked row would give NaN in the cache)
         position_ids = torch.where(new_valid, pos, 0).clamp(max=self.n_ctx - 1)
-        mask = self._mask(valid, kv_pos, pos, L)
         # logits only for the columns some row asks for
         need = sorted({c for i in range(B) for c in range(lengths[i] - wants[i], lengths[i])})
-        keep = torch.tensor(need or [W - 1], device=self.device)
-        with torch.inference_mode():
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
-                             past_key_values=self._cache, use_cache=True, logits_to_keep=keep)
-        self._cache = out.past_key_values
-        self._valid, self._pos = valid, kv_pos
+        if self.static:
+            L, logits = self._forward_static(ids, pos, new_valid, position_ids, need)
+        else:
+            L = self._valid.shape[1]
+            valid = torch.cat([self._valid, new_valid], dim=1)              # [rows, L + W]
+            kv_pos = torch.cat([self._pos, pos], dim=1)                     # [rows, L + W]
+            mask = self._mask(valid, kv_pos, pos, L)
+            keep = torch.tensor(need or [W - 1], device=self.device)
+            with torch.inference_mode():
+                out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
+                                 past_key_values=self._cache, use_cache=True, logits_to_keep=keep)
+            self._cache = out.past_key_values
+            self._valid, self._pos = valid, kv_pos
+            logits = out.logits                                             # [rows, len(need), vocab]
         for i in range(B):
             self._past[i] += lengths[i]
         result = {row: empty for row in n_logits if row in tokens}
@@ -258,7 +332,7 @@ class TransformersModel(SingleRow):
         pairs = [(i, col[c]) for i in range(B) for c in range(lengths[i] - wants[i], lengths[i])]
         index_r = torch.tensor([i for i, _ in pairs], device=self.device)
         index_c = torch.tensor([c for _, c in pairs], device=self.device)
-        flat = out.logits[index_r, index_c].float().cpu().numpy()      # [sum(wants), vocab]
+        flat = logits[index_r, index_c].float().cpu().numpy()          # [sum(wants), vocab]
         start = 0
         for i in range(B):
             if wants[i]:
@@ -266,12 +340,115 @@ class TransformersModel(SingleRow):
                 start += wants[i]
         return result
 
+    # -- the static cache ----------------------------------------------------------------------
+
+    def _set_end(self, end: int) -> None:
+        """Columns [0, end) of the buffers are in use; _valid and _pos are views of them."""
+        self._end = end
+        self._valid, self._pos = self._valid_buf[:, :end], self._pos_buf[:, :end]
+
+    def _park(self) -> None:
+        """Every row left: keep the buffers and the captured graphs for the next batch of as many
+        rows (one prompt after another, with graphs, would otherwise capture again every time)."""
+        self._parked = len(self._ids)
+        self._valid_buf.fill_(False)
+        self._pos_buf.fill_(-1)
+        self._set_end(0)
+        self._past, self._ids, self._index = [], [], {}
+
+    def _forward_static(self, ids, pos, new_valid, position_ids, need: list[int]):
+        """Write the new columns at [L, L + W) of the buffers and run the model over a view of
+        VIEW_BUCKET-rounded width: eagerly, or as a replayed CUDA graph. Returns (L, logits) with
+        logits [rows, len(need), vocab] (graphs: [rows, W, vocab], the columns in `need` picked)."""
+        torch = self._torch
+        B, W = ids.shape
+        if self._end + W > self._capacity:
+            self._compact()
+        L = self._end
+        if L + W > self._capacity:
+            raise ContextOverflowError(f"the static cache holds {self._capacity} columns; this forward "
+                                       f"needs {L + W} (rows {max(self._past)} tokens, width {W})")
+        view = min(self._capacity, -(-(L + W) // VIEW_BUCKET) * VIEW_BUCKET)
+        self._valid_buf[:, L:L + W] = new_valid
+        self._pos_buf[:, L:L + W] = pos
+        self._set_end(L + W)
+        mask = self._mask(self._valid_buf[:, :view], self._pos_buf[:, :view], pos, L)   # [rows, 1, W, view]
+        self._slot.view = view
+        if self.graphs and W <= GRAPH_MAX_WIDTH and not self._sliding and self._layers():
+            logits = self._replay(ids, position_ids, mask, L, view)        # [rows, W, vocab]
+            return L, logits[:, need] if need else logits[:, :0]
+        self._slot.cols = torch.arange(L, L + W, device=self.device)
+        keep = torch.tensor(need or [W - 1], device=self.device)
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
+                             past_key_values=self._cache, use_cache=True, logits_to_keep=keep)
+        return L, out.logits
+
+    def _replay(self, ids, position_ids, mask, L: int, view: int):
+        """The forward as a CUDA graph: captured once per (rows, width, view), then its inputs are
+        copied into the graph's own tensors and it is replayed."""
+        torch = self._torch
+        B, W = ids.shape
+        key = (B, W, view)
+        graph = self._graph_cache.get(key)
+        if graph is None:
+            graph = _Graph(ids.clone(), position_ids.clone(), mask.clone(),
+                           torch.arange(L, L + W, device=self.device))
+            self._slot.cols = graph.cols
+            run = lambda: self.model(input_ids=graph.ids, attention_mask=graph.mask,   # noqa: E731
+                                     position_ids=graph.position_ids, past_key_values=self._cache,
+                                     use_cache=True, logits_to_keep=0).logits
+            with torch.inference_mode():
+                # warm up on a side stream (as torch.cuda.graphs asks): the writes land on the
+                # columns this very forward is about to write anyway
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    run()
+                torch.cuda.current_stream().wait_stream(stream)
+                graph.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph.graph, pool=self._graph_pool):
+                    graph.logits = run()
+            self._graph_pool = graph.graph.pool()
+            self._graph_cache[key] = graph
+        else:
+            graph.ids.copy_(ids)
+            graph.position_ids.copy_(position_ids)
+            graph.mask.copy_(mask)
+            graph.cols.copy_(torch.arange(L, L + W, device=self.device))
+        graph.graph.replay()
+        return graph.logits
+
+    def _compact(self) -> None:
+        """Each row's valid columns first, in order, the rest padding (see _trim)."""
+        torch = self._torch
+        longest = max(self._past, default=0)
+        order = torch.sort((~self._valid).to(torch.int8), dim=1, stable=True).indices[:, :longest]
+        for layer in self._layers():
+            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            if self.static:   # in place: the buffers keep their addresses (captured graphs read them)
+                layer.keys[:, :, :longest] = torch.gather(layer.keys, 2, index)
+                layer.values[:, :, :longest] = torch.gather(layer.values, 2, index)
+            else:
+                layer.keys = torch.gather(layer.keys, 2, index)
+                layer.values = torch.gather(layer.values, 2, index)
+        valid = torch.gather(self._valid, 1, order)
+        pos = torch.where(valid, torch.gather(self._pos, 1, order), -1)
+        if self.static:
+            self._valid_buf[:, :longest], self._pos_buf[:, :longest] = valid, pos
+            self._valid_buf[:, longest:] = False
+            self._pos_buf[:, longest:] = -1
+            self._set_end(longest)
+        else:
+            self._valid, self._pos = valid, pos
+
     def _mask(self, valid, kv_pos, q_pos, L: int):
-        """Additive attention mask [rows, 1, W, L + W] from positions (see the module docstring)."""
+        """Additive attention mask [rows, 1, W, columns] from positions (see the module docstring);
+        the W new columns start at L (columns = L + W, or more with a static cache's view)."""
         torch = self._torch
         W = q_pos.shape[1]
         allowed = valid[:, None, :] & (kv_pos[:, None, :] <= q_pos[:, :, None])     # [rows, W, L + W]
-        diagonal = torch.zeros((W, L + W), dtype=torch.bool, device=self.device)
+        diagonal = torch.zeros((W, valid.shape[1]), dtype=torch.bool, device=self.device)
         diagonal[torch.arange(W), L + torch.arange(W)] = True
         full = self._additive(allowed | diagonal)
         if not self._sliding:
@@ -310,25 +487,141 @@ class TransformersModel(SingleRow):
         used = self._valid.any(dim=0).nonzero()
         end = int(used.max()) + 1 if used.numel() else 0
         if end < self._valid.shape[1]:
-            for layer in self._layers():
-                layer.keys, layer.values = layer.keys[..., :end, :], layer.values[..., :end, :]
-            self._valid, self._pos = self._valid[:, :end], self._pos[:, :end]
+            if self.static:   # the columns past the end are free again: nothing reads them
+                self._valid_buf[:, end:] = False
+                self._pos_buf[:, end:] = -1
+                self._set_end(end)
+            else:
+                for layer in self._layers():
+                    layer.keys, layer.values = layer.keys[..., :end, :], layer.values[..., :end, :]
+                self._valid, self._pos = self._valid[:, :end], self._pos[:, :end]
         longest = max(self._past, default=0)
         if self._valid.shape[1] > 2 * longest + 64:
-            # each row's valid columns first, in order; the rest is padding
-            order = torch.sort((~self._valid).to(torch.int8), dim=1, stable=True).indices[:, :longest]
-            for layer in self._layers():
-                index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
-                layer.keys = torch.gather(layer.keys, 2, index)
-                layer.values = torch.gather(layer.values, 2, index)
-            self._valid = torch.gather(self._valid, 1, order)
-            self._pos = torch.where(self._valid, torch.gather(self._pos, 1, order), -1)
+            self._compact()
 
     def cached_keys_values(self, row: int | None = None):
         """The (keys, values) of each layer for a row's valid tokens in position order; for tests."""
         row = self._index[self._solo if row is None else row]
         order = self._pos[row].masked_fill(~self._valid[row], 1 << 60).argsort()[: self._past[row]]
         return [(layer.keys[row][:, order], layer.values[row][:, order]) for layer in self._layers()]
+
+
+class _Slot:
+    """Where a static-cache forward writes and how far attention reads: set before each forward,
+    read by every layer."""
+    capacity = 0         # columns of every buffer
+    cols = None          # [W] long tensor: the buffer columns of the forward's tokens
+    view = 0             # attention reads columns [0, view)
+
+
+def _static_layer(slot: _Slot):
+    """A cache layer over one preallocated buffer per keys and values [rows, heads, capacity,
+    head_dim], allocated at its first update (the model tells heads, head_dim and dtype)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class StaticRowsLayer(DynamicLayer):
+        def __init__(self):
+            super().__init__()
+            self.slot = slot
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            torch = _torch()
+            if not self.is_initialized or self.keys.numel() == 0:
+                B, H, _, D = key_states.shape
+                C = slot.capacity
+                self.dtype, self.device = key_states.dtype, key_states.device
+                self.keys = torch.zeros((B, H, C, D), dtype=key_states.dtype, device=key_states.device)
+                self.values = torch.zeros((B, H, C, value_states.shape[-1]), dtype=value_states.dtype,
+                                          device=value_states.device)
+                self.is_initialized = True
+            self.keys.index_copy_(2, slot.cols, key_states)
+            self.values.index_copy_(2, slot.cols, value_states)
+            return self.keys[:, :, :slot.view], self.values[:, :, :slot.view]
+
+        def get_seq_length(self) -> int:
+            return slot.view
+
+    return StaticRowsLayer()
+
+
+class _Graph:
+    """A captured verification forward: its own input tensors, the graph and its output."""
+
+    def __init__(self, ids, position_ids, mask, cols):
+        self.ids, self.position_ids, self.mask, self.cols = ids, position_ids, mask, cols
+        self.graph = None
+        self.logits = None   # [rows, W, vocab], rewritten by every replay
+
+
+class ByteTokenizer:
+    """The Tokenizer protocol for a model with random weights: token t < 256 is the byte t, every
+    other token a placeholder "<t>"; the config's end-of-sequence token ends generation. Enough to
+    feed prompts and count tokens when only the shape of the model matters (timing)."""
+
+    def __init__(self, vocab_size: int, eos_token_id: int | None = None):
+        self.vocab_size = vocab_size
+        self.eog_ids = frozenset([] if eos_token_id is None else [int(eos_token_id)])
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def token_text(self, token: int) -> str:
+        return chr(token) if token < 256 else f"<{token}>"
+
+    def token_bytes(self, token: int) -> bytes:
+        return bytes([token]) if token < 256 else f"<{token}>".encode()
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+
+
+def read_config(path: str | os.PathLike) -> dict:
+    """A Hugging Face config.json as a dict (keys starting with "_" are our notes, dropped)."""
+    import json
+
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read the config {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ModelLoadError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise ModelLoadError(f"{path} is not a Hugging Face config: it needs a \"model_type\"")
+    return {k: v for k, v in raw.items() if not k.startswith("_")}
+
+
+def load_random_weights(config_path: str | os.PathLike, device: str = "auto", dtype: str = "auto",
+                        n_ctx: int | None = 4096, seed: int = 0, threads: int | None = None,
+                        cache: str = "dynamic", graphs: bool = False) -> TransformersModel:
+    """A model of the architecture and shape a Hugging Face config.json describes, with random
+    weights (the config's initializer) and a ByteTokenizer: for timing any model's forward on any
+    device without its weights. Built directly on the device, so a 7B needs no host copy."""
+    torch = _torch()
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import transformers
+
+    if not os.environ.get("SPECDEC_VERBOSE"):
+        transformers.logging.set_verbosity_error()
+    values = read_config(config_path)
+    device = pick_device(device)
+    torch_dtype = pick_dtype(dtype, device)
+    if threads is not None and device == "cpu":
+        torch.set_num_threads(threads)
+    try:
+        config = AutoConfig.for_model(values.pop("model_type"), **values)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"transformers cannot build {config_path}: {exc}") from None
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype, attn_implementation="sdpa")
+    name = Path(config_path).stem
+    tokenizer = ByteTokenizer(int(model.get_output_embeddings().weight.shape[0]), config.eos_token_id)
+    return TransformersModel(model, tokenizer, name=f"{name} (random weights)", n_ctx=n_ctx,
+                             is_instruct=False, cache=cache, graphs=graphs)
 
 
 def load_transformers_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto",
