@@ -89,20 +89,20 @@ class Worker:
                     commands.append(self.inbox.get_nowait())
                 except queue.Empty:
                     break
-            for kind, handle in commands:
-                if kind == "stop":
-                    stopping = True
-                elif kind == "add":
-                    self._add(handle)
-                elif kind == "cancel":
-                    self._cancel(handle, "")
-            self._expire()
-            if self.engine.busy:
-                try:
+            try:
+                for kind, handle in commands:
+                    if kind == "stop":
+                        stopping = True
+                    elif kind == "add":
+                        self._add(handle)
+                    elif kind == "cancel":
+                        self._cancel(handle, "")
+                self._expire()
+                if self.engine.busy:
                     self.engine.step()
-                except Exception as exc:            # a bug or a backend failure: never the server's end
-                    self._fail_all(exc)
-            self._publish()
+                self._publish()
+            except Exception as exc:        # a bug or a backend failure: never the server's end
+                self._fail_all(exc)
         for handle in list(self.handles.values()):
             self._cancel(handle, "cancelled")
         self._publish()
@@ -197,6 +197,9 @@ class Worker:
         """Every request's new text to its client; metrics; finished requests leave."""
         now = time.monotonic()
         m = self.metrics
+        # the gauges first: a client told it is done may read /metrics at once
+        m.running.labels(m.model_name).set(len(self.engine.rows))
+        m.waiting.labels(m.model_name).set(len(self.engine.queue))
         for handle in list(self.handles.values()):
             request = handle.request
             s = request.stats
@@ -232,5 +235,3 @@ class Worker:
                     handle.send("done", request.result, finish)
                 handle.closed = True
                 self._forget(handle)
-        m.running.labels(m.model_name).set(len(self.engine.rows))
-        m.waiting.labels(m.model_name).set(len(self.engine.queue))
