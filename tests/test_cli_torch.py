@@ -11,7 +11,7 @@ from .conftest import needs_torch
 needs_torch()
 
 from . import tiny_hf  # noqa: E402
-from .test_cli import assert_user_error, specdec  # noqa: E402
+from .test_user_errors import assert_user_error, specdec  # noqa: E402
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "class Point:", "lazy dog."]
 

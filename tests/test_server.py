@@ -404,7 +404,7 @@ def test_sigterm_drains():
 
 
 def test_serve_flags_are_checked_before_loading():
-    from .test_cli import assert_user_error, specdec
+    from .test_user_errors import assert_user_error, specdec
 
     assert_user_error(specdec("serve", "--port", "70000"), "--port")
     assert_user_error(specdec("serve", "--max-batch", "0"), "--max-batch")
@@ -461,7 +461,7 @@ def _same_or_tie(target, prompt_tokens, a: list[int], b: list[int]) -> bool:
 
 
 def _generate(prompt: str, *flags) -> dict:
-    from .test_cli import specdec as run_cli
+    from .test_user_errors import specdec as run_cli
 
     proc = run_cli("generate", "--json", "-n", str(REAL_TOKENS), "--ctx", "2048", "--prompt", prompt, *flags)
     assert proc.returncode == 0, proc.stderr
