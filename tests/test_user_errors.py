@@ -328,9 +328,6 @@ def test_verify_finds_a_change_that_kept_size_and_mtime(tmp_path):
 
 
 @pytest.mark.real_models
-@pytest.mark.xfail(strict=True, reason="until controller.measure_forward_costs writes its cache with "
-                                       "catalog.write_cache_file (the engine rewrite on main); then "
-                                       "drop this mark")
 def test_costs_that_cannot_be_cached_are_kept_in_memory(tmp_path):
     """A read-only SPECDEC_HOME measured the costs, then lost the output to a traceback writing them."""
     _require("qwen2.5-coder-0.5b")
