@@ -1,4 +1,5 @@
-# make demo: set up everything, then compare plain and speculative decoding on the built-in models.
+# make demo: set up everything, then `specdec demo`: plain decoding against --draft auto on a code edit
+# (auto drafts by prompt lookup) and on open generation (auto steps aside), each with auto's reason.
 # make test: set up what the tests need (llama.cpp, the models, PyTorch), then run the whole suite.
 PYTHON ?= python3
 VENV ?= .venv
@@ -37,7 +38,7 @@ test-models: setup
 	$(SPECDEC) fetch $(TEST_MODELS)
 
 demo: models
-	$(SPECDEC) compare
+	$(SPECDEC) demo
 
 test: test-models torch-deps
 	SPECDEC_REQUIRE_MODELS=1 $(PY) -m pytest -q
