@@ -86,6 +86,24 @@ def test_long_drafts_when_acceptance_is_high_and_verification_cheap():
     assert drafter.name == "ngram" and len(draft.tokens) == 15
 
 
+def test_free_drafts_reach_the_widest_timed_forward():
+    """Inside a long copy a free drafter drafts past 16 tokens when the curve timed wider forwards
+    and they cost less per token (this CPU: 16 tokens 10-13x one, 32 tokens 18x), never past the
+    widest timed width nor past half its match (controller.REACH)."""
+    widths = list(range(1, 17)) + [24, 32, 48, 64]
+    steep_then_flat = {w: 0.04 * (w if w <= 8 else 8 + 0.3 * (w - 8)) for w in widths}
+    tokens = FixedProposals(range(200))
+    tokens.last_match_length = 200
+    c = controller(steep_then_flat, ngram=tokens, ngram_prior=1.0)
+    assert len(c.draft([1, 2, 3], room=500)[1].tokens) == 63
+    tokens.last_match_length = 60
+    assert len(controller(steep_then_flat, ngram=tokens, ngram_prior=1.0).draft([1, 2, 3], room=500)[1].tokens) == 30
+    # the same costs timed only up to 16 tokens: 15 at most, as before
+    narrow = {w: s for w, s in steep_then_flat.items() if w <= 16}
+    tokens.last_match_length = 200
+    assert len(controller(narrow, ngram=tokens, ngram_prior=1.0).draft([1, 2, 3], room=500)[1].tokens) == 15
+
+
 def test_k_grows_with_acceptance_on_a_real_cost_curve():
     ks = []
     for prior in (0.3, 0.6, 0.8, 0.95):

@@ -31,7 +31,10 @@ import numpy as np
 from .costs import EMA, CostTable
 from .drafters.base import Draft, Drafter
 
-K_MAX = 15          # largest draft: k + 1 = 16 rows, the widest forward we time
+K_MAX = 15          # the draft model's acceptance table, and the replay's drafts (k + 1 = 16 rows)
+# A free drafter (prompt lookup, the suffix cache) may draft as far as the widest forward the cost
+# curve has timed (costs.WIDE): inside a verbatim copy its guesses keep landing, and on this CPU a
+# forward's cost per token keeps falling past 16 tokens (REACH still bounds it by the match).
 # A speculative step must promise 10% more tokens per second than a plain step: the estimates it
 # wins on are picked for being the highest, so they err high (and step costs vary by about that).
 # Set on our own suite (issue 4); swept on the outside dev suite's leave-one-category-out replay
@@ -308,6 +311,7 @@ class CostAwareController:
                  overlay_weight: float | None = None, shared_rate: float | None = None,
                  explore_growth: float | None = None):
         self.target_cost = CostTable(target_costs)
+        self.k_free = max(K_MAX, self.target_cost.widths[-1] - 1)
         if free is None:
             free = []
         self.free: list[Drafter] = [free] if isinstance(free, Drafter) else list(free)
@@ -365,7 +369,7 @@ class CostAwareController:
         """Each row's better drafter, judged as if the row were alone (as the one-row controller
         decides), and the shadow proposal prompt lookup is scored by afterwards."""
         options = {row: _Option("plain", np.ones(1)) for row in contexts}
-        ask = {row: min(K_MAX, caps[row]) for row in contexts}
+        ask = {row: min(self.k_free, caps[row]) for row in contexts}
         ask = {row: k for row, k in ask.items() if k > 0}
         proposals = {d.name: d.propose({r: contexts[r] for r in ask}, ask) if ask else {} for d in self.free}
         plain_value = 1.0 / self.target_cost(self.width([1]))

@@ -18,8 +18,10 @@ from typing import Sequence
 import numpy as np
 
 EMA = 0.15          # weight of a new observation in the live cost ratios
-NARROW = 16         # widths 1..NARROW are all timed: one row's drafts (k + 1 <= 16) live here
-WIDE = (24, 32, 48, 64)   # and these, when the model holds several rows (a batch's drafts)
+NARROW = 16         # widths 1..NARROW are all timed: a draft model's drafts (k + 1 <= 9) live here
+# and these: a batch's drafts, and one row's long free drafts inside a verbatim copy (on this CPU a
+# forward's cost per token keeps falling past 16 tokens: 16/32 tokens cost 10-13x/18x one token)
+WIDE = (24, 32, 48, 64)
 # A curve is cached only if it looks like a quiet machine's. Repeats of one width on a quiet CPU
 # agree within a few percent; with another process on a core the median repeat runs 1.3-3x the
 # fastest (seen here with a test suite beside a timing). And a forward of W tokens never costs more
@@ -31,9 +33,7 @@ SUPERLINEAR = 1.1         # cost(W) > this x W x cost(1): busy
 CACHE_VERSION = 2         # curves cached before the checks above are not trusted
 
 
-def widths_for(max_rows: int) -> list[int]:
-    """The widths timed for a model that holds max_rows rows."""
-    return list(range(1, NARROW + 1)) + ([w for w in WIDE] if max_rows > 1 else [])
+WIDTHS = tuple(range(1, NARROW + 1)) + WIDE
 
 
 def _cache_file(model, tag: str) -> Path | None:
@@ -55,7 +55,7 @@ def measure_forward_costs(model, widths: Sequence[int] | None = None, repeats: i
     in `widths`, the fastest of `repeats` (another process stealing a core only ever adds time, so
     the minimum is the cost). Cached per model file, backend, threads and rows in
     $SPECDEC_HOME/costs/."""
-    widths = sorted(widths or widths_for(getattr(model, "max_rows", 1)))
+    widths = sorted(widths or WIDTHS)
     tag = f"forward-v{CACHE_VERSION}-{','.join(map(str, widths))}-{depth}" + (f"-rows{rows}" if rows > 1 else "")
     cache = _cache_file(model, tag) if use_cache else None
     if cache is not None and cache.is_file():

@@ -32,7 +32,7 @@ class NgramDrafter:
     `candidates` occurrences compete on how far back their match extends (up to `match_cap`
     tokens), the most recent winning ties (edits tend to follow the code nearest to them)."""
 
-    def __init__(self, n_max: int = 4, n_min: int = 1, candidates: int = 32, match_cap: int = 64):
+    def __init__(self, n_max: int = 4, n_min: int = 1, candidates: int = 32, match_cap: int = 128):
         if not 1 <= n_min <= n_max:
             raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
         if candidates < 1 or match_cap < n_max:
