@@ -31,7 +31,7 @@ import numpy as np
 from .costs import EMA, CostTable
 from .drafters.base import Draft, Drafter
 
-K_MAX = 15          # the draft model's acceptance table, and the replay's drafts (k + 1 = 16 rows)
+K_MAX = 15          # the draft model's acceptance table, and the fitted priors' longest draft
 # A free drafter (prompt lookup, the suffix cache) may draft as far as the widest forward the cost
 # curve has timed (costs.WIDE): inside a verbatim copy its guesses keep landing, and on this CPU a
 # forward's cost per token keeps falling past 16 tokens (REACH still bounds it by the match).

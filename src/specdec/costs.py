@@ -129,14 +129,15 @@ def cost_report(model, rows: Sequence[int] = (1,), depths: Sequence[int] = (128,
 
 
 def single_row_curve(report: dict, role: str = "target", depth: int | None = None) -> list[float]:
-    """Seconds of a forward of 1..16 tokens in one row from a `specdec costs` JSON report (the
-    curve at `depth`, else the shallowest), as the controller and the replay take it."""
+    """Seconds of a forward of 1..W tokens in one row from a `specdec costs` JSON report (the
+    curve at `depth`, else the shallowest; W its widest width, the widths between interpolated), as
+    the controller and the replay take it."""
     curves = [c for c in report[role]["curves"] if c["rows"] == 1 and (depth is None or c["depth"] == depth)]
     if not curves:
         raise ValueError(f"the report has no one-row {role} curve" + (f" at depth {depth}" if depth else ""))
     curve = min(curves, key=lambda c: c["depth"])
     table = CostTable(dict(zip(curve["widths"], curve["seconds"])))
-    return [table.measured(w) for w in range(1, NARROW + 1)]
+    return [table.measured(w) for w in range(1, table.widths[-1] + 1)]
 
 
 def format_curves(name: str, curves: list[dict]) -> str:

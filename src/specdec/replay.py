@@ -3,7 +3,8 @@
 Under greedy decoding a draft token is accepted exactly when it equals the target's own next token,
 so once the target's plain output for a prompt is known, any prompt-lookup policy can be replayed
 without the model: what it would have drafted, what the target would have kept, and what the step
-would have cost on a measured cost curve (seconds of a forward of 1..16 rows). That makes policy
+would have cost on a measured cost curve (seconds of a forward of 1..W tokens; the longest draft
+replayed is W - 1 tokens, as `auto` drafts up to the widest forward it timed). That makes policy
 changes measurable in seconds instead of a 40-minute benchmark, and gives two ceilings:
 
 - `oracle_speedup`: a policy that knows in advance how many of prompt lookup's guesses will be
@@ -53,7 +54,7 @@ def oracle_speedup(prompt: Sequence[int], output: Sequence[int], costs: Sequence
     context = list(prompt)
     lengths = []
     for pos in range(len(output)):
-        lengths.append(_accepted(drafter.propose({0: context}, {0: K_MAX})[0].tokens, output, pos))
+        lengths.append(_accepted(drafter.propose({0: context}, {0: len(costs) - 1})[0].tokens, output, pos))
         context.append(output[pos])
     return len(output) * costs[0] / _best_time(lengths, costs)
 
@@ -62,7 +63,7 @@ def copy_ceiling(prompt: Sequence[int], output: Sequence[int], costs: Sequence[f
     """Speedup of a clairvoyant controller that copies from the best earlier occurrence of the
     last token each step (no drafter that guesses from the context can do better)."""
     seq = list(prompt) + list(output)
-    start = len(prompt)
+    start, k_max = len(prompt), len(costs) - 1
     lengths = []
     for pos in range(len(output)):
         end = start + pos                     # the context is seq[:end]
@@ -70,8 +71,8 @@ def copy_ceiling(prompt: Sequence[int], output: Sequence[int], costs: Sequence[f
         best = 0
         for j in range(1, end):
             if seq[j - 1] == last:
-                best = max(best, _accepted(seq[j:min(end, j + K_MAX)], output, pos))
-                if best >= K_MAX:
+                best = max(best, _accepted(seq[j:min(end, j + k_max)], output, pos))
+                if best >= k_max:
                     break
         lengths.append(best)
     return len(output) * costs[0] / _best_time(lengths, costs)
@@ -324,7 +325,7 @@ def clairvoyant_speedup(prompt: Sequence[int], output: Sequence[int], costs: Seq
     proposal or the draft model's (when recorded), drafting exactly what will be accepted."""
     drafter, context, lookup = NgramDrafter(), list(prompt), []
     for pos in range(len(output)):
-        lookup.append(_accepted(drafter.propose({0: context}, {0: K_MAX})[0].tokens, output, pos))
+        lookup.append(_accepted(drafter.propose({0: context}, {0: len(costs) - 1})[0].tokens, output, pos))
         context.append(output[pos])
     options = [(lookup, list(costs))]
     if agrees is not None and draft_costs is not None:
