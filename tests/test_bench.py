@@ -79,6 +79,22 @@ def test_passes_ask_the_suite_again_and_pair_within_a_pass(tmp_path):
     assert ups[("chat", "suffix:8")] == [1.0] and ups[("chat (pass 2)", "suffix:8")] == [2.0]
 
 
+def test_learning_methods_keep_repeats_and_batch_sizes_apart(monkeypatch):
+    """auto and suffix:K learn across prompts, one decoder per method for the whole run, but never
+    across repeats or batch sizes: a second repeat that shared the first one's suffix cache would
+    copy its output (the exact-repeat workload, which --passes measures on purpose)."""
+    import specdec.engine
+
+    monkeypatch.setattr(specdec.engine, "SpeculativeDecoder", lambda *a, **kw: object())
+    b = bench.Bench.__new__(bench.Bench)
+    b.target, b.drafter, b.learners, b.suffix_cap, b.draft_corpus = None, None, {}, 0, None
+    first = b._decoder("auto", 0, repeat=0)
+    assert b._decoder("auto", 0, repeat=0) is first                       # learns across prompts
+    others = [b._decoder("auto", 0, repeat=1), b._decoder("auto", 0, repeat=0, batch=4),
+              b._decoder("suffix", 8, repeat=0), b._decoder("suffix", 8, repeat=1)]
+    assert len({id(d) for d in [first, *others]}) == 5
+
+
 def test_tiny_bench_end_to_end(tmp_path, target_model, draft_model):
     suite = tmp_path / "suite.jsonl"
     suite.write_text(json.dumps({"id": "chat-01", "category": "chat", "prompt": "Say hi."}) + "\n" +

@@ -13,7 +13,9 @@ the other, as when a run wrote more tokens — or differs), and the summary give
 over all pairs and over the pairs whose texts agree, with every method's token counts.
 
 Methods that learn across prompts (auto's controller, the suffix cache) keep one decoder per
-method for the whole run, so each method only ever sees its own earlier runs. `passes` > 1 asks
+method, repeat and batch size for the whole run, so each method only ever sees its own earlier
+runs, and never the same prompt in an earlier repeat or at another batch size (that would be the
+exact-repeat workload: with the suffix cache, a second repeat would copy the first). `passes` > 1 asks
 the whole suite again in the same process (the exact-repeat workload): pass p's prompts are
 reported as "<category> (pass p)", each against plain decoding of the same pass.
 """
@@ -168,8 +170,8 @@ class Bench:
         self.draft_model = load_model(draft_name, backend=backend, n_ctx=ctx, threads=self.threads,
                                       device=device, dtype=dtype, max_rows=max_rows)
         self.drafter = model_drafter(self.draft_model, self.target, spec.vocab)
-        # decoders that learn across prompts (auto, suffix:K), one per method, built once
-        self.learners: dict[str, object] = {}
+        # decoders that learn across prompts (auto, suffix:K), one per method, repeat and batch size
+        self.learners: dict[tuple[str, int, int], object] = {}
         self.suffix_cap, self.draft_corpus = suffix_cap, draft_corpus
         # the GGUF files the peers run (a transformers folder, for --backend torch, has none)
         self.target_path, self.draft_path = (Path(n) if Path(n).is_dir() else resolve(n)
@@ -196,11 +198,11 @@ class Bench:
         return GenerationConfig(max_new_tokens=self.max_tokens, temperature=self.temperature,
                                 seed=self.seed, chat=False)
 
-    def _decoder(self, drafter: str, k: int):
+    def _decoder(self, drafter: str, k: int, repeat: int = 0, batch: int = 1):
         from .engine import SpeculativeDecoder
 
         if drafter.startswith("auto") or drafter == "suffix":
-            method = drafter if drafter != "suffix" else f"suffix:{k}"
+            method = (drafter if drafter != "suffix" else f"suffix:{k}", repeat, batch)
             if method not in self.learners:
                 from .engine import AUTO_SUFFIX
                 with_suffix = drafter in ("auto:suffix", "suffix") or (drafter == "auto" and AUTO_SUFFIX)
@@ -233,8 +235,8 @@ class Bench:
         runner, drafter, k = parse_method(method)
         if runner != "specdec":
             raise SpecdecError(f"{method}: batches run our methods only")
-        results = self._decoder(drafter, k).generate_batch([self.prompt_text(i) for i in items],
-                                                           self._config())
+        texts = [self.prompt_text(i) for i in items]
+        results = self._decoder(drafter, k, repeat, len(items)).generate_batch(texts, self._config())
         categories = {i["category"] for i in items}
         row = Row("+".join(i["id"] for i in items), categories.pop() if len(categories) == 1 else "mixed",
                   method, repeat, 0, 0.0, 0.0, batch=len(items))
@@ -254,7 +256,7 @@ class Bench:
         text = self.prompt_text(item)
         row = Row(item["id"], item["category"], method, repeat, 0, 0.0, 0.0)
         if runner == "specdec":
-            result = self._decoder(drafter, k).generate(text, self._config())
+            result = self._decoder(drafter, k, repeat).generate(text, self._config())
             s = result.stats
             row.tokens, row.seconds, row.tokens_per_second = s.generated_tokens, s.decode_seconds, s.tokens_per_second
             row.drafted, row.accepted = s.drafted, s.accepted
