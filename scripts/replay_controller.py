@@ -202,7 +202,8 @@ def main() -> int:
                      help="add the prompts not yet in --out to it (record a suite in several short runs)")
     rep = sub.add_parser("replay", help="speedups of drafting policies on a recording")
     rep.add_argument("--recording", default="greedy-outputs.jsonl")
-    rep.add_argument("--costs", help="a JSON list of forward seconds for 1..W tokens, W - 1 the longest draft (default: the recording's)")
+    rep.add_argument("--costs", help="a JSON list of forward seconds for 1..W tokens, W - 1 the longest "
+                                     "draft (default: the recording's)")
     rep.add_argument("--curve", help="the target's curve from `specdec costs --out` (its one-row curve at "
                                      "--depth, else the shallowest) instead of --costs")
     rep.add_argument("--draft-curve", help="the draft model's curve from `specdec costs --out` (its draft, else "

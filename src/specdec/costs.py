@@ -22,6 +22,7 @@ NARROW = 16         # widths 1..NARROW are all timed: a draft model's drafts (k 
 # and these: a batch's drafts, and one row's long free drafts inside a verbatim copy (on this CPU a
 # forward's cost per token keeps falling past 16 tokens: 16/32 tokens cost 10-13x/18x one token)
 WIDE = (24, 32, 48, 64)
+WIDTHS = tuple(range(1, NARROW + 1)) + WIDE
 # A curve is cached only if it looks like a quiet machine's. Repeats of one width on a quiet CPU
 # agree within a few percent; with another process on a core the median repeat runs 1.3-3x the
 # fastest (seen here with a test suite beside a timing). And a forward of W tokens never costs more
@@ -31,9 +32,6 @@ WIDE = (24, 32, 48, 64)
 BUSY_SPREAD = 1.25        # median / fastest repeat, the median over widths, above which: busy
 SUPERLINEAR = 1.1         # cost(W) > this x W x cost(1): busy
 CACHE_VERSION = 2         # curves cached before the checks above are not trusted
-
-
-WIDTHS = tuple(range(1, NARROW + 1)) + WIDE
 
 
 def _cache_file(model, tag: str) -> Path | None:

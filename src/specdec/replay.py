@@ -50,13 +50,18 @@ def _accepted(proposal: Sequence[int], output: Sequence[int], pos: int) -> int:
 def oracle_speedup(prompt: Sequence[int], output: Sequence[int], costs: Sequence[float],
                    drafter: NgramDrafter | None = None) -> float:
     """Speedup over plain decoding of a clairvoyant controller over `drafter`'s proposals."""
-    drafter = drafter or NgramDrafter()
-    context = list(prompt)
-    lengths = []
-    for pos in range(len(output)):
-        lengths.append(_accepted(drafter.propose({0: context}, {0: len(costs) - 1})[0].tokens, output, pos))
-        context.append(output[pos])
+    lengths = _lookup_lengths(prompt, output, len(costs) - 1, drafter or NgramDrafter())
     return len(output) * costs[0] / _best_time(lengths, costs)
+
+
+def _lookup_lengths(prompt: Sequence[int], output: Sequence[int], k_max: int, drafter: NgramDrafter) -> list[int]:
+    """At every position of the recorded output, how many tokens of `drafter`'s k_max-token
+    proposal from the true context the target would keep."""
+    context, lengths = list(prompt), []
+    for pos in range(len(output)):
+        lengths.append(_accepted(drafter.propose({0: context}, {0: k_max})[0].tokens, output, pos))
+        context.append(output[pos])
+    return lengths
 
 
 def copy_ceiling(prompt: Sequence[int], output: Sequence[int], costs: Sequence[float]) -> float:
@@ -323,11 +328,7 @@ def clairvoyant_speedup(prompt: Sequence[int], output: Sequence[int], costs: Seq
                         agrees: str | None = None, draft_costs: Sequence[float] | None = None) -> float:
     """A clairvoyant controller over both drafters `auto` has: at every position prompt lookup's
     proposal or the draft model's (when recorded), drafting exactly what will be accepted."""
-    drafter, context, lookup = NgramDrafter(), list(prompt), []
-    for pos in range(len(output)):
-        lookup.append(_accepted(drafter.propose({0: context}, {0: len(costs) - 1})[0].tokens, output, pos))
-        context.append(output[pos])
-    options = [(lookup, list(costs))]
+    options = [(_lookup_lengths(prompt, output, len(costs) - 1, NgramDrafter()), list(costs))]
     if agrees is not None and draft_costs is not None:
         options.append(([draft_run(agrees, pos, len(costs) - 1) for pos in range(len(output))],
                         [costs[k] + draft_seconds(draft_costs, 1, k) for k in range(len(costs))]))
