@@ -196,10 +196,14 @@ def test_k_is_capped_in_the_api():
 # -- Ctrl-C -----------------------------------------------------------------------------------
 
 def _interrupt(args, when, timeout=120):
-    """Starts `specdec ARGS`, sends SIGINT once `when(proc)` is true, returns (code, stdout, stderr)."""
+    """Starts `specdec ARGS`, sends SIGINT once `when(proc)` is true, returns (code, stdout, stderr).
+    The child starts with SIGINT at its default, as a terminal's foreground process does: a suite
+    launched in the background (`make test &` in a script) inherits SIGINT ignored, and Python then
+    never turns it into KeyboardInterrupt, so the test would measure the launcher, not specdec."""
     proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", *args], stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + timeout
         while not when(proc) and proc.poll() is None:
