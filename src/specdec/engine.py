@@ -25,7 +25,9 @@ from .text import Detokenizer
 
 # Prompt tokens a joining row prefills per step while other rows are decoding: a long prompt is
 # cut into chunks so that the running rows wait one chunk, not the whole prompt (alone, a row
-# prefills at once). 256 tokens cost about 4-5 single steps of the 1.5B target on the 2-core CPU.
+# prefills at once). What a chunk costs depends on the machine: on the 2-core EPYC without
+# AVX-512 (llama.cpp's AVX2 kernels) the 1.5B prefills at ~65 tokens/s, so a 256-token chunk stalls
+# the running rows for ~4 s (about 60 single steps; `specdec serve` measured, 2026-11-23).
 PREFILL_CHUNK = 256
 # Whether `auto` consults the suffix cache when not told (SpeculativeDecoder's `suffix`). The bar
 # it had to clear: a fresh process, its cache empty, is never more than 3% below auto without it
