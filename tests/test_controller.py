@@ -184,7 +184,24 @@ def test_cost_table_follows_the_machine():
         table.observe(1, 0.02)                             # the machine got twice as slow
     assert table(1) == pytest.approx(0.02, rel=0.05) and table(2) > 0.03
     grid = CostTable({1: 1.0, 16: 4.0, 64: 10.0})          # measured widths, linear between
-    assert grid(40) == pytest.approx(7.0) and grid(128) == pytest.approx(20.0)
+    assert grid(40) == pytest.approx(7.0)
+
+
+def test_past_the_widest_width_a_forward_costs_the_curves_marginal_rate():
+    # a draft model catching up on a whole prompt: 64 more tokens at the upper half's marginal
+    # rate (32 -> 64 tokens cost 6 -> 10: 0.125 a token), not 64 / 64 x 10 more
+    grid = CostTable({1: 1.0, 16: 4.0, 64: 10.0})
+    assert grid(128) == pytest.approx(10.0 + 64 * 0.125)
+    # a curve whose top was flattened: at least half its widest cost per token
+    flat = CostTable({1: 1.0, 16: 8.0, 64: 8.0})
+    assert flat(128) == pytest.approx(8.0 + 64 * 8.0 / 128)
+    # never more per token than the widest forward (a forward's cost per token only falls)
+    steep = CostTable({1: 1.0, 32: 1.0, 64: 10.0})
+    assert steep(128) == pytest.approx(20.0)
+    # the replay prices a draft model's catch-up past its curve by the same rule
+    from specdec.replay import draft_seconds
+    curve = [grid.measured(w) for w in range(1, 65)]
+    assert draft_seconds(curve, 128, 1) == pytest.approx(grid(128))
 
 
 def test_auto_is_lossless_on_toy_models():

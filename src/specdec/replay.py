@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from .controller import K_MAX, Outcome, _agreement
+from .costs import CostTable
 from .drafters.base import Draft
 from .drafters.ngram import NgramDrafter
 
@@ -175,8 +176,9 @@ def draft_seconds(draft_costs: Sequence[float], catch_up: int, k: int) -> float:
 
 
 def _cost(costs: Sequence[float], width: int) -> float:
-    """Seconds of a forward of `width` tokens on a 1..len curve (proportional past its end)."""
-    return costs[width - 1] if width <= len(costs) else costs[-1] * width / len(costs)
+    """Seconds of a forward of `width` tokens on a 1..len curve (past its end, as the controller
+    extrapolates: CostTable.measured)."""
+    return costs[width - 1] if width <= len(costs) else CostTable(costs).measured(width)
 
 
 def draft_ceiling(output: Sequence[int], agrees: str, costs: Sequence[float], draft_costs: Sequence[float]) -> float:
