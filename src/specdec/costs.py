@@ -158,8 +158,9 @@ def format_curves(name: str, curves: list[dict]) -> str:
 
 class CostTable:
     """target_cost(W) for a forward of width W: the measured curve (linear between measured
-    widths, its upper half's marginal cost past the widest: `measured`) times a ratio learned live, per width where that width
-    was seen, else the ratio over all widths (the machine got faster or slower)."""
+    widths; past the widest, its upper half's marginal cost: `measured`) times a ratio learned
+    live, per width where that width was seen, else the ratio over all widths (the machine got
+    faster or slower)."""
 
     def __init__(self, costs: dict[int, float] | Sequence[float]):
         if not isinstance(costs, dict):                 # a list: seconds for widths 1..len
