@@ -55,9 +55,8 @@ def main(argv=None) -> int:
     from specdec.drafters.model import ModelDrafter
     from specdec.engine import GenerationConfig, SpeculativeDecoder
 
-    kw = {"device": "cpu"} if args.backend == "torch" else {}
-    target = load_model(args.target, backend=args.backend, **kw)
-    draft = load_model(args.draft, backend=args.backend, **kw)
+    target = load_model(args.target, backend=args.backend)    # torch: CUDA where PyTorch sees one
+    draft = load_model(args.draft, backend=args.backend)
     if args.costs:
         report = {"command": "benchmarks/forward_log.py " + " ".join(sys.argv[1:]),
                   "target": {"name": target.name, "curves": cost_report(target, (1,), (128,), 5)},

@@ -187,8 +187,6 @@ class CostTable:
             top, wide = ss[-1], ws[-1]
             slope = (top - self.measured(wide / 2)) / (wide / 2)
             return top + (w - wide) * min(max(slope, top / (2 * wide)), top / wide)
-        if w == ws[-1]:
-            return ss[-1]
         if w <= ws[0]:
             return ss[0] * w / ws[0]
         i = bisect.bisect_left(ws, w)
