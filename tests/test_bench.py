@@ -197,3 +197,34 @@ def test_the_dev_suite():
     assert all(p["source"] and p["license"] for p in prompts) and len({p["id"] for p in prompts}) == len(prompts)
     assert not any("Spec-Bench" in p["source"] for p in prompts)
     assert all(p["messages"][-1]["role"] == "user" for p in prompts if "messages" in p)
+
+
+def test_partings_get_their_first_token_and_top2_gap(tmp_path):
+    """A greedy run of ours whose text parts from plain's gets the first token where they part and
+    the target's top-2 logit gap there (plain's context, one token at a time); results.jsonl is
+    rewritten with them and the summary lists each parting with its verdict."""
+    import numpy as np
+
+    from tests.toy import ToyLM
+
+    target = ToyLM(vocab_size=32, seed=3)
+    prompt = [5, 6, 7]
+    b = bench.Bench.__new__(bench.Bench)
+    b.target, b.prompt_ids = target, {"a": prompt}
+
+    def row(method, tokens, match):
+        return bench.Row("a", "chat", method, 0, len(tokens), 1.0, float(len(tokens)), text="t",
+                         token_ids=tokens, text_match=match, identical_to_plain=match != "differs")
+    rows = [row("plain", [9, 10, 11, 12], None), row("auto", [9, 10, 4, 12], "differs"),
+            row("ngram:4", [9, 10, 11, 12], "identical")]
+    parted = bench.mark_partings(b, rows, tmp_path)
+    assert [r.method for r in parted] == ["auto"] and rows[1].first_difference == 2
+    logits = target.table[9, 10].astype(np.float64)        # the toy's logits after ... 9, 10
+    top2 = np.sort(logits)[-2:]
+    assert rows[1].logit_gap == pytest.approx(top2[1] - top2[0], abs=1e-5)
+    assert rows[2].logit_gap is None and target.cache == []    # its scoring row is gone
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["first_difference"] for r in records] == [None, 2, None]
+    table = "\n".join(bench._partings_table(rows))
+    verdict = "rounding tie" if rows[1].logit_gap < 0.5 else "NOT a tie"
+    assert f"| a | auto | 0 | 2 | {rows[1].logit_gap:.4f} | {verdict} |" in table

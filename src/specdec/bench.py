@@ -63,6 +63,12 @@ class Row:
     accepted_at: list[int] = field(default_factory=list)
     batch: int = 1                      # prompts run together; tokens and tokens/s summed over them
     text: str = ""
+    token_ids: list[int] = field(default_factory=list)   # our runs: the generated tokens
+    # a greedy run of ours whose text differs from plain's: the first token where they part, and
+    # the target's top-2 logit gap there (single-token scoring of plain's context): a rounding tie
+    # below compare.ROUNDING_GAP, a verification bug above it (mark_partings)
+    first_difference: int | None = None
+    logit_gap: float | None = None
 
 
 def load_suite(path: Path, categories=None, per_category: int | None = None, limit: int | None = None):
@@ -172,6 +178,7 @@ class Bench:
         self.drafter = model_drafter(self.draft_model, self.target, spec.vocab)
         # decoders that learn across prompts (auto, suffix:K), one per method, repeat and batch size
         self.learners: dict[tuple[str, int, int], object] = {}
+        self.prompt_ids: dict[str, list[int]] = {}     # prompt id -> its tokens, as our runs fed them
         self.suffix_cap, self.draft_corpus = suffix_cap, draft_corpus
         # the GGUF files the peers run (a transformers folder, for --backend torch, has none)
         self.target_path, self.draft_path = (Path(n) if Path(n).is_dir() else resolve(n)
@@ -263,7 +270,8 @@ class Bench:
             row.acceptance_rate, row.mean_accepted_length = s.acceptance_rate, s.mean_accepted_length
             row.acceptance_by_position = s.acceptance_by_position
             row.drafted_at, row.accepted_at = s.drafted_at, s.accepted_at
-            row.text = result.text
+            row.text, row.token_ids = result.text, list(result.tokens)
+            self.prompt_ids[item["id"]] = list(result.prompt_tokens)
         elif runner == "llama.cpp":
             if self.llama_cpp is None:
                 raise SpecdecError("llama.cpp methods need --llama-cpp-bin DIR (see `make llama-tools`)")
@@ -333,6 +341,33 @@ def run_bench(bench: Bench, prompts: list[dict], methods: list[str], repeats: in
     _progress(total, total, started, "done")
     sys.stderr.write("\n")
     return rows
+
+
+def mark_partings(bench: Bench, rows: list[Row], out: Path) -> list[Row]:
+    """Every greedy run of ours whose text parted from plain's (text_match "differs") gets the first
+    token where the two parted and the target's top-2 logit gap there, scored one token at a time
+    on plain's context (as `specdec compare` does); results.jsonl is rewritten with them. Done after
+    every timed run, so the scoring never sits between two timings. The rows that parted."""
+    from .compare import top2_gap
+
+    plain = {(r.prompt_id, r.repeat): r for r in rows if r.method == "plain" and r.batch == 1}
+    gaps: dict[tuple, float] = {}
+    parted = []
+    for r in rows:
+        base = plain.get((r.prompt_id, r.repeat))
+        if r.batch != 1 or r.text_match != "differs" or not r.token_ids or base is None or not base.token_ids:
+            continue
+        a, b = base.token_ids, r.token_ids
+        i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        key = (r.prompt_id, tuple(a[:i]))
+        if key not in gaps:
+            gaps[key] = top2_gap(bench.target, bench.prompt_ids[r.prompt_id] + a[:i])
+        r.first_difference, r.logit_gap = i, gaps[key]
+        parted.append(r)
+    tmp = out / "results.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows), encoding="utf-8")
+    tmp.replace(out / "results.jsonl")
+    return parted
 
 
 def speedups(rows: list[Row], group=lambda r: (r.category, r.method)) -> dict[tuple, list[float]]:
@@ -472,6 +507,27 @@ def _category_tables(rows: list[Row], methods: list[str]) -> list[str]:
                  f"{statistics.median(agreeing):.2f}x" if agreeing else "-",
                  f"{worst[1]:.2f}x ({worst[0]})" if worst else "-", counts]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return lines + [""] + _partings_table(rows)
+
+
+def _partings_table(rows: list[Row]) -> list[str]:
+    """Each greedy run of ours that parted from plain's text: where, and the target's top-2 logit
+    gap there (mark_partings): below compare.ROUNDING_GAP a rounding tie, above it a bug."""
+    from .compare import ROUNDING_GAP
+
+    parted = [r for r in rows if r.logit_gap is not None]
+    if not parted:
+        return []
+    ties = sum(r.logit_gap < ROUNDING_GAP for r in parted)
+    lines = [f"Partings: {len(parted)} greedy runs of ours parted from plain's text; {ties} at a rounding "
+             f"tie (top-2 logit gap below {ROUNDING_GAP}: llama.cpp's kernels are not batch-invariant), "
+             f"{len(parted) - ties} above it (a verification bug: please report it).", "",
+             "| prompt | method | repeat | first different token | top-2 logit gap | verdict |",
+             "|---|---|---|---|---|---|"]
+    for r in sorted(parted, key=lambda r: (r.prompt_id, r.method, r.repeat)):
+        verdict = "rounding tie" if r.logit_gap < ROUNDING_GAP else "NOT a tie"
+        lines.append(f"| {r.prompt_id} | {r.method} | {r.repeat} | {r.first_difference} | "
+                     f"{r.logit_gap:.4f} | {verdict} |")
     return lines + [""]
 
 

@@ -637,6 +637,8 @@ def cmd_bench(args) -> int:
     print(f"{len(prompts)} prompts x {len(methods)} methods x {args.repeats} repeats"
           f"{f' x {args.passes} passes' if args.passes > 1 else ''} -> {out}/", file=sys.stderr)
     rows = bench.run_bench(runner, prompts, methods, args.repeats, out, args.batch_sizes, args.passes)
+    if args.temperature == 0:       # every greedy parting from plain, with its top-2 logit gap
+        bench.mark_partings(runner, rows, out)
     print(bench.write_summary(rows, runner, methods, out, "specdec bench " + " ".join(sys.argv[2:])))
     for path in bench.plot(rows, methods, out):
         print(f"wrote {path}")
