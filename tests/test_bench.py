@@ -228,3 +228,37 @@ def test_partings_get_their_first_token_and_top2_gap(tmp_path):
     table = "\n".join(bench._partings_table(rows))
     verdict = "rounding tie" if rows[1].logit_gap < 0.5 else "NOT a tie"
     assert f"| a | auto | 0 | 2 | {rows[1].logit_gap:.4f} | {verdict} |" in table
+
+
+def test_every_runner_is_credited_its_tokens_alike():
+    """The same work counts the same for every runner: our engine does not emit an
+    end-of-generation token but spends a forward on it, llama.cpp counts it; llama.cpp's
+    speculative binary stops only past -n. So a run is credited the tokens it produced, an
+    end-of-generation token included, at most -n + 1 (a 21-token answer with nothing drafted
+    read as 5% faster under llama.cpp's count)."""
+    from specdec.peers import PeerRun
+    from tests.toy import ToyLM
+
+    assert bench.produced(21, True, 256) == 22 and bench.produced(256, False, 256) == 256
+    assert bench.produced(300, False, 256) == 257 and bench.produced(22, False, 256) == 22
+
+    class Peer:
+        def __init__(self, tokens):
+            self.tokens = tokens
+
+        def run(self, text, max_tokens, spec_type, k):
+            return PeerRun(text="x", tokens=self.tokens, seconds=2.0, drafted=8, accepted=8)
+
+    b = bench.Bench.__new__(bench.Bench)
+    b.target, b.max_tokens, b.temperature, b.seed = ToyLM(vocab_size=32, seed=1), 8, 0.0, None
+    b.learners, b.prompt_ids, b.suffix_cap, b.draft_corpus, b.drafter = {}, {}, 0, None, None
+    item = {"id": "a", "category": "chat", "prompt": "abc"}
+    b.llama_cpp = Peer(tokens=40)                               # an accepted draft past -n
+    row = b.run(item, "llama.cpp:ngram-mod:8", 0)
+    assert row.tokens == 9 and row.tokens_per_second == pytest.approx(4.5)
+    b.llama_cpp = Peer(tokens=5)                                # ended on its end-of-generation token
+    assert b.run(item, "llama.cpp:ngram-mod:8", 0).tokens == 5
+    ours = b.run(item, "plain", 0)
+    result = b._decoder("plain", 0).generate(b.prompt_text(item), b._config())
+    assert ours.tokens == len(result.tokens) + (result.stats.finish_reason == "eog")
+    assert ours.tokens_per_second == pytest.approx(ours.tokens / ours.seconds)

@@ -22,7 +22,7 @@ openai = pytest.importorskip("openai")
 
 import specdec  # noqa: E402
 from specdec import GenerationConfig, SpeculativeDecoder  # noqa: E402
-from specdec.compare import ROUNDING_GAP, top2_gap  # noqa: E402
+from specdec.compare import ROUNDING_GAP, first_difference, top2_gap  # noqa: E402
 from specdec.server.app import build_service, serve  # noqa: E402
 from specdec.server.protocol import Policy  # noqa: E402
 
@@ -468,7 +468,7 @@ def _same_or_tie(target, prompt_tokens, a: list[int], b: list[int]) -> bool:
     """Equal, or parting at a rounding tie of llama.cpp's kernels (compare.ROUNDING_GAP); True if equal."""
     if a == b:
         return True
-    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    i = first_difference(a, b)
     gap = top2_gap(target, prompt_tokens + a[:i])
     assert gap < ROUNDING_GAP, f"outputs part at token {i} where the target's top-2 gap is {gap:.3f}: not a tie"
     return False

@@ -12,6 +12,12 @@ results.jsonl and compared with plain's (`text_match`: identical, prefix — one
 the other, as when a run wrote more tokens — or differs), and the summary gives the median speedup
 over all pairs and over the pairs whose texts agree, with every method's token counts.
 
+Every runner's tokens are counted alike (`produced`): what the model produced in the decode time,
+an end-of-generation token included (our engine does not emit it, llama.cpp counts it, and both
+spend a forward on it), and at most max_tokens + 1 (llama.cpp's binaries stop only past -n, and a
+speculative step that overshoots does no extra work for the tokens past it). Counted otherwise, a
+21-token answer gave llama.cpp's n-gram modes 5% over our plain decoding with nothing drafted.
+
 Methods that learn across prompts (auto's controller, the suffix cache) keep one decoder per
 method, repeat and batch size for the whole run, so each method only ever sees its own earlier
 runs, and never the same prompt in an earlier repeat or at another batch size (that would be the
@@ -247,7 +253,8 @@ class Bench:
         categories = {i["category"] for i in items}
         row = Row("+".join(i["id"] for i in items), categories.pop() if len(categories) == 1 else "mixed",
                   method, repeat, 0, 0.0, 0.0, batch=len(items))
-        row.tokens = sum(r.stats.generated_tokens for r in results)
+        row.tokens = sum(produced(r.stats.generated_tokens, r.stats.finish_reason == "eog", self.max_tokens)
+                         for r in results)
         row.seconds = max(r.stats.decode_seconds for r in results)
         row.tokens_per_second = row.tokens / row.seconds if row.seconds > 0 else 0.0
         row.drafted = sum(r.stats.drafted for r in results)
@@ -265,7 +272,9 @@ class Bench:
         if runner == "specdec":
             result = self._decoder(drafter, k, repeat).generate(text, self._config())
             s = result.stats
-            row.tokens, row.seconds, row.tokens_per_second = s.generated_tokens, s.decode_seconds, s.tokens_per_second
+            row.tokens = produced(s.generated_tokens, s.finish_reason == "eog", self.max_tokens)
+            row.seconds = s.decode_seconds
+            row.tokens_per_second = row.tokens / row.seconds if row.seconds > 0 else 0.0
             row.drafted, row.accepted = s.drafted, s.accepted
             row.acceptance_rate, row.mean_accepted_length = s.acceptance_rate, s.mean_accepted_length
             row.acceptance_by_position = s.acceptance_by_position
@@ -277,7 +286,8 @@ class Bench:
                 raise SpecdecError("llama.cpp methods need --llama-cpp-bin DIR (see `make llama-tools`)")
             spec_type = {"plain": "none", "draft": "draft-simple"}.get(drafter, drafter)
             peer = self.llama_cpp.run(text, self.max_tokens, spec_type, k)
-            row.tokens, row.seconds, row.tokens_per_second = peer.tokens, peer.seconds, peer.tokens_per_second
+            row.tokens, row.seconds = produced(peer.tokens, False, self.max_tokens), peer.seconds
+            row.tokens_per_second = row.tokens / row.seconds if row.seconds > 0 else 0.0
             row.drafted, row.accepted, row.text = peer.drafted, peer.accepted, peer.text
             row.acceptance_rate = peer.accepted / peer.drafted if peer.drafted else 0.0
         else:
@@ -287,6 +297,12 @@ class Bench:
             row.tokens, row.seconds, row.tokens_per_second = peer.tokens, peer.seconds, peer.tokens_per_second
             row.text = peer.text
         return row
+
+
+def produced(tokens: int, ended_on_eog: bool, max_tokens: int) -> int:
+    """The tokens a run is credited with (module docstring): `tokens` written, plus the
+    end-of-generation token when the runner does not count it itself, at most max_tokens + 1."""
+    return min(tokens + ended_on_eog, max_tokens + 1)
 
 
 def _progress(done: int, total: int, started: float, label: str) -> None:
@@ -348,7 +364,7 @@ def mark_partings(bench: Bench, rows: list[Row], out: Path) -> list[Row]:
     token where the two parted and the target's top-2 logit gap there, scored one token at a time
     on plain's context (as `specdec compare` does); results.jsonl is rewritten with them. Done after
     every timed run, so the scoring never sits between two timings. The rows that parted."""
-    from .compare import top2_gap
+    from .compare import first_difference, top2_gap
 
     plain = {(r.prompt_id, r.repeat): r for r in rows if r.method == "plain" and r.batch == 1}
     gaps: dict[tuple, float] = {}
@@ -357,8 +373,8 @@ def mark_partings(bench: Bench, rows: list[Row], out: Path) -> list[Row]:
         base = plain.get((r.prompt_id, r.repeat))
         if r.batch != 1 or r.text_match != "differs" or not r.token_ids or base is None or not base.token_ids:
             continue
-        a, b = base.token_ids, r.token_ids
-        i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        a = base.token_ids
+        i = first_difference(a, r.token_ids)
         key = (r.prompt_id, tuple(a[:i]))
         if key not in gaps:
             gaps[key] = top2_gap(bench.target, bench.prompt_ids[r.prompt_id] + a[:i])
@@ -483,9 +499,10 @@ def _category_tables(rows: list[Row], methods: list[str]) -> list[str]:
         lines.append(f"| {cat} | " + " | ".join(cells) + " |")
     lines += ["", "Like with like: a pair counts as agreeing when its text is plain's (or one is the start "
               "of the other: the same tokens, one run went on longer); the others parted at a rounding "
-              "tie or a stop, and their tokens/s measure different texts. Tokens: what each run wrote "
-              "(llama.cpp's llama-speculative-simple keeps whole accepted drafts past -n, so it writes "
-              "more than asked; its tokens/s counts them all).", "",
+              "tie or a stop, and their tokens/s measure different texts. Tokens: what each run is "
+              "credited with, counted alike for every runner: the tokens it produced, an end-of-generation "
+              "token included, at most -n + 1 (llama.cpp's llama-speculative-simple stops only past -n "
+              "and keeps whole accepted drafts beyond it).", "",
               "| method | acceptance rate | mean accepted length | agreeing pairs | median, all pairs | "
               "median, agreeing pairs | worst prompt | tokens: median (min-max) |",
               "|---|---|---|---|---|---|---|---|"]

@@ -288,9 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmark methods and peers on a prompt suite",
                        description="Run every (prompt, method) pair of a prompt suite with repeats, "
                                    "alternating methods, and write results.jsonl (every run, its text "
-                                   "included, and whether it matches plain's), summary.md (median "
-                                   "speedups over all pairs and over pairs whose texts agree, token "
-                                   "counts), speedup.png and acceptance.png to --out. By default: two "
+                                   "included, and whether it matches plain's; for a greedy run that "
+                                   "parted from plain's text, where, and the target's top-2 logit gap "
+                                   "there), summary.md (median speedups over all pairs and over pairs "
+                                   "whose texts agree, token counts, every parting and whether it is a "
+                                   "rounding tie), speedup.png and acceptance.png to --out. By default: two "
                                    "prompts per category and the informative methods; --full runs everything.")
     p.add_argument("--suite", default=None, help="prompt suite (JSONL: id, category, prompt, and "
                                                  "messages for a multi-turn chat; default: "

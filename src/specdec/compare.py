@@ -53,6 +53,12 @@ class Comparison:
                 "first_difference": self.first_difference, "logit_gap": self.logit_gap}
 
 
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    """The first index where two token lists differ (the shorter one's length if one is the start
+    of the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def top2_gap(target: RowModel, tokens: Sequence[int]) -> float:
     """The target's top-1 minus top-2 logit for the token after `tokens` (single-token scoring)."""
     [r] = target.add_rows(1)
@@ -77,8 +83,7 @@ def compare(speculative: SpeculativeDecoder, prompt, config: GenerationConfig,
     result = Comparison(plain_result, spec_result, greedy=config.sampling.greedy)
     if not result.identical:
         a, b = plain_result.tokens, spec_result.tokens
-        i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        result.first_difference = i
+        i = result.first_difference = first_difference(a, b)
         if result.greedy:
             result.logit_gap = top2_gap(target, plain_result.prompt_tokens + a[:i])
     return result
