@@ -3,8 +3,9 @@
 
 One controller and one suffix cache for the whole run, as in one process: pass 1 is a fresh
 process (its cache starts empty and fills as requests end), pass 2 asks every prompt again.
-The curve: this CPU's quiet-machine ratios from the README (2, 5, 9, 16 rows: 1.65x, 3.1x, 4.7x,
-6.3x a single step), or --curve FILE (a `specdec costs --out` JSON or a list of seconds).
+The curve: this CPU's, timed on a quiet machine (benchmarks/cpu/costs-1.5b-0.5b.json, 1..16 and
+24/32/48/64 tokens at depth 128: drafts up to 63 tokens), or --curve FILE (another `specdec costs
+--out` report, or a JSON list of seconds for 1..W tokens).
 
     python benchmarks/suffix_replay_auto.py
 """
@@ -14,27 +15,22 @@ import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
-
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
 from specdec.controller import CostAwareController  # noqa: E402
+from specdec.costs import single_row_curve  # noqa: E402
 from specdec.drafters.ngram import NgramDrafter  # noqa: E402
 from specdec.drafters.suffix import SuffixCacheDrafter  # noqa: E402
 from specdec.replay import replay_speedup  # noqa: E402
 
-QUIET = np.interp(np.arange(1, 17), [1, 2, 5, 9, 16], [1.0, 1.65, 3.1, 4.7, 6.3]) * 0.025
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--curve", default=None)
+    ap.add_argument("--curve", default=str(HERE / "cpu" / "costs-1.5b-0.5b.json"))
     args = ap.parse_args()
-    curve = list(QUIET)
-    if args.curve:
-        data = json.loads(Path(args.curve).read_text())
-        curve = data if isinstance(data, list) else [data["target"]["1"][str(w)] for w in range(1, 17)]
+    data = json.loads(Path(args.curve).read_text())
+    curve = data if isinstance(data, list) else single_row_curve(data)
     records = [json.loads(line) for line in (HERE / "greedy-1.5b-0.5b.jsonl").read_text().splitlines()[1:]]
     setups = {"auto:nosuffix": None, "auto:suffix": SuffixCacheDrafter()}
     results = {}
