@@ -274,7 +274,6 @@ class Bench:
             s = result.stats
             row.tokens = produced(s.generated_tokens, s.finish_reason == "eog", self.max_tokens)
             row.seconds = s.decode_seconds
-            row.tokens_per_second = row.tokens / row.seconds if row.seconds > 0 else 0.0
             row.drafted, row.accepted = s.drafted, s.accepted
             row.acceptance_rate, row.mean_accepted_length = s.acceptance_rate, s.mean_accepted_length
             row.acceptance_by_position = s.acceptance_by_position
@@ -287,15 +286,14 @@ class Bench:
             spec_type = {"plain": "none", "draft": "draft-simple"}.get(drafter, drafter)
             peer = self.llama_cpp.run(text, self.max_tokens, spec_type, k)
             row.tokens, row.seconds = produced(peer.tokens, False, self.max_tokens), peer.seconds
-            row.tokens_per_second = row.tokens / row.seconds if row.seconds > 0 else 0.0
             row.drafted, row.accepted, row.text = peer.drafted, peer.accepted, peer.text
             row.acceptance_rate = peer.accepted / peer.drafted if peer.drafted else 0.0
         else:
             if self.hf is None:
                 raise SpecdecError("hf methods need --hf")
             peer = self.hf.run(text, self.max_tokens, drafter, k)
-            row.tokens, row.seconds, row.tokens_per_second = peer.tokens, peer.seconds, peer.tokens_per_second
-            row.text = peer.text
+            row.tokens, row.seconds, row.text = peer.tokens, peer.seconds, peer.text
+        row.tokens_per_second = row.tokens / row.seconds if row.seconds > 0 else 0.0
         return row
 
 

@@ -25,10 +25,6 @@ class PeerRun:
     drafted: int = 0
     accepted: int = 0
 
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
 
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 _EVAL = re.compile(r"\beval time =\s+([\d.]+) ms /\s+(\d+) runs")
