@@ -3,6 +3,8 @@
 
     python scripts/replay_controller.py record [--out FILE]    # plain greedy outputs of the target
     python scripts/replay_controller.py replay [--recording FILE] [-v]
+    python scripts/replay_controller.py loo [--recording FILE] [--fit] [--set NAME=VALUE ...]
+    python scripts/replay_controller.py copies [--recording FILE]
 
 `record` runs the default target (or --target) with plain greedy decoding over the benchmark suite
 (chat template applied as `specdec bench` does) and writes the token ids, with the target's
@@ -134,6 +136,22 @@ def loo(args) -> None:
         print(f"| {category} | {r['prompts']} | {r['auto']:.2f}x | {r['clairvoyant']:.2f}x | {r['ratio']:.2f} | {r['worst']:.2f}x |")
 
 
+def copies(args) -> None:
+    """How far long matches run, whole copies against partial ones (the controller's whole-copy rule)."""
+    from specdec.controller import WHOLE_COPY_MIN, WHOLE_COPY_SHARE
+    from specdec.replay import copy_runs
+
+    lines = Path(args.recording).read_text().splitlines()
+    runs = copy_runs([json.loads(line) for line in lines[1:]])
+    print(f"matches of at least {WHOLE_COPY_MIN} tokens; whole: spanning at least {WHOLE_COPY_SHARE:.0%} of the "
+          "response so far\n")
+    print("| match | " + " | ".join(f"next {j} right" for j in runs["whole"]) + " |")
+    print("|---" * (len(runs["whole"]) + 1) + "|")
+    for name, by_j in runs.items():
+        print(f"| {name} | " + " | ".join(f"{right / left:.0%} of {left}" if left else "none"
+                                          for right, left in by_j.values()) + " |")
+
+
 def replay(args) -> None:
     from specdec.controller import CostAwareController, FixedController
     from specdec.drafters.ngram import NgramDrafter
@@ -223,8 +241,10 @@ def main() -> int:
     out.add_argument("--set", nargs="+", metavar="NAME=VALUE",
                      help="try other values: controller constants (REACH=1, MARGIN=0.05) or arguments "
                           "(overlay_weight=16, shared_rate=0.02, explore_growth=1)")
+    cop = sub.add_parser("copies", help="how far long matches run: whole copies against partial ones")
+    cop.add_argument("--recording", default="greedy-outputs.jsonl")
     args = parser.parse_args()
-    {"record": record, "replay": replay, "loo": loo}[args.command](args)
+    {"record": record, "replay": replay, "loo": loo, "copies": copies}[args.command](args)
     return 0
 
 

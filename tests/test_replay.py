@@ -156,3 +156,17 @@ def test_leave_one_category_out(path, monkeypatch):
         assert held_out not in train and train == categories - {held_out}
     for r in result.values():
         assert 0 < r["worst"] <= r["auto"] <= r["clairvoyant"] + 1e-9 and r["ratio"] <= 1 + 1e-9
+
+
+def test_copy_runs_split_whole_copies_from_partial_ones():
+    """A response that copies its prompt from its first token counts as a whole copy at every
+    position; one that writes 30 tokens of its own first only reaches a long match later, partial."""
+    from specdec.replay import copy_runs
+    prompt = list(range(100)) + [500] + list(range(20))
+    whole = copy_runs([{"prompt": prompt, "output": list(range(20, 60))}])
+    # every one of the 40 positions matches 20+ tokens and its guesses run to the end of the output
+    assert whole["whole"][1] == (40, 40) and whole["whole"][16] == (25, 25) and whole["whole"][63] == (0, 0)
+    assert whole["partial"][1] == (0, 0)
+    partial = copy_runs([{"prompt": list(range(100)), "output": [600 + i for i in range(30)] + list(range(40))}])
+    # the match reaches 16 tokens at position 46, where 0.8 of the response would be 37 tokens
+    assert partial["partial"][1] == (24, 24) and partial["whole"][1] == (0, 0)

@@ -368,3 +368,26 @@ def leave_one_category_out(records: Sequence[Mapping], costs: Sequence[float],
                          "ratio": statistics.median(a / c for a, c in zip(autos, clairs)),
                          "worst": min(autos), "prompts": len(test)}
     return out
+
+
+def copy_runs(records: Sequence[Mapping], k: int = 63) -> dict[str, dict[int, tuple[int, int]]]:
+    """How far prompt lookup's long matches (at least WHOLE_COPY_MIN tokens) run on recorded greedy
+    outputs, split by whether the match spans WHOLE_COPY_SHARE of the response so far (the
+    controller's whole-copy rule): "whole" / "partial" -> {j: (positions whose next j guesses were
+    all right, positions with j tokens left)} for j in 1, 16, 32, k."""
+    from .controller import WHOLE_COPY_MIN, WHOLE_COPY_SHARE
+
+    runs = {name: {j: (0, 0) for j in (1, 16, 32, k)} for name in ("whole", "partial")}
+    for r in records:
+        drafter, context, output = NgramDrafter(), list(r["prompt"]), r["output"]
+        for pos in range(len(output)):
+            draft = drafter.propose({0: context}, {0: k})[0]
+            match = draft.evidence.get("match", 0) if draft.tokens else 0
+            if match >= WHOLE_COPY_MIN:
+                name = "whole" if match >= WHOLE_COPY_SHARE * pos else "partial"
+                run = _accepted(draft.tokens, output, pos)
+                for j, (right, left) in runs[name].items():
+                    if len(output) - pos >= j and len(draft.tokens) >= j:
+                        runs[name][j] = (right + (run >= j), left + 1)
+            context.append(output[pos])
+    return runs
