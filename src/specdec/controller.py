@@ -216,6 +216,11 @@ DRAFT_PRIOR = (0.84, 0.86, 0.89, 0.9, 0.92, 0.93, 0.94, 0.95, 0.95, 0.96, 0.96, 
 # steps 32, 96, 224, ... with explore_every = 32); 1.0 is a fixed period. A choice, not a fit: on
 # this CPU the 0.5B never pays, and the dev suite's replay is the same with 1.0 and 2.0.
 EXPLORE_GROWTH = 2.0
+# A request's first draft-model probe comes after this many steps. A choice, not a fit (issue 4): on
+# this CPU the 0.5B never pays, and the dev suite's leave-one-category-out replay is the same with
+# 16, 32, 64 and 1000 (`loo --set explore_every=N`); where the draft model pays (a GPU) its own
+# acceptance, not the probes, decides.
+EXPLORE_EVERY = 32
 
 
 class MatchAcceptance:
@@ -321,7 +326,7 @@ class CostAwareController:
     with its own MatchAcceptance table, and the row takes whichever promises most."""
 
     def __init__(self, free: Drafter | Sequence[Drafter] | None, model_drafter: Drafter | None,
-                 target_costs, draft_costs=None, explore_every: int = 32,
+                 target_costs, draft_costs=None, explore_every: int = EXPLORE_EVERY,
                  width: Callable[[Sequence[int]], int] = sum,
                  match_prior: Mapping[str, Sequence[float]] | None = None,
                  draft_prior: float | Sequence[float] | None = None,
