@@ -375,7 +375,7 @@ def copy_runs(records: Sequence[Mapping], k: int = 63) -> dict[str, dict[int, tu
     outputs, split by whether the match spans WHOLE_COPY_SHARE of the response so far (the
     controller's whole-copy rule): "whole" / "partial" -> {j: (positions whose next j guesses were
     all right, positions with j tokens left)} for j in 1, 16, 32, k."""
-    from .controller import WHOLE_COPY_MIN, WHOLE_COPY_SHARE
+    from .controller import WHOLE_COPY_MIN, whole_copy
 
     runs = {name: {j: (0, 0) for j in (1, 16, 32, k)} for name in ("whole", "partial")}
     for r in records:
@@ -384,7 +384,7 @@ def copy_runs(records: Sequence[Mapping], k: int = 63) -> dict[str, dict[int, tu
             draft = drafter.propose({0: context}, {0: k})[0]
             match = draft.evidence.get("match", 0) if draft.tokens else 0
             if match >= WHOLE_COPY_MIN:
-                name = "whole" if match >= WHOLE_COPY_SHARE * pos else "partial"
+                name = "whole" if whole_copy(match, pos) else "partial"
                 run = _accepted(draft.tokens, output, pos)
                 for j, (right, left) in runs[name].items():
                     if len(output) - pos >= j and len(draft.tokens) >= j:
