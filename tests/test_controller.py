@@ -13,6 +13,8 @@ from .toy import ToyLM
 
 # the 1.5B on a 2-core AVX-512 machine: 1, 2, 3, 5, 8 and 16 rows (llama-bench), interpolated
 CURVE = np.interp(np.arange(1, 17), [1, 2, 3, 5, 8, 16], [28, 38, 50, 74, 99, 110]) / 1000
+# timed to 64 tokens, and past 8 each token costs 0.3 of one: wide forwards are cheap per token
+STEEP_THEN_FLAT = {w: 0.04 * (w if w <= 8 else 8 + 0.3 * (w - 8)) for w in list(range(1, 17)) + [24, 32, 48, 64]}
 
 
 class FixedProposals:
@@ -91,18 +93,16 @@ def test_free_drafts_reach_the_widest_timed_forward():
     and they cost less per token (this CPU: 16 tokens 10-13x one, 32 tokens 18x), never past the
     widest timed width nor past half its match (controller.REACH) unless the whole response is the
     copy (controller.WHOLE_COPY_SHARE)."""
-    widths = list(range(1, 17)) + [24, 32, 48, 64]
-    steep_then_flat = {w: 0.04 * (w if w <= 8 else 8 + 0.3 * (w - 8)) for w in widths}
     tokens = FixedProposals(range(200))
     tokens.last_match_length = 200
-    c = controller(steep_then_flat, ngram=tokens, ngram_prior=1.0)
+    c = controller(STEEP_THEN_FLAT, ngram=tokens, ngram_prior=1.0)
     assert len(c.draft([1, 2, 3], room=500)[1].tokens) == 63
     tokens.last_match_length = 60
-    c = controller(steep_then_flat, ngram=tokens, ngram_prior=1.0)
+    c = controller(STEEP_THEN_FLAT, ngram=tokens, ngram_prior=1.0)
     c.begin(0, [1])                                   # 100 tokens generated, the match spans 60
     assert len(c.draft([1] * 101, room=500)[1].tokens) == 30
     # the same costs timed only up to 16 tokens: 15 at most, as before
-    narrow = {w: s for w, s in steep_then_flat.items() if w <= 16}
+    narrow = {w: s for w, s in STEEP_THEN_FLAT.items() if w <= 16}
     tokens.last_match_length = 200
     assert len(controller(narrow, ngram=tokens, ngram_prior=1.0).draft([1, 2, 3], room=500)[1].tokens) == 15
 
@@ -111,11 +111,9 @@ def test_free_drafts_reach_the_widest_timed_forward():
 def test_a_whole_copy_is_not_held_to_half_its_match(generated, k):
     """A 32-token match that spans at least WHOLE_COPY_SHARE (0.8) of the response is a copy task
     (a rewrite, an extract): it may draft its whole proposal; spanning less of it, half its match."""
-    widths = list(range(1, 17)) + [24, 32, 48, 64]
-    cheap_wide = {w: 0.04 * (w if w <= 8 else 8 + 0.3 * (w - 8)) for w in widths}
     tokens = FixedProposals(range(40))
     tokens.last_match_length = 32
-    c = controller(cheap_wide, ngram=tokens, ngram_prior=1.0)
+    c = controller(STEEP_THEN_FLAT, ngram=tokens, ngram_prior=1.0)
     c.begin(0, [7] * 10)
     assert len(c.draft([7] * (10 + generated), room=500)[1].tokens) == k
 
