@@ -57,7 +57,8 @@ def record(args) -> None:
                 draft_costs = list(measure_forward_costs(draft).values()) if draft else None
             out.write(json.dumps({"target": target.name, "draft": draft.name if draft else None,
                                   "suite": Path(args.suite).name, "max_tokens": args.max_tokens,
-                                  "costs": costs, "draft_costs": draft_costs}) + "\n")
+                                  "costs": costs, "draft_costs": draft_costs,
+                                  "eog": sorted(target.tokenizer.eog_ids)}) + "\n")
         for item in load_suite(Path(args.suite), args.categories, per_category=args.per_category):
             if item["id"] in done:
                 continue
@@ -105,6 +106,11 @@ def load(args):
     return header, records, costs, draft_costs
 
 
+def stops(header) -> frozenset[int]:
+    """The recorded target's end-of-generation tokens, where the engine cuts every draft."""
+    return frozenset(header.get("eog", ()))
+
+
 def loo(args) -> None:
     """Leave one category out: priors fitted on the others, auto against the clairvoyant."""
     from specdec.replay import fit_draft_prior, fit_match_prior, leave_one_category_out
@@ -125,7 +131,7 @@ def loo(args) -> None:
             setattr(controller, name, float(value))
         else:
             extra[name] = float(value)
-    result = leave_one_category_out(records, costs, draft_costs, **extra)
+    result = leave_one_category_out(records, costs, draft_costs, stops(header), **extra)
     print(f"target {header.get('target')}, forward of 2/5/9/16 tokens = "
           + "/".join(f"{costs[n - 1] / costs[0]:.2f}" for n in (2, 5, 9, 16)) + "x one token"
           + (f"; draft model's 1-token forward = {draft_costs[0] / costs[0]:.2f}x the target's"
@@ -165,24 +171,26 @@ def replay(args) -> None:
     recorded = RecordedDrafter({tuple(r["prompt"]): (r["output"], r["draft_agrees"]) for r in records}) \
         if with_draft else None
     # one `auto` for the suite, as in a bench: it learns across prompts
-    auto = CostAwareController(NgramDrafter(), recorded, costs, draft_costs)
+    eog = stops(header)
+    auto = CostAwareController(NgramDrafter(), recorded, costs, draft_costs, stops=eog)
     columns = ["ngram:8", "auto", "clairvoyant", "copy ceiling", "ngram-mod-like:8"]
     if with_draft:
         columns += [f"draft:{k}" for k in args.draft_k] + ["draft ceiling"]
     by_category: dict[str, list[tuple[float, ...]]] = {}
     for r in records:
         prompt, output = r["prompt"], r["output"]
-        fixed, _ = replay_speedup(prompt, output, costs, FixedController(NgramDrafter(), 8))
-        auto_speedup, decisions = replay_speedup(prompt, output, costs, auto, recorded, draft_costs)
+        fixed, _ = replay_speedup(prompt, output, costs, FixedController(NgramDrafter(), 8), stops=eog)
+        auto_speedup, decisions = replay_speedup(prompt, output, costs, auto, recorded, draft_costs, eog)
         # the clairvoyant controller over the drafters auto has (prompt lookup, and the draft model when recorded)
         clairvoyant = clairvoyant_speedup(prompt, output, costs, r.get("draft_agrees") if with_draft else None,
                                           draft_costs)
         row = [fixed, auto_speedup, clairvoyant, copy_ceiling(prompt, output, costs),
-               replay_speedup(prompt, output, costs, LongMatchController(NgramDrafter(match_cap=64), 8))[0]]
+               replay_speedup(prompt, output, costs, LongMatchController(NgramDrafter(match_cap=64), 8),
+                              stops=eog)[0]]
         if with_draft:
             for k in args.draft_k:
                 row.append(replay_speedup(prompt, output, costs, FixedController(recorded, k), recorded,
-                                          draft_costs)[0])
+                                          draft_costs, eog)[0])
             row.append(draft_ceiling(output, r["draft_agrees"], costs, draft_costs))
         by_category.setdefault(r["category"], []).append(tuple(row))
         if args.verbose:

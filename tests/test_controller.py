@@ -325,6 +325,21 @@ def test_width_goes_where_it_pays_most():
     assert len(plan[0][1].tokens) > 0 and plan[1] == (None, None)
 
 
+def test_a_free_proposal_is_valued_up_to_its_first_eog():
+    """Prompt lookup copying its prompt runs into the prompt's end-of-turn token and on into the
+    chat template: auto drafts up to that token, never the width past it."""
+    proposal = list(range(100, 120)) + [99] + list(range(120, 160))
+    ks = {}
+    for stops in (frozenset(), frozenset({99})):
+        c = CostAwareController(FixedProposals(proposal), None, STEEP_THEN_FLAT, stops=stops)
+        for table in c.ngram_accept.tables.values():
+            table[:] = 0.99
+        c.begin(0, [1, 2])
+        [(drafter, draft)] = c.draft({0: [1, 2]}, {0: 63}).values()
+        ks[bool(stops)] = draft.tokens
+    assert len(ks[False]) > 21 and ks[True] == proposal[:21]
+
+
 def test_one_row_allocation_is_the_single_row_argmax():
     """At one row, the allocation is argmax_k E[k] / cost(k + 1) over k = 0..cap (with the margin)."""
     for prior in (0.3, 0.5, 0.7, 0.9, 0.97):

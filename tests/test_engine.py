@@ -165,6 +165,22 @@ def test_eog_stops_and_is_not_emitted():
         assert result.stats.finish_reason == "eog"
 
 
+def test_a_draft_ends_at_its_first_eog():
+    """Tokens after an end-of-generation token are never emitted, so the engine does not widen the
+    target's forward with them: an 8-token draft whose 4th token is EOG is verified as 4."""
+    script = [9, 10, 11, 0, 12, 13]
+    model = ScriptedLM(script, prompt_len=len(PROMPT))
+    result = SpeculativeDecoder(model, ScriptedLM(script, prompt_len=len(PROMPT)), k=8).generate(
+        PROMPT, max_new_tokens=50)
+    assert result.tokens == [9, 10, 11] and result.stats.finish_reason == "eog"
+    assert model.forward_calls[-1] == 5              # [last, 9, 10, 11, 0]: one step, five rows
+    q = np.eye(4)[[1, 0, 2, 3]]
+    cut = Draft([1, 0, 2, 3], q, {"match": 7}).upto(frozenset({0}))
+    assert cut.tokens == [1, 0] and cut.q.shape == (2, 4) and cut.evidence == {"match": 7}
+    whole = Draft([1, 2, 0])
+    assert whole.upto(frozenset({0})) is whole and whole.upto(frozenset()) is whole
+
+
 def test_stream_is_utf8_safe_and_matches_text():
     # tokens 1 and 2 are the two bytes of "é": no piece may hold half of it
     script = [4, 1, 2, 5, 1, 2, 6, 0]

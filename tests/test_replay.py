@@ -149,7 +149,7 @@ def test_leave_one_category_out(path, monkeypatch):
 
     monkeypatch.setattr(replay, "fit_match_prior", spy)
     costs, draft_costs = header["costs"], header.get("draft_costs") or [c / 3 for c in header["costs"]]
-    result = replay.leave_one_category_out(records, costs, draft_costs)
+    result = replay.leave_one_category_out(records, costs, draft_costs, frozenset(header.get("eog", ())))
     categories = {r["category"] for r in records}
     assert set(result) == categories and len(seen) == len(categories)
     for held_out, train in zip(result, seen):

@@ -337,8 +337,9 @@ class CostAwareController:
                  match_prior: Mapping[str, Sequence[float]] | None = None,
                  draft_prior: float | Sequence[float] | None = None,
                  overlay_weight: float | None = None, shared_rate: float | None = None,
-                 explore_growth: float | None = None):
+                 explore_growth: float | None = None, stops: frozenset[int] = frozenset()):
         self.target_cost = CostTable(target_costs)
+        self.stops = stops              # end-of-generation tokens: a free proposal is valued up to its first
         self.k_free = max(K_MAX, self.target_cost.widths[-1] - 1)
         if free is None:
             free = []
@@ -409,6 +410,7 @@ class CostAwareController:
                 proposal = proposals[drafter.name].get(row)
                 if proposal is None or not proposal.tokens:
                     continue
+                proposal = proposal.upto(self.stops)
                 match = max(1, proposal.evidence.get("match", 1))
                 kind = MatchAcceptance.evidence(proposal.evidence.get("votes", (1, 1)))
                 state.shadow[drafter.name] = (list(proposal.tokens), match, kind)

@@ -143,6 +143,9 @@ class Engine:
                 for row, r in rows.items()}
         t = time.perf_counter()
         plan = self.controller.draft(contexts, caps)
+        # a draft ends at its first end-of-generation token: nothing after it is ever emitted
+        plan = {row: (d, draft.upto(target.tokenizer.eog_ids) if draft is not None else None)
+                for row, (d, draft) in plan.items()}
         t_draft = time.perf_counter() - t
         drafts = {row: (d.tokens if d is not None else []) for row, (_, d) in plan.items()}
         # 3. ONE target forward: row r scores [last, *draft], k + 1 logits rows each
@@ -387,7 +390,7 @@ class SpeculativeDecoder:
                 if self.model_drafter is not None and hasattr(self.model_drafter, "model"):
                     draft_costs = measure_forward_costs(self.model_drafter.model)
                 controller = CostAwareController(self.free_drafters(), self.model_drafter, costs, draft_costs,
-                                                 width=self.target.width)
+                                                 width=self.target.width, stops=self.target.tokenizer.eog_ids)
             else:
                 controller = FixedController(self.drafter, self.k if self.drafter else 0)
             self._engine = Engine(self.target, controller, self.drafters(), self.max_rows)

@@ -191,10 +191,12 @@ def draft_ceiling(output: Sequence[int], agrees: str, costs: Sequence[float], dr
 
 def replay_speedup(prompt: Sequence[int], output: Sequence[int], costs: Sequence[float], controller,
                    recorded: RecordedDrafter | None = None,
-                   draft_costs: Sequence[float] | None = None) -> tuple[float, dict[str, int]]:
+                   draft_costs: Sequence[float] | None = None,
+                   stops: frozenset[int] = frozenset()) -> tuple[float, dict[str, int]]:
     """Speedup over plain decoding of `controller` (a FixedController or CostAwareController over
     prompt lookup and/or `recorded`, the draft model, whose forwards cost `draft_costs`), and its
-    decisions, replayed step by step on the recorded output."""
+    decisions, replayed step by step on the recorded output. As in the engine, a draft ends at
+    its first token in `stops` (the target's end-of-generation tokens)."""
     controller.begin(0, prompt)
     if recorded is not None:
         recorded.begin(0, prompt)
@@ -202,6 +204,7 @@ def replay_speedup(prompt: Sequence[int], output: Sequence[int], costs: Sequence
     pos, seconds, decisions = 0, 0.0, {}
     while pos < len(output):
         [(drafter, draft)] = controller.draft({0: context}, {0: len(costs) - 1}).values()
+        draft = draft.upto(stops) if draft is not None else None
         tokens = draft.tokens if draft is not None else []
         n = _accepted(tokens, output, pos)
         emitted = output[pos:pos + n + 1]
@@ -338,11 +341,12 @@ def clairvoyant_speedup(prompt: Sequence[int], output: Sequence[int], costs: Seq
 
 
 def leave_one_category_out(records: Sequence[Mapping], costs: Sequence[float],
-                           draft_costs: Sequence[float] | None = None, **controller_args
-                           ) -> dict[str, dict[str, float]]:
+                           draft_costs: Sequence[float] | None = None, stops: frozenset[int] = frozenset(),
+                           **controller_args) -> dict[str, dict[str, float]]:
     """For every category: fit the priors on the other categories' recordings, replay `auto` (one
-    controller for the category's prompts, learning across them as in a bench run) on the held-out
-    ones, and compare it with the clairvoyant controller. category -> {"auto", "clairvoyant":
+    controller for the category's prompts, learning across them as in a bench run, its drafts
+    ending at the first of the target's end-of-generation tokens `stops`) on the held-out ones,
+    and compare it with the clairvoyant controller. category -> {"auto", "clairvoyant":
     median speedups; "ratio": median of auto / clairvoyant per prompt; "worst": auto's worst prompt;
     "prompts"}."""
     import statistics
@@ -358,10 +362,11 @@ def leave_one_category_out(records: Sequence[Mapping], costs: Sequence[float],
             if with_draft else None
         auto = CostAwareController(NgramDrafter(), recorded, costs, draft_costs if with_draft else None,
                                    match_prior=fit_match_prior(train),
-                                   draft_prior=fit_draft_prior(train) if with_draft else None, **controller_args)
+                                   draft_prior=fit_draft_prior(train) if with_draft else None, stops=stops,
+                                   **controller_args)
         autos, clairs = [], []
         for r in test:
-            autos.append(replay_speedup(r["prompt"], r["output"], costs, auto, recorded, draft_costs)[0])
+            autos.append(replay_speedup(r["prompt"], r["output"], costs, auto, recorded, draft_costs, stops)[0])
             clairs.append(clairvoyant_speedup(r["prompt"], r["output"], costs,
                                               r.get("draft_agrees") if with_draft else None, draft_costs))
         out[category] = {"auto": statistics.median(autos), "clairvoyant": statistics.median(clairs),

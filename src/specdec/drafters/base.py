@@ -27,6 +27,19 @@ class Draft:
     # match spans) and "votes" ((occurrences continuing with the first guess, occurrences))
     evidence: dict = field(default_factory=dict)
 
+    def upto(self, stops: frozenset[int] | set[int]) -> "Draft":
+        """The draft up to and including its first token in `stops` (end of generation): once the
+        target keeps that token the response is over, so the tokens after it could only widen
+        the forward. Prompt lookup copying a passage runs into the prompt's own end-of-turn token
+        and on into the chat template (seen: a 63-token draft whose last 26 tokens lay past it)."""
+        for i, token in enumerate(self.tokens):
+            if token in stops:
+                if i + 1 == len(self.tokens):
+                    return self
+                q = self.q[:i + 1] if self.q is not None else None
+                return Draft(self.tokens[:i + 1], q, self.evidence)
+        return self
+
 
 @runtime_checkable
 class Drafter(Protocol):
