@@ -23,6 +23,7 @@ default), also fixed draft:K, `auto` with the draft model, and a clairvoyant dra
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -91,19 +92,42 @@ def draft_agreement(draft, prompt: list[int], output: list[int]) -> str:
 def load(args):
     """(header, records, the target's costs, the draft model's costs or None) of --recording, with
     --curve / --costs / --draft-curve in place of the recording's own curves."""
-    from specdec.costs import single_row_curve
+    from specdec.costs import cost_table, single_row_curve
 
     lines = Path(args.recording).read_text().splitlines()
     header, records = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
-    if args.curve:                    # a `specdec costs` report
-        costs = single_row_curve(json.loads(Path(args.curve).read_text()), depth=args.depth)
+    # a `specdec costs` report: every step priced at its own depth (the report's shallowest and
+    # deepest curves, as the engine's controller has them), or at --depth alone
+    curve = (lambda report, role: single_row_curve(report, role, depth=args.depth)) if args.depth \
+        else cost_table
+    if args.curve:
+        costs = curve(json.loads(Path(args.curve).read_text()), "target")
     else:
         costs = json.loads(Path(args.costs).read_text()) if args.costs else header["costs"]
     draft_costs = header.get("draft_costs")
     if args.draft_curve:
         report = json.loads(Path(args.draft_curve).read_text())
-        draft_costs = single_row_curve(report, "draft" if "draft" in report else "target", depth=args.depth)
+        draft_costs = curve(report, "draft" if "draft" in report else "target")
     return header, records, costs, draft_costs
+
+
+def describe(header, costs, draft_costs) -> str:
+    """The costs a replay ran on, in one line."""
+    from specdec.costs import SHALLOW, CostTable
+    from specdec.replay import curve_at
+
+    line = f"target {header.get('target')}"
+    depths = [SHALLOW]
+    if isinstance(costs, CostTable) and costs.slopes:
+        depths = [costs.depth, 1024, 2048]
+        line += ", each step priced at its own depth"
+    for depth in depths:
+        c = curve_at(costs, depth)
+        line += (f"; at depth {depth}" if len(depths) > 1 else "") + ": forward of 2/5/9/16 tokens = " \
+            + "/".join(f"{c[n - 1] / c[0]:.2f}" for n in (2, 5, 9, 16)) + "x one token"
+    if draft_costs:
+        line += f"; draft model's 1-token forward = {curve_at(draft_costs, SHALLOW)[0] / curve_at(costs, SHALLOW)[0]:.2f}x the target's"
+    return line + "\n"
 
 
 def stops(header) -> frozenset[int]:
@@ -132,10 +156,7 @@ def loo(args) -> None:
         else:
             extra[name] = float(value)
     result = leave_one_category_out(records, costs, draft_costs, stops(header), **extra)
-    print(f"target {header.get('target')}, forward of 2/5/9/16 tokens = "
-          + "/".join(f"{costs[n - 1] / costs[0]:.2f}" for n in (2, 5, 9, 16)) + "x one token"
-          + (f"; draft model's 1-token forward = {draft_costs[0] / costs[0]:.2f}x the target's"
-             if draft_costs else "; no draft model") + "\n")
+    print(describe(header, costs, draft_costs))
     print("| held-out category | prompts | auto | clairvoyant | auto / clairvoyant (median per prompt) | auto, worst prompt |")
     print("|---|---|---|---|---|---|")
     for category, r in result.items():
@@ -172,7 +193,7 @@ def replay(args) -> None:
         if with_draft else None
     # one `auto` for the suite, as in a bench: it learns across prompts
     eog = stops(header)
-    auto = CostAwareController(NgramDrafter(), recorded, costs, draft_costs, stops=eog)
+    auto = CostAwareController(NgramDrafter(), recorded, copy.deepcopy(costs), copy.deepcopy(draft_costs), stops=eog)
     columns = ["ngram:8", "auto", "clairvoyant", "copy ceiling", "ngram-mod-like:8"]
     if with_draft:
         columns += [f"draft:{k}" for k in args.draft_k] + ["draft ceiling"]
@@ -191,15 +212,12 @@ def replay(args) -> None:
             for k in args.draft_k:
                 row.append(replay_speedup(prompt, output, costs, FixedController(recorded, k), recorded,
                                           draft_costs, eog)[0])
-            row.append(draft_ceiling(output, r["draft_agrees"], costs, draft_costs))
+            row.append(draft_ceiling(prompt, output, r["draft_agrees"], costs, draft_costs))
         by_category.setdefault(r["category"], []).append(tuple(row))
         if args.verbose:
             print(f"{r['id']:24s}" + "".join(f" {c} {v:.2f}x" for c, v in zip(columns, row))
                   + f"  auto: {decisions}")
-    print(f"target {header.get('target')}, forward of 2/5/9/16 tokens = "
-          + "/".join(f"{costs[n - 1] / costs[0]:.2f}" for n in (2, 5, 9, 16)) + "x one token"
-          + (f"; draft model's 1-token forward = {draft_costs[0] / costs[0]:.2f}x the target's" if with_draft else "")
-          + "\n")
+    print(describe(header, costs, draft_costs if with_draft else None))
     print("| category | " + " | ".join(columns) + " | auto, worst prompt |")
     print("|---" * (len(columns) + 2) + "|")
     for category, rows in by_category.items():
@@ -230,8 +248,9 @@ def main() -> int:
     rep.add_argument("--recording", default="greedy-outputs.jsonl")
     rep.add_argument("--costs", help="a JSON list of forward seconds for 1..W tokens, W - 1 the longest "
                                      "draft (default: the recording's)")
-    rep.add_argument("--curve", help="the target's curve from `specdec costs --out` (its one-row curve at "
-                                     "--depth, else the shallowest) instead of --costs")
+    rep.add_argument("--curve", help="the target's curves from `specdec costs --out` instead of --costs: each "
+                                     "step priced at its own depth (the report's shallowest and deepest "
+                                     "one-row curves), or its curve at --depth alone")
     rep.add_argument("--draft-curve", help="the draft model's curve from `specdec costs --out` (its draft, else "
                                            "its target): adds draft:K, auto with the draft model and the "
                                            "draft ceiling, from the recording's draft agreement")

@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 from specdec import SpeculativeDecoder
-from specdec.controller import Acceptance, CostAwareController, MatchAcceptance, Outcome, Overlay
+from specdec.controller import Acceptance, CostAwareController, FixedController, MatchAcceptance, Outcome, Overlay
 from specdec.costs import CostTable, measure_forward_costs
 from specdec.drafters.base import Draft
+from specdec.engine import Engine
 
 from .toy import ToyLM
 
@@ -216,6 +217,70 @@ def test_past_the_widest_width_a_forward_costs_the_curves_marginal_rate():
     from specdec.replay import draft_seconds
     curve = [grid.measured(w) for w in range(1, 65)]
     assert draft_seconds(curve, 128, 1) == pytest.approx(grid(128))
+
+
+def test_a_forward_is_priced_at_its_depth():
+    # timed at depth 128 (every width) and 1024 (a few): one token 10 -> 19 ms, 16 tokens 40 -> 58 ms
+    table = CostTable({1: 0.010, 2: 0.016, 16: 0.040, 64: 0.100}, deep={1: 0.019, 16: 0.058, 64: 0.090},
+                      depth=128, deep_depth=1024)
+    assert table(1, 128) == pytest.approx(0.010) and table(1, 1024) == pytest.approx(0.019)
+    assert table(1) == pytest.approx(0.010)                        # no depth: the curve's own
+    assert table(16, 2048) == pytest.approx(0.040 + 1920 * 0.018 / 896)   # linear past the deep curve
+    assert table(8, 1024) == pytest.approx(table.measured(8) + 0.009 + 7 / 15 * 0.009)   # slopes interpolated
+    assert table(2, 1024) / table(1, 1024) < table(2, 128) / table(1, 128)   # width is cheaper deep
+    # 64 tokens timed faster deep than shallow: noise. Deeper is never cheaper, and a wider forward
+    # gains at least a narrower one's cost per token of depth (16 tokens': 0.018 s over 896)
+    assert table(64, 1024) == pytest.approx(0.118)
+    assert table(1, 0) == pytest.approx(0.010 - 128 * 0.009 / 896)  # shallower than timed: the same line
+    with pytest.raises(ValueError):
+        CostTable({1: 0.01}, deep={1: 0.02}, depth=128, deep_depth=128)
+
+
+def test_the_live_ratio_follows_the_machine_not_the_depth():
+    table = CostTable({1: 0.010, 2: 0.016}, deep={1: 0.019, 2: 0.026}, depth=128, deep_depth=1024)
+    for _ in range(50):
+        table.observe(1, 0.019, depth=1024)                # plain steps deep in a long prompt, as timed
+    assert table.overall == pytest.approx(1.0) and table(2, 1024) == pytest.approx(0.026)
+    for _ in range(50):
+        table.observe(1, 0.038, depth=1024)                # the machine got twice as slow
+    assert table(2, 1024) == pytest.approx(0.052, rel=0.05)
+
+
+def test_a_steps_depth_weighs_each_row_by_the_tokens_it_feeds():
+    from specdec.costs import step_depth
+    assert step_depth({0: 1, 1: 3}, {0: 100, 1: 500}) == pytest.approx(400)
+    assert step_depth({}, {}) == 0.0
+
+
+def test_deep_in_a_long_prompt_a_draft_pays_that_would_not_near_its_start():
+    # one guess right 70% of the time: 1.7 tokens for a 2-token forward. Near the start (depth 128)
+    # 2 tokens cost 2x one, a loss; deep (depth 2000) one token is twice as dear and 2 tokens barely
+    # dearer than one (attention over a long cache dominates): a 1.55x gain
+    table = CostTable({1: 0.010, 2: 0.020}, deep={1: 0.020, 2: 0.022}, depth=128, deep_depth=2000)
+    ngram = FixedProposals([3, 4])
+    ngram.last_match_length = 2                            # REACH caps the draft at 1 token
+    plans = {}
+    for depth in (128, 2000):
+        c = CostAwareController(ngram, None, table, match_prior={kind: [0.7] * 13 for kind in MatchAcceptance.KINDS})
+        c.begin(0, [1] * depth)
+        plans[depth] = c.draft({0: [1] * depth}, {0: 8})[0]
+    assert plans[128] == (None, None)
+    assert plans[2000][0] is ngram and plans[2000][1].tokens == [3]
+
+
+def test_the_engine_tells_the_controller_each_steps_depth():
+    seen = []
+
+    class Recording(FixedController):
+        def observe(self, outcomes, width, target_seconds, depth=None):
+            seen.append((width, depth))
+
+    target = ToyLM(vocab_size=32, seed=1)
+    decoder = SpeculativeDecoder(target, None)
+    decoder._engine = Engine(target, Recording(None, 0), [], 1)
+    decoder.generate([5, 6, 7, 8, 9], max_new_tokens=4)
+    # plain steps of one token over 5, 6, 7, 8 context tokens (the last token's step emits the 4th)
+    assert seen == [(1, 5), (1, 6), (1, 7), (1, 8)]
 
 
 def test_auto_is_lossless_on_toy_models():

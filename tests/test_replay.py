@@ -42,6 +42,29 @@ def test_nothing_to_copy_means_plain_speed():
     assert auto == pytest.approx(1.0) and decisions == {"plain": len(output)}
 
 
+def test_each_replayed_step_is_priced_at_its_own_depth():
+    from specdec.costs import CostTable
+    from specdec.replay import clairvoyant_speedup, curve_at
+
+    prompt, output = edited_copy(0)
+    curve = {w: float(c) for w, c in enumerate(CURVE, 1)}
+    # a deep curve that costs what the shallow one does: the same replay as the curve alone
+    level = CostTable(curve, deep=curve, depth=128, deep_depth=1024)
+    for ceiling in (copy_ceiling, oracle_speedup, clairvoyant_speedup):
+        assert ceiling(prompt, output, level) == pytest.approx(ceiling(prompt, output, CURVE))
+    assert replay_speedup(prompt, output, level, CostAwareController(NgramDrafter(), None, level))[0] == \
+        pytest.approx(replay_speedup(prompt, output, CURVE, CostAwareController(NgramDrafter(), None, CURVE))[0])
+    # a deep curve where every width costs one more one-token forward (one token twice as dear): the
+    # plain time is the one-token cost at each position's depth, and relative to it width is cheaper
+    # deep in the prompt, so the clairvoyant controller gains
+    deep = CostTable(curve, deep={w: 2 * curve[1] + c - curve[1] for w, c in curve.items()}, depth=128, deep_depth=1024)
+    at = [curve_at(deep, len(prompt) + i) for i in range(len(output))]
+    assert at[0][0] == pytest.approx(deep(1, len(prompt))) and at[-1][0] > at[0][0]
+    no_drafts = FixedController(None, 0)
+    assert replay_speedup(prompt, output, deep, no_drafts) == (pytest.approx(1.0), {"plain": len(output)})
+    assert oracle_speedup(prompt, output, deep) > oracle_speedup(prompt, output, CURVE)
+
+
 def test_a_wrong_guess_costs_a_wider_step():
     # the prompt says 1 2 3 4 then 1 2 3 5; the output copies neither continuation after "1 2 3"
     prompt, output = [9, 1, 2, 3, 4, 8, 1, 2, 3], [7, 7, 7, 7]
@@ -85,8 +108,8 @@ def test_the_recorded_drafter_is_accepted_exactly_as_recorded_and_pays_its_forwa
     slower, _ = replay_speedup(prompt, output, flat, FixedController(recorded, 4), recorded, costly)
     assert slower < speedup
     assert draft_seconds(costly, 3, 4) == pytest.approx(0.5 + 3 * 0.5)
-    assert draft_ceiling(output, agrees, flat, free) >= speedup - 1e-9
-    assert draft_ceiling(output, "0" * len(output), flat, free) == pytest.approx(1.0)
+    assert draft_ceiling(prompt, output, agrees, flat, free) >= speedup - 1e-9
+    assert draft_ceiling(prompt, output, "0" * len(output), flat, free) == pytest.approx(1.0)
 
 
 def test_auto_uses_a_recorded_draft_model_when_it_pays():

@@ -7,6 +7,7 @@ import os
 import sys
 
 from . import catalog
+from .costs import DEEP, SHALLOW
 from .drafters.base import MAX_DRAFT_TOKENS
 from .drafters.suffix import DEFAULT_CAP as SUFFIX_CAP
 from .errors import SpecdecError, VocabMismatchError
@@ -704,8 +705,9 @@ def _add_costs_parser(sub) -> None:
                         "each width compiles once, tens of seconds)")
     p.add_argument("--rows", type=_positive(int), nargs="+", default=[1], metavar="B",
                    help="rows per forward, each of W tokens (default: 1)")
-    p.add_argument("--depths", type=_positive(int), nargs="+", default=[128], metavar="D",
-                   help="tokens already in each row's cache (default: 128)")
+    p.add_argument("--depths", type=_positive(int), nargs="+", default=[SHALLOW, DEEP], metavar="D",
+                   help=f"tokens already in each row's cache (default: {SHALLOW} {DEEP}, the depths auto times: "
+                        "it takes a forward's cost as linear in the depth between and past them)")
     p.add_argument("--repeats", type=_positive(int), default=5, help="timings per point; the fastest counts (default: 5)")
     p.add_argument("--threads", type=_positive(int), default=None)
     p.add_argument("--ctx", type=_positive(int), default=4096, help="context window in tokens (default: 4096)")

@@ -7,11 +7,12 @@ more than the drafting and the wider target pass cost. Each step it allocates th
 width across the live rows: row i drafts k_i >= 0 tokens so as to maximise expected emitted tokens
 per second over the whole batch,
 
-    sum_i E_i[k_i] / (draft_cost(k) + target_cost(width(k_1 + 1, ..., k_n + 1))),
+    sum_i E_i[k_i] / (draft_cost(k) + target_cost(width(k_1 + 1, ..., k_n + 1), depth)),
     E_i[k] = 1 + sum_{j<=k} prod_{l<=j} a_il
 
-from measured costs (costs.py: the target's forward for 1..W rows, timed at load, cached, refined
-live) and measured acceptance (a_il = P(position l of row i accepted | the ones before were), a
+from measured costs (costs.py: the target's forward for 1..W rows, timed at load at two cache
+depths, cached, refined live; `depth` is the step's, its rows' context lengths weighted by the
+tokens each feeds) and measured acceptance (a_il = P(position l of row i accepted | the ones before were), a
 moving average per drafter; for the free drafters, prompt lookup and the suffix cache, per match
 length). The E_i are concave in k (each term is a product of probabilities), so adding draft
 tokens in order of their marginal gain gives the most tokens for every total width; the controller
@@ -28,7 +29,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .costs import EMA, CostTable
+from .costs import EMA, CostTable, step_depth
 from .drafters.base import Draft, Drafter
 
 K_MAX = 15          # the draft model's acceptance table, and the fitted priors' longest draft
@@ -106,7 +107,8 @@ class FixedController:
         plan.update({row: (self.drafter, draft) for row, draft in drafts.items()})
         return plan
 
-    def observe(self, outcomes: Mapping[int, "Outcome"], width: int, target_seconds: float) -> None:
+    def observe(self, outcomes: Mapping[int, "Outcome"], width: int, target_seconds: float,
+                depth: float | None = None) -> None:
         """Told the outcome of every step (a fixed policy ignores it)."""
 
     def speedups(self, row: int, tokens_per_second: float) -> tuple[float | None, float | None]:
@@ -311,6 +313,7 @@ class _RowState:
     prompt_len: int = 0                                 # tokens before the first generated one
     next_explore: float = 0.0                           # the step of the next draft-model probe
     explore_gap: float = 0.0                            # steps between the last two probes
+    depth: int = 0                                      # context tokens at the last step
 
 
 @dataclass
@@ -321,6 +324,7 @@ class _Option:
     proposal: Draft | None = None      # a free drafter's proposal (already made: it is free)
     lag: int = 0                       # draft model: context tokens it must catch up on first
     drafter: Drafter | None = None     # the free drafter that made `proposal`
+    depth: int = 0                     # the row's context tokens: the depth its forward attends over
 
 
 class CostAwareController:
@@ -338,7 +342,8 @@ class CostAwareController:
                  draft_prior: float | Sequence[float] | None = None,
                  overlay_weight: float | None = None, shared_rate: float | None = None,
                  explore_growth: float | None = None, stops: frozenset[int] = frozenset()):
-        self.target_cost = CostTable(target_costs)
+        # a CostTable (with a deep curve, costs.measure_cost_table), or a curve at one depth
+        self.target_cost = target_costs if isinstance(target_costs, CostTable) else CostTable(target_costs)
         self.stops = stops              # end-of-generation tokens: a free proposal is valued up to its first
         self.k_free = max(K_MAX, self.target_cost.widths[-1] - 1)
         if free is None:
@@ -350,7 +355,8 @@ class CostAwareController:
         self.model = model_drafter
         # the draft model's forward costs: catching up on m tokens costs a forward of m rows,
         # then each further draft position one forward over the rows still drafting
-        self.draft_cost = CostTable(draft_costs) if draft_costs else None
+        self.draft_cost = (draft_costs if isinstance(draft_costs, CostTable) else CostTable(draft_costs)) \
+            if draft_costs else None
         self.width = width              # the target's: forward width of per-row token counts
         # each free drafter's acceptance by match length: inside a long copy its guesses keep landing.
         # The shared tables start from priors fitted on the outside suite and learn slowly across
@@ -380,31 +386,31 @@ class CostAwareController:
         mean of each step's promise, and the tokens/s achieved over what plain steps would give."""
         state = self._rows.get(row)
         predicted = state.promised / state.steps if state and state.steps else 1.0
-        return predicted, tokens_per_second * self.target_cost(1)
+        return predicted, tokens_per_second * self.target_cost(1, state.depth if state else None)
 
     # -- the decision -------------------------------------------------------------------------
 
-    def _value(self, expected: np.ndarray, draft_cost: Callable[[int], float]) -> tuple[int, float]:
-        """One row alone: argmax over k of expected[k] / (draft_cost(k) + target_cost(k + 1))."""
-        values = [expected[k] / (draft_cost(k) + self.target_cost(self.width([k + 1])))
+    def _value(self, expected: np.ndarray, draft_cost: Callable[[int], float], depth: int) -> tuple[int, float]:
+        """One row alone at `depth`: argmax over k of expected[k] / (draft_cost(k) + target_cost(k + 1))."""
+        values = [expected[k] / (draft_cost(k) + self.target_cost(self.width([k + 1]), depth))
                   for k in range(len(expected))]
         k = int(np.argmax(values))
         return k, values[k]
 
-    def _model_cost(self, lag: int) -> Callable[[int], float]:
-        return lambda k: self.draft_cost(lag) + (k - 1) * self.draft_cost(1) if k else 0.0
+    def _model_cost(self, lag: int, depth: int) -> Callable[[int], float]:
+        return lambda k: self.draft_cost(lag, depth) + (k - 1) * self.draft_cost(1, depth) if k else 0.0
 
     def _options(self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]) -> dict[int, _Option]:
         """Each row's better drafter, judged as if the row were alone (as the one-row controller
         decides), and the shadow proposal prompt lookup is scored by afterwards."""
-        options = {row: _Option("plain", np.ones(1)) for row in contexts}
+        options = {row: _Option("plain", np.ones(1), depth=len(contexts[row])) for row in contexts}
         ask = {row: min(self.k_free, caps[row]) for row in contexts}
         ask = {row: k for row, k in ask.items() if k > 0}
         proposals = {d.name: d.propose({r: contexts[r] for r in ask}, ask) if ask else {} for d in self.free}
-        plain_value = 1.0 / self.target_cost(self.width([1]))
         for row, k_cap in ask.items():
             state = self._rows[row]
-            best_value = plain_value
+            depth = len(contexts[row])
+            best_value = 1.0 / self.target_cost(self.width([1]), depth)
             state.shadow = {}
             for drafter in self.free:           # in order: an earlier one wins a tie
                 proposal = proposals[drafter.name].get(row)
@@ -419,28 +425,30 @@ class CostAwareController:
                     reach = len(proposal.tokens)        # a whole copy: its own estimates decide
                 expected = self.match_accept[drafter.name].expected_tokens(match, reach, kind,
                                                                            state.overlays[drafter.name])
-                k, value = self._value(expected, lambda k: 0.0)
+                k, value = self._value(expected, lambda k: 0.0, depth)
                 if k and value > best_value:
                     best_value = value
-                    options[row] = _Option(drafter.name, expected, proposal, drafter=drafter)
+                    options[row] = _Option(drafter.name, expected, proposal, drafter=drafter, depth=depth)
             if self.model is not None and self.draft_cost is not None:
                 lag = max(1, self.model.lag(row, contexts[row]))
                 expected = self.model_accept.expected_tokens(min(k_cap, 8), state.model_overlay)
-                k, value = self._value(expected, self._model_cost(lag))
+                k, value = self._value(expected, self._model_cost(lag, depth), depth)
                 if k and value > best_value:
                     best_value = value
-                    options[row] = _Option("draft", expected, lag=lag)
+                    options[row] = _Option("draft", expected, lag=lag, depth=depth)
         return options
 
     def _step_cost(self, ks: Mapping[int, int], options: Mapping[int, _Option]) -> float:
         """Seconds of a step: the target's forward over every row's k + 1 tokens, plus the draft
-        model's catch-up forward and one forward per draft position over the rows still drafting."""
-        seconds = self.target_cost(self.width([k + 1 for k in ks.values()]))
+        model's catch-up forward and one forward per draft position over the rows still drafting,
+        all at the step's depth (costs.step_depth)."""
+        depth = step_depth({r: k + 1 for r, k in ks.items()}, {r: o.depth for r, o in options.items()})
+        seconds = self.target_cost(self.width([k + 1 for k in ks.values()]), depth)
         drafting = [ks[r] for r, o in options.items() if o.kind == "draft" and ks[r]]
         if drafting:
             seconds += self.draft_cost(sum(options[r].lag for r, o in options.items()
-                                           if o.kind == "draft" and ks[r]))
-            seconds += sum(self.draft_cost(sum(k >= j for k in drafting)) for j in range(2, max(drafting) + 1))
+                                           if o.kind == "draft" and ks[r]), depth)
+            seconds += sum(self.draft_cost(sum(k >= j for k in drafting), depth) for j in range(2, max(drafting) + 1))
         return seconds
 
     def _allocate(self, options: Mapping[int, _Option]) -> tuple[dict[int, int], float, float]:
@@ -473,6 +481,7 @@ class CostAwareController:
         for row in contexts:
             state = self._rows[row]
             state.steps += 1
+            state.depth = len(contexts[row])
             state.promised += value / plain
             # Explore the draft model now and then, but only where a perfect draft would win by a
             # margin: otherwise no acceptance estimate, however stale, could make it worth its cost.
@@ -485,10 +494,11 @@ class CostAwareController:
                 state.next_explore = state.steps + state.explore_gap
                 lag = max(1, self.model.lag(row, contexts[row]))
                 k_model = min(caps[row], K_MAX, 8)
-                k_opt, optimistic = self._value(np.arange(1.0, k_model + 2), self._model_cost(lag))
-                current = options[row].expected[ks[row]] / self.target_cost(self.width([ks[row] + 1]))
+                k_opt, optimistic = self._value(np.arange(1.0, k_model + 2), self._model_cost(lag, state.depth),
+                                                state.depth)
+                current = options[row].expected[ks[row]] / self.target_cost(self.width([ks[row] + 1]), state.depth)
                 if k_opt and optimistic > 1.1 * current:
-                    options[row] = _Option("draft", np.ones(2), lag=lag)
+                    options[row] = _Option("draft", np.ones(2), lag=lag, depth=state.depth)
                     ks[row] = 1
         plan: dict[int, tuple[Drafter | None, Draft | None]] = {}
         model_ks = {}
@@ -509,8 +519,9 @@ class CostAwareController:
 
     # -- learning -----------------------------------------------------------------------------
 
-    def observe(self, outcomes: Mapping[int, Outcome], width: int, target_seconds: float) -> None:
-        self.target_cost.observe(width, target_seconds)
+    def observe(self, outcomes: Mapping[int, Outcome], width: int, target_seconds: float,
+                depth: float | None = None) -> None:
+        self.target_cost.observe(width, target_seconds, depth)
         for row, out in outcomes.items():
             state = self._rows.get(row)
             if state is not None:

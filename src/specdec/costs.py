@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -23,6 +23,18 @@ NARROW = 16         # widths 1..NARROW are all timed: a draft model's drafts (k 
 # forward's cost per token keeps falling past 16 tokens: 16/32 tokens cost 10-13x/18x one token)
 WIDE = (24, 32, 48, 64)
 WIDTHS = tuple(range(1, NARROW + 1)) + WIDE
+# A forward's cost grows with the depth of the cache it attends over, and not alike for every
+# width: each query row reads the whole cache, so the added cost is roughly proportional to the
+# width. On this CPU (llama.cpp, the 1.5B, quiet, 7 repeats, 2026-11-25) one token costs 30.8 ms at
+# depth 128 and 35.9 ms at 1024 (+17%), 4 tokens 91 and 113 ms (+24%), 32 tokens 402 and 553 ms
+# (+37%): relative to a plain step, width is dearer deep in a long prompt (32 tokens: 13.0x one
+# token at depth 128, 15.4x at 1024), which one live ratio learned on plain steps cannot know. The
+# curve is timed at SHALLOW for every width and at DEEP for DEEP_WIDTHS; between and beyond them a
+# forward's cost is linear in the depth. Checked against forwards timed at depths 1536, 2048 and
+# 3072 (5 repeats): within 0-8% up to 2048 (high, for 16-64 tokens), within 0-13% at 3072.
+SHALLOW = 128
+DEEP = 1024
+DEEP_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 # A curve is cached only if it looks like a quiet machine's. Repeats of one width on a quiet CPU
 # agree within a few percent; with another process on a core the median repeat runs 1.3-3x the
 # fastest (seen here with a test suite beside a timing). And a forward of W tokens never costs more
@@ -46,7 +58,7 @@ def _cache_file(model, tag: str) -> Path | None:
     return specdec_home() / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def measure_forward_costs(model, widths: Sequence[int] | None = None, repeats: int = 7, depth: int = 128,
+def measure_forward_costs(model, widths: Sequence[int] | None = None, repeats: int = 7, depth: int = SHALLOW,
                           use_cache: bool = True, rows: int = 1) -> dict[int, float]:
     """Seconds of one forward of W tokens in each of `rows` rows (rows x W tokens in all; one row:
     the verification of a k = W - 1 draft) at a cache depth of `depth` tokens per row, for each W
@@ -98,6 +110,16 @@ def measure_forward_costs(model, widths: Sequence[int] | None = None, repeats: i
     return costs
 
 
+def measure_cost_table(model) -> "CostTable":
+    """The model's cost table for the controller: every width timed at SHALLOW and DEEP_WIDTHS at
+    DEEP (both cached), or the shallow curve alone when DEEP tokens and a widest forward would not
+    fit the model's context."""
+    shallow = measure_forward_costs(model)
+    if model.n_ctx < DEEP + max(DEEP_WIDTHS):
+        return CostTable(shallow)
+    return CostTable(shallow, deep=measure_forward_costs(model, DEEP_WIDTHS, repeats=5, depth=DEEP))
+
+
 def machine_was_busy(times: dict[int, list[float]], costs: dict[int, float]) -> str:
     """Why a timing looks taken on a busy machine ('' if it does not): repeats that disagree, or
     a forward of W tokens costing more than W forwards of one."""
@@ -138,6 +160,19 @@ def single_row_curve(report: dict, role: str = "target", depth: int | None = Non
     return [table.measured(w) for w in range(1, table.widths[-1] + 1)]
 
 
+def cost_table(report: dict, role: str = "target") -> "CostTable":
+    """A `specdec costs` report's one-row curves as the controller takes them: the shallowest curve,
+    and the deepest as its deep curve (none when the report timed one depth)."""
+    curves = sorted((c for c in report[role]["curves"] if c["rows"] == 1), key=lambda c: c["depth"])
+    if not curves:
+        raise ValueError(f"the report has no one-row {role} curve")
+    shallow, deep = curves[0], curves[-1]
+    seconds = lambda c: dict(zip(c["widths"], c["seconds"]))   # noqa: E731
+    if deep is shallow:
+        return CostTable(seconds(shallow), depth=shallow["depth"])
+    return CostTable(seconds(shallow), deep=seconds(deep), depth=shallow["depth"], deep_depth=deep["depth"])
+
+
 def format_curves(name: str, curves: list[dict]) -> str:
     """The curves as a table: a line per width, milliseconds and the ratio to one token, a column
     pair per (rows, depth)."""
@@ -157,18 +192,32 @@ def format_curves(name: str, curves: list[dict]) -> str:
 
 
 class CostTable:
-    """target_cost(W) for a forward of width W: the measured curve (linear between measured
-    widths; past the widest, its upper half's marginal cost: `measured`) times a ratio learned
-    live, per width where that width was seen, else the ratio over all widths (the machine got
-    faster or slower)."""
+    """target_cost(W, depth) for a forward of width W over a cache `depth` tokens deep: the measured
+    curve (linear between measured widths; past the widest, its upper half's marginal cost:
+    `measured`), moved to `depth` along the deep curve when there is one (`at_depth`), times a ratio
+    learned live, per width where that width was seen, else the ratio over all widths (the machine
+    got faster or slower). Without a depth, or without a deep curve, the curve's own depth."""
 
-    def __init__(self, costs: dict[int, float] | Sequence[float]):
+    def __init__(self, costs: dict[int, float] | Sequence[float], deep: dict[int, float] | None = None,
+                 depth: int = SHALLOW, deep_depth: int = DEEP):
         if not isinstance(costs, dict):                 # a list: seconds for widths 1..len
             costs = {w: s for w, s in enumerate(costs, 1)}
         self.widths = sorted(costs)
         self.seconds = [costs[w] for w in self.widths]
+        self.depth = depth
         self.ratio: dict[int, float] = {}               # width -> live seconds / measured seconds
         self.overall = 1.0
+        # seconds per token of depth at the deep curve's widths, never negative and never less for
+        # a wider forward (more query rows read the cache: a deep forward timed faster than the
+        # shallow one, or a wide one gaining less than a narrower one, is noise; on this CPU a
+        # quiet timing gave 16 tokens 18 us a token of depth between 8 tokens' 44 and 32's 170)
+        self.slopes: dict[int, float] = {}
+        if deep:
+            if deep_depth <= depth:
+                raise ValueError(f"the deep curve's depth ({deep_depth}) must exceed the curve's ({depth})")
+            widths = sorted(deep)
+            rises = [max(0.0, (deep[w] - self.measured(w)) / (deep_depth - depth)) for w in widths]
+            self.slopes = dict(zip(widths, np.maximum.accumulate(rises).tolist()))
 
     @property
     def base(self) -> dict[int, float]:
@@ -187,20 +236,46 @@ class CostTable:
             top, wide = ss[-1], ws[-1]
             slope = (top - self.measured(wide / 2)) / (wide / 2)
             return top + (w - wide) * min(max(slope, top / (2 * wide)), top / wide)
-        if w <= ws[0]:
-            return ss[0] * w / ws[0]
-        i = bisect.bisect_left(ws, w)
-        if ws[i] == w:
-            return ss[i]
-        f = (w - ws[i - 1]) / (ws[i] - ws[i - 1])
-        return ss[i - 1] + f * (ss[i] - ss[i - 1])
+        return _interpolate(ws, ss, w)
 
-    def __call__(self, w: int) -> float:
-        return self.measured(w) * self.ratio.get(w, self.overall)
+    def at_depth(self, w: float, depth: float | None) -> float:
+        """The measured cost of width w at `depth`: linear in the depth, its slope per width
+        interpolated between the deep curve's widths (proportional to w outside them: each query
+        row reads the whole cache). Depths under 0 count as 0."""
+        if depth is None or not self.slopes:
+            return self.measured(w)
+        ws = list(self.slopes)
+        slope = _interpolate(ws, [self.slopes[x] for x in ws], w)
+        if w > ws[-1]:
+            slope = self.slopes[ws[-1]] * w / ws[-1]
+        return self.measured(w) + (max(depth, 0.0) - self.depth) * slope
 
-    def observe(self, w: int, seconds: float) -> None:
+    def __call__(self, w: int, depth: float | None = None) -> float:
+        return self.at_depth(w, depth) * self.ratio.get(w, self.overall)
+
+    def observe(self, w: int, seconds: float, depth: float | None = None) -> None:
         if w < 1 or seconds <= 0:
             return
-        r = seconds / self.measured(w)
+        r = seconds / self.at_depth(w, depth)
         self.overall += EMA * (r - self.overall)
         self.ratio[w] = self.ratio.get(w, self.overall) + EMA * (r - self.ratio.get(w, self.overall))
+
+
+def _interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """ys at x, linear between the points; below the first, proportional to x (0 at x = 0)."""
+    if x <= xs[0]:
+        return ys[0] * x / xs[0]
+    i = bisect.bisect_left(xs, x)
+    if i == len(xs):
+        return ys[-1]
+    if xs[i] == x:
+        return ys[i]
+    f = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return ys[i - 1] + f * (ys[i] - ys[i - 1])
+
+
+def step_depth(tokens: Mapping[int, int], depths: Mapping[int, int]) -> float:
+    """The depth of a step's forward: each row's cache depth weighted by the tokens it feeds (the
+    attention work of a row is its tokens times its depth)."""
+    total = sum(tokens.values())
+    return sum(n * depths[row] for row, n in tokens.items()) / total if total else 0.0

@@ -16,6 +16,7 @@ import numpy as np
 
 from .config import GenerationConfig
 from .controller import FixedController, Outcome
+from .costs import step_depth
 from .drafters.base import MAX_DRAFT_TOKENS, Drafter
 from .errors import ContextOverflowError, SpecdecError
 from .models.base import RowModel
@@ -150,6 +151,8 @@ class Engine:
         drafts = {row: (d.tokens if d is not None else []) for row, (_, d) in plan.items()}
         # 3. ONE target forward: row r scores [last, *draft], k + 1 logits rows each
         inputs = {row: [contexts[row][-1], *drafts[row]] for row in rows}
+        depth = step_depth({row: len(tokens) for row, tokens in inputs.items()},
+                           {row: len(contexts[row]) for row in rows})    # before the contexts grow
         t = time.perf_counter()
         logits = target.forward_rows(inputs, {row: len(tokens) for row, tokens in inputs.items()})
         t_target = time.perf_counter() - t
@@ -191,7 +194,7 @@ class Engine:
             if piece:
                 r._pieces.append(piece)
         width = target.width([len(tokens) for tokens in inputs.values()])
-        self.controller.observe(outcomes, width, t_target)
+        self.controller.observe(outcomes, width, t_target, depth)
         for row, r in rows.items():
             r.stats.predicted_speedup, r.stats.measured_speedup = self.controller.speedups(
                 row, r.stats.tokens_per_second)
@@ -384,11 +387,11 @@ class SpeculativeDecoder:
         if self._engine is None:
             if self.auto:
                 from .controller import CostAwareController
-                from .costs import measure_forward_costs
-                costs = measure_forward_costs(self.target)
+                from .costs import measure_cost_table
+                costs = measure_cost_table(self.target)
                 draft_costs = None
                 if self.model_drafter is not None and hasattr(self.model_drafter, "model"):
-                    draft_costs = measure_forward_costs(self.model_drafter.model)
+                    draft_costs = measure_cost_table(self.model_drafter.model)
                 controller = CostAwareController(self.free_drafters(), self.model_drafter, costs, draft_costs,
                                                  width=self.target.width, stops=self.target.tokenizer.eog_ids)
             else:

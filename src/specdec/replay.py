@@ -20,10 +20,14 @@ replays such a draft model for the controllers (fixed draft:K and `auto`), and `
 a clairvoyant controller over it. The draft model's costs come from its own curve: a catch-up
 forward of the tokens it has not seen, then one forward per further draft token.
 
-Costs only: Python's own time per step (well under 1% here) and noise are left out.
+Costs are a curve at one depth (a list of seconds for 1..W tokens) or a `CostTable` with a deep
+curve (costs.cost_table): then every step is priced at its own depth, the prompt plus what was
+generated before it, as the engine prices it for the controller. Python's own time per step (well
+under 1% here) and noise are left out.
 """
 from __future__ import annotations
 
+import copy
 from typing import Mapping, Sequence
 
 from .controller import K_MAX, Outcome, _agreement
@@ -32,12 +36,34 @@ from .drafters.base import Draft
 from .drafters.ngram import NgramDrafter
 
 
-def _best_time(lengths: Sequence[int], costs: Sequence[float]) -> float:
+def curve_at(costs, depth: int) -> list[float]:
+    """Seconds of a forward of 1..W tokens at `depth`: a list is a curve at one depth, the same at
+    every depth; a CostTable is read at `depth` as the controller reads it."""
+    if isinstance(costs, CostTable):
+        return [costs.at_depth(w, depth) for w in range(1, costs.widths[-1] + 1)]
+    return list(costs)
+
+
+def _curves(costs, prompt_len: int, n: int) -> list[list[float]]:
+    """curve_at for each of n output positions: position i is decoded at depth prompt_len + i."""
+    if not isinstance(costs, CostTable):
+        return [list(costs)] * n
+    return [curve_at(costs, prompt_len + i) for i in range(n)]
+
+
+def _plain_time(curves: Sequence[Sequence[float]]) -> float:
+    """Seconds of plain decoding: one one-token forward per position."""
+    return sum(c[0] for c in curves)
+
+
+def _best_time(lengths: Sequence[int], curves: Sequence[Sequence[float]]) -> float:
     """Least total seconds to emit len(lengths) tokens when at position i a draft of up to
-    lengths[i] tokens would be accepted whole (dynamic programming from the end)."""
+    lengths[i] tokens would be accepted whole and a step of k tokens costs curves[i][k]
+    (dynamic programming from the end)."""
     n = len(lengths)
     best = [0.0] * (n + 1)
     for pos in range(n - 1, -1, -1):
+        costs = curves[pos]
         best[pos] = min(costs[k] + best[min(n, pos + k + 1)]
                         for k in range(min(lengths[pos], len(costs) - 1) + 1))
     return best[0]
@@ -51,8 +77,9 @@ def _accepted(proposal: Sequence[int], output: Sequence[int], pos: int) -> int:
 def oracle_speedup(prompt: Sequence[int], output: Sequence[int], costs: Sequence[float],
                    drafter: NgramDrafter | None = None) -> float:
     """Speedup over plain decoding of a clairvoyant controller over `drafter`'s proposals."""
-    lengths = _lookup_lengths(prompt, output, len(costs) - 1, drafter or NgramDrafter())
-    return len(output) * costs[0] / _best_time(lengths, costs)
+    curves = _curves(costs, len(prompt), len(output))
+    lengths = _lookup_lengths(prompt, output, len(curves[0]) - 1, drafter or NgramDrafter())
+    return _plain_time(curves) / _best_time(lengths, curves)
 
 
 def _lookup_lengths(prompt: Sequence[int], output: Sequence[int], k_max: int, drafter: NgramDrafter) -> list[int]:
@@ -69,7 +96,8 @@ def copy_ceiling(prompt: Sequence[int], output: Sequence[int], costs: Sequence[f
     """Speedup of a clairvoyant controller that copies from the best earlier occurrence of the
     last token each step (no drafter that guesses from the context can do better)."""
     seq = list(prompt) + list(output)
-    start, k_max = len(prompt), len(costs) - 1
+    curves = _curves(costs, len(prompt), len(output))
+    start, k_max = len(prompt), len(curves[0]) - 1
     lengths = []
     for pos in range(len(output)):
         end = start + pos                     # the context is seq[:end]
@@ -81,7 +109,7 @@ def copy_ceiling(prompt: Sequence[int], output: Sequence[int], costs: Sequence[f
                 if best >= k_max:
                     break
         lengths.append(best)
-    return len(output) * costs[0] / _best_time(lengths, costs)
+    return _plain_time(curves) / _best_time(lengths, curves)
 
 
 class LongMatchController:
@@ -107,7 +135,7 @@ class LongMatchController:
             plan[row] = (self.drafter, draft) if long else (None, None)
         return plan
 
-    def observe(self, outcomes, width, target_seconds):
+    def observe(self, outcomes, width, target_seconds, depth=None):
         pass
 
 
@@ -169,7 +197,8 @@ class RecordedDrafter:
 
 def draft_seconds(draft_costs: Sequence[float], catch_up: int, k: int) -> float:
     """Seconds the draft model spends on a k-token proposal: a forward of the catch-up tokens,
-    then one of one token for each draft token after the first."""
+    then one of one token for each draft token after the first (draft_costs: its curve at the
+    step's depth)."""
     if k == 0:
         return 0.0
     return _cost(draft_costs, catch_up) + (k - 1) * draft_costs[0]
@@ -181,17 +210,26 @@ def _cost(costs: Sequence[float], width: int) -> float:
     return costs[width - 1] if width <= len(costs) else CostTable(costs).measured(width)
 
 
-def draft_ceiling(output: Sequence[int], agrees: str, costs: Sequence[float], draft_costs: Sequence[float]) -> float:
+def _draft_steps(curves: Sequence[Sequence[float]], draft_costs, prompt_len: int) -> list[list[float]]:
+    """Per position, the seconds of a step of k draft-model tokens: the target's forward of k + 1
+    tokens and the draft model's forwards (one token to catch up on, then one per further token)."""
+    steps = []
+    for i, costs in enumerate(curves):
+        draft = curve_at(draft_costs, prompt_len + i)
+        steps.append([costs[k] + draft_seconds(draft, 1, k) for k in range(len(costs))])
+    return steps
+
+
+def draft_ceiling(prompt: Sequence[int], output: Sequence[int], agrees: str, costs, draft_costs) -> float:
     """Speedup of a clairvoyant controller over the draft model: at every position it drafts
     exactly as many tokens as will be accepted (or none), paying the draft model's forwards."""
-    lengths = [draft_run(agrees, pos, len(costs) - 1) for pos in range(len(output))]
-    step = [costs[k] + draft_seconds(draft_costs, 1, k) for k in range(len(costs))]
-    return len(output) * costs[0] / _best_time(lengths, step)
+    curves = _curves(costs, len(prompt), len(output))
+    lengths = [draft_run(agrees, pos, len(curves[0]) - 1) for pos in range(len(output))]
+    return _plain_time(curves) / _best_time(lengths, _draft_steps(curves, draft_costs, len(prompt)))
 
 
-def replay_speedup(prompt: Sequence[int], output: Sequence[int], costs: Sequence[float], controller,
-                   recorded: RecordedDrafter | None = None,
-                   draft_costs: Sequence[float] | None = None,
+def replay_speedup(prompt: Sequence[int], output: Sequence[int], costs, controller,
+                   recorded: RecordedDrafter | None = None, draft_costs=None,
                    stops: frozenset[int] = frozenset()) -> tuple[float, dict[str, int]]:
     """Speedup over plain decoding of `controller` (a FixedController or CostAwareController over
     prompt lookup and/or `recorded`, the draft model, whose forwards cost `draft_costs`), and its
@@ -201,21 +239,22 @@ def replay_speedup(prompt: Sequence[int], output: Sequence[int], costs: Sequence
     if recorded is not None:
         recorded.begin(0, prompt)
     context = list(prompt)
+    curves = _curves(costs, len(prompt), len(output))
     pos, seconds, decisions = 0, 0.0, {}
     while pos < len(output):
-        [(drafter, draft)] = controller.draft({0: context}, {0: len(costs) - 1}).values()
+        [(drafter, draft)] = controller.draft({0: context}, {0: len(curves[pos]) - 1}).values()
         draft = draft.upto(stops) if draft is not None else None
         tokens = draft.tokens if draft is not None else []
         n = _accepted(tokens, output, pos)
         emitted = output[pos:pos + n + 1]
-        cost = costs[len(tokens)]
+        cost = curves[pos][len(tokens)]
         seconds += cost
         kind = "ngram"
         if drafter is not None and drafter is recorded:
             kind = "draft"
-            seconds += draft_seconds(draft_costs, *recorded.last_cost_rows)
+            seconds += draft_seconds(curve_at(draft_costs, len(context)), *recorded.last_cost_rows)
             recorded.accept({0: n})
-        controller.observe({0: Outcome(drafter, draft, n, emitted)}, len(tokens) + 1, cost)
+        controller.observe({0: Outcome(drafter, draft, n, emitted)}, len(tokens) + 1, cost, len(context))
         key = f"{kind}:{len(tokens)}" if tokens else "plain"
         decisions[key] = decisions.get(key, 0) + 1
         context += emitted
@@ -223,7 +262,7 @@ def replay_speedup(prompt: Sequence[int], output: Sequence[int], costs: Sequence
     controller.end(0)
     if recorded is not None:
         recorded.end([0])
-    return len(output) * costs[0] / seconds, decisions
+    return _plain_time(curves) / seconds, decisions
 
 
 # -- fitting the controller's priors, and checking that they transfer ------------------------------
@@ -319,25 +358,27 @@ def fit_draft_prior(records: Sequence[Mapping]) -> tuple[float, ...]:
     return tuple(round(fit_rate(r, c, prior=0.7), 2) for r, c in zip(right, checked))
 
 
-def _best_time_of(options: Sequence[tuple[Sequence[int], Sequence[float]]], n: int) -> float:
+def _best_time_of(options: Sequence[tuple[Sequence[int], Sequence[Sequence[float]]]], n: int) -> float:
     """Least total seconds to emit n tokens when at position i a drafter d would have up to
-    lengths_d[i] tokens accepted, a step of k of its tokens costing step_d[k]."""
+    lengths_d[i] tokens accepted, a step of k of its tokens costing steps_d[i][k]."""
     best = [0.0] * (n + 1)
     for pos in range(n - 1, -1, -1):
-        best[pos] = min(step[k] + best[min(n, pos + k + 1)]
-                        for lengths, step in options for k in range(min(lengths[pos], len(step) - 1) + 1))
+        best[pos] = min(steps[pos][k] + best[min(n, pos + k + 1)]
+                        for lengths, steps in options for k in range(min(lengths[pos], len(steps[pos]) - 1) + 1))
     return best[0]
 
 
-def clairvoyant_speedup(prompt: Sequence[int], output: Sequence[int], costs: Sequence[float],
-                        agrees: str | None = None, draft_costs: Sequence[float] | None = None) -> float:
+def clairvoyant_speedup(prompt: Sequence[int], output: Sequence[int], costs,
+                        agrees: str | None = None, draft_costs=None) -> float:
     """A clairvoyant controller over both drafters `auto` has: at every position prompt lookup's
     proposal or the draft model's (when recorded), drafting exactly what will be accepted."""
-    options = [(_lookup_lengths(prompt, output, len(costs) - 1, NgramDrafter()), list(costs))]
+    curves = _curves(costs, len(prompt), len(output))
+    k_max = len(curves[0]) - 1
+    options = [(_lookup_lengths(prompt, output, k_max, NgramDrafter()), curves)]
     if agrees is not None and draft_costs is not None:
-        options.append(([draft_run(agrees, pos, len(costs) - 1) for pos in range(len(output))],
-                        [costs[k] + draft_seconds(draft_costs, 1, k) for k in range(len(costs))]))
-    return len(output) * costs[0] / _best_time_of(options, len(output))
+        options.append(([draft_run(agrees, pos, k_max) for pos in range(len(output))],
+                        _draft_steps(curves, draft_costs, len(prompt))))
+    return _plain_time(curves) / _best_time_of(options, len(output))
 
 
 def leave_one_category_out(records: Sequence[Mapping], costs: Sequence[float],
@@ -360,7 +401,9 @@ def leave_one_category_out(records: Sequence[Mapping], costs: Sequence[float],
         test = [r for r in records if r["category"] == category]
         recorded = RecordedDrafter({tuple(r["prompt"]): (r["output"], r["draft_agrees"]) for r in test}) \
             if with_draft else None
-        auto = CostAwareController(NgramDrafter(), recorded, costs, draft_costs if with_draft else None,
+        # the controller learns live ratios on its tables: its own copies, the replay's stay as measured
+        auto = CostAwareController(NgramDrafter(), recorded, copy.deepcopy(costs),
+                                   copy.deepcopy(draft_costs) if with_draft else None,
                                    match_prior=fit_match_prior(train),
                                    draft_prior=fit_draft_prior(train) if with_draft else None, stops=stops,
                                    **controller_args)

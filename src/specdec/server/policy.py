@@ -67,11 +67,12 @@ class RoutingController:
                 suffix.propose({row: contexts[row] for row in unseen}, {row: 0 for row in unseen})
         return plan
 
-    def observe(self, outcomes: Mapping[int, Outcome], width: int, target_seconds: float) -> None:
+    def observe(self, outcomes: Mapping[int, Outcome], width: int, target_seconds: float,
+                depth: float | None = None) -> None:
         # the cost table learns from every forward (its width is the whole step's); acceptance
         # only from the rows the cost-aware controller drafted for
         self.auto.observe({row: o for row, o in outcomes.items() if self._rows.get(row, Policy("none")).draft
-                           == "auto"}, width, target_seconds)
+                           == "auto"}, width, target_seconds, depth)
 
     def speedups(self, row: int, tokens_per_second: float) -> tuple[float | None, float | None]:
         if self._rows.get(row, Policy("none")).draft == "auto":
