@@ -126,7 +126,8 @@ def describe(header, costs, draft_costs) -> str:
         line += (f"; at depth {depth}" if len(depths) > 1 else "") + ": forward of 2/5/9/16 tokens = " \
             + "/".join(f"{c[n - 1] / c[0]:.2f}" for n in (2, 5, 9, 16)) + "x one token"
     if draft_costs:
-        line += f"; draft model's 1-token forward = {curve_at(draft_costs, SHALLOW)[0] / curve_at(costs, SHALLOW)[0]:.2f}x the target's"
+        ratio = curve_at(draft_costs, SHALLOW)[0] / curve_at(costs, SHALLOW)[0]
+        line += f"; draft model's 1-token forward = {ratio:.2f}x the target's"
     return line + "\n"
 
 

@@ -12,9 +12,9 @@ per second over the whole batch,
 
 from measured costs (costs.py: the target's forward for 1..W rows, timed at load at two cache
 depths, cached, refined live; `depth` is the step's, its rows' context lengths weighted by the
-tokens each feeds) and measured acceptance (a_il = P(position l of row i accepted | the ones before were), a
-moving average per drafter; for the free drafters, prompt lookup and the suffix cache, per match
-length). The E_i are concave in k (each term is a product of probabilities), so adding draft
+tokens each feeds) and measured acceptance (a_il = P(position l of row i accepted | the ones
+before were), a moving average per drafter; for the free drafters, prompt lookup and the suffix
+cache, per match length). The E_i are concave in k (each term is a product of probabilities), so adding draft
 tokens in order of their marginal gain gives the most tokens for every total width; the controller
 walks that order and keeps the prefix with the best tokens per second. With one row this is
 argmax_k E[k] / cost(k + 1). Every row at k = 0, a plain step, is always a candidate, so
