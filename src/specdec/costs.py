@@ -218,6 +218,7 @@ class CostTable:
             widths = sorted(deep)
             rises = [max(0.0, (deep[w] - self.measured(w)) / (deep_depth - depth)) for w in widths]
             self.slopes = dict(zip(widths, np.maximum.accumulate(rises).tolist()))
+        self._slope_points = (list(self.slopes), list(self.slopes.values()))   # for at_depth, every step
 
     @property
     def base(self) -> dict[int, float]:
@@ -244,10 +245,8 @@ class CostTable:
         row reads the whole cache). Depths under 0 count as 0."""
         if depth is None or not self.slopes:
             return self.measured(w)
-        ws = list(self.slopes)
-        slope = _interpolate(ws, [self.slopes[x] for x in ws], w)
-        if w > ws[-1]:
-            slope = self.slopes[ws[-1]] * w / ws[-1]
+        ws, ss = self._slope_points
+        slope = _interpolate(ws, ss, w) if w <= ws[-1] else ss[-1] * w / ws[-1]
         return self.measured(w) + (max(depth, 0.0) - self.depth) * slope
 
     def __call__(self, w: int, depth: float | None = None) -> float:
