@@ -180,7 +180,7 @@ def test_shadow_learning_turns_a_useless_ngram_off():
     assert used[0] and not any(used[-10:])
 
 
-def test_costs_are_measured_once_and_cached(tmp_path, monkeypatch):
+def test_costs_are_measured_once_and_cached(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
     monkeypatch.setattr("specdec.costs.machine_was_busy", lambda times, costs: "")   # timing noise aside
     model = ToyLM(vocab_size=32, n_ctx=512)
@@ -188,9 +188,11 @@ def test_costs_are_measured_once_and_cached(tmp_path, monkeypatch):
     model.path.write_bytes(b"toy")
     costs = measure_forward_costs(model, widths=[1, 2, 3, 4], repeats=1)
     assert list(costs) == [1, 2, 3, 4] and list(costs.values()) == sorted(costs.values())
+    assert "timing" in capsys.readouterr().err                # the pause is explained, once
     calls = len(model.forward_calls)
     assert measure_forward_costs(model, widths=[1, 2, 3, 4], repeats=1) == costs
     assert len(model.forward_calls) == calls                # served from the cache
+    assert capsys.readouterr().err == ""
 
 
 def test_cost_table_follows_the_machine():

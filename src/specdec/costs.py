@@ -75,6 +75,9 @@ def measure_forward_costs(model, widths: Sequence[int] | None = None, repeats: i
                 return costs
         except (ValueError, AttributeError):
             pass   # a damaged cache file is measured again
+    if cache is not None:     # a pause of up to a minute a curve, once per machine: say why
+        print(f"specdec: timing {getattr(model, 'name', 'the model')}'s forward at {len(widths)} widths, "
+              f"cache depth {depth}, for --draft auto (once: cached in {cache.parent})", file=sys.stderr, flush=True)
     n_max = widths[-1]
     # arbitrary tokens, another stretch for every row
     contexts = [[int(t) % model.vocab_size for t in range(1000 + 97 * i, 1000 + 97 * i + depth + n_max)]
