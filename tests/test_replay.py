@@ -128,7 +128,7 @@ import json
 from pathlib import Path
 
 RECORDINGS = [Path(__file__).resolve().parents[1] / "benchmarks" / name
-              for name in ("greedy-1.5b-0.5b.jsonl", "dev-greedy-1.5b-0.5b.jsonl")]
+              for name in ("greedy-1.5b-0.5b.jsonl", "dev-greedy-1.5b-0.5b.jsonl", "greedy256-1.5b-0.5b.jsonl")]
 
 
 def load_recording(path):
