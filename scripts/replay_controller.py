@@ -113,13 +113,13 @@ def load(args):
 
 def describe(header, costs, draft_costs) -> str:
     """The costs a replay ran on, in one line."""
-    from specdec.costs import SHALLOW, CostTable
+    from specdec.costs import DEEP, SHALLOW, CostTable
     from specdec.replay import curve_at
 
     line = f"target {header.get('target')}"
     depths = [SHALLOW]
     if isinstance(costs, CostTable) and costs.slopes:
-        depths = [costs.depth, 1024, 2048]
+        depths = [costs.depth, DEEP, 2 * DEEP]
         line += ", each step priced at its own depth"
     for depth in depths:
         c = curve_at(costs, depth)
