@@ -46,8 +46,6 @@ def curve_at(costs, depth: int) -> list[float]:
 
 def _curves(costs, prompt_len: int, n: int) -> list[list[float]]:
     """curve_at for each of n output positions: position i is decoded at depth prompt_len + i."""
-    if not isinstance(costs, CostTable):
-        return [list(costs)] * n
     return [curve_at(costs, prompt_len + i) for i in range(n)]
 
 
@@ -58,15 +56,8 @@ def _plain_time(curves: Sequence[Sequence[float]]) -> float:
 
 def _best_time(lengths: Sequence[int], curves: Sequence[Sequence[float]]) -> float:
     """Least total seconds to emit len(lengths) tokens when at position i a draft of up to
-    lengths[i] tokens would be accepted whole and a step of k tokens costs curves[i][k]
-    (dynamic programming from the end)."""
-    n = len(lengths)
-    best = [0.0] * (n + 1)
-    for pos in range(n - 1, -1, -1):
-        costs = curves[pos]
-        best[pos] = min(costs[k] + best[min(n, pos + k + 1)]
-                        for k in range(min(lengths[pos], len(costs) - 1) + 1))
-    return best[0]
+    lengths[i] tokens would be accepted whole and a step of k tokens costs curves[i][k]."""
+    return _best_time_of([(lengths, curves)], len(lengths))
 
 
 def _accepted(proposal: Sequence[int], output: Sequence[int], pos: int) -> int:
@@ -360,7 +351,8 @@ def fit_draft_prior(records: Sequence[Mapping]) -> tuple[float, ...]:
 
 def _best_time_of(options: Sequence[tuple[Sequence[int], Sequence[Sequence[float]]]], n: int) -> float:
     """Least total seconds to emit n tokens when at position i a drafter d would have up to
-    lengths_d[i] tokens accepted, a step of k of its tokens costing steps_d[i][k]."""
+    lengths_d[i] tokens accepted, a step of k of its tokens costing steps_d[i][k] (dynamic
+    programming from the end)."""
     best = [0.0] * (n + 1)
     for pos in range(n - 1, -1, -1):
         best[pos] = min(steps[pos][k] + best[min(n, pos + k + 1)]
