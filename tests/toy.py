@@ -5,7 +5,7 @@ was rolled back wrongly shows up as different output.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -165,3 +165,18 @@ def piece_lm(pieces: Sequence[bytes], seed: int, **kw) -> ToyLM:
     model.name = f"pieces-{seed}"
     model.tokenizer = PieceTokenizer(pieces, **kw)
     return model
+
+
+def on_virtual_clock(model, curve) -> "Callable[[], float]":
+    """Makes each of `model`'s forwards take curve(width) seconds of a virtual clock, and returns
+    that clock (for Engine(clock=...)): the costs a controller learns live are then the curve's
+    own, so its decisions never depend on the machine's load."""
+    now = [0.0]
+    forward_rows = model.forward_rows
+
+    def timed(tokens, n_logits=None):
+        now[0] += curve(model.width([len(t) for t in tokens.values()]))
+        return forward_rows(tokens, n_logits)
+
+    model.forward_rows = timed
+    return lambda: now[0]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field, replace
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -86,9 +86,13 @@ class Engine:
     emits (stop rules, text), finished rows leave, queued rows join and prefill."""
 
     def __init__(self, target: RowModel, controller, drafters: Sequence[Drafter] = (),
-                 max_rows: int | None = None, prefill_chunk: int = PREFILL_CHUNK):
+                 max_rows: int | None = None, prefill_chunk: int = PREFILL_CHUNK,
+                 clock: Callable[[], float] = time.perf_counter):
         self.target, self.controller, self.drafters = target, controller, list(drafters)
         self.prefill_chunk = prefill_chunk
+        # what the engine times its forwards with (the stats, and the costs the controller
+        # learns): a test gives a virtual clock so that decisions never depend on machine load
+        self.clock = clock
         # rows at once: at most max_rows, the target's, and each draft model's (it mirrors them)
         self.max_rows = min([max_rows or target.max_rows, target.max_rows] +
                             [d.model.max_rows for d in self.drafters if getattr(d, "model", target) is not target])
@@ -142,20 +146,20 @@ class Engine:
         caps = {row: max(0, min(target.n_ctx - len(r.context) - 1,
                                 r.config.max_new_tokens - r.stats.generated_tokens - 1))
                 for row, r in rows.items()}
-        t = time.perf_counter()
+        t = self.clock()
         plan = self.controller.draft(contexts, caps)
         # a draft ends at its first end-of-generation token: nothing after it is ever emitted
         plan = {row: (d, draft.upto(target.tokenizer.eog_ids) if draft is not None else None)
                 for row, (d, draft) in plan.items()}
-        t_draft = time.perf_counter() - t
+        t_draft = self.clock() - t
         drafts = {row: (d.tokens if d is not None else []) for row, (_, d) in plan.items()}
         # 3. ONE target forward: row r scores [last, *draft], k + 1 logits rows each
         inputs = {row: [contexts[row][-1], *drafts[row]] for row in rows}
         depth = step_depth({row: len(tokens) for row, tokens in inputs.items()},
                            {row: len(contexts[row]) for row in rows})    # before the contexts grow
-        t = time.perf_counter()
+        t = self.clock()
         logits = target.forward_rows(inputs, {row: len(tokens) for row, tokens in inputs.items()})
-        t_target = time.perf_counter() - t
+        t_target = self.clock() - t
         # 4. verify each row with its own random stream: accepted count + the token after them
         verdicts = {}
         for row, r in rows.items():
@@ -163,18 +167,18 @@ class Engine:
             q = draft.q if draft is not None else None
             verdicts[row] = verify(logits[row], drafts[row], q, r.params, r.rng)   # [k + 1, vocab] in
         # 5. roll every row back to what it kept; each drafter hears about the rows it drafted for
-        t = time.perf_counter()
+        t = self.clock()
         target.rollback_rows({row: len(contexts[row]) + verdicts[row][0] for row in rows})
-        t_target += time.perf_counter() - t
-        t = time.perf_counter()
+        t_target += self.clock() - t
+        t = self.clock()
         for drafter in self.drafters:
             told = {row: verdicts[row][0] for row, (d, _) in plan.items() if d is drafter}
             if told:
                 drafter.accept(told)
-        t_draft += time.perf_counter() - t
+        t_draft += self.clock() - t
         # 6. emit per row (end-of-generation, token budget, stop strings); finished rows leave
         outcomes = {}
-        now = time.perf_counter()
+        now = self.clock()
         for row, r in rows.items():
             drafter, draft = plan[row]
             n, next_token = verdicts[row]
@@ -210,7 +214,7 @@ class Engine:
             admitted, self.queue = self.queue[:n], self.queue[n:]
             for request, row in zip(admitted, self.target.add_rows(n)):
                 request.row = row
-                request._t_decode = time.perf_counter()
+                request._t_decode = self.clock()
                 self.rows[row] = request
                 for drafter in self.drafters:
                     drafter.begin(row, request.prompt_tokens, request.params, request.rng)
@@ -229,10 +233,10 @@ class Engine:
             chunks[r.row] = r.prompt_tokens[r.prefilled:r.prefilled + n]
             if budget is not None:
                 budget -= n
-        t = time.perf_counter()
+        t = self.clock()
         self.target.forward_rows(chunks)
-        seconds = time.perf_counter() - t
-        now = time.perf_counter()
+        seconds = self.clock() - t
+        now = self.clock()
         for row, chunk in chunks.items():
             r = self.rows[row]
             r.prefilled += len(chunk)
@@ -320,19 +324,22 @@ class SpeculativeDecoder:
       is then ignored.
 
     `suffix` is the suffix cache auto consults (None: a new empty one, False: none); it lives as
-    long as the decoder, so every request it serves feeds it.
+    long as the decoder, so every request it serves feeds it. `costs` are auto's cost curves,
+    (the target's, the draft model's), each a CostTable or {width: seconds} (None: timed, and
+    cached, at first use: costs.measure_cost_table).
     It owns one Engine: every generate / stream / generate_batch call adds rows to it.
     """
 
     def __init__(self, target: RowModel, drafter: Drafter | RowModel | str | None = None, k: int = 4,
                  draft_model: RowModel | Drafter | None = None, max_rows: int | None = None,
-                 suffix: Drafter | bool | None = None):
+                 suffix: Drafter | bool | None = None, costs: tuple | None = None):
         if not 0 <= k <= MAX_DRAFT_TOKENS:
             raise SpecdecError(f"k (draft tokens per step) must be in 0..{MAX_DRAFT_TOKENS}, got {k}")
         self.target = target
         self.k = k
         self.max_rows = max_rows        # rows generated at once (None: as many as the models hold)
         self.auto = drafter == "auto"
+        self.costs = costs
         if self.auto:
             from .drafters.ngram import NgramDrafter
             self.ngram = NgramDrafter()
@@ -388,10 +395,13 @@ class SpeculativeDecoder:
             if self.auto:
                 from .controller import CostAwareController
                 from .costs import measure_cost_table
-                costs = measure_cost_table(self.target)
-                draft_costs = None
-                if self.model_drafter is not None and hasattr(self.model_drafter, "model"):
-                    draft_costs = measure_cost_table(self.model_drafter.model)
+                if self.costs is not None:
+                    costs, draft_costs = self.costs
+                else:
+                    costs = measure_cost_table(self.target)
+                    draft_costs = None
+                    if self.model_drafter is not None and hasattr(self.model_drafter, "model"):
+                        draft_costs = measure_cost_table(self.model_drafter.model)
                 controller = CostAwareController(self.free_drafters(), self.model_drafter, costs, draft_costs,
                                                  width=self.target.width, stops=self.target.tokenizer.eog_ids)
             else:
