@@ -8,15 +8,14 @@ import numpy as np
 import pytest
 
 from specdec import SpeculativeDecoder
-from specdec.controller import CostAwareController
+from specdec.costs import CostTable
 from specdec.drafters import make_drafter, new_suffix_cache, parse_draft
 from specdec.drafters.ngram import NgramDrafter
-from specdec.drafters.suffix import DEPTH, EVICT_TO, SuffixCacheDrafter, tokenizer_fingerprint
-from specdec.engine import Engine
+from specdec.drafters.suffix import DEPTH, EVICT_TO, FORMAT, SuffixCacheDrafter, tokenizer_fingerprint
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
 
-from ..toy import ToyLM
+from ..toy import ToyLM, on_virtual_clock
 
 PARAMS = SamplingParams()
 RNG = np.random.default_rng(0)
@@ -173,6 +172,42 @@ def test_a_truncated_cache_file_is_a_user_error(tmp_path):
         SuffixCacheDrafter().load(path)
 
 
+def _write_cache(path, header: str, lengths, tokens, **extra) -> None:
+    """A cache file as save writes one, with whatever structure the test gives it."""
+    with open(path, "wb") as f:
+        np.savez_compressed(f, header=np.frombuffer(header.encode(), dtype=np.uint8),
+                            lengths=np.asarray(lengths, dtype=np.int64), tokens=np.asarray(tokens, dtype=np.int64),
+                            **extra)
+
+
+@pytest.mark.parametrize("header, lengths, tokens", [
+    ("specdec-suffix-cache/0\n", [3], [1, 2, 3]),                  # another format's header
+    ("", [3], [1, 2, 3]),                                           # no header at all
+    (f"{FORMAT}\n", [2, 2], [1, 2, 3]),                             # lengths that overrun the tokens
+    (f"{FORMAT}\n", [1], [1, 2, 3]),                                # tokens no length covers
+    (f"{FORMAT}\n", [4, -1], [1, 2, 3]),                            # a negative length that adds up
+    (f"{FORMAT}\n", [[3]], [1, 2, 3]),                              # lengths of the wrong shape
+    (f"{FORMAT}\n", [3], [[1, 2, 3]]),                              # tokens of the wrong shape
+], ids=["old-format", "no-header", "overrun", "uncovered", "negative-length", "2-d-lengths", "2-d-tokens"])
+def test_a_cache_file_of_the_wrong_structure_is_a_user_error(tmp_path, header, lengths, tokens):
+    path = tmp_path / "cache.npz"
+    _write_cache(path, header, lengths, tokens)
+    cache = SuffixCacheDrafter()
+    with pytest.raises(SpecdecError, match="not a specdec suffix cache or is damaged"):
+        cache.load(path)
+    assert cache.tokens_stored == 0              # nothing of it was added
+
+
+def test_a_cache_file_without_its_arrays_is_a_user_error(tmp_path):
+    path = tmp_path / "cache.npz"
+    with open(path, "wb") as f:
+        np.savez_compressed(f, header=np.frombuffer(f"{FORMAT}\n".encode(), dtype=np.uint8))
+    with pytest.raises(SpecdecError, match="not a specdec suffix cache or is damaged"):
+        SuffixCacheDrafter().load(path)
+    _write_cache(path, f"{FORMAT}\n", [2, 1], [1, 2, 3])            # the same, whole: it loads
+    assert SuffixCacheDrafter().load(path) == 3
+
+
 def test_a_cache_of_another_tokenizer_is_refused(tmp_path):
     path = tmp_path / "cache.npz"
     a = new_suffix_cache(ToyLM(vocab_size=32, seed=1))
@@ -226,10 +261,9 @@ def test_auto_takes_the_suffix_cache_where_it_promises_more():
     target.path = None
     prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     plain = SpeculativeDecoder(target, None).generate(prompt, max_new_tokens=40).tokens
-    auto = SpeculativeDecoder(target, "auto", suffix=True)
-    flat = {w: 0.01 for w in range(1, 17)}
-    auto._engine = Engine(target, CostAwareController(auto.free_drafters(), None, flat, width=target.width),
-                          auto.drafters())
+    flat = CostTable({w: 0.01 for w in range(1, 17)})
+    auto = SpeculativeDecoder(target, "auto", suffix=True, costs=(flat, None))
+    auto.engine.clock = on_virtual_clock(target, flat.measured)     # what it learns live is the curve
     assert auto.generate(prompt, max_new_tokens=40).tokens == plain
     again = auto.generate(prompt, max_new_tokens=40)
     assert again.tokens == plain
@@ -247,11 +281,11 @@ def test_auto_without_the_suffix_cache():
 @pytest.mark.real_models
 def test_greedy_equals_plain_on_the_real_target(target_model):
     """The 1.5B target, one prompt asked twice through the suffix cache: both runs are the
-    target's greedy output (under the rounding-tie rule of tests/test_greedy_real.py), and the
+    target's greedy output (under the rounding-tie rule of tests/lossless.py), and the
     second is drafted from the first."""
     from specdec import GenerationConfig
 
-    from ..test_greedy_real import assert_greedy_lossless
+    from ..lossless import assert_greedy_lossless
 
     prompt = "Add type hints to this function:\n\ndef scale(values, factor):\n    return [v * factor for v in values]\n"
     config = GenerationConfig(max_new_tokens=48)
