@@ -920,10 +920,10 @@ def cmd_serve(args) -> int:
               f"ctx {target.n_ctx} | http://{args.host}:{args.port}/v1"
               f"{' | API key required' if args.api_key else ''}", file=sys.stderr, flush=True)
 
-    serve(service, args.host, args.port, log_level=args.log_level, on_ready=ready)
+    code = serve(service, args.host, args.port, log_level=args.log_level, on_ready=ready)
     if args.suffix_cache and suffix:        # the worker has stopped: the cache is ours to read
         suffix.save(args.suffix_cache)
-    return 0
+    return code
 
 
 

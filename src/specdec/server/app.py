@@ -3,8 +3,9 @@
 The rules: a bounded number of requests in the house (rows + queue; past it, 429 with
 Retry-After); every request has a time limit; a client that goes away has its row cancelled
 within one step; `--api-key` guards /v1/*; SIGTERM (or Ctrl-C) drains -- new requests get 503,
-the ones in flight finish, then the process exits 0 (a second signal exits at once). Nothing a
-request sends can end the server: every failure is an OpenAI-style error body.
+the ones in flight finish, then the process exits 0 (a second signal exits at once, with 128 + its
+number: 130 for Ctrl-C). Nothing a request sends can end the server: every failure is an
+OpenAI-style error body.
 """
 from __future__ import annotations
 
@@ -307,8 +308,10 @@ def create_app(service: Service) -> FastAPI:
 # -- running it -------------------------------------------------------------------------------------
 
 def serve(service: Service, host: str = "127.0.0.1", port: int = 8000, sockets=None,
-          log_level: str = "info", on_ready=None) -> None:
-    """Run the HTTP server until a signal drains it (or, in a thread, until `.should_exit`)."""
+          log_level: str = "info", on_ready=None) -> int:
+    """Run the HTTP server until a signal drains it (or, in a thread, until `.should_exit`). The
+    process's exit code: 0 when it drained, 128 + the signal's number when a second signal cut it
+    short (130 for a second Ctrl-C)."""
     import uvicorn
 
     app = create_app(service)
@@ -321,6 +324,7 @@ def serve(service: Service, host: str = "127.0.0.1", port: int = 8000, sockets=N
         server.run(sockets=sockets)
     finally:
         service.close()
+    return 128 + server.forced_by if server.forced_by else 0
 
 
 def _draining_server_class():
@@ -334,10 +338,12 @@ def _draining_server_class():
         def __init__(self, config, service: Service):
             super().__init__(config)
             self.service = service
+            self.forced_by = 0              # the signal that cut the drain short
 
         def handle_exit(self, sig, frame) -> None:
             if self.service.draining or sig not in (signal.SIGTERM, signal.SIGINT):
                 self.should_exit = self.force_exit = True
+                self.forced_by = int(sig)
                 return
             log.warning("draining: %d request(s) in flight; new requests get 503", self.service.inflight)
             self.service.draining = True
