@@ -3,11 +3,27 @@ skip when those are missing, except under SPECDEC_REQUIRE_MODELS=1 (set by `make
 where a missing model is a failure rather than a silent skip."""
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
 
 REQUIRE = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
+
+
+def skip_or_fail(message: str):
+    """Skip, or under SPECDEC_REQUIRE_MODELS=1 (make test, CI) fail: a required test runs or fails."""
+    if REQUIRE:
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message, allow_module_level=True)
+
+
+def require_module(name: str, hint: str):
+    """The module, imported; else skip_or_fail, naming it and how to install it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        skip_or_fail(f"{name} is not installed: {hint}")
 
 
 def needs_torch():
@@ -16,30 +32,20 @@ def needs_torch():
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as exc:
-        message = f"the torch backend's packages are missing ({exc.name}): make torch-deps"
-        if REQUIRE:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message, allow_module_level=True)
+        skip_or_fail(f"the torch backend's packages are missing ({exc.name}): make torch-deps")
 
 
 def _real_model(name: str):
     from specdec import catalog
     from specdec.errors import SpecdecError
 
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        if REQUIRE:
-            pytest.fail("llama-cpp-python is not installed (SPECDEC_REQUIRE_MODELS=1)")
-        pytest.skip("llama-cpp-python is not installed")
+    require_module("llama_cpp", "make setup")
     spec = catalog.lookup(name)
     if not catalog.is_assembled(spec):
         try:
             catalog.chunk_files(spec)
         except SpecdecError as exc:
-            if REQUIRE:
-                pytest.fail(str(exc))
-            pytest.skip(str(exc))
+            skip_or_fail(str(exc))
     from specdec import load_model
 
     return load_model(name, n_ctx=2048, progress=False)

@@ -10,6 +10,8 @@ import pytest
 from specdec import catalog
 from specdec.errors import ModelNotFoundError, SpecdecError
 
+from .conftest import skip_or_fail
+
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
@@ -78,7 +80,7 @@ def test_real_packages_are_found_without_importing_them():
     try:
         files = catalog.chunk_files(spec)
     except ModelNotFoundError:
-        pytest.skip("packages of qwen2.5-coder-0.5b not installed")
+        skip_or_fail("packages of qwen2.5-coder-0.5b not installed (make test-models)")
     assert len(files) == len(spec.packages) and all(Path(f).is_file() for f in files)
     assert [f.name for f in files] == sorted(f.name for f in files)
 
@@ -96,7 +98,7 @@ def test_installed_chunks_match_their_pins():
     try:
         files = catalog.chunk_files(spec)
     except ModelNotFoundError:
-        pytest.skip("packages of gemma-3-270m not installed")
+        skip_or_fail("packages of gemma-3-270m not installed (make test-models)")
     assert [catalog.file_sha256(f) for f in files] == list(spec.chunk_sha256)
 
 

@@ -49,7 +49,6 @@ def test_a_random_weight_curve_is_printed_and_saved(capsys, config, tmp_path):
         for curve in facts["curves"]:
             assert curve["widths"] == list(range(1, 17)) + [24, 32, 48, 64]
             assert all(s > 0 for s in curve["seconds"])
-            assert curve["seconds"] == sorted(curve["seconds"])   # wider is never cheaper
 
 
 @pytest.mark.parametrize("argv, fragment", [

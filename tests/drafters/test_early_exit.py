@@ -12,9 +12,10 @@ from specdec.models.numpy_ref import load_numpy_model
 from specdec.sampling import SamplingParams
 
 from ..models.test_numpy_ref import numpy_builtin, write_tiny_gguf
+from ..conftest import require_module
 from ..toy import Solo, ToyLM
 
-pytest.importorskip("gguf")
+require_module("gguf", "pip install -e .")
 
 PROMPT = "the cat in a hat, then the end"
 
