@@ -27,7 +27,7 @@ from .toy import ToyLM, on_virtual_clock
 
 EOG = -1                                 # an outcome's marker: generation ended there
 N = 5                                    # tokens per row: the first step may draft N - 1 = 4
-ROWS, PER_BATCH = 6_000, 2_000
+ROWS, PER_BATCH = 4_000, 2_000
 # a flat cost curve (a GPU's) up to 64 tokens: auto drafts long for batches of 8 rows (on a
 # batch of 2 000 a curve past its widest width rises, and speculation rightly stops paying)
 FLAT = {w: 0.01 for w in (*range(1, 17), 32, 64)}
@@ -235,7 +235,7 @@ def test_the_torch_harness_fails_a_verifier_that_resamples_from_p(torch_pair, mo
 
 # -- the NumPy backend: early exit, whose drafts come from the target's own first layers ------------
 
-EARLY_ROWS = 2_000
+EARLY_ROWS = 1_500
 
 
 def test_early_exit_samples_the_target_on_the_numpy_backend(tmp_path):

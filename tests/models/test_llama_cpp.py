@@ -152,7 +152,7 @@ def test_rows_in_one_batch_compute_what_they_compute_alone():
 
 
 # the tokens whose log-probabilities a row in a batch must reproduce: on the 0.5B here, the other
-# batch shapes' rounding moved the top 10 by at most 0.30 (120 checks of the test below; 0.45 for
+# batch shapes' rounding moved the top 10 by at most 0.30 (120 checks of 40 operations; 0.45 for
 # the top 50, 0.72 over the whole vocabulary, at log-probabilities near -20), one wrong token in
 # the history by 0.97 to 14
 TOP = 10
@@ -175,7 +175,7 @@ def _same_within_the_tie_rule(got: np.ndarray, fresh: np.ndarray, what: str) -> 
 
 
 def test_any_interleaving_of_forwards_and_rollbacks_leaves_every_row_right():
-    """Three rows of one context through 40 seeded random operations: a forward of 1-6 tokens over
+    """Three rows of one context through 24 seeded random operations: a forward of 1-6 tokens over
     some of the rows at once, a rollback of some rows (a rejected draft), a row dropped and a new
     one prefilled in its place. After each, every row scores one more token, all rows in ONE
     forward, and each row's logits equal a fresh single-row run of that row's tokens (the model's
@@ -202,7 +202,7 @@ def test_any_interleaving_of_forwards_and_rollbacks_leaves_every_row_right():
     prefill(model.add_rows(3))
     ops = []
     try:
-        for step in range(40):
+        for _ in range(24):
             op = rng.choice(["forward", "forward", "rollback", "replace"])
             ops.append(str(op))
             if op == "forward":
