@@ -29,7 +29,7 @@ class GenerationConfig:
         if any(not s for s in self.stop):
             raise SpecdecError("an empty stop string would end every generation at once; drop it")
         object.__setattr__(self, "stop", tuple(self.stop))
-        self.sampling  # validates temperature / top-k / top-p / min-p
+        _ = self.sampling  # validates temperature / top-k / top-p / min-p
 
     @property
     def sampling(self) -> SamplingParams:

@@ -31,6 +31,7 @@ Two cache layouts (`cache=`):
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import os
 from pathlib import Path
@@ -40,7 +41,7 @@ import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
 from .base import SingleRow
-from .numpy_ref import CHAR_TO_BYTE   # GPT-2's byte-level table (numpy_ref imports only numpy)
+from .numpy_ref import CHAR_TO_BYTE  # GPT-2's byte-level table (numpy_ref imports only numpy)
 
 INSTALL_HINT = ("install PyTorch and transformers: `make torch-deps`, or "
                 "`pip install torch transformers gguf accelerate` (CPU: `pip install torch==2.13.0` first)")
@@ -149,6 +150,9 @@ class TransformersModel(SingleRow):
             raise SpecdecError(f"unknown cache {cache!r}: use one of {', '.join(CACHES)}")
         self._torch = torch
         self.model = model.eval()
+        # the cache argument's name: `cache` in transformers 5.x's newer releases (the old name,
+        # past_key_values, warns there and goes in 5.40), past_key_values before them
+        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.config = model.config
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
@@ -335,8 +339,8 @@ class TransformersModel(SingleRow):
             keep = torch.tensor(need or [W - 1], device=self.device)
             with torch.inference_mode():
                 out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
-                                 past_key_values=self._cache, use_cache=True, logits_to_keep=keep)
-            self._cache = out.past_key_values
+                                 use_cache=True, logits_to_keep=keep, **{self._cache_kw: self._cache})
+            self._cache = out[self._cache_kw]
             self._valid, self._pos = valid, kv_pos
             logits = out.logits                                             # [rows, len(need), vocab]
         for i in range(B):
@@ -397,7 +401,7 @@ class TransformersModel(SingleRow):
         keep = torch.tensor(need or [W - 1], device=self.device)
         with torch.inference_mode():
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
-                             past_key_values=self._cache, use_cache=True, logits_to_keep=keep)
+                             use_cache=True, logits_to_keep=keep, **{self._cache_kw: self._cache})
         return L, out.logits
 
     def _replay(self, ids, position_ids, mask, L: int, view: int):
@@ -412,8 +416,8 @@ class TransformersModel(SingleRow):
                            torch.arange(L, L + W, device=self.device))
             self._slot.cols = graph.cols
             run = lambda: self._forward(input_ids=graph.ids, attention_mask=graph.mask,   # noqa: E731
-                                     position_ids=graph.position_ids, past_key_values=self._cache,
-                                     use_cache=True, logits_to_keep=0).logits
+                                     position_ids=graph.position_ids, use_cache=True, logits_to_keep=0,
+                                     **{self._cache_kw: self._cache}).logits
             with torch.inference_mode():
                 # warm up on a side stream (as torch.cuda.graphs asks): the writes land on the
                 # columns this very forward is about to write anyway
@@ -499,7 +503,6 @@ class TransformersModel(SingleRow):
 
     def _trim(self) -> None:
         """Drop columns at the end that no row uses; compact when holes take over the cache."""
-        torch = self._torch
         used = self._valid.any(dim=0).nonzero()
         end = int(used.max()) + 1 if used.numel() else 0
         if end < self._valid.shape[1]:
@@ -623,9 +626,8 @@ def load_random_weights(config_path: str | os.PathLike, device: str = "auto", dt
     weights (the config's initializer) and a ByteTokenizer: for timing any model's forward on any
     device without its weights. Built directly on the device, so a 7B needs no host copy."""
     torch = _torch()
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     if not os.environ.get("SPECDEC_VERBOSE"):
         transformers.logging.set_verbosity_error()
@@ -653,9 +655,8 @@ def load_transformers_model(path: str | os.PathLike, device: str = "auto", dtype
     """A local transformers folder (config.json + safetensors + tokenizer) or a GGUF file
     (dequantised by transformers' GGUF loader), on `device` in `dtype`."""
     torch = _torch()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not os.environ.get("SPECDEC_VERBOSE"):   # keep stderr for our own messages
         transformers.logging.set_verbosity_error()
