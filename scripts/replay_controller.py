@@ -118,7 +118,7 @@ def describe(header, costs, draft_costs) -> str:
 
     line = f"target {header.get('target')}"
     depths = [SHALLOW]
-    if isinstance(costs, CostTable) and costs.slopes:
+    if CostTable.of(costs).slopes:
         depths = [costs.depth, DEEP, 2 * DEEP]
         line += ", each step priced at its own depth"
     for depth in depths:
@@ -183,8 +183,14 @@ def copies(args) -> None:
 def replay(args) -> None:
     from specdec.controller import CostAwareController, FixedController
     from specdec.drafters.ngram import NgramDrafter
-    from specdec.replay import (LongMatchController, RecordedDrafter, clairvoyant_speedup, copy_ceiling,
-                                draft_ceiling, replay_speedup)
+    from specdec.replay import (
+        LongMatchController,
+        RecordedDrafter,
+        clairvoyant_speedup,
+        copy_ceiling,
+        draft_ceiling,
+        replay_speedup,
+    )
 
     header, records, costs, draft_costs = load(args)
     if not args.draft_curve and not args.with_draft:
@@ -263,7 +269,7 @@ def main() -> int:
     out = sub.add_parser("loo", help="leave one category out: fit the priors on the others, test auto on it")
     for name, default in (("--recording", "greedy-outputs.jsonl"), ("--costs", None), ("--curve", None),
                           ("--draft-curve", None)):
-        out.add_argument(name, default=default, help=f"as for replay")
+        out.add_argument(name, default=default, help="as for replay")
     out.add_argument("--depth", type=int, default=None, help="the curves' depth to use")
     out.add_argument("--fit", action="store_true", help="also print the priors fitted on every category")
     out.add_argument("--set", nargs="+", metavar="NAME=VALUE",

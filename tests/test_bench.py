@@ -10,22 +10,24 @@ import pytest
 from specdec import bench
 from specdec.compare import ROUNDING_GAP
 from specdec.errors import SpecdecError
+from specdec.spec import DraftSpec
 
 
 def test_parse_method():
-    assert bench.parse_method("plain") == ("specdec", "plain", 0)
-    assert bench.parse_method("draft:4") == ("specdec", "draft", 4)
-    assert bench.parse_method("ngram:8") == ("specdec", "ngram", 8)
-    assert bench.parse_method("auto") == ("specdec", "auto", 0)
+    assert bench.parse_method("plain") == ("specdec", DraftSpec("none", k=0), 0)
+    assert bench.parse_method("draft:4") == ("specdec", DraftSpec("model", k=4), 4)    # the bench's draft model
+    assert bench.parse_method("ngram:8") == ("specdec", DraftSpec("ngram", k=8), 8)
+    assert bench.parse_method("auto") == ("specdec", DraftSpec("auto", k=0), 0)
     assert bench.parse_method("llama.cpp:draft:4") == ("llama.cpp", "draft", 4)
     assert bench.parse_method("llama.cpp:ngram-simple:8") == ("llama.cpp", "ngram-simple", 8)
+    assert bench.parse_method("llama.cpp:plain") == ("llama.cpp", "plain", 0)
     assert bench.parse_method("hf:prompt-lookup:10") == ("hf", "prompt-lookup", 10)
-    assert bench.parse_method("early-exit:20:4") == ("specdec", "early-exit:20", 4)
-    assert bench.parse_method("suffix:8") == ("specdec", "suffix", 8)
-    assert bench.parse_method("auto:suffix") == ("specdec", "auto:suffix", 0)
-    assert bench.parse_method("auto:nosuffix") == ("specdec", "auto:nosuffix", 0)
+    assert bench.parse_method("early-exit:20:4") == ("specdec", DraftSpec("early-exit", k=4, layers=20), 4)
+    assert bench.parse_method("suffix:8") == ("specdec", DraftSpec("suffix", k=8), 8)
+    assert bench.parse_method("auto:suffix") == ("specdec", DraftSpec("auto", k=0, suffix=True), 0)
+    assert bench.parse_method("auto:nosuffix") == ("specdec", DraftSpec("auto", k=0, suffix=False), 0)
     for bad in ("draft", "draft:0", "draft:x", "magic:3", "hf:ngram:3", "llama.cpp:auto", "auto:ngram",
-                "suffix", "hf:suffix:3"):
+                "suffix", "hf:suffix:3", "early-exit:0:4", "early-exit:2", "early-exit:2:x", "ngram:-1"):
         with pytest.raises(SpecdecError, match="unknown method"):
             bench.parse_method(bad)
 
@@ -85,13 +87,14 @@ def test_learning_methods_keep_repeats_and_batch_sizes_apart(monkeypatch):
     copy its output (the exact-repeat workload, which --passes measures on purpose)."""
     import specdec.engine
 
-    monkeypatch.setattr(specdec.engine, "SpeculativeDecoder", lambda *a, **kw: object())
+    monkeypatch.setattr(specdec.engine.SpeculativeDecoder, "from_spec", lambda *a, **kw: object())
     b = bench.Bench.__new__(bench.Bench)
     b.target, b.drafter, b.learners, b.suffix_cap, b.draft_corpus = None, None, {}, 0, None
-    first = b._decoder("auto", 0, repeat=0)
-    assert b._decoder("auto", 0, repeat=0) is first                       # learns across prompts
-    others = [b._decoder("auto", 0, repeat=1), b._decoder("auto", 0, repeat=0, batch=4),
-              b._decoder("suffix", 8, repeat=0), b._decoder("suffix", 8, repeat=1)]
+    auto, suffix = (bench.parse_method(m)[1] for m in ("auto", "suffix:8"))
+    first = b._decoder(auto, repeat=0)
+    assert b._decoder(auto, repeat=0) is first                       # learns across prompts
+    others = [b._decoder(auto, repeat=1), b._decoder(auto, repeat=0, batch=4),
+              b._decoder(suffix, repeat=0), b._decoder(suffix, repeat=1)]
     assert len({id(d) for d in [first, *others]}) == 5
 
 
@@ -262,6 +265,6 @@ def test_every_runner_is_credited_its_tokens_alike():
     b.llama_cpp = Peer(tokens=5)                                # ended on its end-of-generation token
     assert b.run(item, "llama.cpp:ngram-mod:8", 0).tokens == 5
     ours = b.run(item, "plain", 0)
-    result = b._decoder("plain", 0).generate(b.prompt_text(item), b._config())
+    result = b._decoder(bench.parse_method("plain")[1]).generate(b.prompt_text(item), b._config())
     assert ours.tokens == len(result.tokens) + (result.stats.finish_reason == "eog")
     assert ours.tokens_per_second == pytest.approx(ours.tokens / ours.seconds)

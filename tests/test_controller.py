@@ -24,6 +24,7 @@ class FixedProposals:
 
     def __init__(self, tokens, name="ngram"):
         self.tokens, self.name, self.last_match_length, self.proposed = list(tokens), name, 40, 0
+        self.kind = name.partition(":")[0]
         self.last_votes = (1, 1)
 
     def begin(self, row, prompt, params, rng):

@@ -7,7 +7,6 @@ import pytest
 from specdec import GenerationConfig, SpeculativeDecoder
 from specdec.drafters.base import Draft
 from specdec.drafters.model import ModelDrafter
-from specdec.drafters.ngram import NgramDrafter
 from specdec.errors import ContextOverflowError, SpecdecError
 
 from .toy import ToyLM
@@ -48,7 +47,7 @@ class ScriptedLM(ToyLM):
 
 class WrongDrafter:
     """Always proposes k tokens the target never picks first (every draft is rejected)."""
-    name = "wrong"
+    name = kind = "wrong"
 
     def __init__(self, target):
         self.target = target

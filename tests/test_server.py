@@ -24,8 +24,8 @@ openai = require_module("openai", "the test extra: pip install 'specdec[test]'")
 
 import specdec  # noqa: E402
 from specdec import GenerationConfig, SpeculativeDecoder  # noqa: E402
-from specdec.server.app import build_service, serve  # noqa: E402
-from specdec.server.protocol import Policy  # noqa: E402
+from specdec.server.app import AUTO, build_service, serve  # noqa: E402
+from specdec.spec import DraftSpec  # noqa: E402
 
 from .lossless import assert_greedy_lossless  # noqa: E402
 from .toy import ToyLM  # noqa: E402
@@ -59,7 +59,7 @@ def _toy_models(delay: float = 0.0):
 
 
 @contextlib.contextmanager
-def toy_server(delay: float = 0.0, policy: Policy = Policy("auto"), max_batch: int = 4, **limits):
+def toy_server(delay: float = 0.0, policy: DraftSpec = AUTO, max_batch: int = 4, **limits):
     """An in-process server on an ephemeral 127.0.0.1 port; yields (base URL, service)."""
     target, draft = _toy_models(delay)
     service = build_service(target, draft, policy, max_batch, ("toy",), "toy-draft", **limits)

@@ -36,9 +36,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .errors import SpecdecError
+
+if TYPE_CHECKING:
+    from .spec import DraftSpec
 
 DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts.jsonl"
 CATEGORIES = ("code-generation", "code-editing", "summarization", "chat", "math")
@@ -129,34 +132,27 @@ def compare_text(text: str, plain: str) -> str:
     return "differs"
 
 
-def parse_method(method: str) -> tuple[str, str, int]:
-    """'plain' | 'draft:K' | 'ngram:K' | 'llama.cpp:plain' | 'llama.cpp:draft:K' |
-    'llama.cpp:<ngram type>:K' | 'hf:plain' | 'hf:assisted:K' | 'hf:prompt-lookup:K'
-    -> (runner, drafter, k)."""
-    parts = method.split(":")
-    runner = "specdec"
-    if parts[0] in ("llama.cpp", "hf"):
-        runner, parts = parts[0], parts[1:]
-    try:
-        if parts == ["plain"]:
+def parse_method(method: str) -> tuple[str, DraftSpec | str, int]:
+    """One of our methods (spec.METHODS) -> ('specdec', its DraftSpec, k); a peer's,
+    'llama.cpp:plain' | 'llama.cpp:draft:K' | 'llama.cpp:<ngram type>:K' | 'hf:plain' |
+    'hf:assisted:K' | 'hf:prompt-lookup:K' -> (runner, the peer's drafter, k)."""
+    from .spec import METHODS
+    from .spec import parse_method as parse_ours
+
+    runner, _, rest = method.partition(":")
+    if runner not in ("llama.cpp", "hf"):
+        spec = parse_ours(method)
+        if spec is not None:
+            return "specdec", spec, spec.k
+    else:
+        drafter, _, k = rest.rpartition(":")
+        if rest == "plain":
             return runner, "plain", 0
-        if parts[0] == "auto" and runner == "specdec" and parts[1:] in ([], ["suffix"], ["nosuffix"]):
-            return runner, ":".join(parts), 0
-        if len(parts) == 3 and runner == "specdec" and parts[0] == "early-exit" and int(parts[1]) >= 1 \
-                and int(parts[2]) >= 1:
-            return runner, f"early-exit:{int(parts[1])}", int(parts[2])
-        if len(parts) == 2 and int(parts[1]) >= 1:
-            if runner == "specdec" and parts[0] in ("draft", "ngram", "suffix"):
-                return runner, parts[0], int(parts[1])
-            if runner == "llama.cpp" and (parts[0] == "draft" or parts[0].startswith("ngram")):
-                return runner, parts[0], int(parts[1])
-            if runner == "hf" and parts[0] in ("assisted", "prompt-lookup"):
-                return runner, parts[0], int(parts[1])
-    except ValueError:
-        pass
-    raise SpecdecError(f"unknown method {method!r}: use plain, auto, auto:suffix, auto:nosuffix, draft:K, "
-                       f"ngram:K, suffix:K, early-exit:L:K "
-                       f"(--backend numpy), llama.cpp:plain, "
+        if k.isdigit() and int(k) >= 1 and (
+                (runner == "llama.cpp" and (drafter == "draft" or drafter.startswith("ngram")))
+                or (runner == "hf" and drafter in ("assisted", "prompt-lookup"))):
+            return runner, drafter, int(k)
+    raise SpecdecError(f"unknown method {method!r}: use {METHODS}, llama.cpp:plain, "
                        f"llama.cpp:draft:K, llama.cpp:ngram-simple:K, hf:plain, hf:assisted:K, "
                        f"hf:prompt-lookup:K")
 
@@ -169,21 +165,22 @@ class Bench:
                  draft_corpus: str | None = None):
         from . import load_model
         from .catalog import resolve
-        from .drafters import model_drafter, parse_draft
+        from .drafters import model_drafter
         from .models.llama_cpp import default_threads
+        from .spec import parse
 
         self.threads = threads or default_threads()
         self.ctx, self.max_tokens, self.temperature, self.seed = ctx, max_tokens, temperature, seed
         self.backend = backend
         self.target = load_model(target_name, backend=backend, n_ctx=ctx, threads=self.threads,
                                  device=device, dtype=dtype, max_rows=max_rows)
-        spec = parse_draft(draft_name)            # string:NAME / intersect:NAME: across tokenizers
+        spec = parse(draft_name)                  # string:NAME / intersect:NAME: across tokenizers
         draft_name = spec.model
         self.draft_model = load_model(draft_name, backend=backend, n_ctx=ctx, threads=self.threads,
                                       device=device, dtype=dtype, max_rows=max_rows)
         self.drafter = model_drafter(self.draft_model, self.target, spec.vocab)
         # decoders that learn across prompts (auto, suffix:K), one per method, repeat and batch size
-        self.learners: dict[tuple[str, int, int], object] = {}
+        self.learners: dict[tuple, object] = {}
         self.prompt_ids: dict[str, list[int]] = {}     # prompt id -> its tokens, as our runs fed them
         self.suffix_cap, self.draft_corpus = suffix_cap, draft_corpus
         # the GGUF files the peers run (a transformers folder, for --backend torch, has none)
@@ -211,24 +208,17 @@ class Bench:
         return GenerationConfig(max_new_tokens=self.max_tokens, temperature=self.temperature,
                                 seed=self.seed, chat=False)
 
-    def _decoder(self, drafter: str, k: int, repeat: int = 0, batch: int = 1):
+    def _decoder(self, spec: DraftSpec, repeat: int = 0, batch: int = 1):
         from .engine import SpeculativeDecoder
 
-        if drafter.startswith("auto") or drafter == "suffix":
-            method = (drafter if drafter != "suffix" else f"suffix:{k}", repeat, batch)
-            if method not in self.learners:
-                from .engine import AUTO_SUFFIX
-                with_suffix = drafter in ("auto:suffix", "suffix") or (drafter == "auto" and AUTO_SUFFIX)
-                suffix = self._suffix_cache() if with_suffix else False
-                self.learners[method] = (SpeculativeDecoder(self.target, suffix, k) if drafter == "suffix" else
-                                         SpeculativeDecoder(self.target, "auto", draft_model=self.drafter,
-                                                            suffix=suffix))
-            return self.learners[method]
-        if drafter.startswith("early-exit:"):
-            from .drafters.early_exit import EarlyExitDrafter
-            return SpeculativeDecoder(self.target, EarlyExitDrafter(self.target, int(drafter[11:])), k)
-        chosen = {"plain": None, "draft": self.drafter, "ngram": "ngram"}[drafter]
-        return SpeculativeDecoder(self.target, chosen, k)
+        if spec.is_auto or spec.kind == "suffix":
+            # decoders that learn across prompts: one per method, repeat and batch size
+            key = (spec, repeat, batch)
+            if key not in self.learners:
+                suffix = self._suffix_cache() if spec.wants_suffix else False
+                self.learners[key] = SpeculativeDecoder.from_spec(self.target, spec, draft=self.drafter, suffix=suffix)
+            return self.learners[key]
+        return SpeculativeDecoder.from_spec(self.target, spec, draft=self.drafter)
 
     def _suffix_cache(self):
         """A fresh suffix cache (each method its own), with the corpus if one was given; None for
@@ -245,11 +235,11 @@ class Bench:
     def run_batch(self, items: list[dict], method: str, repeat: int) -> Row:
         """One of our methods on a batch of prompts (generate_batch): tokens and tokens/s summed
         over the rows, time from the end of the prefill to the last row's last token."""
-        runner, drafter, k = parse_method(method)
+        runner, spec, _ = parse_method(method)
         if runner != "specdec":
             raise SpecdecError(f"{method}: batches run our methods only")
         texts = [self.prompt_text(i) for i in items]
-        results = self._decoder(drafter, k, repeat, len(items)).generate_batch(texts, self._config())
+        results = self._decoder(spec, repeat, len(items)).generate_batch(texts, self._config())
         categories = {i["category"] for i in items}
         row = Row("+".join(i["id"] for i in items), categories.pop() if len(categories) == 1 else "mixed",
                   method, repeat, 0, 0.0, 0.0, batch=len(items))
@@ -270,7 +260,7 @@ class Bench:
         text = self.prompt_text(item)
         row = Row(item["id"], item["category"], method, repeat, 0, 0.0, 0.0)
         if runner == "specdec":
-            result = self._decoder(drafter, k, repeat).generate(text, self._config())
+            result = self._decoder(drafter, repeat).generate(text, self._config())
             s = result.stats
             row.tokens = produced(s.generated_tokens, s.finish_reason == "eog", self.max_tokens)
             row.seconds = s.decode_seconds
@@ -424,6 +414,7 @@ def machine_line(threads: int) -> str:
 
 def versions() -> str:
     import importlib.metadata as md
+
     from . import __version__
     parts = [f"specdec {__version__}", f"python {platform.python_version()}"]
     for dist in ("llama_cpp_python", "numpy", "transformers", "torch"):

@@ -413,8 +413,8 @@ def _check_threads(args) -> None:
 def _decoder(args):
     """The SpeculativeDecoder the flags ask for."""
     from . import load_model
-    from .drafters import parse_draft
     from .engine import SpeculativeDecoder
+    from .spec import parse
 
     rows = getattr(args, "batch_size", None) or 1
 
@@ -422,24 +422,23 @@ def _decoder(args):
         return load_model(name, backend=backend, n_ctx=args.ctx, threads=args.threads,
                           device=args.device, dtype=args.dtype, max_rows=rows)
 
-    spec = parse_draft(args.draft, args.backend)      # a bad --draft fails before a long load
+    draft_model = args.draft_model if args.draft_model is not None else catalog.default_draft(args.target)
+    # a bad --draft fails before a long load
+    spec = parse(args.draft, args.backend, args.draft_tokens, draft_model=draft_model or "none")
     _check_suffix_flags(args, spec.kind)              # so do bad suffix cache flags
     if "torch" in (args.backend, args.draft_backend):   # and a bad --device
         from .models.transformers import pick_device
         pick_device(args.device)
     target = load(args.target)
     suffix = _suffix_cache(args, target) if spec.kind in ("suffix", "auto") else False
-    draft_model = args.draft_model if args.draft_model is not None else catalog.default_draft(args.target)
     # a draft model of another vocabulary drafts across tokenizers (drafters.model_drafter)
     try:
-        return SpeculativeDecoder.from_names(target, args.draft, args.draft_tokens,
-                                             lambda name: load(name, args.draft_backend or args.backend),
-                                             draft_model=draft_model or "none", max_rows=rows, suffix=suffix)
+        return SpeculativeDecoder.from_spec(target, spec, lambda name: load(name, args.draft_backend or args.backend),
+                                            max_rows=rows, suffix=suffix)
     except VocabMismatchError as exc:
-        if args.draft != "auto":
+        if not spec.is_auto:
             raise
-        reason = str(exc).split(";")[0]
-        raise VocabMismatchError(f"--draft-model {draft_model}: {reason}; give --draft-model none (prompt "
+        raise VocabMismatchError(f"--draft-model {draft_model}: {exc.reason}; give --draft-model none (prompt "
                                  f"lookup only) or a draft model of the target's family") from None
 
 
@@ -874,7 +873,6 @@ def _port(text: str) -> int:
 
 def cmd_serve(args) -> int:
     from . import load_model
-    from .drafters import parse_draft
     from .errors import BackendUnavailableError
 
     try:
@@ -884,9 +882,9 @@ def cmd_serve(args) -> int:
     except ImportError as exc:
         raise BackendUnavailableError(f"specdec serve needs {exc.name}: pip install 'specdec[serve]'") from None
     from .server.app import build_service, serve
-    from .server.protocol import Policy
+    from .spec import DraftSpec, parse
 
-    spec = parse_draft(args.draft, args.backend)
+    spec = parse(args.draft, args.backend, args.draft_tokens, draft_model=args.draft_model)
     if spec.kind == "early-exit":
         raise SpecdecError("specdec serve takes --draft auto, ngram, suffix, none or a draft model")
     # any request may ask for auto or suffix, whatever the default: the flags hold for every --draft
@@ -894,7 +892,7 @@ def cmd_serve(args) -> int:
     if "torch" in (args.backend, args.draft_backend):
         from .models.transformers import pick_device
         pick_device(args.device)
-    draft_spec = spec if spec.kind == "model" else parse_draft(args.draft_model)
+    draft_spec = spec if spec.kind == "model" else parse(args.draft_model)
     draft_name = args.draft if spec.kind == "model" else (
         None if draft_spec.kind == "none" else args.draft_model)
 
@@ -907,8 +905,8 @@ def cmd_serve(args) -> int:
     if draft is not None and draft_spec.vocab:       # string: / intersect: across tokenizers
         from .drafters import model_drafter
         draft = model_drafter(draft, target, draft_spec.vocab)
-    policy = {"auto": Policy("auto"), "none": Policy("none"), "ngram": Policy("ngram", args.draft_tokens),
-              "suffix": Policy("suffix", args.draft_tokens), "model": Policy("model", args.draft_tokens)}[spec.kind]
+    # the server's default policy: a kind and its k ('model': the draft model loaded here)
+    policy = DraftSpec(spec.kind, k=spec.k if spec.kind in ("ngram", "suffix", "model") else 0)
     names = tuple(dict.fromkeys(n for n in (args.served_model_name or args.target, target.name) if n))
     suffix = _suffix_cache(args, target)
     service = build_service(target, draft, policy, args.max_batch, names, draft_name, suffix=suffix,

@@ -25,12 +25,12 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from .costs import EMA, CostTable, step_depth
-from .drafters.base import Draft, Drafter
+from .drafters.base import Draft, Drafter, DraftModel
 
 K_MAX = 15          # the draft model's acceptance table, and the fitted priors' longest draft
 # A free drafter (prompt lookup, the suffix cache) may draft as far as the widest forward the cost
@@ -80,6 +80,29 @@ WHOLE_COPY_SHARE = 0.8
 def whole_copy(match: int, generated: int) -> bool:
     """Whether a match of `match` tokens, `generated` tokens into a response, makes it a whole copy."""
     return match >= WHOLE_COPY_MIN and match >= WHOLE_COPY_SHARE * generated
+
+
+class Controller(Protocol):
+    """What the engine asks every step (engine.Engine.step): the policy over rows. FixedController
+    (one drafter, one k), CostAwareController (`auto`) and the server's RoutingController (each
+    request its own policy) are the three."""
+
+    def begin(self, row: int, prompt: Sequence[int]) -> None:
+        """A row joins (its prompt prefilled)."""
+
+    def end(self, row: int) -> None:
+        """A row leaves (finished or cancelled)."""
+
+    def draft(self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]
+              ) -> dict[int, tuple[Drafter | None, Draft | None]]:
+        """(drafter, draft) per live row, (None, None) for a plain step; caps[r] bounds row r's draft."""
+
+    def observe(self, outcomes: Mapping[int, "Outcome"], width: int, target_seconds: float,
+                depth: float | None = None) -> None:
+        """What the step did: each row's outcome, the forward's width, its seconds and its depth."""
+
+    def speedups(self, row: int, tokens_per_second: float) -> tuple[float | None, float | None]:
+        """(predicted, measured) speedup of the row so far, where the policy knows them."""
 
 
 @dataclass
@@ -327,6 +350,17 @@ class _Option:
     depth: int = 0                     # the row's context tokens: the depth its forward attends over
 
 
+def auto_controller(target, free: Sequence[Drafter], model: DraftModel | None,
+                    costs: tuple | None = None) -> "CostAwareController":
+    """`auto`'s controller for `target`, the one way it is built (a decoder's engine, the server's
+    router). `costs`: (the target's curve, the draft model's or None); None: timed, and cached, at
+    first use (costs.measure_cost_table)."""
+    if costs is None:
+        from .costs import measure_cost_table
+        costs = (measure_cost_table(target), measure_cost_table(model.model) if isinstance(model, DraftModel) else None)
+    return CostAwareController(free, model, *costs, width=target.width, stops=target.tokenizer.eog_ids)
+
+
 class CostAwareController:
     """Picks, every step and for every row, one of the free drafters (prompt lookup, the suffix
     cache), the draft model or a plain step, and the k of each, to promise the most tokens per
@@ -335,7 +369,7 @@ class CostAwareController:
     `free` is one free drafter or several: each proposes every step (it costs nothing), is scored
     with its own MatchAcceptance table, and the row takes whichever promises most."""
 
-    def __init__(self, free: Drafter | Sequence[Drafter] | None, model_drafter: Drafter | None,
+    def __init__(self, free: Drafter | Sequence[Drafter] | None, model_drafter: DraftModel | None,
                  target_costs, draft_costs=None, explore_every: int = EXPLORE_EVERY,
                  width: Callable[[Sequence[int]], int] = sum,
                  match_prior: Mapping[str, Sequence[float]] | None = None,
@@ -343,7 +377,7 @@ class CostAwareController:
                  overlay_weight: float | None = None, shared_rate: float | None = None,
                  explore_growth: float | None = None, stops: frozenset[int] = frozenset()):
         # a CostTable (with a deep curve, costs.measure_cost_table), or a curve at one depth
-        self.target_cost = target_costs if isinstance(target_costs, CostTable) else CostTable(target_costs)
+        self.target_cost = CostTable.of(target_costs)
         self.stops = stops              # end-of-generation tokens: a free proposal is valued up to its first
         self.k_free = max(K_MAX, self.target_cost.widths[-1] - 1)
         if free is None:
@@ -355,8 +389,7 @@ class CostAwareController:
         self.model = model_drafter
         # the draft model's forward costs: catching up on m tokens costs a forward of m rows,
         # then each further draft position one forward over the rows still drafting
-        self.draft_cost = (draft_costs if isinstance(draft_costs, CostTable) else CostTable(draft_costs)) \
-            if draft_costs else None
+        self.draft_cost = CostTable.of(draft_costs) if draft_costs else None
         self.width = width              # the target's: forward width of per-row token counts
         # each free drafter's acceptance by match length: inside a long copy its guesses keep landing.
         # The shared tables start from priors fitted on the outside suite and learn slowly across

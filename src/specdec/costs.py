@@ -223,6 +223,12 @@ class CostTable:
             self.slopes = dict(zip(widths, np.maximum.accumulate(rises).tolist()))
         self._slope_points = (list(self.slopes), list(self.slopes.values()))   # for at_depth, every step
 
+    @classmethod
+    def of(cls, curve) -> "CostTable":
+        """Any cost curve as a CostTable: a CostTable as it is, {width: seconds}, or a list of seconds
+        for widths 1..W (a curve at one depth)."""
+        return curve if isinstance(curve, cls) else cls(curve)
+
     @property
     def base(self) -> dict[int, float]:
         return dict(zip(self.widths, self.seconds))

@@ -50,11 +50,9 @@ REQUESTS = (
 def reason(stats, controller) -> str:
     """The controller's account of a run: what it chose, what it expected, what a step costs."""
     steps = stats.steps or 1
-    drafted = {key: n for key, n in stats.decisions.items() if key != "plain"}
-    plain = stats.decisions.get("plain", 0)
-    by_kind: dict[str, int] = {}
-    for key, n in drafted.items():
-        by_kind[key.split(":")[0]] = by_kind.get(key.split(":")[0], 0) + n
+    by_kind = stats.steps_by_kind()
+    plain = by_kind.pop("plain", 0)
+    drafted = bool(by_kind)
     names = {"ngram": "prompt lookup", "draft": "the draft model"}
     if drafted:
         choice = ", ".join(f"{names.get(kind, kind)} on {n}" for kind, n in by_kind.items())

@@ -15,12 +15,13 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .config import GenerationConfig
-from .controller import FixedController, Outcome
+from .controller import Controller, FixedController, Outcome, auto_controller
 from .costs import step_depth
-from .drafters.base import MAX_DRAFT_TOKENS, Drafter
+from .drafters.base import MAX_DRAFT_TOKENS, Drafter, DraftModel
 from .errors import ContextOverflowError, SpecdecError
 from .models.base import RowModel
 from .sampling import verify
+from .spec import DEFAULT_K, GRAMMAR, DraftSpec, auto_drafters, make_drafter, parse
 from .stats import GenerationStats
 from .text import Detokenizer
 
@@ -30,10 +31,6 @@ from .text import Detokenizer
 # AVX-512 (llama.cpp's AVX2 kernels) the 1.5B prefills at ~65 tokens/s, so a 256-token chunk stalls
 # the running rows for ~4 s (about 60 single steps; `specdec serve` measured, 2026-11-23).
 PREFILL_CHUNK = 256
-# Whether `auto` consults the suffix cache when not told (SpeculativeDecoder's `suffix`). The bar
-# it had to clear: a fresh process, its cache empty, is never more than 3% below auto without it
-# (README, "The suffix cache").
-AUTO_SUFFIX = True
 
 
 @dataclass
@@ -85,7 +82,7 @@ class Engine:
     stream; 5. every row is rolled back to what it kept and the drafters are told; 6. each row
     emits (stop rules, text), finished rows leave, queued rows join and prefill."""
 
-    def __init__(self, target: RowModel, controller, drafters: Sequence[Drafter] = (),
+    def __init__(self, target: RowModel, controller: Controller, drafters: Sequence[Drafter] = (),
                  max_rows: int | None = None, prefill_chunk: int = PREFILL_CHUNK,
                  clock: Callable[[], float] = time.perf_counter):
         self.target, self.controller, self.drafters = target, controller, list(drafters)
@@ -95,7 +92,7 @@ class Engine:
         self.clock = clock
         # rows at once: at most max_rows, the target's, and each draft model's (it mirrors them)
         self.max_rows = min([max_rows or target.max_rows, target.max_rows] +
-                            [d.model.max_rows for d in self.drafters if getattr(d, "model", target) is not target])
+                            [d.model.max_rows for d in self.drafters if isinstance(d, DraftModel)])
         self.queue: list[Request] = []                  # waiting for a row
         self.rows: dict[int, Request] = {}              # target row -> request (prefilling or live)
         self._ids = itertools.count()
@@ -185,7 +182,7 @@ class Engine:
             s = r.stats
             s.draft_seconds += t_draft
             s.target_seconds += t_target
-            s.record_step(len(drafts[row]), n, drafter.name.split(":")[0] if drafter else "plain")
+            s.record_step(len(drafts[row]), n, drafter.kind if drafter else "plain")
             emitted, s.finish_reason = _emit([*drafts[row][:n], next_token], target.tokenizer.eog_ids,
                                              r.config.max_new_tokens - s.generated_tokens)
             r.context += emitted
@@ -330,7 +327,7 @@ class SpeculativeDecoder:
     It owns one Engine: every generate / stream / generate_batch call adds rows to it.
     """
 
-    def __init__(self, target: RowModel, drafter: Drafter | RowModel | str | None = None, k: int = 4,
+    def __init__(self, target: RowModel, drafter: Drafter | RowModel | str | None = None, k: int = DEFAULT_K,
                  draft_model: RowModel | Drafter | None = None, max_rows: int | None = None,
                  suffix: Drafter | bool | None = None, costs: tuple | None = None):
         if not 0 <= k <= MAX_DRAFT_TOKENS:
@@ -338,35 +335,38 @@ class SpeculativeDecoder:
         self.target = target
         self.k = k
         self.max_rows = max_rows        # rows generated at once (None: as many as the models hold)
-        self.auto = drafter == "auto"
+        spec = parse(drafter, k=k) if isinstance(drafter, str) else None
+        self.auto = spec is not None and spec.is_auto
         self.costs = costs
         if self.auto:
-            from .drafters.ngram import NgramDrafter
-            self.ngram = NgramDrafter()
-            self.suffix = suffix if isinstance(suffix, Drafter) else (
-                _as_drafter("suffix", target) if suffix is True or (suffix is None and AUTO_SUFFIX) else None)
-            self.model_drafter = _as_drafter(draft_model, target)
+            self.ngram, self.suffix, self.model_drafter = auto_drafters(target, draft_model, suffix, spec.wants_suffix)
             self.drafter = None
+        elif spec is not None:
+            self.drafter = make_drafter(spec, target, suffix=suffix if isinstance(suffix, Drafter) else None)
+        elif isinstance(drafter, RowModel):  # another vocabulary: drafts across tokenizers
+            self.drafter = make_drafter(DraftSpec("model"), target, draft=drafter)
+        elif drafter is None or isinstance(drafter, Drafter):
+            self.drafter = drafter
         else:
-            self.drafter = _as_drafter(drafter, target)
+            raise SpecdecError(f"unknown drafter {drafter!r}: give None, a drafter name ({GRAMMAR}), a model, "
+                               f"or a Drafter")
         self._engine: Engine | None = None
 
     @classmethod
-    def from_names(cls, target: RowModel, draft: str, k: int = 4, load=None,
-                   draft_model: str = "none", max_rows: int | None = None,
-                   suffix: Drafter | bool | None = None) -> "SpeculativeDecoder":
-        """From the drafter grammar (drafters.GRAMMAR): `draft` names the drafter or 'auto';
-        with 'auto', `draft_model` names the model it may use ('none': no draft model) and
-        `suffix` the suffix cache (as for __init__). `load(name)` loads a model of the target's kind."""
-        from .drafters import make_drafter, parse_draft
-
-        spec = parse_draft(draft)
-        if spec.kind == "auto":
-            model = make_drafter(draft_model, target, load) if parse_draft(draft_model).kind == "model" else None
-            return cls(target, "auto", draft_model=model, max_rows=max_rows, suffix=suffix)
-        if spec.kind == "none" or k == 0:
+    def from_spec(cls, target: RowModel, spec: DraftSpec, load=None, draft=None, max_rows: int | None = None,
+                  suffix: Drafter | bool | None = None, costs: tuple | None = None) -> "SpeculativeDecoder":
+        """The decoder a DraftSpec names (spec.parse, spec.parse_method). A draft model is loaded
+        with `load(name)`, or is `draft` (a loaded model or drafter) where the spec names none;
+        `suffix` is the suffix cache (as for __init__), unless the spec turns it off."""
+        if spec.is_auto:
+            model = (make_drafter(DraftSpec("model", model=spec.model, vocab=spec.vocab), target, load, draft=draft)
+                     if spec.model or draft is not None else None)
+            return cls(target, "auto", draft_model=model, max_rows=max_rows,
+                       suffix=suffix if spec.wants_suffix else False, costs=costs)
+        if not spec.drafts:
             return cls(target, None, 0, max_rows=max_rows)
-        return cls(target, make_drafter(spec, target, load, suffix=suffix or None), k, max_rows=max_rows)
+        return cls(target, make_drafter(spec, target, load, suffix=suffix or None, draft=draft), spec.k,
+                   max_rows=max_rows)
 
     def free_drafters(self) -> list[Drafter]:
         """The drafters auto consults every step because they cost nothing: prompt lookup first."""
@@ -393,17 +393,7 @@ class SpeculativeDecoder:
     def engine(self) -> Engine:
         if self._engine is None:
             if self.auto:
-                from .controller import CostAwareController
-                from .costs import measure_cost_table
-                if self.costs is not None:
-                    costs, draft_costs = self.costs
-                else:
-                    costs = measure_cost_table(self.target)
-                    draft_costs = None
-                    if self.model_drafter is not None and hasattr(self.model_drafter, "model"):
-                        draft_costs = measure_cost_table(self.model_drafter.model)
-                controller = CostAwareController(self.free_drafters(), self.model_drafter, costs, draft_costs,
-                                                 width=self.target.width, stops=self.target.tokenizer.eog_ids)
+                controller = auto_controller(self.target, self.free_drafters(), self.model_drafter, self.costs)
             else:
                 controller = FixedController(self.drafter, self.k if self.drafter else 0)
             self._engine = Engine(self.target, controller, self.drafters(), self.max_rows)
@@ -463,22 +453,7 @@ class SpeculativeDecoder:
         return tokens
 
 
-def _as_drafter(drafter, target: RowModel) -> Drafter | None:
-    from .drafters import model_drafter, new_suffix_cache
-    from .drafters.ngram import NgramDrafter
-
-    if drafter is None or isinstance(drafter, Drafter):
-        return drafter
-    if drafter == "ngram":
-        return NgramDrafter()
-    if drafter == "suffix":
-        return new_suffix_cache(target)
-    if isinstance(drafter, RowModel):      # another vocabulary: drafts across tokenizers
-        return model_drafter(drafter, target)
-    raise SpecdecError(f"unknown drafter {drafter!r}: give None, 'ngram', 'suffix', 'auto', a model, or a Drafter")
-
-
-def generate(target: RowModel, prompt: str | Sequence[int], drafter=None, k: int = 4,
+def generate(target: RowModel, prompt: str | Sequence[int], drafter=None, k: int = DEFAULT_K,
              **config) -> GenerationResult:
     """One-call API: generate(target, "def fib(n):", drafter=draft_model, max_new_tokens=64)."""
     return SpeculativeDecoder(target, drafter, k).generate(prompt, **config)

@@ -14,7 +14,12 @@ class ModelLoadError(SpecdecError):
 
 
 class VocabMismatchError(SpecdecError):
-    """Draft and target do not share a vocabulary, so their token ids mean different things."""
+    """Draft and target do not share a vocabulary, so their token ids mean different things.
+    `reason` says how they differ; the message adds what to do (`hint`)."""
+
+    def __init__(self, reason: str, hint: str = ""):
+        super().__init__(f"{reason}; {hint}" if hint else reason)
+        self.reason = reason
 
 
 class ContextOverflowError(SpecdecError):

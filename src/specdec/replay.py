@@ -39,9 +39,8 @@ from .drafters.ngram import NgramDrafter
 def curve_at(costs, depth: int) -> list[float]:
     """Seconds of a forward of 1..W tokens at `depth`: a list is a curve at one depth, the same at
     every depth; a CostTable is read at `depth` as the controller reads it."""
-    if isinstance(costs, CostTable):
-        return [costs.at_depth(w, depth) for w in range(1, costs.widths[-1] + 1)]
-    return list(costs)
+    table = CostTable.of(costs)
+    return [table.at_depth(w, depth) for w in range(1, table.widths[-1] + 1)]
 
 
 def _curves(costs, prompt_len: int, n: int) -> list[list[float]]:

@@ -36,6 +36,14 @@ class GenerationStats:
             self.drafted_at[i] += 1
             self.accepted_at[i] += i < n_accepted
 
+    def steps_by_kind(self) -> dict[str, int]:
+        """Steps per drafter kind ("plain" too), summed over k, in the order first used."""
+        out: dict[str, int] = {}
+        for key, n in self.decisions.items():
+            kind = key.partition(":")[0]
+            out[kind] = out.get(kind, 0) + n
+        return out
+
     @property
     def acceptance_rate(self) -> float:
         """accepted / drafted (0 when nothing was drafted)."""

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from specdec import SpeculativeDecoder
-from specdec.drafters import model_drafter, parse_draft
+from specdec.drafters import model_drafter
 from specdec.drafters.cross_vocab import CrossVocabDrafter, intersect_q, retokenize, shared_tokens, whole_utf8
 from specdec.drafters.model import ModelDrafter
 from specdec.errors import SpecdecError, VocabMismatchError
 from specdec.sampling import SamplingParams, logits_to_probs, residual, sample, verify_stochastic
+from specdec.spec import parse
 
 from ..test_engine import reference_greedy
 from ..test_sampling import chi2_statistic, chi2_threshold, tv_threshold
@@ -422,13 +423,13 @@ def test_special_tokens_are_rendered_for_the_draft_and_never_proposed():
 
 
 def test_grammar_names_the_mode():
-    assert parse_draft("gemma-3-270m").vocab == ""
-    spec = parse_draft("string:gemma-3-270m")
+    assert parse("gemma-3-270m").vocab == ""
+    spec = parse("string:gemma-3-270m")
     assert (spec.kind, spec.model, spec.vocab) == ("model", "gemma-3-270m", "string")
-    spec = parse_draft("intersect:/models/x.gguf")
+    spec = parse("intersect:/models/x.gguf")
     assert (spec.kind, spec.model, spec.vocab) == ("model", "/models/x.gguf", "intersect")
     with pytest.raises(SpecdecError, match="intersect:MODEL"):
-        parse_draft("intersect:")
+        parse("intersect:")
 
 
 def test_a_model_of_another_vocabulary_drafts_across_tokenizers():

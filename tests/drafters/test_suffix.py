@@ -9,11 +9,12 @@ import pytest
 
 from specdec import SpeculativeDecoder
 from specdec.costs import CostTable
-from specdec.drafters import make_drafter, new_suffix_cache, parse_draft
+from specdec.drafters import new_suffix_cache
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.suffix import DEPTH, EVICT_TO, FORMAT, SuffixCacheDrafter, tokenizer_fingerprint
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
+from specdec.spec import make_drafter, parse
 
 from ..toy import ToyLM, on_virtual_clock
 
@@ -220,7 +221,7 @@ def test_a_cache_of_another_tokenizer_is_refused(tmp_path):
 
 
 def test_the_grammar_names_it():
-    assert parse_draft("suffix").kind == "suffix"
+    assert parse("suffix").kind == "suffix"
     target = ToyLM(vocab_size=32)
     assert isinstance(make_drafter("suffix", target), SuffixCacheDrafter)
     mine = SuffixCacheDrafter()

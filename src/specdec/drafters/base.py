@@ -43,7 +43,8 @@ class Draft:
 
 @runtime_checkable
 class Drafter(Protocol):
-    name: str
+    name: str           # what it is, for people: "ngram", "draft:qwen2.5-coder-0.5b", "early-exit:2"
+    kind: str           # what its steps are counted as (GenerationStats.decisions): "ngram", "draft", ...
 
     def begin(self, row: int, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
         """A row starts generating. `params` and `rng` are the ones the engine verifies the row
@@ -61,4 +62,15 @@ class Drafter(Protocol):
 
     def end(self, rows: Sequence[int]) -> None:
         """These rows are done (or cancelled): free what they hold."""
+        ...
+
+
+@runtime_checkable
+class DraftModel(Drafter, Protocol):
+    """A drafter that runs a model of its own (drafters.model, drafters.cross_vocab): the engine
+    holds no more rows than that model does, and the cost-aware controller prices its forwards."""
+    model: object       # a models.base.RowModel
+
+    def lag(self, row: int, context: Sequence[int]) -> int:
+        """The context tokens its model must catch up on before drafting for this row."""
         ...

@@ -142,7 +142,7 @@ class CrossVocabDrafter:
         if mode not in MODES:
             raise ValueError(f"cross-vocabulary mode {mode!r}: use one of {', '.join(MODES)}")
         self.model, self.target, self.mode = model, target, mode
-        self.name = f"draft:{model.name}"
+        self.name, self.kind = f"draft:{model.name}", "draft"
         self.target_special = special_tokens(target.tokenizer, target.vocab_size)
         self.draft_special = special_tokens(model.tokenizer, model.vocab_size)
         # the draft's logits row is masked to what it may propose: [draft vocab], 0 or -inf

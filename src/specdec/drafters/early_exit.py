@@ -47,7 +47,7 @@ class EarlyExitDrafter:
             raise SpecdecError(f"early exit after {n_layers} layers: pick 1..{total} for {model.name}")
         self.model = model              # the target itself: drafter and target share its cache
         self.n_layers = n_layers
-        self.name = f"early-exit:{n_layers}"
+        self.name, self.kind = f"early-exit:{n_layers}", "early-exit"
         self._rows: dict[int, tuple[SamplingParams, np.random.Generator]] = {}
 
     def begin(self, row: int, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:

@@ -31,7 +31,7 @@ class ModelDrafter:
         if target is not None:
             check_same_vocab(target, model)
         self.model = model
-        self.name = f"draft:{model.name}"
+        self.name, self.kind = f"draft:{model.name}", "draft"
         self._rows: dict[int, _Row] = {}
 
     def begin(self, row: int, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:

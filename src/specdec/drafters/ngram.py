@@ -37,7 +37,7 @@ class NgramDrafter:
             raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
         if candidates < 1 or match_cap < n_max:
             raise ValueError(f"need candidates >= 1 and match_cap >= n_max, got {candidates}, {match_cap}")
-        self.name = "ngram"
+        self.name = self.kind = "ngram"
         self.n_min, self.n_max = n_min, n_max
         self.candidates, self.match_cap = candidates, match_cap
         self._rows: dict[int, _Index] = {}

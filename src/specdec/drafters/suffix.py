@@ -142,7 +142,7 @@ class SuffixCacheDrafter:
     def __init__(self, cap: int = DEFAULT_CAP, candidates: int = CANDIDATES, fingerprint: str = ""):
         if cap < 1 or candidates < 1:
             raise ValueError(f"need cap >= 1 and candidates >= 1, got {cap}, {candidates}")
-        self.name = "suffix"
+        self.name = self.kind = "suffix"
         self.cap, self.limit = cap, candidates
         self.fingerprint = fingerprint          # the tokenizer's, checked when a cache is loaded
         self._static: list[list[int]] = []      # corpus sequences: never evicted, never saved

@@ -22,7 +22,7 @@ class SyntheticDrafter:
         """continuations: prompt tokens -> the target's greedy tokens after them."""
         if not 0.0 <= acceptance <= 1.0:
             raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
-        self.name = f"synthetic:{acceptance:g}"
+        self.name, self.kind = f"synthetic:{acceptance:g}", "synthetic"
         self.acceptance = acceptance
         self.vocab_size = vocab_size
         self._continuations = {tuple(p): list(c) for p, c in continuations.items()}

@@ -194,12 +194,12 @@ def check_same_vocab(target: RowModel, draft: RowModel) -> None:
     if draft.vocab_size != target.vocab_size:
         raise VocabMismatchError(
             f"draft {draft.name} has {draft.vocab_size} tokens but target {target.name} has "
-            f"{target.vocab_size}; {hint}"
+            f"{target.vocab_size}", hint
         )
     t, d = target.tokenizer, draft.tokenizer
     for token in range(target.vocab_size):
         if t.token_text(token) != d.token_text(token):
             raise VocabMismatchError(
                 f"draft {draft.name} and target {target.name} disagree on token {token} "
-                f"({t.token_text(token)!r} vs {d.token_text(token)!r}); {hint}"
+                f"({t.token_text(token)!r} vs {d.token_text(token)!r})", hint
             )

@@ -22,10 +22,22 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import Engine
+from ..spec import DraftSpec
 from .metrics import Metrics
 from .policy import RoutingController
-from .protocol import (Job, Policy, RequestError, chunk_body, error_body, new_id, now, parse_chat,
-                       parse_completion, response_body, speculative_body, usage_body)
+from .protocol import (
+    Job,
+    RequestError,
+    chunk_body,
+    error_body,
+    new_id,
+    now,
+    parse_chat,
+    parse_completion,
+    response_body,
+    speculative_body,
+    usage_body,
+)
 from .worker import Handle, Worker
 
 log = logging.getLogger("specdec.server")
@@ -38,7 +50,7 @@ class Service:
     """The models, the engine's worker, and the limits: what the HTTP routes call."""
 
     def __init__(self, engine: Engine, router: RoutingController, model_names: tuple[str, ...],
-                 draft_names: dict[str, str], default_policy: Policy, max_queue: int = 64,
+                 draft_names: dict[str, str], default_policy: DraftSpec, max_queue: int = 64,
                  request_timeout: float = 600.0, api_key: str | None = None):
         self.model_names, self.draft_names = model_names, draft_names
         self.default_policy = default_policy
@@ -61,7 +73,10 @@ class Service:
         self.worker.stop()
 
 
-def build_service(target, draft_model=None, default_policy: Policy = Policy("auto"), max_batch: int = 4,
+AUTO = DraftSpec("auto", k=0)       # the server's default policy
+
+
+def build_service(target, draft_model=None, default_policy: DraftSpec = AUTO, max_batch: int = 4,
                   model_names: tuple[str, ...] = (), draft_name: str | None = None, suffix=None,
                   **limits) -> Service:
     """A service over loaded models: `target`, and `draft_model` (a RowModel, of another vocabulary
@@ -71,20 +86,22 @@ def build_service(target, draft_model=None, default_policy: Policy = Policy("aut
     when the default policy is fixed, since any request may ask for 'auto'. `suffix` is the suffix
     cache (as SpeculativeDecoder takes it): ONE for every request, whatever its policy, so each
     request drafts from all the requests before it."""
-    from ..engine import SpeculativeDecoder
+    from ..controller import auto_controller
+    from ..spec import auto_drafters
 
-    decoder = SpeculativeDecoder(target, "auto", draft_model=draft_model, max_rows=max_batch, suffix=suffix)
-    router = RoutingController(decoder.controller(), decoder.ngram, decoder.model_drafter, decoder.suffix)
-    engine = Engine(target, router, decoder.drafters(), max_rows=max_batch)
+    ngram, suffix, model = auto_drafters(target, draft_model, suffix)
+    free = [d for d in (ngram, suffix) if d is not None]
+    router = RoutingController(auto_controller(target, free, model), ngram, model, suffix)
+    engine = Engine(target, router, [d for d in (*free, model) if d is not None], max_rows=max_batch)
     router.engine = engine
     draft_names = {"auto": "auto", "ngram": "ngram", "none": "none"}
-    if decoder.suffix is not None:
+    if suffix is not None:
         draft_names["suffix"] = "suffix"
     if draft_model is not None:
         for name in (draft_name, draft_model.name):
             if name:
                 draft_names[name] = "model"
-    if default_policy.draft == "model" and draft_model is None:
+    if default_policy.kind == "model" and draft_model is None:
         raise ValueError("a 'model' default policy needs a draft model")
     return Service(engine, router, model_names or (target.name,), draft_names, default_policy, **limits)
 

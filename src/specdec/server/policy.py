@@ -1,7 +1,7 @@
 """Each request its own speculation, every row in the same step.
 
 The engine asks ONE controller for every live row's drafter and k. `RoutingController` is that
-controller for a server whose requests choose their own policy (protocol.Policy): it splits the
+controller for a server whose requests choose their own policy (a spec.DraftSpec): it splits the
 rows by policy and hands each group to what decides for it -- the cost-aware controller for
 'auto' rows, prompt lookup or the draft model at the row's own k for fixed rows, nothing for
 plain rows -- and puts the plans back together. So one target forward still scores every row,
@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 
 from ..controller import Outcome
 from ..drafters.base import Draft, Drafter
-from .protocol import Policy
+from ..spec import DraftSpec
 
 
 class RoutingController:
@@ -31,28 +31,28 @@ class RoutingController:
         self.auto = auto                    # CostAwareController (over `ngram`, `suffix` and `model`)
         self.drafters = {"ngram": ngram, "model": model, "suffix": suffix}
         self.engine = None                  # set once the engine exists: rows -> requests
-        self.policies: dict[int, Policy] = {}   # request id -> policy, set by the worker on add
-        self._rows: dict[int, Policy] = {}      # row -> policy, while the row lives
+        self.policies: dict[int, DraftSpec] = {}   # request id -> policy, set by the worker on add
+        self._rows: dict[int, DraftSpec] = {}      # row -> policy, while the row lives
 
     def begin(self, row: int, prompt: Sequence[int]) -> None:
         policy = self.policies[self.engine.rows[row].id]
         self._rows[row] = policy
-        if policy.draft == "auto":
+        if policy.is_auto:
             self.auto.begin(row, prompt)
 
     def end(self, row: int) -> None:
         policy = self._rows.pop(row, None)
-        if policy is not None and policy.draft == "auto":
+        if policy is not None and policy.is_auto:
             self.auto.end(row)
 
     def draft(self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]
               ) -> dict[int, tuple[Drafter | None, Draft | None]]:
         plan: dict[int, tuple[Drafter | None, Draft | None]] = {row: (None, None) for row in contexts}
-        auto = [row for row in contexts if self._rows[row].draft == "auto"]
+        auto = [row for row in contexts if self._rows[row].is_auto]
         if auto:
             plan.update(self.auto.draft({r: contexts[r] for r in auto}, {r: caps[r] for r in auto}))
         for kind, drafter in self.drafters.items():
-            ks = {row: min(self._rows[row].k, caps[row]) for row in contexts if self._rows[row].draft == kind}
+            ks = {row: min(self._rows[row].k, caps[row]) for row in contexts if self._rows[row].kind == kind}
             ks = {row: k for row, k in ks.items() if k > 0}
             if drafter is not None and ks:
                 drafts = drafter.propose({row: contexts[row] for row in ks}, ks)
@@ -62,7 +62,7 @@ class RoutingController:
             # The suffix cache remembers every request, whatever its policy: it learns a row's
             # context when asked to draft for it, so the rows nobody asked it about are asked for
             # 0 tokens (free: it only notes the context, added to the cache when the row ends).
-            unseen = [row for row in contexts if plan[row][0] is not suffix and self._rows[row].draft != "auto"]
+            unseen = [row for row in contexts if plan[row][0] is not suffix and not self._rows[row].is_auto]
             if unseen:
                 suffix.propose({row: contexts[row] for row in unseen}, {row: 0 for row in unseen})
         return plan
@@ -71,10 +71,13 @@ class RoutingController:
                 depth: float | None = None) -> None:
         # the cost table learns from every forward (its width is the whole step's); acceptance
         # only from the rows the cost-aware controller drafted for
-        self.auto.observe({row: o for row, o in outcomes.items() if self._rows.get(row, Policy("none")).draft
-                           == "auto"}, width, target_seconds, depth)
+        self.auto.observe({row: o for row, o in outcomes.items() if self._auto(row)}, width, target_seconds, depth)
+
+    def _auto(self, row: int) -> bool:
+        policy = self._rows.get(row)
+        return policy is not None and policy.is_auto
 
     def speedups(self, row: int, tokens_per_second: float) -> tuple[float | None, float | None]:
-        if self._rows.get(row, Policy("none")).draft == "auto":
+        if self._auto(row):
             return self.auto.speedups(row, tokens_per_second)
         return None, None

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ..config import GenerationConfig
 from ..drafters.base import MAX_DRAFT_TOKENS
 from ..errors import SpecdecError
+from ..spec import DEFAULT_K, DraftSpec
 from ..stats import GenerationStats
 
 MAX_STOP = 16               # stop strings per request (OpenAI allows 4; llama-server any number)
@@ -38,19 +39,6 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-@dataclass(frozen=True)
-class Policy:
-    """How one request speculates: 'auto' (the cost-aware controller), 'ngram' (prompt lookup, k
-    tokens a step), 'suffix' (the server's suffix cache, k tokens a step), 'model' (the loaded
-    draft model, k tokens a step) or 'none' (plain)."""
-    draft: str
-    k: int = 0
-
-    @property
-    def label(self) -> str:
-        return self.draft if self.draft in ("auto", "none") else f"{self.draft}:{self.k}"
-
-
 @dataclass
 class Job:
     """One parsed request: the prompt (chat messages, text, or token ids), its generation config,
@@ -61,7 +49,7 @@ class Job:
     prompt: str | list[int] | None = None   # completion: text or token ids
     config: GenerationConfig = field(default_factory=GenerationConfig)
     max_tokens_given: bool = False          # False: as many as the context leaves
-    policy: Policy | None = None            # None: the server's default
+    policy: DraftSpec | None = None         # kind and k (no model: 'model' is the one loaded); None: the default
     stream: bool = False
     include_usage: bool = False
     return_tokens: bool = False             # llama-server's extension: the generated token ids
@@ -171,9 +159,9 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _policy(body: dict, draft_names: dict[str, str]) -> Policy | None:
+def _policy(body: dict, draft_names: dict[str, str]) -> DraftSpec | None:
     """The request's own speculation: {"draft": "auto" | "ngram" | "suffix" | "none" | <loaded draft model>,
-    "k": 1..MAX_DRAFT_TOKENS}. `draft_names` maps the names this server offers to a Policy.draft.
+    "k": 1..MAX_DRAFT_TOKENS}. `draft_names` maps the names this server offers to a DraftSpec kind.
     A request can only pick among what the server loaded: it never names a file to load."""
     v = body.get("speculative")
     if v is None:
@@ -199,8 +187,8 @@ def _policy(body: dict, draft_names: dict[str, str]) -> Policy | None:
                            f"{draft!r} {'chooses k itself' if kind == 'auto' else 'drafts nothing'}",
                            "speculative.k")
     if kind in ("ngram", "suffix", "model"):
-        return Policy(kind, k if k is not None else 4)
-    return Policy(kind)
+        return DraftSpec(kind, k=k if k is not None else DEFAULT_K)
+    return DraftSpec(kind, k=0)
 
 
 def _common(body: dict, kind: str, model_names: tuple[str, ...], draft_names: dict[str, str],
@@ -333,7 +321,7 @@ FINISH = {"eog": "stop", "stop": "stop", "length": "length", "context": "length"
           "time_limit": "time_limit", "cancelled": "cancelled"}
 
 
-def speculative_body(stats: GenerationStats, policy: Policy) -> dict:
+def speculative_body(stats: GenerationStats, policy: DraftSpec) -> dict:
     """The `speculative` object every response carries (vLLM's spec-decode metrics, per request)."""
     return {
         "policy": policy.label,
@@ -360,7 +348,7 @@ def new_id(kind: str) -> str:
 
 
 def response_body(job: Job, id: str, created: int, text: str, tokens: list[int], finish: str,
-                  stats: GenerationStats, policy: Policy) -> dict:
+                  stats: GenerationStats, policy: DraftSpec) -> dict:
     """The whole (non-streaming) response."""
     if job.kind == "chat":
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field, replace
 
 from ..engine import Engine, Request
 from ..errors import SpecdecError
+from ..spec import DraftSpec
 from .metrics import Metrics
-from .protocol import Job, Policy, RequestError
+from .protocol import Job, RequestError
 
 log = logging.getLogger("specdec.server")
 
@@ -30,7 +31,7 @@ class Handle:
     """One request, as both sides see it. The worker writes events to `events` (on the HTTP side's
     loop): ("admitted",), ("text", piece), ("done", result, finish_reason), ("error", RequestError)."""
     job: Job
-    policy: Policy
+    policy: DraftSpec
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
     deadline: float                          # time.monotonic() past which the request is ended

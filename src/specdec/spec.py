@@ -1,0 +1,163 @@
+"""DraftSpec: the one parsed form of a drafter choice, its one parser and its one factory.
+
+A drafter choice comes from the CLI (--draft, --draft-model, -k), from a bench method (ngram:8,
+auto:nosuffix) or from a request's `speculative` object; each is parsed here, once, into a
+DraftSpec, and every drafter is made from one (`make_drafter`; a whole decoder:
+engine.SpeculativeDecoder.from_spec). A new drafter kind is one member of Kind, one branch of
+`parse` and one of `make_drafter`.
+
+    auto | none | ngram | suffix | early-exit:L | [string: | intersect:]<built-in model name or path>
+
+`auto` is not a drafter but a policy (the cost-aware controller over prompt lookup, the suffix
+cache and a draft model); the engine builds it. A draft model of the target's vocabulary drafts
+token ids directly (drafters.model.ModelDrafter); one of another vocabulary drafts across
+tokenizers (drafters.cross_vocab.CrossVocabDrafter), string-level unless the name says
+`intersect:`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal, get_args
+
+from .drafters.cross_vocab import MODES as CROSS_VOCAB_MODES
+from .errors import SpecdecError
+
+Kind = Literal["auto", "none", "ngram", "suffix", "early-exit", "model"]
+KINDS: tuple[str, ...] = get_args(Kind)
+DEFAULT_K = 4  # draft tokens a step of a fixed drafter when none is given
+GRAMMAR = (
+    "auto | none | ngram | suffix | early-exit:L | a built-in model name or a .gguf path, for a "
+    "model of another vocabulary optionally prefixed string: or intersect:"
+)
+# whether auto consults the suffix cache when not told (DraftSpec.suffix None). The bar it had to
+# clear: a fresh process, its cache empty, is never more than 3% below auto without it (README,
+# "The suffix cache").
+AUTO_SUFFIX = True
+METHODS = "plain, auto, auto:suffix, auto:nosuffix, draft:K, ngram:K, suffix:K, early-exit:L:K (--backend numpy)"
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    kind: Kind
+    k: int = DEFAULT_K  # a fixed drafter's draft tokens a step (auto picks its own)
+    layers: int = 0  # early-exit: the target's first `layers` layers draft
+    model: str = ""  # model: the draft model ("": the one the caller loaded); auto: the
+    #                             draft model it may use ("": none)
+    vocab: str = ""  # a model's: "string" / "intersect" (across tokenizers); "": by vocabulary
+    suffix: bool | None = None  # auto: consult the suffix cache (None: AUTO_SUFFIX)
+
+    @property
+    def is_auto(self) -> bool:
+        return self.kind == "auto"
+
+    @property
+    def drafts(self) -> bool:
+        """Whether it drafts at all (a fixed drafter with k = 0 is plain decoding)."""
+        return self.kind == "auto" or (self.kind != "none" and self.k > 0)
+
+    @property
+    def wants_suffix(self) -> bool:
+        """Whether it drafts from a suffix cache: 'suffix', and auto unless told not to."""
+        return self.kind == "suffix" or (self.is_auto and (AUTO_SUFFIX if self.suffix is None else self.suffix))
+
+    @property
+    def label(self) -> str:
+        """'auto', 'none', or KIND:K ('ngram:4', 'model:4'), as the server reports a policy."""
+        return self.kind if self.kind in ("auto", "none") else f"{self.kind}:{self.k}"
+
+
+def parse(
+    text: str | None, backend: str | None = None, k: int = DEFAULT_K, draft_model: str | None = None
+) -> DraftSpec:
+    """A drafter name (the grammar above) -> DraftSpec, validated before anything is loaded.
+    `backend` is the target's, if known; `k` the draft tokens of a fixed drafter; `draft_model`
+    (auto only) names the draft model auto may use ('none' or None: none)."""
+    text = (text or "").strip()
+    if text in ("", "none"):
+        return DraftSpec("none", k=0)
+    if text == "auto":
+        model = parse(draft_model) if draft_model else DraftSpec("none")
+        if model.kind not in ("none", "model"):
+            raise SpecdecError(f"--draft-model {draft_model}: give a model name or path, or none")
+        return DraftSpec("auto", k=0, model=model.model, vocab=model.vocab)
+    if text in ("ngram", "suffix"):
+        return DraftSpec(text, k=k)
+    if text.startswith("early-exit"):
+        try:
+            layers = int(text.split(":", 1)[1])
+        except (IndexError, ValueError):
+            raise SpecdecError(f"draft {text!r}: write early-exit:L with L the number of layers") from None
+        if layers < 1:
+            raise SpecdecError(f"draft {text!r}: L must be >= 1")
+        if backend is not None and backend != "numpy":
+            raise SpecdecError(f"draft {text}: early exit needs --backend numpy")
+        return DraftSpec("early-exit", k=k, layers=layers)
+    mode, sep, name = text.partition(":")
+    if sep and mode in CROSS_VOCAB_MODES:
+        if not name.strip():
+            raise SpecdecError(f"draft {text!r}: write {mode}:MODEL with MODEL a built-in name or a .gguf path")
+        return DraftSpec("model", k=k, model=name.strip(), vocab=mode)
+    return DraftSpec("model", k=k, model=text)
+
+
+def parse_method(method: str) -> DraftSpec | None:
+    """One of our bench methods (METHODS) -> DraftSpec; None where it is not one of ours' form.
+    `draft:K` drafts with the bench's draft model (model "")."""
+    head, _, rest = method.partition(":")
+    if method == "plain":
+        return DraftSpec("none", k=0)
+    if head == "auto" and rest in ("", "suffix", "nosuffix"):
+        return DraftSpec("auto", k=0, suffix={"": None, "suffix": True, "nosuffix": False}[rest])
+    try:
+        if head == "early-exit":
+            layers, _, k = rest.partition(":")
+            if int(layers) >= 1 and int(k) >= 1:
+                return DraftSpec("early-exit", k=int(k), layers=int(layers))
+        elif head in ("draft", "ngram", "suffix") and rest.isdigit() and int(rest) >= 1:
+            return DraftSpec("model" if head == "draft" else head, k=int(rest))
+    except ValueError:
+        pass
+    return None
+
+
+def auto_drafters(target, draft_model=None, suffix=None, wants_suffix: bool = AUTO_SUFFIX) -> tuple:
+    """auto's drafters for `target`: (prompt lookup, the suffix cache or None, the draft model's
+    drafter or None). The suffix cache is `suffix` if it is one, else a new one where wanted
+    (`suffix` True, or None and `wants_suffix`); `draft_model` is a loaded model or drafter."""
+    from .drafters.base import Drafter
+    from .drafters.ngram import NgramDrafter
+
+    if not isinstance(suffix, Drafter):
+        suffix = (
+            make_drafter(DraftSpec("suffix"), target) if suffix is True or (suffix is None and wants_suffix) else None
+        )
+    model = make_drafter(DraftSpec("model"), target, draft=draft_model) if draft_model is not None else None
+    return NgramDrafter(), suffix, model
+
+
+def make_drafter(spec: DraftSpec | str, target, load: Callable[[str], object] | None = None, suffix=None, draft=None):
+    """The Drafter a spec names, for `target` (None for 'none'). A model is loaded with `load`, or
+    is `draft` (a loaded model or drafter) where the spec names none; 'suffix' is `suffix` if given
+    (a SuffixCacheDrafter set up from the flags), else a new one."""
+    from .drafters import model_drafter, new_suffix_cache
+    from .drafters.base import Drafter
+    from .drafters.early_exit import EarlyExitDrafter
+    from .drafters.ngram import NgramDrafter
+
+    spec = parse(spec) if isinstance(spec, str) else spec
+    if spec.kind == "none":
+        return None
+    if spec.kind == "ngram":
+        return NgramDrafter()
+    if spec.kind == "suffix":
+        return suffix if suffix is not None else new_suffix_cache(target)
+    if spec.kind == "early-exit":
+        return EarlyExitDrafter(target, spec.layers)
+    if spec.kind == "model":
+        if not spec.model and draft is not None:
+            return draft if isinstance(draft, Drafter) else model_drafter(draft, target, spec.vocab)
+        if load is None:
+            raise SpecdecError(f"draft {spec.model}: no loader given for a draft model")
+        return model_drafter(load(spec.model), target, spec.vocab)
+    raise SpecdecError(f"'{spec.kind}' is a policy, not a drafter: use SpeculativeDecoder(target, 'auto')")

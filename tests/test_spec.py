@@ -1,0 +1,155 @@
+"""DraftSpec: one parser for every caller (CLI flags, bench methods, a request's policy) and one
+factory, on toy models."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec import SpeculativeDecoder
+from specdec.drafters.cross_vocab import CrossVocabDrafter
+from specdec.drafters.early_exit import EarlyExitDrafter
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.suffix import SuffixCacheDrafter
+from specdec.errors import SpecdecError
+from specdec.spec import AUTO_SUFFIX, DEFAULT_K, KINDS, DraftSpec, make_drafter, parse, parse_method
+
+from .drafters.test_cross_vocab import draft_lm, target_lm
+from .toy import ToyLM
+
+
+@pytest.mark.parametrize(
+    "text, spec",
+    [
+        ("", DraftSpec("none", k=0)),
+        ("none", DraftSpec("none", k=0)),
+        (" ngram ", DraftSpec("ngram")),
+        ("suffix", DraftSpec("suffix")),
+        ("auto", DraftSpec("auto", k=0)),
+        ("early-exit:3", DraftSpec("early-exit", layers=3)),
+        ("qwen2.5-coder-0.5b", DraftSpec("model", model="qwen2.5-coder-0.5b")),
+        ("string:gemma-3-270m", DraftSpec("model", model="gemma-3-270m", vocab="string")),
+        ("intersect:/models/x.gguf", DraftSpec("model", model="/models/x.gguf", vocab="intersect")),
+    ],
+)
+def test_every_kind_parses_to_one_spec(text, spec):
+    assert parse(text) == spec and spec.kind in KINDS
+
+
+def test_k_and_auto_s_draft_model_are_part_of_the_spec():
+    assert parse("ngram", k=8) == DraftSpec("ngram", k=8)
+    assert parse("auto", draft_model="qwen2.5-coder-0.5b") == DraftSpec("auto", k=0, model="qwen2.5-coder-0.5b")
+    assert parse("auto", draft_model="intersect:gemma-3-270m") == DraftSpec(
+        "auto", k=0, model="gemma-3-270m", vocab="intersect"
+    )
+    assert parse("auto", draft_model="none") == parse("auto") == DraftSpec("auto", k=0)
+    assert parse("ngram", draft_model="qwen2.5-coder-0.5b") == DraftSpec("ngram")  # for auto only
+    assert DEFAULT_K == DraftSpec("ngram").k == 4
+
+
+@pytest.mark.parametrize(
+    "text, backend, message",
+    [
+        ("early-exit", None, "early-exit:L"),
+        ("early-exit:x", None, "early-exit:L"),
+        ("early-exit:0", None, "L must be >= 1"),
+        ("early-exit:2", "llama", "needs --backend numpy"),
+        ("intersect:", None, "intersect:MODEL"),
+        ("string: ", None, "string:MODEL"),
+    ],
+)
+def test_a_bad_name_is_a_user_error(text, backend, message):
+    with pytest.raises(SpecdecError, match=message):
+        parse(text, backend)
+
+
+def test_auto_s_draft_model_must_be_a_model():
+    with pytest.raises(SpecdecError, match="--draft-model ngram: give a model name"):
+        parse("auto", draft_model="ngram")
+
+
+@pytest.mark.parametrize(
+    "method, spec",
+    [
+        ("plain", DraftSpec("none", k=0)),
+        ("auto", DraftSpec("auto", k=0)),
+        ("auto:suffix", DraftSpec("auto", k=0, suffix=True)),
+        ("auto:nosuffix", DraftSpec("auto", k=0, suffix=False)),
+        ("draft:6", DraftSpec("model", k=6)),
+        ("ngram:8", DraftSpec("ngram", k=8)),
+        ("suffix:16", DraftSpec("suffix", k=16)),
+        ("early-exit:2:3", DraftSpec("early-exit", k=3, layers=2)),
+    ],
+)
+def test_bench_methods_parse_to_the_same_specs(method, spec):
+    assert parse_method(method) == spec
+
+
+@pytest.mark.parametrize("method", ["ngram", "ngram:0", "auto:ngram", "draft:x", "early-exit:1", "gemma:4"])
+def test_what_is_not_one_of_our_methods_is_none(method):
+    assert parse_method(method) is None
+
+
+def test_labels_and_the_suffix_rule():
+    assert [DraftSpec(k, k=0 if k in ("auto", "none") else 3).label for k in ("auto", "none", "ngram", "model")] == [
+        "auto",
+        "none",
+        "ngram:3",
+        "model:3",
+    ]
+    assert DraftSpec("suffix").wants_suffix and not DraftSpec("ngram").wants_suffix
+    assert DraftSpec("auto").wants_suffix == AUTO_SUFFIX
+    assert DraftSpec("auto", suffix=False).wants_suffix is False and DraftSpec("auto", suffix=True).wants_suffix
+    assert not DraftSpec("ngram", k=0).drafts and DraftSpec("auto", k=0).drafts and not DraftSpec("none").drafts
+
+
+def test_one_factory_makes_every_drafter():
+    target = target_lm()
+    same = ToyLM(vocab_size=target.vocab_size, seed=5, noise_from=target, noise=0.5)
+    same.tokenizer, same.name = target.tokenizer, "same"
+    loaded = {"same": same, "other": draft_lm()}
+    assert make_drafter(parse("none"), target) is None
+    assert isinstance(make_drafter(parse("ngram"), target), NgramDrafter)
+    assert isinstance(make_drafter(parse("suffix"), target), SuffixCacheDrafter)
+    mine = SuffixCacheDrafter()
+    assert make_drafter(parse("suffix"), target, suffix=mine) is mine
+    assert isinstance(make_drafter(parse("same"), target, loaded.get), ModelDrafter)
+    other = make_drafter(parse("other"), target, loaded.get)
+    assert isinstance(other, CrossVocabDrafter) and other.mode == "string"
+    assert make_drafter(parse("intersect:other"), target, loaded.get).mode == "intersect"
+    assert make_drafter(DraftSpec("model"), target, draft=mine) is mine  # the caller's drafter
+    with pytest.raises(SpecdecError, match="no loader"):
+        make_drafter(parse("same"), target)
+    with pytest.raises(SpecdecError, match="is a policy"):
+        make_drafter(parse("auto"), target)
+    with pytest.raises(SpecdecError, match="early-exit drafting needs the NumPy backend"):
+        make_drafter(parse("early-exit:1"), target)
+
+
+def test_from_spec_builds_the_decoder_a_spec_names():
+    target = target_lm()
+    same = ToyLM(vocab_size=target.vocab_size, seed=5, noise_from=target, noise=0.5)
+    same.tokenizer, same.name = target.tokenizer, "same"
+    auto = SpeculativeDecoder.from_spec(target, parse("auto", draft_model="same"), {"same": same}.get)
+    assert (
+        auto.auto and auto.model_drafter.model is same and [d.name for d in auto.free_drafters()] == ["ngram", "suffix"]
+    )
+    assert SpeculativeDecoder.from_spec(target, parse_method("auto:nosuffix")).free_drafters()[-1].name == "ngram"
+    plain = SpeculativeDecoder.from_spec(target, parse("ngram", k=0))
+    assert plain.drafter is None and not plain.auto
+    fixed = SpeculativeDecoder.from_spec(target, parse_method("draft:3"), draft=same)
+    assert isinstance(fixed.drafter, ModelDrafter) and fixed.k == 3
+    assert isinstance(SpeculativeDecoder(target, "ngram", k=5).drafter, NgramDrafter)
+    with pytest.raises(SpecdecError, match="unknown drafter"):
+        SpeculativeDecoder(target, 3.5)
+
+
+def test_early_exit_from_a_spec_on_the_numpy_backend(tmp_path):
+    from specdec.models.numpy_ref import load_numpy_model
+
+    from .models.test_numpy_ref import write_tiny_gguf
+
+    write_tiny_gguf(tmp_path / "tiny.gguf", "gpt2", n_layer=2)
+    target = load_numpy_model(tmp_path / "tiny.gguf")
+    decoder = SpeculativeDecoder.from_spec(target, parse_method("early-exit:1:2"))
+    assert isinstance(decoder.drafter, EarlyExitDrafter) and decoder.drafter.n_layers == 1 and decoder.k == 2
