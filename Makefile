@@ -1,6 +1,7 @@
 # make demo: set up everything, then `specdec demo`: plain decoding against --draft auto on a code edit
 # (auto drafts by prompt lookup) and on open generation (auto steps aside), each with auto's reason.
 # make test: set up what the tests need (llama.cpp, the models, PyTorch), then run the whole suite.
+# make lint: ruff's lint and format checks (configured in pyproject.toml); CI runs it before the tests.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,7 +9,7 @@ SPECDEC := $(VENV)/bin/specdec
 DEMO_MODELS := qwen2.5-coder-1.5b qwen2.5-coder-0.5b
 TEST_MODELS := $(DEMO_MODELS) gemma-3-270m
 
-.PHONY: setup demo test models test-models torch-deps llama-tools bench bench-plain hf-deps clean
+.PHONY: setup demo test lint models test-models torch-deps llama-tools bench bench-plain hf-deps clean
 
 # The venv, the package, and llama-cpp-python built for this CPU (once; the wheel is cached).
 $(VENV)/.ready: pyproject.toml scripts/install_llama_cpp.py
@@ -42,6 +43,10 @@ demo: models
 
 test: test-models torch-deps
 	SPECDEC_REQUIRE_MODELS=1 $(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # llama.cpp's own binaries (llama-bench, llama-speculative-simple) for benchmarks; not in CI.
 llama-tools: setup

@@ -11,6 +11,7 @@ included, as in `specdec bench`), and per model and width the forwards' count an
 `--costs` it first times both models' curves (one row, depth 128, 5 repeats, not cached) in the
 `specdec costs --out` format. Take the CPU to yourself while it runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,12 +56,14 @@ def main(argv=None) -> int:
     from specdec.drafters.model import ModelDrafter
     from specdec.engine import GenerationConfig, SpeculativeDecoder
 
-    target = load_model(args.target, backend=args.backend)    # torch: CUDA where PyTorch sees one
+    target = load_model(args.target, backend=args.backend)  # torch: CUDA where PyTorch sees one
     draft = load_model(args.draft, backend=args.backend)
     if args.costs:
-        report = {"command": "benchmarks/forward_log.py " + " ".join(sys.argv[1:]),
-                  "target": {"name": target.name, "curves": cost_report(target, (1,), (128,), 5)},
-                  "draft": {"name": draft.name, "curves": cost_report(draft, (1,), (128,), 5)}}
+        report = {
+            "command": "benchmarks/forward_log.py " + " ".join(sys.argv[1:]),
+            "target": {"name": target.name, "curves": cost_report(target, (1,), (128,), 5)},
+            "draft": {"name": draft.name, "curves": cost_report(draft, (1,), (128,), 5)},
+        }
         args.costs.write_text(json.dumps(report, indent=1))
     log: dict[str, list[float]] = collections.defaultdict(list)
     timed(target, "target", log)
@@ -69,9 +72,9 @@ def main(argv=None) -> int:
     config = GenerationConfig(max_new_tokens=args.max_tokens, temperature=0.0, chat=False)
     auto = None
     with args.out.open("a") as out:
-        for item in items:              # methods take turns prompt by prompt: the host's speed drifts
+        for item in items:  # methods take turns prompt by prompt: the host's speed drifts
             for method in args.methods:
-                if method == "auto":     # one for the suite: it learns across prompts, as in a bench
+                if method == "auto":  # one for the suite: it learns across prompts, as in a bench
                     auto = auto or SpeculativeDecoder(target, "auto", draft_model=draft)
                     decoder = auto
                 elif method.startswith("draft:"):
@@ -80,9 +83,15 @@ def main(argv=None) -> int:
                     decoder = SpeculativeDecoder(target, None)
                 log.clear()
                 s = decoder.generate(prompt_text(target, item), config).stats
-                row = {"method": method, "id": item["id"], "tokens": s.generated_tokens, "decode_s": s.decode_seconds,
-                       "prefill_s": s.prefill_seconds, "decisions": s.decisions,
-                       "forwards": {k: [len(v), round(sum(v), 4)] for k, v in sorted(log.items())}}
+                row = {
+                    "method": method,
+                    "id": item["id"],
+                    "tokens": s.generated_tokens,
+                    "decode_s": s.decode_seconds,
+                    "prefill_s": s.prefill_seconds,
+                    "decisions": s.decisions,
+                    "forwards": {k: [len(v), round(sum(v), 4)] for k, v in sorted(log.items())},
+                }
                 out.write(json.dumps(row) + "\n")
                 out.flush()
                 print(f"{method:10s} {item['id']:22s} {s.generated_tokens / s.decode_seconds:6.2f} tok/s", flush=True)

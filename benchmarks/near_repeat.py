@@ -14,19 +14,22 @@ per method for the whole run):
 
 Run this script again only if prompts.jsonl changes; the JSONL is committed.
 """
+
 import json
 from pathlib import Path
 
 HERE = Path(__file__).parent
-SUITE = {json.loads(line)["id"]: json.loads(line) for line in (HERE / "prompts.jsonl").read_text().splitlines()
-         if line.strip()}
+SUITE = {
+    json.loads(line)["id"]: json.loads(line)
+    for line in (HERE / "prompts.jsonl").read_text().splitlines()
+    if line.strip()
+}
 
 EDIT_TURNS = [
     "Add complete type hints to the following Python module (modern annotations such as "
     "`dict[str, int]` and `X | None`). Do not change any behaviour.",
-    "Add a one-line docstring to every function of the following Python module. Do not change any "
-    "behaviour.",
-    "In the following Python module, replace every `with open(path)` by `with open(path, encoding=\"utf-8\")` "
+    "Add a one-line docstring to every function of the following Python module. Do not change any behaviour.",
+    'In the following Python module, replace every `with open(path)` by `with open(path, encoding="utf-8")` '
     "and change nothing else.",
     "Rename the parameter `path` to `file_path` everywhere in the following Python module. Do not "
     "change any behaviour.",
@@ -41,15 +44,25 @@ PASSAGE_TASKS = [
 
 def main() -> None:
     edit = SUITE["code-editing-01"]["prompt"]
-    code = edit[edit.index("```python"):edit.rindex("```") + 3]
+    code = edit[edit.index("```python") : edit.rindex("```") + 3]
     passage = SUITE["summarization-01"]["prompt"]
-    passage = passage[passage.index("---"):passage.rindex("---") + 3]
-    items = [{"id": f"near-repeat-edit-{i + 1}", "category": "near-repeat-edit",
-              "prompt": f"{turn} Return the WHOLE edited file in a single code block and nothing else.\n\n{code}"}
-             for i, turn in enumerate(EDIT_TURNS)]
-    items += [{"id": f"near-repeat-passage-{i + 1}", "category": "near-repeat-passage",
-               "prompt": f"Read the following passage and then complete the task below it.\n\n{passage}\n\n{task}"}
-              for i, task in enumerate(PASSAGE_TASKS)]
+    passage = passage[passage.index("---") : passage.rindex("---") + 3]
+    items = [
+        {
+            "id": f"near-repeat-edit-{i + 1}",
+            "category": "near-repeat-edit",
+            "prompt": f"{turn} Return the WHOLE edited file in a single code block and nothing else.\n\n{code}",
+        }
+        for i, turn in enumerate(EDIT_TURNS)
+    ]
+    items += [
+        {
+            "id": f"near-repeat-passage-{i + 1}",
+            "category": "near-repeat-passage",
+            "prompt": f"Read the following passage and then complete the task below it.\n\n{passage}\n\n{task}",
+        }
+        for i, task in enumerate(PASSAGE_TASKS)
+    ]
     with open(HERE / "near-repeat.jsonl", "w", encoding="utf-8") as f:
         for item in items:
             f.write(json.dumps(item, ensure_ascii=False) + "\n")

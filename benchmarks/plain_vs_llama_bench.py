@@ -8,6 +8,7 @@ engine's plain path (k = 0) after a 1-token prompt, through exactly the code `sp
 
     python benchmarks/plain_vs_llama_bench.py [--models NAME ...] [--threads N] [--repeats R]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,9 +22,26 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def llama_bench(bin_dir: Path, model: Path, threads: int, repeats: int, n_gen: int) -> float:
-    out = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(model), "-p", "0", "-n", str(n_gen),
-                          "-t", str(threads), "-r", str(repeats), "-o", "json"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            str(bin_dir / "llama-bench"),
+            "-m",
+            str(model),
+            "-p",
+            "0",
+            "-n",
+            str(n_gen),
+            "-t",
+            str(threads),
+            "-r",
+            str(repeats),
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return float(json.loads(out)[0]["avg_ts"])
 
 
@@ -36,7 +54,7 @@ def specdec_plain(name: str, threads: int, repeats: int, n_gen: int) -> float:
     eog = model.tokenizer.eog_ids
     # Never stop early: strip end-of-generation tokens so every run decodes exactly n_gen tokens.
     model.tokenizer.eog_ids = frozenset()
-    decoder.generate(bos, max_new_tokens=8)                       # warm-up, as llama-bench does
+    decoder.generate(bos, max_new_tokens=8)  # warm-up, as llama-bench does
     speeds = [decoder.generate(bos, max_new_tokens=n_gen).stats.tokens_per_second for _ in range(repeats)]
     model.tokenizer.eog_ids = eog
     return statistics.median(speeds)
@@ -51,12 +69,21 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "scripts"))
     from build_llama_cpp_tools import main as build  # noqa: F401  (documented entry point)
+
     from specdec.catalog import resolve
     from specdec.models.llama_cpp import default_threads
 
     threads = args.threads or default_threads()
-    bin_dir = Path(subprocess.run([sys.executable, str(ROOT / "scripts" / "build_llama_cpp_tools.py")],
-                                  capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+    bin_dir = Path(
+        subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "build_llama_cpp_tools.py")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     print(f"| model | threads | llama-bench tg{args.n_gen} tok/s | specdec plain tok/s | ratio |")
     print("|---|---|---|---|---|")
     for name in args.models:

@@ -8,6 +8,7 @@ Servers: specdec:<draft> (auto, none, ngram, or a draft model name) and llama:pl
 llama:ngram-simple, llama:ngram-mod, llama:draft (the 0.5B draft model, 4 tokens).
 Take the CPU to yourself while it runs: timings on a shared CPU mean nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,20 +50,53 @@ def wait_healthy(url: str, proc, timeout: float) -> None:
 def command(server: str, c: int, port: int, args) -> list[str]:
     kind, _, variant = server.partition(":")
     if kind == "specdec":
-        return [sys.executable, "-m", "specdec.cli", "serve", "--target", args.target, "--draft", variant or "auto",
-                "--draft-model", args.draft, "--max-batch", str(c), "--ctx", str(args.ctx), "--port", str(port),
-                "--log-level", "warning"] + (["--threads", str(args.threads)] if args.threads else [])
+        return [
+            sys.executable,
+            "-m",
+            "specdec.cli",
+            "serve",
+            "--target",
+            args.target,
+            "--draft",
+            variant or "auto",
+            "--draft-model",
+            args.draft,
+            "--max-batch",
+            str(c),
+            "--ctx",
+            str(args.ctx),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ] + (["--threads", str(args.threads)] if args.threads else [])
     from specdec.catalog import resolve
 
-    base = [str(Path(args.llama_bin) / "llama-server"), "-m", str(resolve(args.target)), "-c", str(args.ctx * c),
-            "-np", str(c), "--host", "127.0.0.1", "--port", str(port), "--no-webui", "-lv", "0"]
+    base = [
+        str(Path(args.llama_bin) / "llama-server"),
+        "-m",
+        str(resolve(args.target)),
+        "-c",
+        str(args.ctx * c),
+        "-np",
+        str(c),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-webui",
+        "-lv",
+        "0",
+    ]
     if args.threads:
         base += ["-t", str(args.threads)]
     # the same settings as `specdec bench`'s llama.cpp peer (src/specdec/peers.py)
-    spec = {"plain": [], "ngram-simple": ["--spec-type", "ngram-simple", "--spec-draft-n-max", "8"],
-            "ngram-mod": ["--spec-type", "ngram-mod", "--spec-draft-n-max", "8"],
-            "draft": ["--spec-type", "draft-simple", "-md", str(resolve(args.draft)), "--spec-draft-n-max", "4"]
-            }[variant or "plain"]
+    spec = {
+        "plain": [],
+        "ngram-simple": ["--spec-type", "ngram-simple", "--spec-draft-n-max", "8"],
+        "ngram-mod": ["--spec-type", "ngram-mod", "--spec-draft-n-max", "8"],
+        "draft": ["--spec-type", "draft-simple", "-md", str(resolve(args.draft)), "--spec-draft-n-max", "4"],
+    }[variant or "plain"]
     return base + spec
 
 
@@ -83,20 +117,35 @@ def main(argv=None) -> int:
     for server in args.servers:
         for c in args.concurrency:
             port = free_port()
-            proc = subprocess.Popen(command(server, c, port, args), stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE if server.startswith("specdec") else subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                command(server, c, port, args),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE if server.startswith("specdec") else subprocess.DEVNULL,
+            )
             try:
                 url = f"http://127.0.0.1:{port}"
                 wait_healthy(url, proc, 600)
-                load = ["--url", url + "/v1", "-c", str(c), "-n", str(args.prompts), "--max-tokens",
-                        str(args.max_tokens), "--label", server]
+                load = [
+                    "--url",
+                    url + "/v1",
+                    "-c",
+                    str(c),
+                    "-n",
+                    str(args.prompts),
+                    "--max-tokens",
+                    str(args.max_tokens),
+                    "--label",
+                    server,
+                ]
                 if server.startswith("specdec"):
                     load += ["--model", args.target]
                 if args.json:
                     load += ["--json", str(args.json)]
                 ns = serve_load.main_args(load)
                 prompts = serve_load.load_prompts(ns.suite, ns.prompts, ns.categories)
-                serve_load.one_request(serve_load.base_url(ns), prompts[0], argparse.Namespace(**{**vars(ns), "max_tokens": 8}))
+                serve_load.one_request(
+                    serve_load.base_url(ns), prompts[0], argparse.Namespace(**{**vars(ns), "max_tokens": 8})
+                )
                 row = serve_load.run_level(serve_load.base_url(ns), prompts, c, ns)
                 print(serve_load.fmt(row), flush=True)
                 for e in row["errors"][:3]:

@@ -12,6 +12,7 @@ Every server is measured the same way: the numbers come from the client side onl
 
 Standard library only, so it runs anywhere a server does.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,13 @@ def load_prompts(path: Path, n: int, categories: list[str] | None) -> list[str]:
 
 def one_request(url, prompt: str, args) -> dict:
     """Stream one chat completion; client-side timings and the tokens the server reports."""
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": args.max_tokens,
-            "temperature": args.temperature, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if args.model:
         body["model"] = args.model
     if args.speculative:
@@ -53,9 +59,10 @@ def one_request(url, prompt: str, args) -> dict:
     if args.api_key:
         headers["Authorization"] = f"Bearer {args.api_key}"
     conn = (http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection)(
-        url.hostname, url.port, timeout=args.timeout)
+        url.hostname, url.port, timeout=args.timeout
+    )
     start = time.perf_counter()
-    chunks: list[float] = []           # arrival times of chunks that carried text
+    chunks: list[float] = []  # arrival times of chunks that carried text
     usage, n_chunks_text, spec = None, 0, None
     try:
         conn.request("POST", url.path.rstrip("/") + "/chat/completions", json.dumps(body), headers)
@@ -84,11 +91,16 @@ def one_request(url, prompt: str, args) -> dict:
         conn.close()
     end = time.perf_counter()
     tokens = usage["completion_tokens"] if usage else n_chunks_text
-    return {"start": start, "end": end, "tokens": tokens, "prompt_tokens": (usage or {}).get("prompt_tokens"),
-            "ttft": chunks[0] - start if chunks else None,
-            "itl": [b - a for a, b in zip(chunks, chunks[1:])],
-            "tpot": (chunks[-1] - chunks[0]) / (tokens - 1) if len(chunks) > 1 and tokens > 1 else None,
-            "speculative": spec}
+    return {
+        "start": start,
+        "end": end,
+        "tokens": tokens,
+        "prompt_tokens": (usage or {}).get("prompt_tokens"),
+        "ttft": chunks[0] - start if chunks else None,
+        "itl": [b - a for a, b in zip(chunks, chunks[1:])],
+        "tpot": (chunks[-1] - chunks[0]) / (tokens - 1) if len(chunks) > 1 and tokens > 1 else None,
+        "speculative": spec,
+    }
 
 
 def run_level(url, prompts: list[str], concurrency: int, args) -> dict:
@@ -121,11 +133,22 @@ def run_level(url, prompts: list[str], concurrency: int, args) -> dict:
     tpot = [r["tpot"] for r in ok if r["tpot"] is not None]
     spec = [r["speculative"] for r in ok if r["speculative"]]
     drafted, accepted = sum(s["drafted"] for s in spec), sum(s["accepted"] for s in spec)
-    return {"label": args.label, "concurrency": concurrency, "requests": len(ok), "errors": errors,
-            "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,
-            "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99), "itl_p50": pct(itl, 50), "itl_p99": pct(itl, 99),
-            "tpot_p50": pct(tpot, 50), "tpot_p99": pct(tpot, 99),
-            "acceptance": accepted / drafted if drafted else None}
+    return {
+        "label": args.label,
+        "concurrency": concurrency,
+        "requests": len(ok),
+        "errors": errors,
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall if wall else 0.0,
+        "ttft_p50": pct(ttft, 50),
+        "ttft_p99": pct(ttft, 99),
+        "itl_p50": pct(itl, 50),
+        "itl_p99": pct(itl, 99),
+        "tpot_p50": pct(tpot, 50),
+        "tpot_p99": pct(tpot, 99),
+        "acceptance": accepted / drafted if drafted else None,
+    }
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -137,15 +160,20 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 def fmt(row: dict) -> str:
-    ms = lambda v: "-" if v is None else f"{1000 * v:.0f}"     # noqa: E731
+    ms = lambda v: "-" if v is None else f"{1000 * v:.0f}"  # noqa: E731
     acc = "-" if row["acceptance"] is None else f"{row['acceptance']:.0%}"
-    return (f"| {row['label']} | {row['concurrency']} | {row['tokens_per_s']:.1f} | {ms(row['ttft_p50'])} / "
-            f"{ms(row['ttft_p99'])} | {ms(row['itl_p50'])} / {ms(row['itl_p99'])} | {ms(row['tpot_p50'])} / "
-            f"{ms(row['tpot_p99'])} | {row['tokens']} | {acc} |" + (f" {len(row['errors'])} errors" if row["errors"] else ""))
+    return (
+        f"| {row['label']} | {row['concurrency']} | {row['tokens_per_s']:.1f} | {ms(row['ttft_p50'])} / "
+        f"{ms(row['ttft_p99'])} | {ms(row['itl_p50'])} / {ms(row['itl_p99'])} | {ms(row['tpot_p50'])} / "
+        f"{ms(row['tpot_p99'])} | {row['tokens']} | {acc} |"
+        + (f" {len(row['errors'])} errors" if row["errors"] else "")
+    )
 
 
-HEADER = ("| server | C | tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | TPOT p50 / p99 ms | tokens | acceptance |\n"
-          "|---|---|---|---|---|---|---|---|")
+HEADER = (
+    "| server | C | tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | TPOT p50 / p99 ms | tokens | acceptance |\n"
+    "|---|---|---|---|---|---|---|---|"
+)
 
 
 def main_args(argv=None) -> argparse.Namespace:

@@ -5,6 +5,7 @@ over a recorded output, as the engine calls it (k = 15, the controller's K_MAX).
 
     python benchmarks/suffix_percall.py
 """
+
 import json
 import random
 import statistics
@@ -42,6 +43,8 @@ for i, rec in enumerate(records):
     cache.end([i])
     times[-1] += time.perf_counter() - t
 times.sort()
-print(f"cache {cache.tokens_stored} tokens (filled in {fill:.1f} s, {1e6 * fill / added:.1f} us a token); "
-      f"propose: median {1e6 * statistics.median(times):.0f} us, p95 {1e6 * times[int(0.95 * len(times))]:.0f} us, "
-      f"max {1e6 * times[-1]:.0f} us over {len(times)} calls")
+print(
+    f"cache {cache.tokens_stored} tokens (filled in {fill:.1f} s, {1e6 * fill / added:.1f} us a token); "
+    f"propose: median {1e6 * statistics.median(times):.0f} us, p95 {1e6 * times[int(0.95 * len(times))]:.0f} us, "
+    f"max {1e6 * times[-1]:.0f} us over {len(times)} calls"
+)

@@ -11,6 +11,7 @@ drafter's time per call (its propose / speculate plus bookkeeping), median and 9
     python benchmarks/suffix_replay.py [--k 8]        # ours only
     /tmp/arcvenv/bin/python benchmarks/suffix_replay.py   # + arctic, in a venv that has it
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,7 @@ class Ours:
         return self.cache.propose({rid: context}, {rid: k})[rid].tokens
 
     def emitted(self, rid, tokens):
-        pass                                    # the context list grows in place
+        pass  # the context list grows in place
 
     def stop(self, rid):
         self.cache.end([rid])
@@ -51,6 +52,7 @@ class Arctic:
 
     def __init__(self):
         from arctic_inference.suffix_decoding import SuffixDecodingCache
+
         self.cache = SuffixDecodingCache(max_tree_depth=64)
 
     def start(self, rid, prompt):
@@ -86,7 +88,7 @@ def replay(drafter, records, k, passes=2):
                 n = 0
                 while n < len(guess) and guess[n] == output[pos + n]:
                     n += 1
-                emitted = output[pos:pos + n + 1]
+                emitted = output[pos : pos + n + 1]
                 t = time.perf_counter()
                 context += emitted
                 drafter.emitted(rid, emitted)
@@ -100,10 +102,16 @@ def replay(drafter, records, k, passes=2):
             times[-1] += time.perf_counter() - t
         tokens = sum(len(r["output"]) for r in records)
         times.sort()
-        out.append({"drafter": drafter.name, "pass": p, "tokens_per_step": tokens / steps,
-                    "acceptance": accepted / drafted if drafted else 0.0,
-                    "us_per_call_median": 1e6 * statistics.median(times),
-                    "us_per_call_p95": 1e6 * times[int(0.95 * (len(times) - 1))]})
+        out.append(
+            {
+                "drafter": drafter.name,
+                "pass": p,
+                "tokens_per_step": tokens / steps,
+                "acceptance": accepted / drafted if drafted else 0.0,
+                "us_per_call_median": 1e6 * statistics.median(times),
+                "us_per_call_p95": 1e6 * times[int(0.95 * (len(times) - 1))],
+            }
+        )
     return out
 
 

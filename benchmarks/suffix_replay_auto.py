@@ -10,6 +10,7 @@ list of seconds for 1..W tokens at one depth).
 
     python benchmarks/suffix_replay_auto.py
 """
+
 import argparse
 import copy
 import json
@@ -38,12 +39,12 @@ def main():
     results = {}
     for name, suffix in setups.items():
         free = [NgramDrafter()] + ([suffix] if suffix is not None else [])
-        controller = CostAwareController(free, None, copy.deepcopy(curve))   # it learns on its own copy
+        controller = CostAwareController(free, None, copy.deepcopy(curve))  # it learns on its own copy
         for p in (1, 2):
             for rec in records:
                 speedup, decisions = replay_speedup(rec["prompt"], rec["output"], curve, controller)
                 if suffix is not None:
-                    suffix.end([0])                 # the request ends: it joins the cache
+                    suffix.end([0])  # the request ends: it joins the cache
                 results.setdefault((name, p, rec["category"]), []).append(speedup)
     categories = list(dict.fromkeys(r["category"] for r in records))
     print("| pass | category | " + " | ".join(setups) + " |\n|---|---|" + "---|" * len(setups))

@@ -4,6 +4,7 @@ short runs): the per-category table and the like-with-like table of summary.md, 
 
     python scripts/bench_summary.py out-a/results.jsonl out-b/results.jsonl
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,12 @@ def main(paths: list[str]) -> int:
     from specdec.bench import Row, _category_tables
 
     names = {f.name for f in fields(Row)}
-    rows = [Row(**{k: v for k, v in json.loads(line).items() if k in names})
-            for path in paths for line in Path(path).read_text().splitlines() if line.strip()]
+    rows = [
+        Row(**{k: v for k, v in json.loads(line).items() if k in names})
+        for path in paths
+        for line in Path(path).read_text().splitlines()
+        if line.strip()
+    ]
     methods = list(dict.fromkeys(["plain", *(r.method for r in rows)]))
     print("\n".join(_category_tables([r for r in rows if r.batch == 1], methods)))
     return 0

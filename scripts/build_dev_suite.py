@@ -21,6 +21,7 @@ Selection is deterministic (every n-th item), so the same mirrors give the same 
 
     python scripts/build_dev_suite.py [--mirror /work/.mirror] [--out benchmarks/dev-prompts.jsonl]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,14 @@ def translation(root: Path) -> list[dict]:
     for i, article in enumerate(spread(articles, PER_CATEGORY)):
         paragraph = article["paragraphs"][1]["context"]
         language = languages[i % len(languages)]
-        out.append({"category": "translation", "prompt": f"Translate the following text into {language}.\n\n{paragraph}",
-                    "source": m.source(path, f"{article['title']}/paragraph 1"), "license": "CC BY-SA 4.0"})
+        out.append(
+            {
+                "category": "translation",
+                "prompt": f"Translate the following text into {language}.\n\n{paragraph}",
+                "source": m.source(path, f"{article['title']}/paragraph 1"),
+                "license": "CC BY-SA 4.0",
+            }
+        )
     return out
 
 
@@ -79,29 +86,45 @@ def summarisation(root: Path, max_chars: int = 6000) -> list[dict]:
     for n, meeting in spread(list(enumerate(meetings)), PER_CATEGORY):
         query = meeting["specific_query_list"][0]
         start, end = (int(x) for x in query["relevant_text_span"][0])
-        turns = meeting["meeting_transcripts"][start:end + 1]
+        turns = meeting["meeting_transcripts"][start : end + 1]
         text = "\n".join(f"{t['speaker']}: {t['content']}" for t in turns)[:max_chars]
-        out.append({"category": "summarisation",
-                    "prompt": f"Here is part of a meeting transcript.\n\n{text}\n\n{query['query']}",
-                    "source": m.source(path, f"line {n + 1}/specific query 0"),
-                    "license": "MIT (QMSum); transcripts CC BY 4.0 (AMI, ICSI) or Open Government Licence (Welsh Parliament)"})
+        out.append(
+            {
+                "category": "summarisation",
+                "prompt": f"Here is part of a meeting transcript.\n\n{text}\n\n{query['query']}",
+                "source": m.source(path, f"line {n + 1}/specific query 0"),
+                "license": "MIT (QMSum); transcripts CC BY 4.0 (AMI, ICSI) or Open Government Licence (Welsh Parliament)",
+            }
+        )
     return out
 
 
 def qa(root: Path) -> list[dict]:
     m, path = Mirror(root, "benedictflorance/truthfulqa_experiments"), "datasets/TruthfulQA.csv"
     rows = list(csv.DictReader(io.StringIO(m.read(path).decode())))
-    return [{"category": "qa", "prompt": row["Question"], "source": m.source(path, f"row {n + 1}") +
-             " (copy of sylinrl/TruthfulQA TruthfulQA.csv)", "license": "Apache-2.0"}
-            for n, row in spread(list(enumerate(rows)), PER_CATEGORY)]
+    return [
+        {
+            "category": "qa",
+            "prompt": row["Question"],
+            "source": m.source(path, f"row {n + 1}") + " (copy of sylinrl/TruthfulQA TruthfulQA.csv)",
+            "license": "Apache-2.0",
+        }
+        for n, row in spread(list(enumerate(rows)), PER_CATEGORY)
+    ]
 
 
 def math(root: Path) -> list[dict]:
     m, path = Mirror(root, "openai/grade-school-math"), "grade_school_math/data/train.jsonl"
     items = [json.loads(line) for line in m.read(path).decode().splitlines() if line.strip()]
-    return [{"category": "math", "prompt": item["question"] + "\nSolve it step by step.",
-             "source": m.source(path, f"line {n + 1}"), "license": "MIT"}
-            for n, item in spread(list(enumerate(items)), PER_CATEGORY)]
+    return [
+        {
+            "category": "math",
+            "prompt": item["question"] + "\nSolve it step by step.",
+            "source": m.source(path, f"line {n + 1}"),
+            "license": "MIT",
+        }
+        for n, item in spread(list(enumerate(items)), PER_CATEGORY)
+    ]
 
 
 def rag(root: Path, max_chars: int = 7000) -> list[dict]:
@@ -116,14 +139,18 @@ def rag(root: Path, max_chars: int = 7000) -> list[dict]:
             passages.append(paragraph)
             size += len(paragraph["context"])
         # an answerable question from the middle of the retrieved text
-        qas = [q for p in passages[len(passages) // 2:] for q in p["qas"] if not q.get("is_impossible")]
+        qas = [q for p in passages[len(passages) // 2 :] for q in p["qas"] if not q.get("is_impossible")]
         question = qas[0]
         context = "\n\n".join(f"[{i + 1}] {p['context']}" for i, p in enumerate(passages))
-        out.append({"category": "rag",
-                    "prompt": f"Answer the question using the retrieved passages below; quote the passage "
-                              f"that supports your answer.\n\n{context}\n\nQuestion: {question['question']}",
-                    "source": m.source(path, f"{article['title']}/question {question['id']}"),
-                    "license": "CC BY-SA 4.0"})
+        out.append(
+            {
+                "category": "rag",
+                "prompt": f"Answer the question using the retrieved passages below; quote the passage "
+                f"that supports your answer.\n\n{context}\n\nQuestion: {question['question']}",
+                "source": m.source(path, f"{article['title']}/question {question['id']}"),
+                "license": "CC BY-SA 4.0",
+            }
+        )
     return out
 
 
@@ -133,29 +160,46 @@ def multi_turn(root: Path) -> list[dict]:
     out = []
     for dialogue in spread(dialogues, PER_CATEGORY):
         turns = dialogue["turns"]
-        cut = len(turns) // 2 * 2 - 2 if len(turns) % 2 == 0 else len(turns) - 1   # end on a user turn
-        cut = min(cut, 9)                                                           # at most 5 user turns
-        messages = [{"role": "user" if t["speaker"] == "USER" else "assistant", "content": t["utterance"]}
-                    for t in turns[:cut]]
+        cut = len(turns) // 2 * 2 - 2 if len(turns) % 2 == 0 else len(turns) - 1  # end on a user turn
+        cut = min(cut, 9)  # at most 5 user turns
+        messages = [
+            {"role": "user" if t["speaker"] == "USER" else "assistant", "content": t["utterance"]} for t in turns[:cut]
+        ]
         if messages[-1]["role"] != "user":
             messages = messages[:-1]
-        messages[0] = {"role": "user", "content": "You are a helpful assistant for "
-                       + ", ".join(s.split("_")[0].lower() for s in dialogue["services"])
-                       + " bookings; answer in full sentences and suggest options.\n\n" + messages[0]["content"]}
+        messages[0] = {
+            "role": "user",
+            "content": "You are a helpful assistant for "
+            + ", ".join(s.split("_")[0].lower() for s in dialogue["services"])
+            + " bookings; answer in full sentences and suggest options.\n\n"
+            + messages[0]["content"],
+        }
         flat = "\n".join(f"{x['role']}: {x['content']}" for x in messages)
-        out.append({"category": "multi-turn", "prompt": flat, "messages": messages,
-                    "source": m.source(path, f"dialogue {dialogue['dialogue_id']}, first {len(messages)} turns"),
-                    "license": "CC BY-SA 4.0"})
+        out.append(
+            {
+                "category": "multi-turn",
+                "prompt": flat,
+                "messages": messages,
+                "source": m.source(path, f"dialogue {dialogue['dialogue_id']}, first {len(messages)} turns"),
+                "license": "CC BY-SA 4.0",
+            }
+        )
     return out
 
 
 def code(root: Path) -> list[dict]:
     m, path = Mirror(root, "openai/human-eval"), "data/HumanEval.jsonl.gz"
     items = [json.loads(line) for line in gzip.decompress(m.read(path)).decode().splitlines() if line.strip()]
-    return [{"category": "code", "prompt": "Complete this Python function; reply with the whole function in "
-             f"a code block.\n\n```python\n{item['prompt']}```",
-             "source": m.source(path, item["task_id"]), "license": "MIT"}
-            for item in spread(items, PER_CATEGORY)]
+    return [
+        {
+            "category": "code",
+            "prompt": "Complete this Python function; reply with the whole function in "
+            f"a code block.\n\n```python\n{item['prompt']}```",
+            "source": m.source(path, item["task_id"]),
+            "license": "MIT",
+        }
+        for item in spread(items, PER_CATEGORY)
+    ]
 
 
 BUILDERS = (translation, summarisation, qa, math, rag, multi_turn, code)

@@ -7,11 +7,11 @@ we use, with the same CPU flags as our Python build (scripts/install_llama_cpp.p
 $SPECDEC_HOME/llama.cpp-<version>-<flags hash>/bin. Nothing of llama.cpp is committed here.
 Prints the bin folder on its last line.
 """
+
 from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -35,21 +35,46 @@ def main() -> int:
     src = home / "src"
     if not (src / "CMakeLists.txt").exists():
         with tempfile.TemporaryDirectory() as tmp:
-            run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", tmp,
-                 f"llama-cpp-python=={VERSION}"])
+            run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--no-binary",
+                    ":all:",
+                    "-d",
+                    tmp,
+                    f"llama-cpp-python=={VERSION}",
+                ]
+            )
             sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
             with tarfile.open(sdist) as tar:
-                prefix = f"{sdist.name[:-len('.tar.gz')]}/vendor/llama.cpp/"
+                prefix = f"{sdist.name[: -len('.tar.gz')]}/vendor/llama.cpp/"
                 members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
                 for m in members:
-                    m.name = m.name[len(prefix):]
+                    m.name = m.name[len(prefix) :]
                 tar.extractall(src, members=[m for m in members if m.name], filter="data")
     build = home / "build"
-    run(["cmake", "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
-         "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF",
-         # llama-server without its web UI: the UI would need npm or a download at build time,
-         # and the API (all a benchmark talks to) does not depend on it
-         "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", *args.split()])
+    run(
+        [
+            "cmake",
+            "-S",
+            str(src),
+            "-B",
+            str(build),
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DBUILD_SHARED_LIBS=OFF",
+            # llama-server without its web UI: the UI would need npm or a download at build time,
+            # and the API (all a benchmark talks to) does not depend on it
+            "-DLLAMA_BUILD_UI=OFF",
+            "-DLLAMA_USE_PREBUILT_UI=OFF",
+            *args.split(),
+        ]
+    )
     # -j with a number: a bare -j lets make start every compile at once (llama-server's sources
     # take over a GB each to compile)
     run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", *TOOLS])

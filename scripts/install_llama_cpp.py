@@ -13,6 +13,7 @@ installed from there; a second run (or CI on the same machine) skips the five-mi
     python scripts/install_llama_cpp.py                     # build once, install into this Python
     python scripts/install_llama_cpp.py --print-cmake-args  # just print the flags for this CPU
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -91,15 +92,38 @@ def main() -> int:
         env = dict(os.environ, CMAKE_ARGS=args, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
         tmp = wheel_dir.with_name(wheel_dir.name + ".tmp")
         tmp.mkdir(parents=True, exist_ok=True)
-        run([sys.executable, "-m", "pip", "wheel", "--no-cache-dir", "--no-deps", "-w", str(tmp),
-             f"llama-cpp-python=={VERSION}"], env=env)
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-cache-dir",
+                "--no-deps",
+                "-w",
+                str(tmp),
+                f"llama-cpp-python=={VERSION}",
+            ],
+            env=env,
+        )
         tmp.rename(wheel_dir)
         wheels = sorted(wheel_dir.glob("llama_cpp_python-*.whl"))
     else:
         print(f"reusing {wheels[-1]}")
     run([sys.executable, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", str(wheels[-1])])
-    run([sys.executable, "-m", "pip", "install", "--quiet", "typing-extensions>=4.5", "diskcache>=5.6.1",
-         "jinja2>=2.11.3", "numpy>=1.20"])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "typing-extensions>=4.5",
+            "diskcache>=5.6.1",
+            "jinja2>=2.11.3",
+            "numpy>=1.20",
+        ]
+    )
     return 0
 
 

@@ -20,6 +20,7 @@ default), also fixed draft:K, `auto` with the draft model, and a clairvoyant dra
         --curve benchmarks/gpu-h100/costs-1.5b-static-graphs.json \
         --draft-curve benchmarks/gpu-h100/costs-0.5b-static-graphs.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,21 +46,31 @@ def record(args) -> None:
     config = GenerationConfig(max_new_tokens=args.max_tokens, temperature=0.0)
     out_path = Path(args.out)
     done = set()
-    if args.append and out_path.exists():   # a recording made in several runs (each short, under the lock)
+    if args.append and out_path.exists():  # a recording made in several runs (each short, under the lock)
         done = {json.loads(line)["id"] for line in out_path.read_text().splitlines()[1:]}
     with open(out_path, "a" if done or (args.append and out_path.exists()) else "w") as out:
         if not out.tell():
-            if args.curve:   # a `specdec costs --draft` report, timed with nothing else running
+            if args.curve:  # a `specdec costs --draft` report, timed with nothing else running
                 report = json.loads(Path(args.curve).read_text())
                 costs = single_row_curve(report, depth=args.depth)
                 draft_costs = single_row_curve(report, "draft", depth=args.depth) if draft else None
             else:
                 costs = list(measure_forward_costs(target).values())
                 draft_costs = list(measure_forward_costs(draft).values()) if draft else None
-            out.write(json.dumps({"target": target.name, "draft": draft.name if draft else None,
-                                  "suite": Path(args.suite).name, "max_tokens": args.max_tokens,
-                                  "costs": costs, "draft_costs": draft_costs,
-                                  "eog": sorted(target.tokenizer.eog_ids)}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "target": target.name,
+                        "draft": draft.name if draft else None,
+                        "suite": Path(args.suite).name,
+                        "max_tokens": args.max_tokens,
+                        "costs": costs,
+                        "draft_costs": draft_costs,
+                        "eog": sorted(target.tokenizer.eog_ids),
+                    }
+                )
+                + "\n"
+            )
         for item in load_suite(Path(args.suite), args.categories, per_category=args.per_category):
             if item["id"] in done:
                 continue
@@ -82,10 +93,10 @@ def draft_agreement(draft, prompt: list[int], output: list[int]) -> str:
     gives every draft:K step's accepted length (specdec.replay.draft_accepted)."""
     [row] = draft.add_rows(1)
     try:
-        logits = draft.forward_rows({row: prompt + output}, {row: len(output) + 1})[row]   # [n + 1, vocab]
+        logits = draft.forward_rows({row: prompt + output}, {row: len(output) + 1})[row]  # [n + 1, vocab]
     finally:
         draft.drop_rows([row])
-    guesses = logits[:len(output)].argmax(axis=1)
+    guesses = logits[: len(output)].argmax(axis=1)
     return "".join("1" if int(g) == t else "0" for g, t in zip(guesses, output))
 
 
@@ -98,8 +109,7 @@ def load(args):
     header, records = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
     # a `specdec costs` report: every step priced at its own depth (the report's shallowest and
     # deepest curves, as the engine's controller has them), or at --depth alone
-    curve = (lambda report, role: single_row_curve(report, role, depth=args.depth)) if args.depth \
-        else cost_table
+    curve = (lambda report, role: single_row_curve(report, role, depth=args.depth)) if args.depth else cost_table
     if args.curve:
         costs = curve(json.loads(Path(args.curve).read_text()), "target")
     else:
@@ -123,8 +133,12 @@ def describe(header, costs, draft_costs) -> str:
         line += ", each step priced at its own depth"
     for depth in depths:
         c = curve_at(costs, depth)
-        line += (f"; at depth {depth}" if len(depths) > 1 else "") + ": forward of 2/5/9/16 tokens = " \
-            + "/".join(f"{c[n - 1] / c[0]:.2f}" for n in (2, 5, 9, 16)) + "x one token"
+        line += (
+            (f"; at depth {depth}" if len(depths) > 1 else "")
+            + ": forward of 2/5/9/16 tokens = "
+            + "/".join(f"{c[n - 1] / c[0]:.2f}" for n in (2, 5, 9, 16))
+            + "x one token"
+        )
     if draft_costs:
         ratio = curve_at(draft_costs, SHALLOW)[0] / curve_at(costs, SHALLOW)[0]
         line += f"; draft model's 1-token forward = {ratio:.2f}x the target's"
@@ -149,8 +163,9 @@ def loo(args) -> None:
             print(f"DRAFT_PRIOR fitted on every category: {fit_draft_prior(records)}")
         print()
     import specdec.controller as controller
+
     extra = {}
-    for setting in args.set or []:    # NAME=VALUE: a module constant (REACH, MARGIN) or a controller argument
+    for setting in args.set or []:  # NAME=VALUE: a module constant (REACH, MARGIN) or a controller argument
         name, value = setting.split("=", 1)
         if name.isupper():
             setattr(controller, name, float(value))
@@ -158,10 +173,16 @@ def loo(args) -> None:
             extra[name] = float(value)
     result = leave_one_category_out(records, costs, draft_costs, stops(header), **extra)
     print(describe(header, costs, draft_costs))
-    print("| held-out category | prompts | auto | clairvoyant | auto / clairvoyant (median per prompt) | auto, worst prompt |")
+    print(
+        "| held-out category | prompts | auto | clairvoyant | auto / clairvoyant (median per prompt) "
+        "| auto, worst prompt |"
+    )
     print("|---|---|---|---|---|---|")
     for category, r in result.items():
-        print(f"| {category} | {r['prompts']} | {r['auto']:.2f}x | {r['clairvoyant']:.2f}x | {r['ratio']:.2f} | {r['worst']:.2f}x |")
+        print(
+            f"| {category} | {r['prompts']} | {r['auto']:.2f}x | {r['clairvoyant']:.2f}x | {r['ratio']:.2f} "
+            f"| {r['worst']:.2f}x |"
+        )
 
 
 def copies(args) -> None:
@@ -171,13 +192,18 @@ def copies(args) -> None:
 
     lines = Path(args.recording).read_text().splitlines()
     runs = copy_runs([json.loads(line) for line in lines[1:]])
-    print(f"matches of at least {WHOLE_COPY_MIN} tokens; whole: spanning at least {WHOLE_COPY_SHARE:.0%} of the "
-          "response so far\n")
+    print(
+        f"matches of at least {WHOLE_COPY_MIN} tokens; whole: spanning at least {WHOLE_COPY_SHARE:.0%} of the "
+        "response so far\n"
+    )
     print("| match | " + " | ".join(f"next {j} right" for j in runs["whole"]) + " |")
     print("|---" * (len(runs["whole"]) + 1) + "|")
     for name, by_j in runs.items():
-        print(f"| {name} | " + " | ".join(f"{right / left:.0%} of {left}" if left else "none"
-                                          for right, left in by_j.values()) + " |")
+        print(
+            f"| {name} | "
+            + " | ".join(f"{right / left:.0%} of {left}" if left else "none" for right, left in by_j.values())
+            + " |"
+        )
 
 
 def replay(args) -> None:
@@ -194,10 +220,11 @@ def replay(args) -> None:
 
     header, records, costs, draft_costs = load(args)
     if not args.draft_curve and not args.with_draft:
-        draft_costs = None           # prompt lookup only, unless asked
+        draft_costs = None  # prompt lookup only, unless asked
     with_draft = draft_costs is not None and all("draft_agrees" in r for r in records)
-    recorded = RecordedDrafter({tuple(r["prompt"]): (r["output"], r["draft_agrees"]) for r in records}) \
-        if with_draft else None
+    recorded = (
+        RecordedDrafter({tuple(r["prompt"]): (r["output"], r["draft_agrees"]) for r in records}) if with_draft else None
+    )
     # one `auto` for the suite, as in a bench: it learns across prompts
     eog = stops(header)
     auto = CostAwareController(NgramDrafter(), recorded, copy.deepcopy(costs), copy.deepcopy(draft_costs), stops=eog)
@@ -210,27 +237,31 @@ def replay(args) -> None:
         fixed, _ = replay_speedup(prompt, output, costs, FixedController(NgramDrafter(), 8), stops=eog)
         auto_speedup, decisions = replay_speedup(prompt, output, costs, auto, recorded, draft_costs, eog)
         # the clairvoyant controller over the drafters auto has (prompt lookup, and the draft model when recorded)
-        clairvoyant = clairvoyant_speedup(prompt, output, costs, r.get("draft_agrees") if with_draft else None,
-                                          draft_costs)
-        row = [fixed, auto_speedup, clairvoyant, copy_ceiling(prompt, output, costs),
-               replay_speedup(prompt, output, costs, LongMatchController(NgramDrafter(match_cap=64), 8),
-                              stops=eog)[0]]
+        clairvoyant = clairvoyant_speedup(
+            prompt, output, costs, r.get("draft_agrees") if with_draft else None, draft_costs
+        )
+        row = [
+            fixed,
+            auto_speedup,
+            clairvoyant,
+            copy_ceiling(prompt, output, costs),
+            replay_speedup(prompt, output, costs, LongMatchController(NgramDrafter(match_cap=64), 8), stops=eog)[0],
+        ]
         if with_draft:
             for k in args.draft_k:
-                row.append(replay_speedup(prompt, output, costs, FixedController(recorded, k), recorded,
-                                          draft_costs, eog)[0])
+                row.append(
+                    replay_speedup(prompt, output, costs, FixedController(recorded, k), recorded, draft_costs, eog)[0]
+                )
             row.append(draft_ceiling(prompt, output, r["draft_agrees"], costs, draft_costs))
         by_category.setdefault(r["category"], []).append(tuple(row))
         if args.verbose:
-            print(f"{r['id']:24s}" + "".join(f" {c} {v:.2f}x" for c, v in zip(columns, row))
-                  + f"  auto: {decisions}")
+            print(f"{r['id']:24s}" + "".join(f" {c} {v:.2f}x" for c, v in zip(columns, row)) + f"  auto: {decisions}")
     print(describe(header, costs, draft_costs if with_draft else None))
     print("| category | " + " | ".join(columns) + " | auto, worst prompt |")
     print("|---" * (len(columns) + 2) + "|")
     for category, rows in by_category.items():
         medians = [statistics.median(r[i] for r in rows) for i in range(len(columns))]
-        print(f"| {category} | " + " | ".join(f"{m:.2f}x" for m in medians)
-              + f" | {min(r[1] for r in rows):.2f}x |")
+        print(f"| {category} | " + " | ".join(f"{m:.2f}x" for m in medians) + f" | {min(r[1] for r in rows):.2f}x |")
 
 
 def main() -> int:
@@ -238,43 +269,69 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="plain greedy outputs of the target over the suite")
     rec.add_argument("--target", default="qwen2.5-coder-1.5b")
-    rec.add_argument("--draft", default="qwen2.5-coder-0.5b",
-                     help="also record this draft model's greedy agreement with the target ('none': skip)")
+    rec.add_argument(
+        "--draft",
+        default="qwen2.5-coder-0.5b",
+        help="also record this draft model's greedy agreement with the target ('none': skip)",
+    )
     rec.add_argument("--suite", default=str(ROOT / "benchmarks" / "prompts.jsonl"))
     rec.add_argument("--categories", nargs="+", default=None, help="only these categories")
     rec.add_argument("--per-category", type=int, default=None)
     rec.add_argument("--max-tokens", type=int, default=256)
     rec.add_argument("--ctx", type=int, default=8192)
     rec.add_argument("--out", default="greedy-outputs.jsonl")
-    rec.add_argument("--curve", help="the header's cost curves from this `specdec costs --draft` report "
-                                     "(at --depth) instead of timing them now")
+    rec.add_argument(
+        "--curve",
+        help="the header's cost curves from this `specdec costs --draft` report "
+        "(at --depth) instead of timing them now",
+    )
     rec.add_argument("--depth", type=int, default=None, help="the --curve depth to use")
-    rec.add_argument("--append", action="store_true",
-                     help="add the prompts not yet in --out to it (record a suite in several short runs)")
+    rec.add_argument(
+        "--append",
+        action="store_true",
+        help="add the prompts not yet in --out to it (record a suite in several short runs)",
+    )
     rep = sub.add_parser("replay", help="speedups of drafting policies on a recording")
     rep.add_argument("--recording", default="greedy-outputs.jsonl")
-    rep.add_argument("--costs", help="a JSON list of forward seconds for 1..W tokens, W - 1 the longest "
-                                     "draft (default: the recording's)")
-    rep.add_argument("--curve", help="the target's curves from `specdec costs --out` instead of --costs: each "
-                                     "step priced at its own depth (the report's shallowest and deepest "
-                                     "one-row curves), or its curve at --depth alone")
-    rep.add_argument("--draft-curve", help="the draft model's curve from `specdec costs --out` (its draft, else "
-                                           "its target): adds draft:K, auto with the draft model and the "
-                                           "draft ceiling, from the recording's draft agreement")
+    rep.add_argument(
+        "--costs",
+        help="a JSON list of forward seconds for 1..W tokens, W - 1 the longest draft (default: the recording's)",
+    )
+    rep.add_argument(
+        "--curve",
+        help="the target's curves from `specdec costs --out` instead of --costs: each "
+        "step priced at its own depth (the report's shallowest and deepest "
+        "one-row curves), or its curve at --depth alone",
+    )
+    rep.add_argument(
+        "--draft-curve",
+        help="the draft model's curve from `specdec costs --out` (its draft, else "
+        "its target): adds draft:K, auto with the draft model and the "
+        "draft ceiling, from the recording's draft agreement",
+    )
     rep.add_argument("--depth", type=int, default=None, help="the curves' depth to use")
-    rep.add_argument("--with-draft", action="store_true", help="the draft model too, on the recording's own "
-                                                                "draft curve")
+    rep.add_argument(
+        "--with-draft", action="store_true", help="the draft model too, on the recording's own draft curve"
+    )
     rep.add_argument("--draft-k", type=int, nargs="+", default=[2, 4], help="fixed draft:K columns (default: 2 4)")
     rep.add_argument("-v", "--verbose", action="store_true", help="a line per prompt")
     out = sub.add_parser("loo", help="leave one category out: fit the priors on the others, test auto on it")
-    for name, default in (("--recording", "greedy-outputs.jsonl"), ("--costs", None), ("--curve", None),
-                          ("--draft-curve", None)):
+    for name, default in (
+        ("--recording", "greedy-outputs.jsonl"),
+        ("--costs", None),
+        ("--curve", None),
+        ("--draft-curve", None),
+    ):
         out.add_argument(name, default=default, help="as for replay")
     out.add_argument("--depth", type=int, default=None, help="the curves' depth to use")
     out.add_argument("--fit", action="store_true", help="also print the priors fitted on every category")
-    out.add_argument("--set", nargs="+", metavar="NAME=VALUE",
-                     help="try other values: controller constants (REACH=1, MARGIN=0.05) or arguments "
-                          "(overlay_weight=16, shared_rate=0.02, explore_growth=1)")
+    out.add_argument(
+        "--set",
+        nargs="+",
+        metavar="NAME=VALUE",
+        help="try other values: controller constants (REACH=1, MARGIN=0.05) or arguments "
+        "(overlay_weight=16, shared_rate=0.02, explore_growth=1)",
+    )
     cop = sub.add_parser("copies", help="how far long matches run: whole copies against partial ones")
     cop.add_argument("--recording", default="greedy-outputs.jsonl")
     args = parser.parse_args()

@@ -1,6 +1,7 @@
 """Shared fixtures. Tests marked real_models use the built-in GGUF files through llama.cpp; they
 skip when those are missing, except under SPECDEC_REQUIRE_MODELS=1 (set by `make test` and CI),
 where a missing model is a failure rather than a silent skip."""
+
 from __future__ import annotations
 
 import importlib

@@ -7,6 +7,7 @@ token for token equal to plain decoding; and if they part, it must be at such a 
 later speculative token must still be the target's argmax (or a tie) given the speculative prefix,
 replayed one token at a time as plain decoding computes it. A verifier that keeps one wrong token
 fails it (tests/test_greedy_real.py::test_the_check_catches_a_broken_verifier)."""
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -22,8 +23,9 @@ def _gap_and_argmax(row: np.ndarray) -> tuple[float, int]:
     return float(top2[1] - top2[0]), int(np.argmax(row))
 
 
-def assert_greedy_lossless(target, prompt_tokens: Sequence[int], plain: Sequence[int],
-                           speculative: Sequence[int]) -> bool:
+def assert_greedy_lossless(
+    target, prompt_tokens: Sequence[int], plain: Sequence[int], speculative: Sequence[int]
+) -> bool:
     """True if identical; False if the outputs part at a named rounding tie (and the speculative
     output stays greedy after it); fails the test otherwise. Uses one spare row of `target`."""
     plain, speculative = list(plain), list(speculative)
@@ -33,20 +35,24 @@ def assert_greedy_lossless(target, prompt_tokens: Sequence[int], plain: Sequence
     [r] = target.add_rows(1)
     try:
         target.forward_rows({r: list(prompt_tokens[:-1])})
-        row = target.forward_rows({r: list(prompt_tokens[-1:])}, {r: 1})[r][0]      # [vocab]
+        row = target.forward_rows({r: list(prompt_tokens[-1:])}, {r: 1})[r][0]  # [vocab]
         for j, token in enumerate(speculative):
             gap, best = _gap_and_argmax(row)
             if token != best and gap >= ROUNDING_GAP:
-                pytest.fail(f"speculative token {j} is {token}, but the target's argmax is {best} with a "
-                            f"top-2 gap of {gap:.3f} (>= {ROUNDING_GAP}): not a rounding tie")
+                pytest.fail(
+                    f"speculative token {j} is {token}, but the target's argmax is {best} with a "
+                    f"top-2 gap of {gap:.3f} (>= {ROUNDING_GAP}): not a rounding tie"
+                )
             if j == first and j < len(plain) and gap >= ROUNDING_GAP:
                 pytest.fail(f"outputs part at token {j} where the target's top-2 gap is {gap:.3f}")
             row = target.forward_rows({r: [token]}, {r: 1})[r][0]
-        if first == len(speculative) < len(plain):        # the speculative run ended first
+        if first == len(speculative) < len(plain):  # the speculative run ended first
             gap, _ = _gap_and_argmax(row)
             if gap >= ROUNDING_GAP:
-                pytest.fail(f"the speculative output ends at token {first}, where plain decoding goes on "
-                            f"and the target's top-2 gap is {gap:.3f}: not a rounding tie")
+                pytest.fail(
+                    f"the speculative output ends at token {first}, where plain decoding goes on "
+                    f"and the target's top-2 gap is {gap:.3f}: not a rounding tie"
+                )
     finally:
         target.drop_rows([r])
     return False

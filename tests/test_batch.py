@@ -2,6 +2,7 @@
 output equals plain greedy decoding of that row alone, whatever the batch size, prompt lengths or
 early stops; a seeded sampled batch equals its rows run one by one; sampled output follows the
 target's distribution, end to end."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,21 +19,33 @@ from . import tiny_hf  # noqa: E402
 from .test_sampling import chi2_statistic, chi2_threshold, tv_threshold  # noqa: E402
 from .toy import ToyLM, ToyTokenizer  # noqa: E402
 
-PROMPTS = ["def add(a, b):", "The quick brown fox", "x", "class Point:\n    x: int\n    y: int\n\n",
-           "Speculative decoding drafts tokens, and the target keeps", "lazy dog.", "def", "    return a"]
+PROMPTS = [
+    "def add(a, b):",
+    "The quick brown fox",
+    "x",
+    "class Point:\n    x: int\n    y: int\n\n",
+    "Speculative decoding drafts tokens, and the target keeps",
+    "lazy dog.",
+    "def",
+    "    return a",
+]
 
 
 @pytest.fixture(scope="module", params=tiny_hf.ARCHS)
 def models(request, tokenizer):
     target, draft = tiny_hf.pair(request.param, len(tokenizer))
-    return (TransformersModel(target, tokenizer, name=request.param),
-            TransformersModel(draft, tokenizer, name=f"{request.param}-draft"))
+    return (
+        TransformersModel(target, tokenizer, name=request.param),
+        TransformersModel(draft, tokenizer, name=f"{request.param}-draft"),
+    )
 
 
 def plain_alone(target, prompts, config):
     decoder = SpeculativeDecoder(target)
-    return [decoder.generate(p, config, seed=None if config.seed is None else config.seed + i).tokens
-            for i, p in enumerate(prompts)]
+    return [
+        decoder.generate(p, config, seed=None if config.seed is None else config.seed + i).tokens
+        for i, p in enumerate(prompts)
+    ]
 
 
 def with_an_early_stop(target, prompts, config):
@@ -65,15 +78,14 @@ def test_greedy_rows_equal_plain_decoding_alone(models, batch, drafter):
     assert [o.stats.generated_tokens for o in out] == [len(r) for r in ref]
     if batch > 1:
         assert {o.stats.finish_reason for o in out} == {"eog", "length"}
-    if drafter == "model":   # the drafts were sometimes kept and sometimes not
+    if drafter == "model":  # the drafts were sometimes kept and sometimes not
         accepted = sum(o.stats.accepted for o in out)
         assert 0 < accepted < sum(o.stats.drafted for o in out)
 
 
 def test_seeded_sampled_batch_equals_its_rows_one_by_one(models):
     target, draft = models
-    config = GenerationConfig(max_new_tokens=32, temperature=0.8, top_k=40, top_p=0.95, min_p=0.02,
-                              seed=7, chat=False)
+    config = GenerationConfig(max_new_tokens=32, temperature=0.8, top_k=40, top_p=0.95, min_p=0.02, seed=7, chat=False)
     decoder = SpeculativeDecoder(target, draft, k=3)
     batch = decoder.generate_batch(PROMPTS[:5], config)
     alone = [decoder.generate(p, config, seed=7 + i) for i, p in enumerate(PROMPTS[:5])]
@@ -89,7 +101,7 @@ def test_stop_strings_end_a_row(models, tokenizer):
     first = SpeculativeDecoder(target).generate(PROMPTS[0], config)
     stop = first.text[10:13]
     out = SpeculativeDecoder(target, draft, k=4).generate_batch(PROMPTS[:3], config, stop=(stop,))
-    assert out[0].stats.finish_reason == "stop" and out[0].text == first.text[:first.text.find(stop)]
+    assert out[0].stats.finish_reason == "stop" and out[0].text == first.text[: first.text.find(stop)]
     alone = [SpeculativeDecoder(target).generate(p, config, stop=(stop,)).text for p in PROMPTS[:3]]
     assert [o.text for o in out] == alone
 
@@ -100,8 +112,9 @@ def test_backends_without_a_batched_cache_run_rows_one_by_one():
     decoder = SpeculativeDecoder(target, draft, k=3)
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     out = decoder.generate_batch(prompts, max_new_tokens=20, temperature=1.0, seed=3)
-    assert [o.tokens for o in out] == [decoder.generate(p, max_new_tokens=20, temperature=1.0, seed=3 + i).tokens
-                                       for i, p in enumerate(prompts)]
+    assert [o.tokens for o in out] == [
+        decoder.generate(p, max_new_tokens=20, temperature=1.0, seed=3 + i).tokens for i, p in enumerate(prompts)
+    ]
 
 
 # -- sampled output follows p, end to end -----------------------------------------------------
@@ -141,7 +154,7 @@ def sampled_two_tokens(target, draft, prompt, config):
 
 @pytest.mark.parametrize("filters", [dict(temperature=1.0), dict(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05)])
 def test_sampled_batch_output_follows_the_target(filters):
-    target, draft = tiny_vocab_models(damp=1.0)   # a draft that is often wrong
+    target, draft = tiny_vocab_models(damp=1.0)  # a draft that is often wrong
     prompt = [1, 2, 3, 4]
     config = GenerationConfig(max_new_tokens=2, **filters)
     expected = exact_two_tokens(target, prompt, config.sampling)

@@ -1,4 +1,5 @@
 """specdec bench: method names, the suite, pairwise speedups, and one tiny real run."""
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ from specdec.spec import DraftSpec
 
 def test_parse_method():
     assert bench.parse_method("plain") == ("specdec", DraftSpec("none", k=0), 0)
-    assert bench.parse_method("draft:4") == ("specdec", DraftSpec("model", k=4), 4)    # the bench's draft model
+    assert bench.parse_method("draft:4") == ("specdec", DraftSpec("model", k=4), 4)  # the bench's draft model
     assert bench.parse_method("ngram:8") == ("specdec", DraftSpec("ngram", k=8), 8)
     assert bench.parse_method("auto") == ("specdec", DraftSpec("auto", k=0), 0)
     assert bench.parse_method("llama.cpp:draft:4") == ("llama.cpp", "draft", 4)
@@ -26,8 +27,21 @@ def test_parse_method():
     assert bench.parse_method("suffix:8") == ("specdec", DraftSpec("suffix", k=8), 8)
     assert bench.parse_method("auto:suffix") == ("specdec", DraftSpec("auto", k=0, suffix=True), 0)
     assert bench.parse_method("auto:nosuffix") == ("specdec", DraftSpec("auto", k=0, suffix=False), 0)
-    for bad in ("draft", "draft:0", "draft:x", "magic:3", "hf:ngram:3", "llama.cpp:auto", "auto:ngram",
-                "suffix", "hf:suffix:3", "early-exit:0:4", "early-exit:2", "early-exit:2:x", "ngram:-1"):
+    for bad in (
+        "draft",
+        "draft:0",
+        "draft:x",
+        "magic:3",
+        "hf:ngram:3",
+        "llama.cpp:auto",
+        "auto:ngram",
+        "suffix",
+        "hf:suffix:3",
+        "early-exit:0:4",
+        "early-exit:2",
+        "early-exit:2:x",
+        "ngram:-1",
+    ):
         with pytest.raises(SpecdecError, match="unknown method"):
             bench.parse_method(bad)
 
@@ -38,8 +52,11 @@ def test_the_shipped_suite():
     assert {p["category"] for p in prompts} == set(bench.CATEGORIES)
     subset = bench.load_suite(bench.DEFAULT_SUITE, per_category=2)
     assert len(subset) == 10
-    assert [p["id"] for p in bench.load_suite(bench.DEFAULT_SUITE, categories=["math"], limit=3)] == \
-        ["math-01", "math-02", "math-03"]
+    assert [p["id"] for p in bench.load_suite(bench.DEFAULT_SUITE, categories=["math"], limit=3)] == [
+        "math-01",
+        "math-02",
+        "math-03",
+    ]
 
 
 def test_bad_suite(tmp_path):
@@ -54,6 +71,7 @@ def test_bad_suite(tmp_path):
 def test_speedups_are_pair_by_pair():
     def row(pid, method, tps, repeat=0):
         return bench.Row(pid, "chat", method, repeat, 10, 10 / tps, tps)
+
     rows = [row("a", "plain", 10), row("a", "ngram:4", 20), row("b", "plain", 40), row("b", "ngram:4", 40)]
     assert sorted(bench.speedups(rows)[("chat", "ngram:4")]) == [1.0, 2.0]
 
@@ -61,6 +79,7 @@ def test_speedups_are_pair_by_pair():
 def test_passes_ask_the_suite_again_and_pair_within_a_pass(tmp_path):
     """--passes 2: every prompt again in the same process, reported as its own category and
     compared with plain decoding of the same pass."""
+
     class Fake:
         def __init__(self):
             self.seen = []
@@ -68,8 +87,13 @@ def test_passes_ask_the_suite_again_and_pair_within_a_pass(tmp_path):
         def run(self, item, method, repeat):
             self.seen.append((item["id"], method))
             # a method that remembers: twice as fast the second time it sees a prompt
-            second = sum(i == item["id"].split("#")[0] for i, m in
-                         ((i.split("#")[0], m) for i, m in self.seen if m == method)) > 1
+            second = (
+                sum(
+                    i == item["id"].split("#")[0]
+                    for i, m in ((i.split("#")[0], m) for i, m in self.seen if m == method)
+                )
+                > 1
+            )
             tps = 20.0 if method == "suffix:8" and second else 10.0
             return bench.Row(item["id"], item["category"], method, repeat, 10, 10 / tps, tps)
 
@@ -92,32 +116,60 @@ def test_learning_methods_keep_repeats_and_batch_sizes_apart(monkeypatch):
     b.target, b.drafter, b.learners, b.suffix_cap, b.draft_corpus = None, None, {}, 0, None
     auto, suffix = (bench.parse_method(m)[1] for m in ("auto", "suffix:8"))
     first = b._decoder(auto, repeat=0)
-    assert b._decoder(auto, repeat=0) is first                       # learns across prompts
-    others = [b._decoder(auto, repeat=1), b._decoder(auto, repeat=0, batch=4),
-              b._decoder(suffix, repeat=0), b._decoder(suffix, repeat=1)]
+    assert b._decoder(auto, repeat=0) is first  # learns across prompts
+    others = [
+        b._decoder(auto, repeat=1),
+        b._decoder(auto, repeat=0, batch=4),
+        b._decoder(suffix, repeat=0),
+        b._decoder(suffix, repeat=1),
+    ]
     assert len({id(d) for d in [first, *others]}) == 5
 
 
 @pytest.mark.real_models
 def test_tiny_bench_end_to_end(tmp_path, target_model, draft_model):
     suite = tmp_path / "suite.jsonl"
-    suite.write_text(json.dumps({"id": "chat-01", "category": "chat", "prompt": "Say hi."}) + "\n" +
-                     json.dumps({"id": "code-editing-01", "category": "code-editing",
-                                 "prompt": "Rename x to y:\n\nx = 1\nprint(x)\n"}) + "\n")
+    suite.write_text(
+        json.dumps({"id": "chat-01", "category": "chat", "prompt": "Say hi."})
+        + "\n"
+        + json.dumps(
+            {"id": "code-editing-01", "category": "code-editing", "prompt": "Rename x to y:\n\nx = 1\nprint(x)\n"}
+        )
+        + "\n"
+    )
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "specdec.cli", "bench", "--suite", str(suite), "-n", "12",
-                           "--methods", "plain", "ngram:4", "auto", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specdec.cli",
+            "bench",
+            "--suite",
+            str(suite),
+            "-n",
+            "12",
+            "--methods",
+            "plain",
+            "ngram:4",
+            "auto",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and {r["method"] for r in rows} == {"plain", "ngram:4", "auto"}
-    for r in rows:      # every greedy run is plain's text, or parts from it at a named rounding tie
+    for r in rows:  # every greedy run is plain's text, or parts from it at a named rounding tie
         assert r["identical_to_plain"] or r["logit_gap"] < ROUNDING_GAP, (r["method"], r["logit_gap"])
     summary = (out / "summary.md").read_text()
     assert "| chat |" in summary and "| code-editing |" in summary and "cores" in summary
 
 
 # -- like with like -------------------------------------------------------------------------------
+
 
 def test_compare_text():
     assert bench.compare_text(" the cat sat\n", "the cat sat") == "identical"
@@ -136,8 +188,11 @@ class FakeBench:
 
     def run(self, item, method, repeat):
         self.calls.append((item["id"], method, repeat))
-        text = {"plain": "one two three", "llama.cpp:ngram-mod:8": "one two three four",
-                "draft:4": "one two three" if item["id"] == "a" else "one two tree"}[method]
+        text = {
+            "plain": "one two three",
+            "llama.cpp:ngram-mod:8": "one two three four",
+            "draft:4": "one two three" if item["id"] == "a" else "one two tree",
+        }[method]
         tokens = len(text.split())
         tps = {"plain": 10.0, "draft:4": 20.0, "llama.cpp:ngram-mod:8": 15.0}[method] + repeat
         return bench.Row(item["id"], item["category"], method, repeat, tokens, tokens / tps, tps, text=text)
@@ -148,8 +203,9 @@ def test_run_bench_records_every_text_and_flags_pairs_that_differ(tmp_path):
     fake = FakeBench()
     rows = bench.run_bench(fake, prompts, ["draft:4", "llama.cpp:ngram-mod:8"], 3, tmp_path)
     assert len(rows) == 2 * 3 * 3
-    assert {(pid, m, r) for pid, m, r in fake.calls if r >= 0} == \
-        {(p["id"], m, r) for p in prompts for m in ("plain", "draft:4", "llama.cpp:ngram-mod:8") for r in range(3)}
+    assert {(pid, m, r) for pid, m, r in fake.calls if r >= 0} == {
+        (p["id"], m, r) for p in prompts for m in ("plain", "draft:4", "llama.cpp:ngram-mod:8") for r in range(3)
+    }
     records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert len(records) == 18 and all(r["text"] for r in records)
     match = {(r["prompt_id"], r["method"]): r["text_match"] for r in records}
@@ -165,10 +221,14 @@ def test_summary_reports_all_pairs_agreeing_pairs_and_token_counts():
     rows = []
     for pid, cat, draft_text, tps in (("a", "chat", "same", 30.0), ("b", "math", "other", 12.0)):
         rows.append(bench.Row(pid, cat, "plain", 0, 256, 25.6, 10.0, text="same"))
-        rows.append(bench.Row(pid, cat, "draft:4", 0, 256, 256 / tps, tps, text=draft_text,
-                              identical_to_plain=draft_text == "same"))
-        rows.append(bench.Row(pid, cat, "llama.cpp:ngram-mod:8", 0, 300, 20.0, 15.0, text="same more",
-                              identical_to_plain=True))
+        rows.append(
+            bench.Row(
+                pid, cat, "draft:4", 0, 256, 256 / tps, tps, text=draft_text, identical_to_plain=draft_text == "same"
+            )
+        )
+        rows.append(
+            bench.Row(pid, cat, "llama.cpp:ngram-mod:8", 0, 300, 20.0, 15.0, text="same more", identical_to_plain=True)
+        )
     lines = "\n".join(bench._category_tables(rows, ["plain", "draft:4", "llama.cpp:ngram-mod:8"]))
     # draft:4: all pairs 3.0x and 1.2x (median 2.1x), the agreeing pair alone 3.0x, worst b
     assert "| draft:4 | - | - | 1/2 | 2.10x | 3.00x | 1.20x (b) | 256 (256-256) |" in lines
@@ -183,10 +243,15 @@ def test_prompt_text_of_a_multi_turn_item():
     class Model:
         is_instruct, tokenizer = True, Tok()
 
-    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
-             {"role": "user", "content": "book it"}]
-    assert bench.prompt_text(Model(), {"prompt": "flat", "messages": turns}) == \
-        "<user>hi<assistant>hello<user>book it<assistant>"
+    turns = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "book it"},
+    ]
+    assert (
+        bench.prompt_text(Model(), {"prompt": "flat", "messages": turns})
+        == "<user>hi<assistant>hello<user>book it<assistant>"
+    )
     assert bench.prompt_text(Model(), {"prompt": "flat"}) == "<user>flat<assistant>"
     Model.is_instruct = False
     assert bench.prompt_text(Model(), {"prompt": "flat", "messages": turns}) == "flat"
@@ -219,16 +284,31 @@ def test_partings_get_their_first_token_and_top2_gap(tmp_path):
     b.target, b.prompt_ids = target, {"a": prompt}
 
     def row(method, tokens, match):
-        return bench.Row("a", "chat", method, 0, len(tokens), 1.0, float(len(tokens)), text="t",
-                         token_ids=tokens, text_match=match, identical_to_plain=match != "differs")
-    rows = [row("plain", [9, 10, 11, 12], None), row("auto", [9, 10, 4, 12], "differs"),
-            row("ngram:4", [9, 10, 11, 12], "identical")]
+        return bench.Row(
+            "a",
+            "chat",
+            method,
+            0,
+            len(tokens),
+            1.0,
+            float(len(tokens)),
+            text="t",
+            token_ids=tokens,
+            text_match=match,
+            identical_to_plain=match != "differs",
+        )
+
+    rows = [
+        row("plain", [9, 10, 11, 12], None),
+        row("auto", [9, 10, 4, 12], "differs"),
+        row("ngram:4", [9, 10, 11, 12], "identical"),
+    ]
     parted = bench.mark_partings(b, rows, tmp_path)
     assert [r.method for r in parted] == ["auto"] and rows[1].first_difference == 2
-    logits = target.table[9, 10].astype(np.float64)        # the toy's logits after ... 9, 10
+    logits = target.table[9, 10].astype(np.float64)  # the toy's logits after ... 9, 10
     top2 = np.sort(logits)[-2:]
     assert rows[1].logit_gap == pytest.approx(top2[1] - top2[0], abs=1e-5)
-    assert rows[2].logit_gap is None and target.cache == []    # its scoring row is gone
+    assert rows[2].logit_gap is None and target.cache == []  # its scoring row is gone
     records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [r["first_difference"] for r in records] == [None, 2, None]
     table = "\n".join(bench._partings_table(rows))
@@ -259,10 +339,10 @@ def test_every_runner_is_credited_its_tokens_alike():
     b.target, b.max_tokens, b.temperature, b.seed = ToyLM(vocab_size=32, seed=1), 8, 0.0, None
     b.learners, b.prompt_ids, b.suffix_cap, b.draft_corpus, b.drafter = {}, {}, 0, None, None
     item = {"id": "a", "category": "chat", "prompt": "abc"}
-    b.llama_cpp = Peer(tokens=40)                               # an accepted draft past -n
+    b.llama_cpp = Peer(tokens=40)  # an accepted draft past -n
     row = b.run(item, "llama.cpp:ngram-mod:8", 0)
     assert row.tokens == 9 and row.tokens_per_second == pytest.approx(4.5)
-    b.llama_cpp = Peer(tokens=5)                                # ended on its end-of-generation token
+    b.llama_cpp = Peer(tokens=5)  # ended on its end-of-generation token
     assert b.run(item, "llama.cpp:ngram-mod:8", 0).tokens == 5
     ours = b.run(item, "plain", 0)
     result = b._decoder(bench.parse_method("plain")[1]).generate(b.prompt_text(item), b._config())

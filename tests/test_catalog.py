@@ -1,4 +1,5 @@
 """Built-in model catalog: names, paths, assembly with sha256 check, helpful errors."""
+
 from __future__ import annotations
 
 import hashlib
@@ -23,11 +24,17 @@ def fake_spec(tmp_path, monkeypatch, content: bytes, sha: str | None = None):
     chunks = []
     for i in range(3):
         chunk = tmp_path / f"part{i}.bin"
-        chunk.write_bytes(content[i * len(content) // 3:(i + 1) * len(content) // 3])
+        chunk.write_bytes(content[i * len(content) // 3 : (i + 1) * len(content) // 3])
         chunks.append(chunk)
-    spec = catalog.ModelSpec("fake", "fake.gguf", "a fake", tuple((f"fake-part{i}", "1.0") for i in (1, 2, 3)),
-                             sha or hashlib.sha256(content).hexdigest(), chat=False,
-                             chunk_sha256=tuple(hashlib.sha256(c.read_bytes()).hexdigest() for c in chunks))
+    spec = catalog.ModelSpec(
+        "fake",
+        "fake.gguf",
+        "a fake",
+        tuple((f"fake-part{i}", "1.0") for i in (1, 2, 3)),
+        sha or hashlib.sha256(content).hexdigest(),
+        chat=False,
+        chunk_sha256=tuple(hashlib.sha256(c.read_bytes()).hexdigest() for c in chunks),
+    )
     monkeypatch.setitem(catalog.CATALOG, "fake", spec)
     monkeypatch.setattr(catalog, "chunk_files", lambda s: chunks)
     return spec
@@ -50,8 +57,14 @@ def test_missing_path(tmp_path):
 
 
 def test_missing_packages_say_how_to_install(home, monkeypatch):
-    spec = catalog.ModelSpec("ghost", "ghost.gguf", "x", (("specdec-no-such-pkg-1", "1.0"),
-                                                         ("specdec-no-such-pkg-2", "1.0")), "0" * 64, False)
+    spec = catalog.ModelSpec(
+        "ghost",
+        "ghost.gguf",
+        "x",
+        (("specdec-no-such-pkg-1", "1.0"), ("specdec-no-such-pkg-2", "1.0")),
+        "0" * 64,
+        False,
+    )
     monkeypatch.setitem(catalog.CATALOG, "ghost", spec)
     with pytest.raises(ModelNotFoundError) as err:
         catalog.resolve("ghost")
@@ -64,7 +77,7 @@ def test_assembly_checks_and_stamps(home, tmp_path, monkeypatch):
     spec = fake_spec(tmp_path, monkeypatch, content)
     path = catalog.resolve("fake", progress=False)
     assert path.read_bytes() == content and catalog.is_assembled(spec)
-    path.write_bytes(content[:-1])           # changed after the check: no longer trusted
+    path.write_bytes(content[:-1])  # changed after the check: no longer trusted
     assert not catalog.is_assembled(spec)
 
 
@@ -104,14 +117,14 @@ def test_installed_chunks_match_their_pins():
 
 def test_a_tampered_chunk_is_named(home, tmp_path, monkeypatch):
     content = bytes(range(256)) * 1000
-    spec = fake_spec(tmp_path, monkeypatch, content)
+    fake_spec(tmp_path, monkeypatch, content)
     chunk = tmp_path / "part1.bin"
     data = bytearray(chunk.read_bytes())
     data[10] ^= 1
     chunk.write_bytes(bytes(data))
     with pytest.raises(ModelNotFoundError, match=r"chunk 2 of 3 .*part1\.bin, package fake-part2 1\.0"):
         catalog.resolve("fake", progress=False)
-    assert not list((home / "models").glob("fake*"))     # nothing half-written
+    assert not list((home / "models").glob("fake*"))  # nothing half-written
 
 
 def test_an_interrupted_assembly_leaves_nothing(home, tmp_path, monkeypatch):
@@ -121,6 +134,7 @@ def test_an_interrupted_assembly_leaves_nothing(home, tmp_path, monkeypatch):
     def read_then_interrupt(self, path, digests, out=None):
         real_read(self, path, digests, out)
         raise KeyboardInterrupt
+
     monkeypatch.setattr(catalog._Copy, "read", read_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         catalog.resolve("fake", progress=False)
@@ -131,8 +145,8 @@ def test_an_interrupted_assembly_leaves_nothing(home, tmp_path, monkeypatch):
 def test_leftovers_of_a_killed_assembly_are_removed(home, tmp_path, monkeypatch):
     fake_spec(tmp_path, monkeypatch, b"abc" * 1000)
     (home / "models").mkdir(parents=True)
-    (home / "models" / "fake.gguf.part").write_bytes(b"half")          # named as before
-    (home / "models" / "fake.gguf.99999.part").write_bytes(b"half")    # a killed process's
+    (home / "models" / "fake.gguf.part").write_bytes(b"half")  # named as before
+    (home / "models" / "fake.gguf.99999.part").write_bytes(b"half")  # a killed process's
     catalog.resolve("fake", progress=False)
     assert sorted(p.name for p in (home / "models").iterdir()) == [".fake.gguf.lock", "fake.gguf", "fake.sha256"]
 
@@ -144,9 +158,9 @@ def test_verify_finds_a_change_that_kept_size_and_mtime(home, tmp_path, monkeypa
     st = path.stat()
     path.write_bytes(content[:-1] + b"X")
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert catalog.is_assembled(spec)              # the stamp cannot tell...
-    assert "changed after it was assembled" in catalog.verify(spec, progress=False)   # ...a hash can
-    assert not catalog.is_assembled(spec)          # and the next use will not trust it either
+    assert catalog.is_assembled(spec)  # the stamp cannot tell...
+    assert "changed after it was assembled" in catalog.verify(spec, progress=False)  # ...a hash can
+    assert not catalog.is_assembled(spec)  # and the next use will not trust it either
     capsys.readouterr()
     assert catalog.fetch("fake", progress=False, verify=True) == path
     assert path.read_bytes() == content and catalog.verify(spec, progress=False) == ""
@@ -157,7 +171,7 @@ def test_a_touched_file_is_hashed_again_not_reassembled(home, tmp_path, monkeypa
     content = b"xyz" * 1000
     spec = fake_spec(tmp_path, monkeypatch, content)
     path = catalog.resolve("fake", progress=False)
-    os.utime(path, ns=(1, 1))                      # copied or touched: the stamp no longer matches
+    os.utime(path, ns=(1, 1))  # copied or touched: the stamp no longer matches
     monkeypatch.setattr(catalog, "chunk_files", lambda s: pytest.fail("re-assembled a good file"))
     assert catalog.resolve("fake", progress=False) == path and catalog.is_assembled(spec)
 
@@ -174,10 +188,11 @@ def test_write_cache_file(tmp_path, capsys):
     path = tmp_path / "costs" / "a.json"
     assert catalog.write_cache_file(path, "[1.0]") and path.read_text() == "[1.0]"
     assert catalog.write_cache_file(path, "[2.0]") and path.read_text() == "[2.0]"
-    assert list(path.parent.iterdir()) == [path]   # no temporary file left
+    assert list(path.parent.iterdir()) == [path]  # no temporary file left
     (tmp_path / "blocker").write_text("")
     for _ in range(2):
         assert not catalog.write_cache_file(tmp_path / "blocker" / "costs" / "a.json", "[1.0]")
     err = capsys.readouterr().err.splitlines()
-    assert err == [f"specdec: warning: cannot write {tmp_path}/blocker/costs (Not a directory); "
-                   f"costs are kept in memory"]   # once per folder
+    assert err == [
+        f"specdec: warning: cannot write {tmp_path}/blocker/costs (Not a directory); costs are kept in memory"
+    ]  # once per folder

@@ -1,4 +1,5 @@
 """The `specdec` command end to end: real runs, --help, the demo. (Bad input: tests/test_user_errors.py.)"""
+
 from __future__ import annotations
 
 import argparse
@@ -8,13 +9,23 @@ import pytest
 
 from specdec import catalog
 
-from .test_user_errors import specdec   # the user-error table lives in tests/test_user_errors.py
+from .test_user_errors import specdec  # the user-error table lives in tests/test_user_errors.py
 
 
 @pytest.mark.real_models
 def test_generate_json_end_to_end(draft_model):
-    proc = specdec("generate", "--target", "qwen2.5-coder-0.5b", "--draft", "ngram", "-n", "24",
-                   "--json", "-p", "Write a Python function that reverses a string.")
+    proc = specdec(
+        "generate",
+        "--target",
+        "qwen2.5-coder-0.5b",
+        "--draft",
+        "ngram",
+        "-n",
+        "24",
+        "--json",
+        "-p",
+        "Write a Python function that reverses a string.",
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert len(out["tokens"]) == 24 and out["text"] and out["draft"] == "ngram"
@@ -23,8 +34,17 @@ def test_generate_json_end_to_end(draft_model):
 
 @pytest.mark.real_models
 def test_generate_streams_and_reads_stdin(draft_model):
-    proc = specdec("generate", "--target", "qwen2.5-coder-0.5b", "--draft", "ngram", "-n", "16",
-                   "--stats", stdin="Say hello in French.")
+    proc = specdec(
+        "generate",
+        "--target",
+        "qwen2.5-coder-0.5b",
+        "--draft",
+        "ngram",
+        "-n",
+        "16",
+        "--stats",
+        stdin="Say hello in French.",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip()
     assert "acceptance rate" in proc.stderr and "tokens/s" in proc.stderr
@@ -34,14 +54,30 @@ def test_generate_streams_and_reads_stdin(draft_model):
 def test_compare_end_to_end(target_model, draft_model):
     proc = specdec("compare", "-n", "24", "-p", "Write a Python function that adds two numbers.")
     assert proc.returncode == 0, proc.stderr
-    for label in ("plain", "speculative", "speedup", "acceptance rate", "mean accepted length",
-                  "acceptance by position", "drafter vs target", "outputs"):
+    for label in (
+        "plain",
+        "speculative",
+        "speedup",
+        "acceptance rate",
+        "mean accepted length",
+        "acceptance by position",
+        "drafter vs target",
+        "outputs",
+    ):
         assert label in proc.stdout
     # the default drafter (auto) against plain decoding: identical, or parting at a named tie
     verdict = next(line for line in proc.stdout.splitlines() if line.startswith("outputs"))
     assert verdict.split()[1] == "identical" or "a rounding tie" in verdict, verdict
-    proc = specdec("compare", "-n", "24", "--json", "--draft", "ngram", "-p",
-                   "Write a Python class for a stack with push, pop and peek.")
+    proc = specdec(
+        "compare",
+        "-n",
+        "24",
+        "--json",
+        "--draft",
+        "ngram",
+        "-p",
+        "Write a Python class for a stack with push, pop and peek.",
+    )
     out = json.loads(proc.stdout)
     assert out["plain"]["stats"]["generated_tokens"] == len(out["plain"]["tokens"]) == 24
     assert out["identical"] or "a rounding tie" in out["verdict"], out["verdict"]
@@ -83,16 +119,15 @@ def test_help_shows_every_default(command):
     parser = _subparsers()[command]
     formatter = parser._get_formatter()
     for action in parser._actions:
-        if action.nargs == 0 or not action.option_strings:   # flags and positionals have no default
+        if action.nargs == 0 or not action.option_strings:  # flags and positionals have no default
             continue
         assert "default" in formatter._get_help_string(action), (command, action.option_strings)
-    parser.format_help()   # every help string formats (a stray % would raise here)
+    parser.format_help()  # every help string formats (a stray % would raise here)
 
 
 def test_help_says_what_k_and_temperature_do():
     parser = _subparsers()["generate"]
-    helps = {action.dest: parser._get_formatter()._get_help_string(action) % vars(action)
-             for action in parser._actions}
+    helps = {action.dest: parser._get_formatter()._get_help_string(action) % vars(action) for action in parser._actions}
     assert "ignored under --draft auto" in helps["draft_tokens"] and "default: 4" in helps["draft_tokens"]
     assert "not batch-invariant" in helps["temperature"] and "near-tie" in helps["temperature"]
     assert "default: auto" in helps["draft"]
@@ -112,16 +147,28 @@ def test_the_suffix_cache_is_saved_at_exit_and_drafts_the_next_run(tmp_path, dra
     from specdec.drafters.suffix import SuffixCacheDrafter
 
     cache = tmp_path / "cache.npz"
-    args = ("generate", "--target", "qwen2.5-coder-0.5b", "--draft", "suffix", "--suffix-cache", str(cache),
-            "-n", "24", "--json", "-p", "Write a Python function that reverses a string.")
+    args = (
+        "generate",
+        "--target",
+        "qwen2.5-coder-0.5b",
+        "--draft",
+        "suffix",
+        "--suffix-cache",
+        str(cache),
+        "-n",
+        "24",
+        "--json",
+        "-p",
+        "Write a Python function that reverses a string.",
+    )
     first = specdec(*args)
     assert first.returncode == 0, first.stderr
     saved = SuffixCacheDrafter()
-    assert saved.load(cache) >= 24 + json.loads(first.stdout)["prompt_tokens"]   # the prompt and the answer
+    assert saved.load(cache) >= 24 + json.loads(first.stdout)["prompt_tokens"]  # the prompt and the answer
     second = specdec(*args)
     assert second.returncode == 0, second.stderr
     again = json.loads(second.stdout)
     assert again["tokens"] == json.loads(first.stdout)["tokens"]
-    stats = again["stats"]                               # the answer, drafted from the saved run
+    stats = again["stats"]  # the answer, drafted from the saved run
     assert stats["accepted"] >= 0.9 * stats["drafted"] and stats["accepted"] >= 16, stats
-    assert SuffixCacheDrafter().load(cache) > saved.tokens_stored     # saved again, with both runs
+    assert SuffixCacheDrafter().load(cache) > saved.tokens_stored  # saved again, with both runs

@@ -1,5 +1,6 @@
 """`specdec generate / compare --backend torch` end to end on tiny transformers models saved to a
 folder: batch mode, JSON lines, greedy equality with one-prompt runs, and its user errors."""
+
 from __future__ import annotations
 
 import json
@@ -30,13 +31,29 @@ def folders(tmp_path_factory):
 
 
 def torch_flags(root, *extra):
-    return ["--backend", "torch", "--device", "cpu", "--target", str(root / "target"),
-            "--draft", str(root / "draft"), "-k", "3", "--no-chat", "-n", "24", *extra]
+    return [
+        "--backend",
+        "torch",
+        "--device",
+        "cpu",
+        "--target",
+        str(root / "target"),
+        "--draft",
+        str(root / "draft"),
+        "-k",
+        "3",
+        "--no-chat",
+        "-n",
+        "24",
+        *extra,
+    ]
 
 
 def test_batch_mode_prints_a_json_line_per_prompt_equal_to_single_runs(folders):
-    proc = specdec("generate", *torch_flags(folders, "--prompt-file", str(folders / "prompts.txt"),
-                                            "--batch-size", "3", "--json", "--stats"))
+    proc = specdec(
+        "generate",
+        *torch_flags(folders, "--prompt-file", str(folders / "prompts.txt"), "--batch-size", "3", "--json", "--stats"),
+    )
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [r["index"] for r in rows] == [0, 1, 2, 3]
@@ -49,11 +66,14 @@ def test_batch_mode_prints_a_json_line_per_prompt_equal_to_single_runs(folders):
 
 
 def test_batch_mode_reads_jsonl_and_prints_text(folders):
-    proc = specdec("generate", *torch_flags(folders, "--prompt-file", str(folders / "prompts.jsonl"),
-                                            "-b", "4"))
+    proc = specdec("generate", *torch_flags(folders, "--prompt-file", str(folders / "prompts.jsonl"), "-b", "4"))
     assert proc.returncode == 0, proc.stderr
-    assert [line for line in proc.stdout.splitlines() if line.startswith("--- ")] == \
-        ["--- 0 ---", "--- 1 ---", "--- 2 ---", "--- 3 ---"]
+    assert [line for line in proc.stdout.splitlines() if line.startswith("--- ")] == [
+        "--- 0 ---",
+        "--- 1 ---",
+        "--- 2 ---",
+        "--- 3 ---",
+    ]
 
 
 def test_compare_on_the_torch_backend(folders):
@@ -65,32 +85,75 @@ def test_compare_on_the_torch_backend(folders):
 def test_torch_user_errors(folders, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"text": "no prompt field"}\n')
-    assert_user_error(specdec("generate", *torch_flags(folders, "--prompt-file", str(bad), "-b", "2")),
-                      "bad.jsonl:2")
-    assert_user_error(specdec("generate", "--backend", "torch", "--device", "cpu", "--target", str(tmp_path),
-                              "--draft", "none", "-p", "x"), "config.json")
-    other = tmp_path / "other"   # a draft of another vocabulary
+    assert_user_error(specdec("generate", *torch_flags(folders, "--prompt-file", str(bad), "-b", "2")), "bad.jsonl:2")
+    assert_user_error(
+        specdec(
+            "generate", "--backend", "torch", "--device", "cpu", "--target", str(tmp_path), "--draft", "none", "-p", "x"
+        ),
+        "config.json",
+    )
+    other = tmp_path / "other"  # a draft of another vocabulary
     tokenizer = tiny_hf.tokenizer(vocab_size=300)
     tiny_hf.pair("llama", len(tokenizer))[1].save_pretrained(other)
     tokenizer.save_pretrained(other)
     # a draft of another vocabulary is no longer refused: it drafts across tokenizers (string-level)
-    proc = specdec("generate", "--backend", "torch", "--device", "cpu", "--target", str(folders / "target"),
-                   "--draft", str(other), "-k", "3", "-n", "8", "-p", "x")
+    proc = specdec(
+        "generate",
+        "--backend",
+        "torch",
+        "--device",
+        "cpu",
+        "--target",
+        str(folders / "target"),
+        "--draft",
+        str(other),
+        "-k",
+        "3",
+        "-n",
+        "8",
+        "-p",
+        "x",
+    )
     assert proc.returncode == 0, proc.stderr
 
 
 def test_bench_on_folders_with_a_batch_axis(folders, tmp_path):
     suite = tmp_path / "suite.jsonl"
-    suite.write_text("".join(json.dumps({"id": f"p{i}", "category": "chat", "prompt": p}) + "\n"
-                             for i, p in enumerate(PROMPTS)))
+    suite.write_text(
+        "".join(json.dumps({"id": f"p{i}", "category": "chat", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS))
+    )
     out = tmp_path / "out"
-    proc = specdec("bench", "--backend", "torch", "--device", "cpu", "--target", str(folders / "target"),
-                   "--draft", str(folders / "draft"), "--suite", str(suite), "--per-category", "4",
-                   "--batch-sizes", "1", "2", "--methods", "plain", "draft:3", "-n", "8", "--out", str(out))
+    proc = specdec(
+        "bench",
+        "--backend",
+        "torch",
+        "--device",
+        "cpu",
+        "--target",
+        str(folders / "target"),
+        "--draft",
+        str(folders / "draft"),
+        "--suite",
+        str(suite),
+        "--per-category",
+        "4",
+        "--batch-sizes",
+        "1",
+        "2",
+        "--methods",
+        "plain",
+        "draft:3",
+        "-n",
+        "8",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sorted((r["batch"], r["method"]) for r in rows) == sorted(
-        [(1, m) for m in ("plain", "draft:3") for _ in range(4)] + [(2, m) for m in ("plain", "draft:3") for _ in range(2)])
+        [(1, m) for m in ("plain", "draft:3") for _ in range(4)]
+        + [(2, m) for m in ("plain", "draft:3") for _ in range(2)]
+    )
     assert all(r["identical_to_plain"] for r in rows)
     assert all(r["tokens"] == 8 * r["batch"] for r in rows)
     assert "| 2 |" in (out / "summary.md").read_text()

@@ -1,4 +1,5 @@
 """The cost-aware controller's decision rule, on synthetic costs and acceptance."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -60,7 +61,7 @@ class OneRow(CostAwareController):
 def controller(costs, ngram=None, model=None, draft_cost=None, ngram_prior=None, model_prior=None, cls=OneRow):
     c = cls(ngram, model, costs, draft_cost)
     if ngram_prior is not None:
-        for table in c.ngram_accept.tables.values():   # every match length and evidence alike
+        for table in c.ngram_accept.tables.values():  # every match length and evidence alike
             table[:] = ngram_prior
     if model_prior is not None:
         c.model_accept.a[:] = model_prior
@@ -75,16 +76,22 @@ def test_expected_tokens():
 
 
 def test_plain_when_drafting_cannot_pay():
-    linear = [0.03 * n for n in range(1, 17)]              # a batch costs as much as its tokens
-    c = controller(linear, ngram=FixedProposals(range(10)), model=FixedProposals(range(10), "draft:m"),
-                   draft_cost=[0.02] * 16, ngram_prior=0.6, model_prior=0.9)
+    linear = [0.03 * n for n in range(1, 17)]  # a batch costs as much as its tokens
+    c = controller(
+        linear,
+        ngram=FixedProposals(range(10)),
+        model=FixedProposals(range(10), "draft:m"),
+        draft_cost=[0.02] * 16,
+        ngram_prior=0.6,
+        model_prior=0.9,
+    )
     drafter, draft = c.draft([1, 2, 3], room=100)
     assert drafter is None and draft is None
     assert c.decisions == {"plain": 1}
 
 
 def test_long_drafts_when_acceptance_is_high_and_verification_cheap():
-    flat = [0.03] * 16                                     # verification almost free
+    flat = [0.03] * 16  # verification almost free
     c = controller(flat, ngram=FixedProposals(range(20)), ngram_prior=0.99)
     drafter, draft = c.draft([1, 2, 3], room=100)
     assert drafter.name == "ngram" and len(draft.tokens) == 15
@@ -101,7 +108,7 @@ def test_free_drafts_reach_the_widest_timed_forward():
     assert len(c.draft([1, 2, 3], room=500)[1].tokens) == 63
     tokens.last_match_length = 60
     c = controller(STEEP_THEN_FLAT, ngram=tokens, ngram_prior=1.0)
-    c.begin(0, [1])                                   # 100 tokens generated, the match spans 60
+    c.begin(0, [1])  # 100 tokens generated, the match spans 60
     assert len(c.draft([1] * 101, room=500)[1].tokens) == 30
     # the same costs timed only up to 16 tokens: 15 at most, as before
     narrow = {w: s for w, s in STEEP_THEN_FLAT.items() if w <= 16}
@@ -145,7 +152,7 @@ def test_a_marginal_gain_is_not_worth_a_draft():
     ngram = FixedProposals([5])
     c = controller([0.01, 0.014] + [1.0] * 14, ngram=ngram, ngram_prior=0.5)
     assert c.draft([1, 2], room=100) == (None, None)
-    c = controller([0.01, 0.012] + [1.0] * 14, ngram=ngram, ngram_prior=0.5)   # 25% better: drafted
+    c = controller([0.01, 0.012] + [1.0] * 14, ngram=ngram, ngram_prior=0.5)  # 25% better: drafted
     assert c.draft([1, 2], room=100)[1].tokens == [5]
 
 
@@ -157,13 +164,11 @@ def test_room_caps_k():
 
 def test_draft_model_only_when_it_pays():
     cheap_verify = [0.03, 0.031, 0.032, 0.033, 0.034] + [0.04] * 11
-    c = controller(cheap_verify, model=FixedProposals(range(9), "draft:m"), draft_cost=[0.002] * 16,
-                   model_prior=0.9)
+    c = controller(cheap_verify, model=FixedProposals(range(9), "draft:m"), draft_cost=[0.002] * 16, model_prior=0.9)
     drafter, draft = c.draft([1], room=100)
     assert drafter.name == "draft:m" and len(draft.tokens) >= 4
-    c = controller(cheap_verify, model=FixedProposals(range(9), "draft:m"), draft_cost=[0.05] * 16,
-                   model_prior=0.9)
-    for _ in range(64):   # not even exploration: a perfect draft would not pay either
+    c = controller(cheap_verify, model=FixedProposals(range(9), "draft:m"), draft_cost=[0.05] * 16, model_prior=0.9)
+    for _ in range(64):  # not even exploration: a perfect draft would not pay either
         assert c.draft([1], room=100) == (None, None)
 
 
@@ -177,31 +182,31 @@ def test_shadow_learning_turns_a_useless_ngram_off():
         drafter, draft = c.draft([1, 2], room=100)
         used.append(drafter is not None)
         width = 1 + (len(draft.tokens) if draft else 0)
-        c.observe(drafter, draft, 0, [5], width, CURVE[width - 1])   # the target always says 5
+        c.observe(drafter, draft, 0, [5], width, CURVE[width - 1])  # the target always says 5
     assert used[0] and not any(used[-10:])
 
 
 def test_costs_are_measured_once_and_cached(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
-    monkeypatch.setattr("specdec.costs.machine_was_busy", lambda times, costs: "")   # timing noise aside
+    monkeypatch.setattr("specdec.costs.machine_was_busy", lambda times, costs: "")  # timing noise aside
     model = ToyLM(vocab_size=32, n_ctx=512)
     model.path = tmp_path / "toy.gguf"
     model.path.write_bytes(b"toy")
     costs = measure_forward_costs(model, widths=[1, 2, 3, 4], repeats=1)
     assert list(costs) == [1, 2, 3, 4] and all(s > 0 for s in costs.values())
-    assert "timing" in capsys.readouterr().err                # the pause is explained, once
+    assert "timing" in capsys.readouterr().err  # the pause is explained, once
     calls = len(model.forward_calls)
     assert measure_forward_costs(model, widths=[1, 2, 3, 4], repeats=1) == costs
-    assert len(model.forward_calls) == calls                # served from the cache
+    assert len(model.forward_calls) == calls  # served from the cache
     assert capsys.readouterr().err == ""
 
 
 def test_cost_table_follows_the_machine():
     table = CostTable([0.01, 0.02])
     for _ in range(50):
-        table.observe(1, 0.02)                             # the machine got twice as slow
+        table.observe(1, 0.02)  # the machine got twice as slow
     assert table(1) == pytest.approx(0.02, rel=0.05) and table(2) > 0.03
-    grid = CostTable({1: 1.0, 16: 4.0, 64: 10.0})          # measured widths, linear between
+    grid = CostTable({1: 1.0, 16: 4.0, 64: 10.0})  # measured widths, linear between
     assert grid(40) == pytest.approx(7.0)
 
 
@@ -218,19 +223,21 @@ def test_past_the_widest_width_a_forward_costs_the_curves_marginal_rate():
     assert steep(128) == pytest.approx(20.0)
     # the replay prices a draft model's catch-up past its curve by the same rule
     from specdec.replay import draft_seconds
+
     curve = [grid.measured(w) for w in range(1, 65)]
     assert draft_seconds(curve, 128, 1) == pytest.approx(grid(128))
 
 
 def test_a_forward_is_priced_at_its_depth():
     # timed at depth 128 (every width) and 1024 (a few): one token 10 -> 19 ms, 16 tokens 40 -> 58 ms
-    table = CostTable({1: 0.010, 2: 0.016, 16: 0.040, 64: 0.100}, deep={1: 0.019, 16: 0.058, 64: 0.090},
-                      depth=128, deep_depth=1024)
+    table = CostTable(
+        {1: 0.010, 2: 0.016, 16: 0.040, 64: 0.100}, deep={1: 0.019, 16: 0.058, 64: 0.090}, depth=128, deep_depth=1024
+    )
     assert table(1, 128) == pytest.approx(0.010) and table(1, 1024) == pytest.approx(0.019)
-    assert table(1) == pytest.approx(0.010)                        # no depth: the curve's own
-    assert table(16, 2048) == pytest.approx(0.040 + 1920 * 0.018 / 896)   # linear past the deep curve
-    assert table(8, 1024) == pytest.approx(table.measured(8) + 0.009 + 7 / 15 * 0.009)   # slopes interpolated
-    assert table(2, 1024) / table(1, 1024) < table(2, 128) / table(1, 128)   # width is cheaper deep
+    assert table(1) == pytest.approx(0.010)  # no depth: the curve's own
+    assert table(16, 2048) == pytest.approx(0.040 + 1920 * 0.018 / 896)  # linear past the deep curve
+    assert table(8, 1024) == pytest.approx(table.measured(8) + 0.009 + 7 / 15 * 0.009)  # slopes interpolated
+    assert table(2, 1024) / table(1, 1024) < table(2, 128) / table(1, 128)  # width is cheaper deep
     # 64 tokens timed faster deep than shallow: noise. Deeper is never cheaper, and a wider forward
     # gains at least a narrower one's cost per token of depth (16 tokens': 0.018 s over 896)
     assert table(64, 1024) == pytest.approx(0.118)
@@ -242,15 +249,16 @@ def test_a_forward_is_priced_at_its_depth():
 def test_the_live_ratio_follows_the_machine_not_the_depth():
     table = CostTable({1: 0.010, 2: 0.016}, deep={1: 0.019, 2: 0.026}, depth=128, deep_depth=1024)
     for _ in range(50):
-        table.observe(1, 0.019, depth=1024)                # plain steps deep in a long prompt, as timed
+        table.observe(1, 0.019, depth=1024)  # plain steps deep in a long prompt, as timed
     assert table.overall == pytest.approx(1.0) and table(2, 1024) == pytest.approx(0.026)
     for _ in range(50):
-        table.observe(1, 0.038, depth=1024)                # the machine got twice as slow
+        table.observe(1, 0.038, depth=1024)  # the machine got twice as slow
     assert table(2, 1024) == pytest.approx(0.052, rel=0.05)
 
 
 def test_a_steps_depth_weighs_each_row_by_the_tokens_it_feeds():
     from specdec.costs import step_depth
+
     assert step_depth({0: 1, 1: 3}, {0: 100, 1: 500}) == pytest.approx(400)
     assert step_depth({}, {}) == 0.0
 
@@ -261,7 +269,7 @@ def test_deep_in_a_long_prompt_a_draft_pays_that_would_not_near_its_start():
     # dearer than one (attention over a long cache dominates): a 1.55x gain
     table = CostTable({1: 0.010, 2: 0.020}, deep={1: 0.020, 2: 0.022}, depth=128, deep_depth=2000)
     ngram = FixedProposals([3, 4])
-    ngram.last_match_length = 2                            # REACH caps the draft at 1 token
+    ngram.last_match_length = 2  # REACH caps the draft at 1 token
     plans = {}
     for depth in (128, 2000):
         c = CostAwareController(ngram, None, table, match_prior={kind: [0.7] * 13 for kind in MatchAcceptance.KINDS})
@@ -293,9 +301,10 @@ def test_auto_is_lossless_on_toy_models():
     plain = SpeculativeDecoder(target, None).generate(prompt, max_new_tokens=60).tokens
     draft = ToyLM(vocab_size=32, seed=2, noise_from=target, noise=0.5)
     draft.path = None
-    flat = CostTable({w: 0.01 for w in range(1, 17)})      # width is cheap: auto drafts, with both
-    auto = SpeculativeDecoder(target, "auto", draft_model=draft, suffix=False,
-                              costs=(flat, CostTable({w: 0.001 for w in range(1, 17)})))
+    flat = CostTable({w: 0.01 for w in range(1, 17)})  # width is cheap: auto drafts, with both
+    auto = SpeculativeDecoder(
+        target, "auto", draft_model=draft, suffix=False, costs=(flat, CostTable({w: 0.001 for w in range(1, 17)}))
+    )
     auto.engine.clock = on_virtual_clock(target, flat.measured)
     result = auto.generate(prompt, max_new_tokens=60)
     assert result.tokens == plain
@@ -316,12 +325,12 @@ def test_copied_runs_earn_long_drafts():
         drafter, draft = c.draft([1, 2], room=100)
         k = len(draft.tokens) if draft else 0
         lengths.append(k)
-        emitted = list(range(100, 100 + k + 1))          # the target agrees with every guess
+        emitted = list(range(100, 100 + k + 1))  # the target agrees with every guess
         c.observe(drafter, draft, k, emitted, k + 1, CURVE[k])
-        ngram.last_match_length += len(emitted)          # ... so the copied run grows
+        ngram.last_match_length += len(emitted)  # ... so the copied run grows
     assert lengths[0] == 0 and lengths[-1] == 15 and lengths == sorted(lengths)
     drafter, draft = c.draft([1, 2], room=100)
-    c.observe(drafter, draft, 0, [7], len(draft.tokens) + 1, CURVE[len(draft.tokens)])   # a miss ends the run
+    c.observe(drafter, draft, 0, [7], len(draft.tokens) + 1, CURVE[len(draft.tokens)])  # a miss ends the run
     ngram.last_match_length = 1
     _, after = c.draft([1, 2], room=100)
     assert after is None or len(after.tokens) <= 2
@@ -337,7 +346,7 @@ def test_match_acceptance_learns_per_match_length():
     b = MatchAcceptance.bucket
     first, later = acc.tables["agreed"], acc.tables["later"]
     assert first[b(4)] > 0.99 and later[b(5)] > 0.99 and later[b(6)] < 0.01
-    assert first[b(5)] == 0.5 and later[b(4)] == 0.5 and later[b(100)] == 0.5   # unseen: prior
+    assert first[b(5)] == 0.5 and later[b(4)] == 0.5 and later[b(100)] == 0.5  # unseen: prior
     assert (acc.tables["split"] == 0.5).all() and (acc.tables["single"] == 0.5).all()
     # P(first i accepted) multiplies h along the growing match: h(4) h(5) h(6) ...
     np.testing.assert_allclose(acc.expected_tokens(4, 3, "agreed"), [1, 2, 3, 3], atol=0.02)
@@ -364,6 +373,7 @@ def test_guesses_earlier_occurrences_disagree_on_are_not_drafted():
 
 
 # -- width allocation over rows ------------------------------------------------------------------
+
 
 def allocate(costs, rows=4, prior=0.8, width=sum):
     c = CostAwareController(FixedProposals(range(30)), None, costs, width=width)
@@ -392,8 +402,10 @@ def test_width_goes_where_it_pays_most():
         c.begin(row, [1, 2])
     good, bad = FixedProposals(range(30)), FixedProposals(range(30))
     good.last_match_length, bad.last_match_length = 40, 1
-    c.ngram.propose = lambda contexts, ks: {0: good.propose({0: 0}, {0: ks[0]})[0],
-                                             1: bad.propose({1: 0}, {1: ks[1]})[1]}
+    c.ngram.propose = lambda contexts, ks: {
+        0: good.propose({0: 0}, {0: ks[0]})[0],
+        1: bad.propose({1: 0}, {1: ks[1]})[1],
+    }
     plan = c.draft({0: [1, 2], 1: [1, 2]}, {0: 15, 1: 15})
     assert len(plan[0][1].tokens) > 0 and plan[1] == (None, None)
 
@@ -429,7 +441,7 @@ def test_one_row_allocation_is_the_single_row_argmax():
 def test_padded_width_fills_rows_to_the_longest():
     """On a padded backend (torch) every row pays for the longest draft: what one row drafts, the
     others may draft for free, so they do."""
-    padded = lambda lengths: len(lengths) * max(lengths)   # noqa: E731
+    padded = lambda lengths: len(lengths) * max(lengths)  # noqa: E731
     ks = allocate({1: 0.03, 4: 0.03, 16: 0.04, 64: 0.2}, rows=4, prior=0.6, width=padded)
     assert len(set(ks.values())) == 1 and min(ks.values()) >= 1, ks
 
@@ -443,7 +455,7 @@ def test_auto_drafts_in_a_batch_where_it_pays():
     plain = [SpeculativeDecoder(target, None).generate(p, max_new_tokens=40).tokens for p in prompts]
     flat = CostTable({w: 0.01 for w in range(1, 17)} | {24: 0.0101, 32: 0.0102, 48: 0.0103, 64: 0.0104})
     auto = SpeculativeDecoder(target, "auto", suffix=False, costs=(flat, None))
-    auto.engine.clock = on_virtual_clock(target, flat.measured)     # what it learns live is the curve
+    auto.engine.clock = on_virtual_clock(target, flat.measured)  # what it learns live is the curve
     results = auto.generate_batch(prompts, max_new_tokens=40)
     assert [r.tokens for r in results] == plain
     assert all(r.stats.drafted > 0 for r in results)
@@ -455,9 +467,9 @@ def test_a_curve_timed_on_a_busy_machine_is_not_cached(tmp_path, monkeypatch, ca
     quiet = {1: [0.040, 0.041, 0.040], 4: [0.125, 0.127, 0.126], 16: [0.25, 0.26, 0.25]}
     costs = {w: min(t) for w, t in quiet.items()}
     assert machine_was_busy(quiet, costs) == ""
-    contended = {w: [t[0], 2 * t[1], 3 * t[2]] for w, t in quiet.items()}    # another process on a core
+    contended = {w: [t[0], 2 * t[1], 3 * t[2]] for w, t in quiet.items()}  # another process on a core
     assert "repeats differ" in machine_was_busy(contended, costs)
-    superlinear = {**costs, 16: 0.040 * 17.9}                                # the curve that was cached once
+    superlinear = {**costs, 16: 0.040 * 17.9}  # the curve that was cached once
     assert "16 tokens cost 17.9x" in machine_was_busy(quiet, superlinear)
 
     # end to end: a busy timing warns, is used, and is not written to the cache
@@ -473,6 +485,7 @@ def test_a_curve_timed_on_a_busy_machine_is_not_cached(tmp_path, monkeypatch, ca
 
 
 # -- several free drafters (prompt lookup and the suffix cache) ---------------------------------
+
 
 def test_each_row_takes_the_free_drafter_that_promises_most_and_both_are_scored():
     ngram, suffix = FixedProposals(range(20)), FixedProposals(range(100, 120), "suffix")
@@ -500,11 +513,13 @@ def test_free_drafters_need_distinct_names():
 
 # -- per-request overlay -----------------------------------------------------------------------
 
+
 def test_a_request_reaches_its_own_rate_within_a_few_dozen_guesses():
     """The shared table says 0.3 for 16-token matches; this request's copies are always right. Its
     overlay estimate passes 0.8 within 30 guesses, the shared table moves only at its rate, a cell
     the request never saw moves with its kind, and a new request starts from the shared table."""
     from specdec.controller import MatchAcceptance
+
     acc = MatchAcceptance({kind: [0.3] * 13 for kind in MatchAcceptance.KINDS}, rate=0.01)
     mine = acc.overlay(weight=8.0)
     b = MatchAcceptance.bucket(16)
@@ -513,10 +528,10 @@ def test_a_request_reaches_its_own_rate_within_a_few_dozen_guesses():
         acc.observe(16, checked=1, matched=1, kind="single", overlay=mine)
         estimates.append(acc.expected_tokens(16, 1, "single", mine)[1] - 1)
     assert estimates[0] < 0.4 and estimates[-1] > 0.8 and all(np.diff(estimates) > 0)
-    assert acc.tables["single"][b] < 0.3 + 30 * 0.01 * 0.7 + 1e-9          # the shared table: slowly
-    assert acc.expected_tokens(12, 1, "single", mine)[1] - 1 > 0.8         # a 12-token match: pooled
-    assert acc.expected_tokens(2, 1, "single", mine)[1] - 1 == pytest.approx(0.3)   # a short one: not
-    assert acc.expected_tokens(16, 1, "split", mine)[1] - 1 == pytest.approx(0.3)   # another kind: not
+    assert acc.tables["single"][b] < 0.3 + 30 * 0.01 * 0.7 + 1e-9  # the shared table: slowly
+    assert acc.expected_tokens(12, 1, "single", mine)[1] - 1 > 0.8  # a 12-token match: pooled
+    assert acc.expected_tokens(2, 1, "single", mine)[1] - 1 == pytest.approx(0.3)  # a short one: not
+    assert acc.expected_tokens(16, 1, "split", mine)[1] - 1 == pytest.approx(0.3)  # another kind: not
     fresh = acc.overlay(weight=8.0)
     assert acc.expected_tokens(16, 1, "single", fresh)[1] - 1 == pytest.approx(acc.tables["single"][b])
 
@@ -525,9 +540,9 @@ def test_the_draft_models_overlay_follows_the_request():
     acc = Acceptance(prior=[0.9] * 15, rate=0.01)
     mine = Overlay(1, weight=8.0)
     for _ in range(40):
-        acc.observe(4, 0, mine)                          # every draft's first token rejected
+        acc.observe(4, 0, mine)  # every draft's first token rejected
     assert acc.expected_tokens(1, mine)[1] < 1.25 and acc.expected_tokens(1)[1] > 1.6
-    assert mine.n[0] == 40 and mine.r[0] == 0            # only position 0 was ever examined
+    assert mine.n[0] == 40 and mine.r[0] == 0  # only position 0 was ever examined
 
 
 def test_auto_keeps_an_overlay_per_row():
@@ -539,6 +554,7 @@ def test_auto_keeps_an_overlay_per_row():
 
 
 # -- the draft model at batch > 1 ----------------------------------------------------------------
+
 
 class BatchModel(FixedProposals):
     """A draft model for every row: records each propose call's rows and ks, and lags `lag` tokens."""
@@ -584,13 +600,16 @@ def test_the_draft_models_forwards_are_priced_over_the_rows_still_drafting():
     target = {w: 0.01 * w for w in range(1, 65)}
     draft = {w: 0.001 + 0.0001 * w for w in range(1, 65)}
     c, _ = model_controller(target, draft, rows=3, prior=0.5, lag=3)
-    options = {0: _Option("draft", np.ones(6), lag=3), 1: _Option("draft", np.ones(6), lag=5),
-               2: _Option("plain", np.ones(1))}
+    options = {
+        0: _Option("draft", np.ones(6), lag=3),
+        1: _Option("draft", np.ones(6), lag=5),
+        2: _Option("plain", np.ones(1)),
+    }
     ks = {0: 4, 1: 2, 2: 0}
-    d = lambda w: 0.001 + 0.0001 * w        # noqa: E731
-    expected = 0.01 * (5 + 3 + 1) + d(3 + 5) + d(2) + d(1) + d(1)     # positions 2, 3, 4: rows 0+1, 0, 0
+    d = lambda w: 0.001 + 0.0001 * w  # noqa: E731
+    expected = 0.01 * (5 + 3 + 1) + d(3 + 5) + d(2) + d(1) + d(1)  # positions 2, 3, 4: rows 0+1, 0, 0
     assert c._step_cost(ks, options) == pytest.approx(expected)
-    assert c._step_cost({0: 0, 1: 0, 2: 0}, options) == pytest.approx(0.03)    # plain: no draft forward
+    assert c._step_cost({0: 0, 1: 0, 2: 0}, options) == pytest.approx(0.03)  # plain: no draft forward
 
 
 def test_each_row_of_a_batch_probes_the_draft_model_now_and_then():
@@ -607,4 +626,4 @@ def test_each_row_of_a_batch_probes_the_draft_model_now_and_then():
                 probes[row].append(step)
         c.observe({row: Outcome(d, dr, 0, [7]) for row, (d, dr) in plan.items()}, 2, 0.03)
     assert probes[0] == probes[1] == [4, 12, 28], probes
-    assert all(len(call) == 2 for call in model.calls)         # the rows' probes share one call
+    assert all(len(call) == 2 for call in model.calls)  # the rows' probes share one call

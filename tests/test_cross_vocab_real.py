@@ -1,6 +1,7 @@
 """Gemma-3-270M drafting for the Qwen2.5-Coder-1.5B target across tokenizers (262 144 vs 151 936
 tokens): greedy output is the target's own, under the rounding-tie rule of tests/lossless.py,
 in both modes; the CLI takes the pair."""
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,9 @@ def runs(target_model, gemma):
     out = {}
     for mode in ("string", "intersect"):
         drafters = [CrossVocabDrafter(gemma, target_model, mode) for _ in range(3)]
-        out[mode] = [(d, SpeculativeDecoder(target_model, d, k=4).generate(p, CONFIG))
-                     for d, p in zip(drafters, PROMPTS[:3])]
+        out[mode] = [
+            (d, SpeculativeDecoder(target_model, d, k=4).generate(p, CONFIG)) for d, p in zip(drafters, PROMPTS[:3])
+        ]
     return out
 
 
@@ -63,7 +65,6 @@ def test_the_cli_takes_a_draft_of_another_vocabulary():
         assert proc.returncode == 0, proc.stderr
         out = json.loads(proc.stdout)
         assert out["draft"] == "gemma-3-270m" and out["stats"]["drafted"] > 0
-    proc = specdec("generate", "-p", "Write hello world in C.", "-n", "12", "--draft-model", "gemma-3-270m",
-                   "--json")
+    proc = specdec("generate", "-p", "Write hello world in C.", "-n", "12", "--draft-model", "gemma-3-270m", "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["draft"] == "auto (ngram + gemma-3-270m)"

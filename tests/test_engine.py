@@ -1,4 +1,5 @@
 """The decode loop on toy models: greedy equality, rollback bookkeeping, stop rules, streaming."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,19 +40,20 @@ class ScriptedLM(ToyLM):
         start = len(self.cache)
         rows = super().forward(tokens, n_rows=None) * 0
         for i in range(len(tokens)):
-            pos = start + i + 1 - self.prompt_len      # index of the token this row predicts
+            pos = start + i + 1 - self.prompt_len  # index of the token this row predicts
             rows[i, self.script[min(max(pos, 0), len(self.script) - 1)]] = 10.0
         n_rows = len(tokens) if n_rows is None else n_rows
-        return rows[len(rows) - n_rows:]
+        return rows[len(rows) - n_rows :]
 
 
 class WrongDrafter:
     """Always proposes k tokens the target never picks first (every draft is rejected)."""
+
     name = kind = "wrong"
 
     def __init__(self, target):
         self.target = target
-        self.asked: list[int] = []          # every k asked for, for tests
+        self.asked: list[int] = []  # every k asked for, for tests
 
     def begin(self, row, prompt, params, rng):
         pass
@@ -112,7 +114,7 @@ def test_target_cache_tracks_context(target):
         if request.row is not None:
             with target.use_row(request.row):
                 assert target.cache == request.context[:-1]
-    assert engine.rows == {} and target._states == {}      # the row was freed when it finished
+    assert engine.rows == {} and target._states == {}  # the row was freed when it finished
 
 
 def test_model_drafter_cache_stays_in_step(target):
@@ -126,13 +128,13 @@ def test_model_drafter_cache_stays_in_step(target):
             break
         with draft_model.use_row(drafter._rows[request.row].model_row):
             # the draft's cache is always a prefix of the context (never a rejected token)
-            assert draft_model.cache == request.context[:len(draft_model.cache)]
-            assert len(draft_model.cache) >= len(request.context) - 2   # at most bonus + last draft pending
+            assert draft_model.cache == request.context[: len(draft_model.cache)]
+            assert len(draft_model.cache) >= len(request.context) - 2  # at most bonus + last draft pending
     assert draft_model._states == {}
 
 
 def test_all_accepted_draft_catches_up_in_one_forward(target):
-    draft_model = ToyLM(vocab_size=32, seed=1)   # identical to the target: everything is accepted
+    draft_model = ToyLM(vocab_size=32, seed=1)  # identical to the target: everything is accepted
     SpeculativeDecoder(target, draft_model, k=4).generate(PROMPT, max_new_tokens=20)
     # the prompt, then per step: 2 tokens to catch up (last draft + bonus) and 3 single-token drafts
     assert draft_model.forward_calls[0] == len(PROMPT)
@@ -170,9 +172,10 @@ def test_a_draft_ends_at_its_first_eog():
     script = [9, 10, 11, 0, 12, 13]
     model = ScriptedLM(script, prompt_len=len(PROMPT))
     result = SpeculativeDecoder(model, ScriptedLM(script, prompt_len=len(PROMPT)), k=8).generate(
-        PROMPT, max_new_tokens=50)
+        PROMPT, max_new_tokens=50
+    )
     assert result.tokens == [9, 10, 11] and result.stats.finish_reason == "eog"
-    assert model.forward_calls[-1] == 5              # [last, 9, 10, 11, 0]: one step, five rows
+    assert model.forward_calls[-1] == 5  # [last, 9, 10, 11, 0]: one step, five rows
     q = np.eye(4)[[1, 0, 2, 3]]
     cut = Draft([1, 0, 2, 3], q, {"match": 7}).upto(frozenset({0}))
     assert cut.tokens == [1, 0] and cut.q.shape == (2, 4) and cut.evidence == {"match": 7}
@@ -191,7 +194,7 @@ def test_stream_is_utf8_safe_and_matches_text():
 
 
 def test_stop_string_cuts_text_and_generation():
-    script = [7, 8, 9, 10, 11, 12, 13, 14]   # "hijklmno"
+    script = [7, 8, 9, 10, 11, 12, 13, 14]  # "hijklmno"
     model = ScriptedLM(script, prompt_len=len(PROMPT))
     stream = SpeculativeDecoder(model, "ngram", k=4).stream(PROMPT, max_new_tokens=50, stop=("klm",))
     pieces = list(stream)
@@ -201,8 +204,7 @@ def test_stop_string_cuts_text_and_generation():
 
 def test_context_full_stops_cleanly():
     model = ToyLM(vocab_size=32, seed=1, n_ctx=len(PROMPT) + 10)
-    result = SpeculativeDecoder(model, ToyLM(vocab_size=32, seed=1, n_ctx=64), k=4).generate(
-        PROMPT, max_new_tokens=100)
+    result = SpeculativeDecoder(model, ToyLM(vocab_size=32, seed=1, n_ctx=64), k=4).generate(PROMPT, max_new_tokens=100)
     assert result.stats.finish_reason in ("context", "eog")
     assert len(PROMPT) + len(result.tokens) <= model.n_ctx + 1
 
@@ -248,7 +250,7 @@ def test_drafts_never_outrun_the_tokens_wanted(target):
     result = SpeculativeDecoder(target, drafter, k=32).generate(PROMPT, max_new_tokens=4)
     assert len(result.tokens) == 4
     assert drafter.asked and max(drafter.asked) <= 3
-    assert sum(drafter.asked) <= 3 + 2 + 1     # wants 4, 3, 2, 1 -> k 3, 2, 1, 0 (no draft)
+    assert sum(drafter.asked) <= 3 + 2 + 1  # wants 4, 3, 2, 1 -> k 3, 2, 1, 0 (no draft)
 
 
 def test_row_joins_a_running_batch_and_equals_its_solo_run(target):
@@ -262,7 +264,7 @@ def test_row_joins_a_running_batch_and_equals_its_solo_run(target):
     assert len(first.context) > 3 and not first.done
     second = engine.add([9, 9, 4, 3], GenerationConfig(max_new_tokens=30))
     engine.step()
-    assert len(engine.rows) == 2                  # the second joined while the first runs
+    assert len(engine.rows) == 2  # the second joined while the first runs
     engine.run([first, second])
     assert first.result.tokens == solo[(5, 6, 7)]
     assert second.result.tokens == solo[(9, 9, 4, 3)]
@@ -275,12 +277,12 @@ def test_cancel_frees_the_row_at_once(target):
     a = engine.add(list(PROMPT), GenerationConfig(max_new_tokens=200))
     b = engine.add([5, 6, 7], GenerationConfig(max_new_tokens=5))
     engine.step()
-    assert a.row is not None and b.row is None and b in engine.queue   # one row: b waits
+    assert a.row is not None and b.row is None and b in engine.queue  # one row: b waits
     engine.cancel(a)
     assert a.done and a.result.stats.finish_reason == "cancelled"
-    assert target._states == {} and draft._states == {}                # caches freed now
+    assert target._states == {} and draft._states == {}  # caches freed now
     engine.step()
-    assert b.row is not None                                           # b takes the row
+    assert b.row is not None  # b takes the row
     engine.run([b])
     assert b.result.tokens == decoder.generate([5, 6, 7], max_new_tokens=5).tokens
 
@@ -292,7 +294,7 @@ def test_interleaved_streams_are_independent(target):
     s1, s2 = decoder.stream(PROMPT, config), decoder.stream([4, 4, 5], config)
     i1, i2 = iter(s1), iter(s2)
     texts = ["", ""]
-    for piece in i2:                  # read one piece of the second, then the whole first, then the rest
+    for piece in i2:  # read one piece of the second, then the whole first, then the rest
         texts[1] += piece
         break
     texts[0] = "".join(i1)

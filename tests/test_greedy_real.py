@@ -5,6 +5,7 @@ vocabulary; alone and in a batch of four llama.cpp rows; a row that joins a runn
 Every comparison goes through tests/lossless.py: token for token equal to plain decoding, or
 parting at a named rounding tie of llama.cpp's kernels with the output greedy after it.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,7 @@ PROMPTS = [
     "Write a SQL query that lists the ten customers with the highest total order value.",
     "Add type hints to this function:\n\ndef scale(values, factor):\n    return [v * factor for v in values]\n",
 ]
-COPYING = (2, 4)            # prompts whose answers copy from the prompt: prompt lookup drafts there
+COPYING = (2, 4)  # prompts whose answers copy from the prompt: prompt lookup drafts there
 CONFIG = GenerationConfig(max_new_tokens=64)
 
 
@@ -43,8 +44,9 @@ def shipped_costs(curve: str) -> tuple:
         report = json.loads((ROOT / "benchmarks" / "cpu" / "costs-1.5b-0.5b.json").read_text())
         return cost_table(report, "target"), cost_table(report, "draft")
     folder = ROOT / "benchmarks" / "gpu-h100"
-    return tuple(cost_table(json.loads((folder / f"costs-{size}-static-graphs.json").read_text()))
-                 for size in ("1.5b", "0.5b"))
+    return tuple(
+        cost_table(json.loads((folder / f"costs-{size}-static-graphs.json").read_text())) for size in ("1.5b", "0.5b")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +58,7 @@ def plain_outputs(target_model):
 @pytest.fixture(scope="module")
 def alone(target_model, draft_model):
     """Each drafter on every prompt, alone; the checks below read these runs."""
+
     def run(make):
         return [make().generate(p, CONFIG) for p in PROMPTS]
 
@@ -63,11 +66,17 @@ def alone(target_model, draft_model):
         "draft model": run(lambda: SpeculativeDecoder(target_model, draft_model, k=4)),
         "ngram": run(lambda: SpeculativeDecoder(target_model, "ngram", k=6)),
         # auto as a user on this CPU meets it (one decoder: what it learns carries over) ...
-        "auto": [d.generate(p, CONFIG) for d in [SpeculativeDecoder(
-            target_model, "auto", draft_model=draft_model, costs=shipped_costs("cpu"))] for p in PROMPTS],
+        "auto": [
+            d.generate(p, CONFIG)
+            for d in [SpeculativeDecoder(target_model, "auto", draft_model=draft_model, costs=shipped_costs("cpu"))]
+            for p in PROMPTS
+        ],
         # ... and where width is cheap, so that it drafts long and with the draft model
-        "auto, flat curve": [d.generate(p, CONFIG) for d in [SpeculativeDecoder(
-            target_model, "auto", draft_model=draft_model, costs=shipped_costs("h100"))] for p in PROMPTS],
+        "auto, flat curve": [
+            d.generate(p, CONFIG)
+            for d in [SpeculativeDecoder(target_model, "auto", draft_model=draft_model, costs=shipped_costs("h100"))]
+            for p in PROMPTS
+        ],
     }
 
 
@@ -90,7 +99,7 @@ def test_each_drafter_drafted_and_was_kept(alone):
     for drafter in ("draft model", "ngram", "auto, flat curve"):
         checked = alone[drafter] if drafter == "draft model" else [alone[drafter][i] for i in COPYING]
         assert all(r.stats.drafted > 0 and r.stats.accepted > 0 for r in checked), drafter
-    used = lambda name: {key.split(":")[0] for r in alone[name] for key in r.stats.decisions}   # noqa: E731
+    used = lambda name: {key.split(":")[0] for r in alone[name] for key in r.stats.decisions}  # noqa: E731
     assert "ngram" in used("auto"), used("auto")
     assert {"ngram", "draft"} <= used("auto, flat curve"), used("auto, flat curve")
 
@@ -112,18 +121,18 @@ def test_the_check_catches_a_broken_verifier(target_model, plain_outputs, monkey
     monkeypatch.setattr(specdec.engine, "verify", keep_everything)
     result = SpeculativeDecoder(target_model, "ngram", k=6).generate(PROMPTS[2], CONFIG)
     with pytest.raises(pytest.fail.Exception, match="not a rounding tie|top-2 gap"):
-        assert_greedy_lossless(target_model, plain_outputs[2].prompt_tokens, plain_outputs[2].tokens,
-                               result.tokens)
+        assert_greedy_lossless(target_model, plain_outputs[2].prompt_tokens, plain_outputs[2].tokens, result.tokens)
 
 
 # -- four rows of one llama.cpp context, one llama_decode a step ------------------------------------
+
 
 def _load(name: str, rows: int):
     from specdec import load_model
 
     from .conftest import _real_model
 
-    _real_model(name)                  # fails (or skips) with the reason where the model is missing
+    _real_model(name)  # fails (or skips) with the reason where the model is missing
     return load_model(name, n_ctx=2048, max_rows=rows, progress=False)
 
 
@@ -138,7 +147,7 @@ def draft_4_rows(draft_model):
 
 
 BATCHED = ["draft model", "suffix", "auto, flat curve", "gemma (another vocabulary)"]
-BATCH_TOKENS = 32           # of plain's 64: the batches are the slowest tests here
+BATCH_TOKENS = 32  # of plain's 64: the batches are the slowest tests here
 
 
 def _batched_decoder(drafter: str, target, draft):
@@ -148,7 +157,7 @@ def _batched_decoder(drafter: str, target, draft):
         return SpeculativeDecoder(target, "auto", draft_model=draft, costs=shipped_costs("h100"))
     if drafter.startswith("gemma"):
         return SpeculativeDecoder(target, _load("gemma-3-270m", 4), k=4)
-    return SpeculativeDecoder(target, drafter, k=6)      # suffix
+    return SpeculativeDecoder(target, drafter, k=6)  # suffix
 
 
 @pytest.mark.parametrize("drafter", BATCHED)
@@ -165,8 +174,7 @@ def test_rows_of_a_batch_are_the_targets_greedy_output(target_4_rows, draft_4_ro
     exact = 0
     for plain, result in zip(plain_outputs, results):
         assert result.prompt_tokens == plain.prompt_tokens
-        exact += assert_greedy_lossless(target_4_rows, plain.prompt_tokens, plain.tokens[:BATCH_TOKENS],
-                                        result.tokens)
+        exact += assert_greedy_lossless(target_4_rows, plain.prompt_tokens, plain.tokens[:BATCH_TOKENS], result.tokens)
     assert exact >= 2, f"only {exact} of 4 rows identical to their solo runs"
     assert sum(r.stats.accepted for r in results) > 0, drafter
     if drafter == "auto, flat curve":
@@ -179,7 +187,7 @@ def test_rows_join_a_running_batch(target_4_rows, plain_outputs):
     gives its solo output; a cancelled row frees its sequence for the next."""
     decoder = SpeculativeDecoder(target_4_rows, "ngram", k=4)
     engine = decoder.engine
-    engine.prefill_chunk = 8                     # the joining prompt takes several steps
+    engine.prefill_chunk = 8  # the joining prompt takes several steps
     config = CONFIG
     first = engine.add(decoder.prompt_tokens(PROMPTS[0], config), config)
     doomed = engine.add(decoder.prompt_tokens(PROMPTS[1], config), config)

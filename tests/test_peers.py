@@ -1,4 +1,5 @@
 """The llama.cpp peer gets exactly our prompt (stand-in binaries that log like llama.cpp's)."""
+
 from __future__ import annotations
 
 import sys
@@ -50,7 +51,7 @@ def test_llama_cpp_reads_exactly_our_prompt(peer, prompt):
     assert run.text == "generated text\n"
     plain = runner.run(prompt, 16, "none", 0)
     assert seen.read_text(encoding="utf-8") == prompt and (plain.tokens, plain.seconds) == (10, 0.4)
-    assert plain.text == "generated text"      # no prompt echo, no end mark: comparable with ours
+    assert plain.text == "generated text"  # no prompt echo, no end mark: comparable with ours
 
 
 def test_a_failed_peer_is_one_clear_error(peer):

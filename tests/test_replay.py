@@ -1,5 +1,9 @@
 """Offline replay of drafting policies (specdec.replay): the ceilings bound every controller."""
+
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +21,7 @@ def edited_copy(seed: int, n_prompt: int = 300, edits: int = 6):
     prompt = [int(t) for t in rng.integers(0, 500, n_prompt)]
     output = prompt[50:250]
     for pos in rng.choice(len(output), edits, replace=False):
-        output[pos] = int(rng.integers(500, 600))          # tokens the prompt never had
+        output[pos] = int(rng.integers(500, 600))  # tokens the prompt never had
     return prompt, output
 
 
@@ -29,13 +33,13 @@ def test_ceilings_bound_every_controller(seed):
     auto, decisions = replay_speedup(prompt, output, CURVE, CostAwareController(NgramDrafter(), None, CURVE))
     fixed, _ = replay_speedup(prompt, output, CURVE, FixedController(NgramDrafter(), 8))
     assert ceiling >= oracle - 1e-9 and oracle >= auto - 1e-9 and oracle >= fixed - 1e-9
-    assert auto > 1.5 and fixed > 1.5                      # a copy with six edits pays well
+    assert auto > 1.5 and fixed > 1.5  # a copy with six edits pays well
     assert sum(n for key, n in decisions.items() if key != "plain") > 0
 
 
 def test_nothing_to_copy_means_plain_speed():
     prompt = list(range(100))
-    output = list(range(1000, 1200))                       # every token new
+    output = list(range(1000, 1200))  # every token new
     assert copy_ceiling(prompt, output, CURVE) == pytest.approx(1.0)
     assert oracle_speedup(prompt, output, CURVE) == pytest.approx(1.0)
     auto, decisions = replay_speedup(prompt, output, CURVE, CostAwareController(NgramDrafter(), None, CURVE))
@@ -52,8 +56,9 @@ def test_each_replayed_step_is_priced_at_its_own_depth():
     level = CostTable(curve, deep=curve, depth=128, deep_depth=1024)
     for ceiling in (copy_ceiling, oracle_speedup, clairvoyant_speedup):
         assert ceiling(prompt, output, level) == pytest.approx(ceiling(prompt, output, CURVE))
-    assert replay_speedup(prompt, output, level, CostAwareController(NgramDrafter(), None, level))[0] == \
-        pytest.approx(replay_speedup(prompt, output, CURVE, CostAwareController(NgramDrafter(), None, CURVE))[0])
+    assert replay_speedup(prompt, output, level, CostAwareController(NgramDrafter(), None, level))[0] == pytest.approx(
+        replay_speedup(prompt, output, CURVE, CostAwareController(NgramDrafter(), None, CURVE))[0]
+    )
     # a deep curve where every width costs one more one-token forward (one token twice as dear): the
     # plain time is the one-token cost at each position's depth, and relative to it width is cheaper
     # deep in the prompt, so the clairvoyant controller gains
@@ -75,8 +80,10 @@ def test_a_wrong_guess_costs_a_wider_step():
 
 # -- a draft model replayed from its recorded agreement ----------------------------------------
 
+
 def test_draft_run_is_the_run_of_agreements():
     from specdec.replay import draft_run
+
     assert [draft_run("1101110", i, 4) for i in range(7)] == [2, 1, 0, 3, 2, 1, 0]
     assert draft_run("1111", 0, 2) == 2 and draft_run("11", 1, 4) == 1
 
@@ -85,11 +92,12 @@ def test_the_recorded_drafter_is_accepted_exactly_as_recorded_and_pays_its_forwa
     """Fixed draft:K replayed: every step keeps the recorded run; a draft that always agrees and
     costs nothing gives the ceiling's tokens per step, a costly draft model less."""
     from specdec.replay import RecordedDrafter, draft_ceiling, draft_seconds
+
     rng = np.random.default_rng(0)
     prompt, output = list(range(10)), [int(t) for t in rng.integers(100, 200, 120)]
     agrees = "".join("1" if x < 0.8 else "0" for x in rng.random(len(output)))
     recorded = RecordedDrafter({tuple(prompt): (output, agrees)})
-    flat = [1.0] * 16                                       # a GPU-like curve: width is free
+    flat = [1.0] * 16  # a GPU-like curve: width is free
     free = [0.0] * 16
     speedup, decisions = replay_speedup(prompt, output, flat, FixedController(recorded, 4), recorded, free)
     steps = sum(decisions.values())
@@ -104,7 +112,7 @@ def test_the_recorded_drafter_is_accepted_exactly_as_recorded_and_pays_its_forwa
             n += 1
         pos, expected_steps = pos + n + 1, expected_steps + 1
     assert steps == expected_steps
-    costly = [0.5] * 16                                     # a draft forward costs half a target forward
+    costly = [0.5] * 16  # a draft forward costs half a target forward
     slower, _ = replay_speedup(prompt, output, flat, FixedController(recorded, 4), recorded, costly)
     assert slower < speedup
     assert draft_seconds(costly, 3, 4) == pytest.approx(0.5 + 3 * 0.5)
@@ -114,7 +122,8 @@ def test_the_recorded_drafter_is_accepted_exactly_as_recorded_and_pays_its_forwa
 
 def test_auto_uses_a_recorded_draft_model_when_it_pays():
     from specdec.replay import RecordedDrafter
-    prompt, output = list(range(10)), list(range(1000, 1200))       # nothing to copy: lookup is useless
+
+    prompt, output = list(range(10)), list(range(1000, 1200))  # nothing to copy: lookup is useless
     recorded = RecordedDrafter({tuple(prompt): (output, "1" * len(output))})
     flat = [1.0 + 0.01 * i for i in range(16)]
     auto = CostAwareController(NgramDrafter(), recorded, flat, [0.05] * 16)
@@ -124,11 +133,10 @@ def test_auto_uses_a_recorded_draft_model_when_it_pays():
 
 # -- fitting priors and leaving one category out (recorded data shipped in the repository) ----------
 
-import json
-from pathlib import Path
-
-RECORDINGS = [Path(__file__).resolve().parents[1] / "benchmarks" / name
-              for name in ("greedy-1.5b-0.5b.jsonl", "dev-greedy-1.5b-0.5b.jsonl", "greedy256-1.5b-0.5b.jsonl")]
+RECORDINGS = [
+    Path(__file__).resolve().parents[1] / "benchmarks" / name
+    for name in ("greedy-1.5b-0.5b.jsonl", "dev-greedy-1.5b-0.5b.jsonl", "greedy256-1.5b-0.5b.jsonl")
+]
 
 
 def load_recording(path):
@@ -139,6 +147,7 @@ def load_recording(path):
 def test_the_fitted_match_prior_trusts_longer_matches_more():
     from specdec.controller import MATCH_BUCKETS, MatchAcceptance
     from specdec.replay import fit_match_prior, match_statistics
+
     _, records = load_recording(RECORDINGS[0])
     stats = match_statistics(records)
     assert set(stats) == set(MatchAcceptance.KINDS)
@@ -150,6 +159,7 @@ def test_the_fitted_match_prior_trusts_longer_matches_more():
 
 def test_the_draft_prior_is_the_run_of_agreements():
     from specdec.replay import draft_statistics
+
     right, checked = draft_statistics([{"draft_agrees": "1101"}])
     # from 0: 1,1,0 (3 checked); from 1: 1,0; from 2: 0; from 3: 1
     assert checked[:4] == [4, 2, 1, 0] and right[:4] == [3, 1, 0, 0]
@@ -160,6 +170,7 @@ def test_leave_one_category_out(path, monkeypatch):
     """Every category is replayed with priors fitted on the others only (the fit never sees it),
     and the clairvoyant controller over the same two drafters bounds auto on each."""
     from specdec import replay
+
     assert path.exists(), f"the shipped recording {path.name} is missing"
     header, records = load_recording(path)
     seen = []
@@ -184,6 +195,7 @@ def test_copy_runs_split_whole_copies_from_partial_ones():
     """A response that copies its prompt from its first token counts as a whole copy at every
     position; one that writes 30 tokens of its own first only reaches a long match later, partial."""
     from specdec.replay import copy_runs
+
     prompt = list(range(100)) + [500] + list(range(20))
     whole = copy_runs([{"prompt": prompt, "output": list(range(20, 60))}])
     # every one of the 40 positions matches 20+ tokens and its guesses run to the end of the output

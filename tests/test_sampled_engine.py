@@ -9,6 +9,7 @@ the target alone, enumerated from the target's own logits (chi-square with small
 a total-variation bound, at the 1e-4 level of tests/test_sampling.py). Each harness has a power
 check: the same run with a verifier that samples the recovered token from p instead of the
 residual norm(max(0, p - q)) must fail it by far."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -25,15 +26,17 @@ from .drafters.test_cross_vocab import draft_lm, target_lm
 from .test_sampling import chi2_statistic, chi2_threshold, tv_threshold
 from .toy import ToyLM, on_virtual_clock
 
-EOG = -1                                 # an outcome's marker: generation ended there
-N = 5                                    # tokens per row: the first step may draft N - 1 = 4
+EOG = -1  # an outcome's marker: generation ended there
+N = 5  # tokens per row: the first step may draft N - 1 = 4
 ROWS, PER_BATCH = 4_000, 2_000
 # a flat cost curve (a GPU's) up to 64 tokens: auto drafts long for batches of 8 rows (on a
 # batch of 2 000 a curve past its widest width rises, and speculation rightly stops paying)
 FLAT = {w: 0.01 for w in (*range(1, 17), 32, 64)}
 AUTO_BATCH = 8
-FILTERS = {"t1-top3": dict(temperature=1.0, top_k=3),
-           "t0.7-top4-p0.9-minp": dict(temperature=0.7, top_k=4, top_p=0.9, min_p=0.05)}
+FILTERS = {
+    "t1-top3": dict(temperature=1.0, top_k=3),
+    "t0.7-top4-p0.9-minp": dict(temperature=0.7, top_k=4, top_p=0.9, min_p=0.05),
+}
 
 
 def exact_outcomes(target, prompt, params: SamplingParams, n: int) -> dict[tuple, float]:
@@ -47,7 +50,7 @@ def exact_outcomes(target, prompt, params: SamplingParams, n: int) -> dict[tuple
             out[prefix] = prob
             return
         target.reset()
-        p = logits_to_probs(target.forward(list(prompt) + list(prefix), n_rows=1)[0], params)   # [vocab]
+        p = logits_to_probs(target.forward(list(prompt) + list(prefix), n_rows=1)[0], params)  # [vocab]
         for token in np.flatnonzero(p):
             if int(token) in eog:
                 out[prefix + (EOG,)] = prob * p[token]
@@ -89,14 +92,18 @@ def distance(counts: Counter, expected: dict[tuple, float], rows: int = ROWS) ->
 
 # -- the toy harness: a trigram target over the pieces of tests/drafters/test_cross_vocab.py ------------
 
+
 def toy_target():
     """Token 0 ends generation. The prompt is a path the target samples itself, given twice, so
     prompt lookup proposes tokens the target likes (drafts are kept, not only rejected)."""
     target = target_lm(seed=1)
     target.path = None
     plain = SpeculativeDecoder(target)
-    path = next(tokens for seed in range(100) if len(tokens := plain.generate(
-        [1], max_new_tokens=8, temperature=1.0, top_k=3, seed=seed).tokens) == 8)     # no early end
+    path = next(
+        tokens
+        for seed in range(100)
+        if len(tokens := plain.generate([1], max_new_tokens=8, temperature=1.0, top_k=3, seed=seed).tokens) == 8
+    )  # no early end
     return target, [1, *path, 1, *path[:4]]
 
 
@@ -109,14 +116,18 @@ def same_vocab_draft(target):
 def toy_decoder(kind: str, target) -> SpeculativeDecoder:
     if kind == "auto":
         draft = same_vocab_draft(target)
-        decoder = SpeculativeDecoder(target, "auto", draft_model=draft, suffix=True,
-                                     costs=(CostTable(FLAT), CostTable({w: 0.002 for w in FLAT})))
+        decoder = SpeculativeDecoder(
+            target, "auto", draft_model=draft, suffix=True, costs=(CostTable(FLAT), CostTable({w: 0.002 for w in FLAT}))
+        )
         decoder.engine.clock = on_virtual_clock(target, decoder.engine.controller.target_cost.measured)
         return decoder
-    drafter = {"draft model": lambda: same_vocab_draft(target), "ngram": lambda: "ngram",
-               "suffix": lambda: "suffix",
-               "string:": lambda: CrossVocabDrafter(draft_lm(), target, "string"),
-               "intersect:": lambda: CrossVocabDrafter(draft_lm(), target, "intersect")}[kind]()
+    drafter = {
+        "draft model": lambda: same_vocab_draft(target),
+        "ngram": lambda: "ngram",
+        "suffix": lambda: "suffix",
+        "string:": lambda: CrossVocabDrafter(draft_lm(), target, "string"),
+        "intersect:": lambda: CrossVocabDrafter(draft_lm(), target, "intersect"),
+    }[kind]()
     return SpeculativeDecoder(target, drafter, k=N - 1)
 
 
@@ -153,18 +164,21 @@ def test_every_drafter_drafts_long_and_is_sometimes_right(toy):
     config = GenerationConfig(max_new_tokens=N, chat=False, **FILTERS["t1-top3"])
     for kind in KINDS:
         decoder = toy_decoder(kind, target)
-        results = [r for start in range(0, 400, batch_size(decoder)) for r in
-                   decoder.generate_batch([prompt] * min(batch_size(decoder), 400), config, seed=start)]
+        results = [
+            r
+            for start in range(0, 400, batch_size(decoder))
+            for r in decoder.generate_batch([prompt] * min(batch_size(decoder), 400), config, seed=start)
+        ]
         drafted = sum(r.stats.drafted for r in results)
         accepted = sum(r.stats.accepted for r in results)
         assert 0 < accepted < drafted, (kind, accepted, drafted)
         assert max(len(r.stats.drafted_at) for r in results) == N - 1, kind
         if kind not in ("string:", "intersect:"):
-            assert any(r.stats.accepted_at[N - 2:] == [1] for r in results), (kind, "no 4-token draft kept whole")
+            assert any(r.stats.accepted_at[N - 2 :] == [1] for r in results), (kind, "no 4-token draft kept whole")
 
 
 def broken_residual(p_row, q_row):
-    return p_row                        # the classic bug: the rejected token may come back
+    return p_row  # the classic bug: the rejected token may come back
 
 
 @pytest.mark.parametrize("kind", ["draft model", "ngram"])
@@ -228,8 +242,9 @@ def test_the_torch_harness_fails_a_verifier_that_resamples_from_p(torch_pair, mo
     config = GenerationConfig(max_new_tokens=TORCH_N, chat=False, **FILTERS["t1-top3"])
     expected = exact_outcomes(target, prompt, config.sampling, TORCH_N)
     monkeypatch.setattr(specdec.sampling, "residual", broken_residual)
-    chi2, chi2_max, tv, tv_max = distance(sampled_outcomes(torch_decoder("draft model", target, draft), prompt,
-                                                           config), expected)
+    chi2, chi2_max, tv, tv_max = distance(
+        sampled_outcomes(torch_decoder("draft model", target, draft), prompt, config), expected
+    )
     assert chi2 > 3 * chi2_max and tv > tv_max, (chi2, chi2_max, tv, tv_max)
 
 

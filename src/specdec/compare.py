@@ -1,4 +1,5 @@
 """Plain vs speculative decoding of the same request on the same loaded models."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -23,8 +24,8 @@ class Comparison:
     plain: GenerationResult
     speculative: GenerationResult
     greedy: bool
-    first_difference: int | None = None      # index into the generated tokens; None = identical
-    logit_gap: float | None = None           # target's top-1 minus top-2 logit there
+    first_difference: int | None = None  # index into the generated tokens; None = identical
+    logit_gap: float | None = None  # target's top-1 minus top-2 logit there
 
     @property
     def identical(self) -> bool:
@@ -41,16 +42,25 @@ class Comparison:
         if not self.greedy:
             return "different (expected when sampling: both follow the target's distribution)"
         if self.logit_gap is not None and self.logit_gap < ROUNDING_GAP:
-            return (f"different from token {self.first_difference}: the target's top-2 logit gap there is "
-                    f"{self.logit_gap:.4f} (< {ROUNDING_GAP}), a rounding tie between llama.cpp's batched "
-                    f"and single-token kernels, not a bug")
-        return (f"different from token {self.first_difference}: the target's top-2 logit gap there is "
-                f"{self.logit_gap:.4f}, too large for rounding: this is a bug, please report it")
+            return (
+                f"different from token {self.first_difference}: the target's top-2 logit gap there is "
+                f"{self.logit_gap:.4f} (< {ROUNDING_GAP}), a rounding tie between llama.cpp's batched "
+                f"and single-token kernels, not a bug"
+            )
+        return (
+            f"different from token {self.first_difference}: the target's top-2 logit gap there is "
+            f"{self.logit_gap:.4f}, too large for rounding: this is a bug, please report it"
+        )
 
     def to_dict(self) -> dict:
-        return {"plain": self.plain.to_dict(), "speculative": self.speculative.to_dict(),
-                "identical": self.identical, "speedup": self.speedup,
-                "first_difference": self.first_difference, "logit_gap": self.logit_gap}
+        return {
+            "plain": self.plain.to_dict(),
+            "speculative": self.speculative.to_dict(),
+            "identical": self.identical,
+            "speedup": self.speedup,
+            "first_difference": self.first_difference,
+            "logit_gap": self.logit_gap,
+        }
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
@@ -64,15 +74,14 @@ def top2_gap(target: RowModel, tokens: Sequence[int]) -> float:
     [r] = target.add_rows(1)
     try:
         target.forward_rows({r: tokens[:-1]})
-        row = target.forward_rows({r: tokens[-1:]}, {r: 1})[r][0].astype(np.float64)     # [vocab]
+        row = target.forward_rows({r: tokens[-1:]}, {r: 1})[r][0].astype(np.float64)  # [vocab]
     finally:
         target.drop_rows([r])
     top2 = np.partition(row, -2)[-2:]
     return float(top2[1] - top2[0])
 
 
-def compare(speculative: SpeculativeDecoder, prompt, config: GenerationConfig,
-            warmup: bool = True) -> Comparison:
+def compare(speculative: SpeculativeDecoder, prompt, config: GenerationConfig, warmup: bool = True) -> Comparison:
     """Plain decoding, then `speculative`, on the same request and the same loaded target."""
     target = speculative.target
     plain = SpeculativeDecoder(target, None)

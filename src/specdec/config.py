@@ -1,4 +1,5 @@
 """What a request asks for: GenerationConfig, validated once, here."""
+
 from __future__ import annotations
 
 import numbers
@@ -10,20 +11,20 @@ from .sampling import SamplingParams
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    max_new_tokens: int = 256           # stop after this many generated tokens
-    temperature: float = 0.0            # 0 = greedy: output is exactly the target's argmax path
-    top_k: int = 0                      # 0 = off
-    top_p: float = 1.0                  # 1.0 = off
-    min_p: float = 0.0                  # 0.0 = off
-    seed: int | None = None             # seeds the numpy Generator behind every random draw
-    stop: tuple[str, ...] = ()          # stop strings; the text ends before the first one found
-    chat: bool | None = None            # apply the chat template; None = when the target is instruct
-    system: str | None = None           # system message for the chat template
+    max_new_tokens: int = 256  # stop after this many generated tokens
+    temperature: float = 0.0  # 0 = greedy: output is exactly the target's argmax path
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    min_p: float = 0.0  # 0.0 = off
+    seed: int | None = None  # seeds the numpy Generator behind every random draw
+    stop: tuple[str, ...] = ()  # stop strings; the text ends before the first one found
+    chat: bool | None = None  # apply the chat template; None = when the target is instruct
+    system: str | None = None  # system message for the chat template
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
             raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.seed is not None:   # numpy's generators take 0 <= seed < 2**64
+        if self.seed is not None:  # numpy's generators take 0 <= seed < 2**64
             if not isinstance(self.seed, numbers.Integral) or not 0 <= self.seed < 2**64:
                 raise SpecdecError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         if any(not s for s in self.stop):

@@ -20,6 +20,7 @@ walks that order and keeps the prefix with the best tokens per second. With one 
 argmax_k E[k] / cost(k + 1). Every row at k = 0, a plain step, is always a candidate, so
 speculation steps aside when it cannot pay.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -32,7 +33,7 @@ import numpy as np
 from .costs import EMA, CostTable, step_depth
 from .drafters.base import Draft, Drafter, DraftModel
 
-K_MAX = 15          # the draft model's acceptance table, and the fitted priors' longest draft
+K_MAX = 15  # the draft model's acceptance table, and the fitted priors' longest draft
 # A free drafter (prompt lookup, the suffix cache) may draft as far as the widest forward the cost
 # curve has timed (costs.WIDE): inside a verbatim copy its guesses keep landing, and on this CPU a
 # forward's cost per token keeps falling past 16 tokens (REACH still bounds it by the match).
@@ -93,12 +94,14 @@ class Controller(Protocol):
     def end(self, row: int) -> None:
         """A row leaves (finished or cancelled)."""
 
-    def draft(self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]
-              ) -> dict[int, tuple[Drafter | None, Draft | None]]:
+    def draft(
+        self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]
+    ) -> dict[int, tuple[Drafter | None, Draft | None]]:
         """(drafter, draft) per live row, (None, None) for a plain step; caps[r] bounds row r's draft."""
 
-    def observe(self, outcomes: Mapping[int, "Outcome"], width: int, target_seconds: float,
-                depth: float | None = None) -> None:
+    def observe(
+        self, outcomes: Mapping[int, "Outcome"], width: int, target_seconds: float, depth: float | None = None
+    ) -> None:
         """What the step did: each row's outcome, the forward's width, its seconds and its depth."""
 
     def speedups(self, row: int, tokens_per_second: float) -> tuple[float | None, float | None]:
@@ -108,6 +111,7 @@ class Controller(Protocol):
 @dataclass
 class FixedController:
     """One drafter, k tokens a step for every row; k = 0 or no drafter is plain decoding."""
+
     drafter: Drafter | None
     k: int
 
@@ -117,8 +121,9 @@ class FixedController:
     def end(self, row: int) -> None:
         pass
 
-    def draft(self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]
-              ) -> dict[int, tuple[Drafter | None, Draft | None]]:
+    def draft(
+        self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]
+    ) -> dict[int, tuple[Drafter | None, Draft | None]]:
         """(drafter, draft) per row; caps[r] bounds row r's draft (the context's room, the tokens
         the row still wants)."""
         plan = {row: (None, None) for row in contexts}
@@ -126,12 +131,13 @@ class FixedController:
         ks = {row: k for row, k in ks.items() if k > 0}
         if self.drafter is None or not ks:
             return plan
-        drafts = self.drafter.propose({row: contexts[row] for row in ks}, ks)   # at most k tokens each
+        drafts = self.drafter.propose({row: contexts[row] for row in ks}, ks)  # at most k tokens each
         plan.update({row: (self.drafter, draft) for row, draft in drafts.items()})
         return plan
 
-    def observe(self, outcomes: Mapping[int, "Outcome"], width: int, target_seconds: float,
-                depth: float | None = None) -> None:
+    def observe(
+        self, outcomes: Mapping[int, "Outcome"], width: int, target_seconds: float, depth: float | None = None
+    ) -> None:
         """Told the outcome of every step (a fixed policy ignores it)."""
 
     def speedups(self, row: int, tokens_per_second: float) -> tuple[float | None, float | None]:
@@ -142,6 +148,7 @@ class FixedController:
 class Outcome:
     """What one row's step did: the drafter and draft used (None: a plain step), how many draft
     tokens the target kept, and the tokens emitted."""
+
     drafter: Drafter | None
     draft: Draft | None
     n_accepted: int
@@ -149,6 +156,7 @@ class Outcome:
 
 
 # -- acceptance ---------------------------------------------------------------------------------
+
 
 def _logit(p):
     p = np.clip(p, 0.01, 0.99)
@@ -195,9 +203,10 @@ class Overlay:
 @dataclass
 class Acceptance:
     """a[i] = P(draft position i accepted | positions before it were), as moving averages."""
+
     prior: float | Sequence[float]
     a: np.ndarray = field(default=None)  # [K_MAX]
-    rate: float = EMA                    # weight of one observation in the shared table
+    rate: float = EMA  # weight of one observation in the shared table
 
     def __post_init__(self):
         if self.a is None:
@@ -207,7 +216,7 @@ class Acceptance:
         """[k_max + 1] E[emitted tokens | k] for k = 0..k_max: the accepted prefix plus one
         (this request's estimate when its overlay is given)."""
         a = self.a[:k_max] if overlay is None else overlay.blend(self.a[:k_max], 0)
-        survive = np.cumprod(a)                         # [k_max] P(first i+1 positions accepted)
+        survive = np.cumprod(a)  # [k_max] P(first i+1 positions accepted)
         return 1.0 + np.concatenate([[0.0], np.cumsum(survive)])
 
     def observe(self, n_drafted: int, n_accepted: int, overlay: Overlay | None = None) -> None:
@@ -231,10 +240,10 @@ MATCH_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
 # tokens a guess is right 95% of the time or more. Leaving each category out of the fit changes the
 # replayed speedup of `auto` on it by under 1%, except code: 1.54x held out, 1.59x fitted on all.
 MATCH_PRIOR = {
-    "split":  (0.12, 0.26, 0.27, 0.27, 0.43, 0.43, 0.43, 0.77, 0.77, 0.8, 0.91, 0.97, 0.99),
+    "split": (0.12, 0.26, 0.27, 0.27, 0.43, 0.43, 0.43, 0.77, 0.77, 0.8, 0.91, 0.97, 0.99),
     "single": (0.32, 0.53, 0.62, 0.66, 0.72, 0.72, 0.85, 0.91, 0.95, 0.99, 0.99, 0.99, 0.99),
     "agreed": (0.4, 0.78, 0.78, 0.82, 0.82, 0.82, 0.82, 0.82, 0.82, 0.82, 0.93, 0.95, 0.99),
-    "later":  (0.53, 0.53, 0.63, 0.65, 0.74, 0.75, 0.83, 0.91, 0.96, 0.99, 0.99, 0.99, 0.99),
+    "later": (0.53, 0.53, 0.63, 0.65, 0.74, 0.75, 0.83, 0.91, 0.96, 0.99, 0.99, 0.99, 0.99),
 }
 
 # The draft model's P(position i accepted | the ones before were), before any evidence: the
@@ -329,34 +338,37 @@ class _RowState:
     shadow: dict[str, tuple[list[int], int, str]] = field(default_factory=dict)
     # ... and a proposal followed over plain steps (tokens, match, next position to score)
     tracker: dict[str, tuple[list[int], int, int]] = field(default_factory=dict)
-    promised: float = 0.0                               # sum over steps of value / plain value
+    promised: float = 0.0  # sum over steps of value / plain value
     # this request's own evidence: per free drafter (by name), and the draft model's
     overlays: dict[str, Overlay] = field(default_factory=dict)
     model_overlay: Overlay | None = None
-    prompt_len: int = 0                                 # tokens before the first generated one
-    next_explore: float = 0.0                           # the step of the next draft-model probe
-    explore_gap: float = 0.0                            # steps between the last two probes
-    depth: int = 0                                      # context tokens at the last step
+    prompt_len: int = 0  # tokens before the first generated one
+    next_explore: float = 0.0  # the step of the next draft-model probe
+    explore_gap: float = 0.0  # steps between the last two probes
+    depth: int = 0  # context tokens at the last step
 
 
 @dataclass
 class _Option:
     """One row's best drafter this step: E[k] for k = 0..len - 1 and the cost of drafting."""
-    kind: str                          # a free drafter's name ("ngram", "suffix") / "draft" / "plain"
-    expected: np.ndarray               # [k_max + 1]
-    proposal: Draft | None = None      # a free drafter's proposal (already made: it is free)
-    lag: int = 0                       # draft model: context tokens it must catch up on first
-    drafter: Drafter | None = None     # the free drafter that made `proposal`
-    depth: int = 0                     # the row's context tokens: the depth its forward attends over
+
+    kind: str  # a free drafter's name ("ngram", "suffix") / "draft" / "plain"
+    expected: np.ndarray  # [k_max + 1]
+    proposal: Draft | None = None  # a free drafter's proposal (already made: it is free)
+    lag: int = 0  # draft model: context tokens it must catch up on first
+    drafter: Drafter | None = None  # the free drafter that made `proposal`
+    depth: int = 0  # the row's context tokens: the depth its forward attends over
 
 
-def auto_controller(target, free: Sequence[Drafter], model: DraftModel | None,
-                    costs: tuple | None = None) -> "CostAwareController":
+def auto_controller(
+    target, free: Sequence[Drafter], model: DraftModel | None, costs: tuple | None = None
+) -> "CostAwareController":
     """`auto`'s controller for `target`, the one way it is built (a decoder's engine, the server's
     router). `costs`: (the target's curve, the draft model's or None); None: timed, and cached, at
     first use (costs.measure_cost_table)."""
     if costs is None:
         from .costs import measure_cost_table
+
         costs = (measure_cost_table(target), measure_cost_table(model.model) if isinstance(model, DraftModel) else None)
     return CostAwareController(free, model, *costs, width=target.width, stops=target.tokenizer.eog_ids)
 
@@ -369,47 +381,59 @@ class CostAwareController:
     `free` is one free drafter or several: each proposes every step (it costs nothing), is scored
     with its own MatchAcceptance table, and the row takes whichever promises most."""
 
-    def __init__(self, free: Drafter | Sequence[Drafter] | None, model_drafter: DraftModel | None,
-                 target_costs, draft_costs=None, explore_every: int = EXPLORE_EVERY,
-                 width: Callable[[Sequence[int]], int] = sum,
-                 match_prior: Mapping[str, Sequence[float]] | None = None,
-                 draft_prior: float | Sequence[float] | None = None,
-                 overlay_weight: float | None = None, shared_rate: float | None = None,
-                 explore_growth: float | None = None, stops: frozenset[int] = frozenset()):
+    def __init__(
+        self,
+        free: Drafter | Sequence[Drafter] | None,
+        model_drafter: DraftModel | None,
+        target_costs,
+        draft_costs=None,
+        explore_every: int = EXPLORE_EVERY,
+        width: Callable[[Sequence[int]], int] = sum,
+        match_prior: Mapping[str, Sequence[float]] | None = None,
+        draft_prior: float | Sequence[float] | None = None,
+        overlay_weight: float | None = None,
+        shared_rate: float | None = None,
+        explore_growth: float | None = None,
+        stops: frozenset[int] = frozenset(),
+    ):
         # a CostTable (with a deep curve, costs.measure_cost_table), or a curve at one depth
         self.target_cost = CostTable.of(target_costs)
-        self.stops = stops              # end-of-generation tokens: a free proposal is valued up to its first
+        self.stops = stops  # end-of-generation tokens: a free proposal is valued up to its first
         self.k_free = max(K_MAX, self.target_cost.widths[-1] - 1)
         if free is None:
             free = []
         self.free: list[Drafter] = [free] if isinstance(free, Drafter) else list(free)
         if len({d.name for d in self.free}) < len(self.free):
             raise ValueError(f"free drafters need distinct names, got {[d.name for d in self.free]}")
-        self.ngram = self.free[0] if self.free else None    # the first free drafter (prompt lookup)
+        self.ngram = self.free[0] if self.free else None  # the first free drafter (prompt lookup)
         self.model = model_drafter
         # the draft model's forward costs: catching up on m tokens costs a forward of m rows,
         # then each further draft position one forward over the rows still drafting
         self.draft_cost = CostTable.of(draft_costs) if draft_costs else None
-        self.width = width              # the target's: forward width of per-row token counts
+        self.width = width  # the target's: forward width of per-row token counts
         # each free drafter's acceptance by match length: inside a long copy its guesses keep landing.
         # The shared tables start from priors fitted on the outside suite and learn slowly across
         # requests; each request learns fast in its own overlay (Overlay)
         rate = SHARED_RATE if shared_rate is None else shared_rate
         self.match_accept = {d.name: MatchAcceptance(match_prior, rate=rate) for d in self.free}
-        self.ngram_accept = self.match_accept[self.ngram.name] if self.ngram else MatchAcceptance(match_prior, rate=rate)
+        self.ngram_accept = (
+            self.match_accept[self.ngram.name] if self.ngram else MatchAcceptance(match_prior, rate=rate)
+        )
         self.model_accept = Acceptance(prior=DRAFT_PRIOR if draft_prior is None else draft_prior, rate=rate)
         self.overlay_weight = OVERLAY_WEIGHT if overlay_weight is None else overlay_weight
         self.explore_every = explore_every
         self.explore_growth = EXPLORE_GROWTH if explore_growth is None else explore_growth
         self.margin = MARGIN
         self._rows: dict[int, _RowState] = {}
-        self.decisions: dict[str, int] = {}           # "plain" / "ngram:k" / "draft:k" -> row steps
+        self.decisions: dict[str, int] = {}  # "plain" / "ngram:k" / "draft:k" -> row steps
 
     def begin(self, row: int, prompt: Sequence[int]) -> None:
-        self._rows[row] = _RowState(next_explore=self.explore_every, prompt_len=len(prompt),
-                                    overlays={name: table.overlay(self.overlay_weight)
-                                              for name, table in self.match_accept.items()},
-                                    model_overlay=Overlay(1, self.overlay_weight))
+        self._rows[row] = _RowState(
+            next_explore=self.explore_every,
+            prompt_len=len(prompt),
+            overlays={name: table.overlay(self.overlay_weight) for name, table in self.match_accept.items()},
+            model_overlay=Overlay(1, self.overlay_weight),
+        )
 
     def end(self, row: int) -> None:
         self._rows.pop(row, None)
@@ -425,8 +449,9 @@ class CostAwareController:
 
     def _value(self, expected: np.ndarray, draft_cost: Callable[[int], float], depth: int) -> tuple[int, float]:
         """One row alone at `depth`: argmax over k of expected[k] / (draft_cost(k) + target_cost(k + 1))."""
-        values = [expected[k] / (draft_cost(k) + self.target_cost(self.width([k + 1]), depth))
-                  for k in range(len(expected))]
+        values = [
+            expected[k] / (draft_cost(k) + self.target_cost(self.width([k + 1]), depth)) for k in range(len(expected))
+        ]
         k = int(np.argmax(values))
         return k, values[k]
 
@@ -445,7 +470,7 @@ class CostAwareController:
             depth = len(contexts[row])
             best_value = 1.0 / self.target_cost(self.width([1]), depth)
             state.shadow = {}
-            for drafter in self.free:           # in order: an earlier one wins a tie
+            for drafter in self.free:  # in order: an earlier one wins a tie
                 proposal = proposals[drafter.name].get(row)
                 if proposal is None or not proposal.tokens:
                     continue
@@ -455,9 +480,10 @@ class CostAwareController:
                 state.shadow[drafter.name] = (list(proposal.tokens), match, kind)
                 reach = min(len(proposal.tokens), max(1, int(REACH * match)))
                 if whole_copy(match, len(contexts[row]) - state.prompt_len):
-                    reach = len(proposal.tokens)        # a whole copy: its own estimates decide
-                expected = self.match_accept[drafter.name].expected_tokens(match, reach, kind,
-                                                                           state.overlays[drafter.name])
+                    reach = len(proposal.tokens)  # a whole copy: its own estimates decide
+                expected = self.match_accept[drafter.name].expected_tokens(
+                    match, reach, kind, state.overlays[drafter.name]
+                )
                 k, value = self._value(expected, lambda k: 0.0, depth)
                 if k and value > best_value:
                     best_value = value
@@ -479,8 +505,9 @@ class CostAwareController:
         seconds = self.target_cost(self.width([k + 1 for k in ks.values()]), depth)
         drafting = [ks[r] for r, o in options.items() if o.kind == "draft" and ks[r]]
         if drafting:
-            seconds += self.draft_cost(sum(options[r].lag for r, o in options.items()
-                                           if o.kind == "draft" and ks[r]), depth)
+            seconds += self.draft_cost(
+                sum(options[r].lag for r, o in options.items() if o.kind == "draft" and ks[r]), depth
+            )
             seconds += sum(self.draft_cost(sum(k >= j for k in drafting), depth) for j in range(2, max(drafting) + 1))
         return seconds
 
@@ -503,12 +530,13 @@ class CostAwareController:
             e, k = options[row].expected, ks[row]
             if k + 1 < len(e):
                 heapq.heappush(heap, (-(e[k + 1] - e[k]), row))
-        if best[1] <= plain * (1.0 + self.margin):     # what a speculative step must promise
+        if best[1] <= plain * (1.0 + self.margin):  # what a speculative step must promise
             return {row: 0 for row in options}, plain, plain
         return best[0], best[1], plain
 
-    def draft(self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]
-              ) -> dict[int, tuple[Drafter | None, Draft | None]]:
+    def draft(
+        self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]
+    ) -> dict[int, tuple[Drafter | None, Draft | None]]:
         options = self._options(contexts, caps)
         ks, value, plain = self._allocate(options)
         for row in contexts:
@@ -518,8 +546,13 @@ class CostAwareController:
             state.promised += value / plain
             # Explore the draft model now and then, but only where a perfect draft would win by a
             # margin: otherwise no acceptance estimate, however stale, could make it worth its cost.
-            if (self.model is not None and self.draft_cost is not None and caps[row] > 0
-                    and options[row].kind != "draft" and state.steps >= state.next_explore):
+            if (
+                self.model is not None
+                and self.draft_cost is not None
+                and caps[row] > 0
+                and options[row].kind != "draft"
+                and state.steps >= state.next_explore
+            ):
                 # each probe of a request waits longer than the last (explore_growth): a probe costs
                 # a catch-up forward of the draft model and a wider target step, and a request whose
                 # probes keep failing should not pay that every explore_every steps
@@ -527,8 +560,9 @@ class CostAwareController:
                 state.next_explore = state.steps + state.explore_gap
                 lag = max(1, self.model.lag(row, contexts[row]))
                 k_model = min(caps[row], K_MAX, 8)
-                k_opt, optimistic = self._value(np.arange(1.0, k_model + 2), self._model_cost(lag, state.depth),
-                                                state.depth)
+                k_opt, optimistic = self._value(
+                    np.arange(1.0, k_model + 2), self._model_cost(lag, state.depth), state.depth
+                )
                 current = options[row].expected[ks[row]] / self.target_cost(self.width([ks[row] + 1]), state.depth)
                 if k_opt and optimistic > 1.1 * current:
                     options[row] = _Option("draft", np.ones(2), lag=lag, depth=state.depth)
@@ -539,7 +573,7 @@ class CostAwareController:
             kind = options[row].kind if k else "plain"
             key = "plain" if kind == "plain" else f"{kind}:{k}"
             self.decisions[key] = self.decisions.get(key, 0) + 1
-            if options[row].drafter is not None and kind != "plain":      # a free drafter's
+            if options[row].drafter is not None and kind != "plain":  # a free drafter's
                 plan[row] = (options[row].drafter, Draft(options[row].proposal.tokens[:k]))
             elif kind == "draft":
                 model_ks[row] = k
@@ -552,8 +586,9 @@ class CostAwareController:
 
     # -- learning -----------------------------------------------------------------------------
 
-    def observe(self, outcomes: Mapping[int, Outcome], width: int, target_seconds: float,
-                depth: float | None = None) -> None:
+    def observe(
+        self, outcomes: Mapping[int, Outcome], width: int, target_seconds: float, depth: float | None = None
+    ) -> None:
         self.target_cost.observe(width, target_seconds, depth)
         for row, out in outcomes.items():
             state = self._rows.get(row)
@@ -565,7 +600,7 @@ class CostAwareController:
         if out.drafter is self.model and out.drafter is not None and n_drafted:
             self.model_accept.observe(n_drafted, out.n_accepted, state.model_overlay)
         if n_drafted:
-            state.tracker = {}            # the draft's own outcome covers the positions after it
+            state.tracker = {}  # the draft's own outcome covers the positions after it
         else:
             for name in list(state.tracker):
                 self._follow(state, name, out.emitted)

@@ -4,6 +4,7 @@ On a CPU a forward of 2/5/9/16 rows costs about 1.65/3.1/4.7/6.3 single steps (m
 issue's 2-core EPYC), so width is the scarce resource the controller spends; on a GPU the curve is
 nearly flat up to dozens of rows. Nothing here assumes either: the curve is timed on the machine.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -17,8 +18,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-EMA = 0.15          # weight of a new observation in the live cost ratios
-NARROW = 16         # widths 1..NARROW are all timed: a draft model's drafts (k + 1 <= 9) live here
+EMA = 0.15  # weight of a new observation in the live cost ratios
+NARROW = 16  # widths 1..NARROW are all timed: a draft model's drafts (k + 1 <= 9) live here
 # and these: a batch's drafts, and one row's long free drafts inside a verbatim copy (on this CPU a
 # forward's cost per token keeps falling past 16 tokens: 16/32 tokens cost 10-13x/18x one token)
 WIDE = (24, 32, 48, 64)
@@ -41,9 +42,9 @@ DEEP_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 # than W one-token forwards, so a curve that says so was timed while the machine was busy. (One
 # such curve, its one-token forward at 82 ms where a quiet one takes 39, was cached and read by
 # every later run until this check.)
-BUSY_SPREAD = 1.25        # median / fastest repeat, the median over widths, above which: busy
-SUPERLINEAR = 1.1         # cost(W) > this x W x cost(1): busy
-CACHE_VERSION = 2         # curves cached before the checks above are not trusted
+BUSY_SPREAD = 1.25  # median / fastest repeat, the median over widths, above which: busy
+SUPERLINEAR = 1.1  # cost(W) > this x W x cost(1): busy
+CACHE_VERSION = 2  # curves cached before the checks above are not trusted
 
 
 def _cache_file(model, tag: str) -> Path | None:
@@ -53,13 +54,21 @@ def _cache_file(model, tag: str) -> Path | None:
     if path is None:
         return None
     st = os.stat(path)
-    key = f"{os.path.abspath(path)} {st.st_size} {st.st_mtime_ns} {type(model).__name__} " \
-          f"{getattr(model, 'n_threads', '')} {tag}"
+    key = (
+        f"{os.path.abspath(path)} {st.st_size} {st.st_mtime_ns} {type(model).__name__} "
+        f"{getattr(model, 'n_threads', '')} {tag}"
+    )
     return specdec_home() / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def measure_forward_costs(model, widths: Sequence[int] | None = None, repeats: int = 7, depth: int = SHALLOW,
-                          use_cache: bool = True, rows: int = 1) -> dict[int, float]:
+def measure_forward_costs(
+    model,
+    widths: Sequence[int] | None = None,
+    repeats: int = 7,
+    depth: int = SHALLOW,
+    use_cache: bool = True,
+    rows: int = 1,
+) -> dict[int, float]:
     """Seconds of one forward of W tokens in each of `rows` rows (rows x W tokens in all; one row:
     the verification of a k = W - 1 draft) at a cache depth of `depth` tokens per row, for each W
     in `widths`, the fastest of `repeats` (another process stealing a core only ever adds time, so
@@ -74,20 +83,25 @@ def measure_forward_costs(model, widths: Sequence[int] | None = None, repeats: i
             if sorted(costs) == widths:
                 return costs
         except (ValueError, AttributeError):
-            pass   # a damaged cache file is measured again
-    if cache is not None:     # a pause of up to a minute a curve, once per machine: say why
-        print(f"specdec: timing {getattr(model, 'name', 'the model')}'s forward at {len(widths)} widths, "
-              f"cache depth {depth}, for --draft auto (once: cached in {cache.parent})", file=sys.stderr, flush=True)
+            pass  # a damaged cache file is measured again
+    if cache is not None:  # a pause of up to a minute a curve, once per machine: say why
+        print(
+            f"specdec: timing {getattr(model, 'name', 'the model')}'s forward at {len(widths)} widths, "
+            f"cache depth {depth}, for --draft auto (once: cached in {cache.parent})",
+            file=sys.stderr,
+            flush=True,
+        )
     n_max = widths[-1]
     # arbitrary tokens, another stretch for every row
-    contexts = [[int(t) % model.vocab_size for t in range(1000 + 97 * i, 1000 + 97 * i + depth + n_max)]
-                for i in range(rows)]
+    contexts = [
+        [int(t) % model.vocab_size for t in range(1000 + 97 * i, 1000 + 97 * i + depth + n_max)] for i in range(rows)
+    ]
     ids = model.add_rows(rows)
-    feed = lambda w: {r: c[depth:depth + w] for r, c in zip(ids, contexts)}   # noqa: E731
+    feed = lambda w: {r: c[depth : depth + w] for r, c in zip(ids, contexts)}  # noqa: E731
     back = {r: depth for r in ids}
     try:
         model.forward_rows({r: c[:depth] for r, c in zip(ids, contexts)})
-        model.forward_rows(feed(n_max), {r: n_max for r in ids})   # warm-up: every weight page
+        model.forward_rows(feed(n_max), {r: n_max for r in ids})  # warm-up: every weight page
         model.rollback_rows(back)
         # Widths take turns, round after round, so that a slow spell of the machine (another
         # process, clock changes) lands on every width alike instead of skewing the ratios.
@@ -100,15 +114,20 @@ def measure_forward_costs(model, widths: Sequence[int] | None = None, repeats: i
                 model.rollback_rows(back)
     finally:
         model.drop_rows(ids)
-    best = np.maximum.accumulate([min(times[w]) for w in widths])   # wider is never cheaper: smooth noise
+    best = np.maximum.accumulate([min(times[w]) for w in widths])  # wider is never cheaper: smooth noise
     costs = {w: float(s) for w, s in zip(widths, best)}
     busy = machine_was_busy(times, costs)
     if busy:
-        print(f"specdec: warning: the machine was busy while timing {getattr(model, 'name', 'the model')}'s "
-              f"forward ({busy}); these costs are used for this run only (refined as it goes) and "
-              f"timed again next time", file=sys.stderr, flush=True)
+        print(
+            f"specdec: warning: the machine was busy while timing {getattr(model, 'name', 'the model')}'s "
+            f"forward ({busy}); these costs are used for this run only (refined as it goes) and "
+            f"timed again next time",
+            file=sys.stderr,
+            flush=True,
+        )
     elif cache is not None:
         from .catalog import write_cache_file
+
         write_cache_file(cache, json.dumps({str(w): s for w, s in costs.items()}))
     return costs
 
@@ -138,8 +157,14 @@ def machine_was_busy(times: dict[int, list[float]], costs: dict[int, float]) -> 
 
 # -- the `specdec costs` report ---------------------------------------------------------------
 
-def cost_report(model, rows: Sequence[int] = (1,), depths: Sequence[int] = (128,), repeats: int = 5,
-                widths: Sequence[int] | None = None) -> list[dict]:
+
+def cost_report(
+    model,
+    rows: Sequence[int] = (1,),
+    depths: Sequence[int] = (128,),
+    repeats: int = 5,
+    widths: Sequence[int] | None = None,
+) -> list[dict]:
     """One curve per (rows, depth): {"rows", "depth", "widths", "seconds"}, seconds[i] the cost of
     a forward of widths[i] tokens in each of `rows` rows (measure_forward_costs, not cached:
     a report is a fresh measurement)."""
@@ -170,7 +195,7 @@ def cost_table(report: dict, role: str = "target") -> "CostTable":
     if not curves:
         raise ValueError(f"the report has no one-row {role} curve")
     shallow, deep = curves[0], curves[-1]
-    seconds = lambda c: dict(zip(c["widths"], c["seconds"]))   # noqa: E731
+    seconds = lambda c: dict(zip(c["widths"], c["seconds"]))  # noqa: E731
     if deep is shallow:
         return CostTable(seconds(shallow), depth=shallow["depth"])
     return CostTable(seconds(shallow), deep=seconds(deep), depth=shallow["depth"], deep_depth=deep["depth"])
@@ -201,14 +226,19 @@ class CostTable:
     learned live, per width where that width was seen, else the ratio over all widths (the machine
     got faster or slower). Without a depth, or without a deep curve, the curve's own depth."""
 
-    def __init__(self, costs: dict[int, float] | Sequence[float], deep: dict[int, float] | None = None,
-                 depth: int = SHALLOW, deep_depth: int = DEEP):
-        if not isinstance(costs, dict):                 # a list: seconds for widths 1..len
+    def __init__(
+        self,
+        costs: dict[int, float] | Sequence[float],
+        deep: dict[int, float] | None = None,
+        depth: int = SHALLOW,
+        deep_depth: int = DEEP,
+    ):
+        if not isinstance(costs, dict):  # a list: seconds for widths 1..len
             costs = {w: s for w, s in enumerate(costs, 1)}
         self.widths = sorted(costs)
         self.seconds = [costs[w] for w in self.widths]
         self.depth = depth
-        self.ratio: dict[int, float] = {}               # width -> live seconds / measured seconds
+        self.ratio: dict[int, float] = {}  # width -> live seconds / measured seconds
         self.overall = 1.0
         # seconds per token of depth at the deep curve's widths, never negative and never less for
         # a wider forward (more query rows read the cache: a deep forward timed faster than the
@@ -221,7 +251,7 @@ class CostTable:
             widths = sorted(deep)
             rises = [max(0.0, (deep[w] - self.measured(w)) / (deep_depth - depth)) for w in widths]
             self.slopes = dict(zip(widths, np.maximum.accumulate(rises).tolist()))
-        self._slope_points = (list(self.slopes), list(self.slopes.values()))   # for at_depth, every step
+        self._slope_points = (list(self.slopes), list(self.slopes.values()))  # for at_depth, every step
 
     @classmethod
     def of(cls, curve) -> "CostTable":

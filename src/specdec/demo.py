@@ -1,5 +1,6 @@
 """`specdec demo`: plain decoding against `--draft auto` on two requests, where speculation pays
 and where it steps aside, each with the reason the controller gives for what it did."""
+
 from __future__ import annotations
 
 import time
@@ -60,9 +61,8 @@ def reason(stats, controller) -> str:
     else:
         what = f"took plain steps on all {steps}: no draft promised 10% more tokens/s than a plain step"
     predicted = stats.predicted_speedup or 1.0
-    base = controller.target_cost.base                  # width -> seconds of a target forward, measured
-    costs = f"a target forward of 2 rows costs {base[2] / base[1]:.2f}x one row, of 16 rows " \
-            f"{base[16] / base[1]:.1f}x"
+    base = controller.target_cost.base  # width -> seconds of a target forward, measured
+    costs = f"a target forward of 2 rows costs {base[2] / base[1]:.2f}x one row, of 16 rows {base[16] / base[1]:.1f}x"
     if controller.draft_cost is not None:
         costs += f", a draft-model token {controller.draft_cost.base[1] / base[1]:.2f}x a target step"
     return f"auto {what}; predicted {predicted:.2f}x. Measured costs: {costs}."
@@ -72,24 +72,31 @@ def run_demo(decoder, stats: bool = False, out=print) -> int:
     started = time.perf_counter()
     target = decoder.target
     model = decoder.model_drafter
-    out(f"target {target.name}, --draft auto (prompt lookup{f' + {model.model.name}' if model else ''}), "
-        f"greedy, {getattr(target, 'n_threads', '?')} threads")
-    controller = decoder.controller()    # measures the cost curves on first use (cached afterwards)
+    out(
+        f"target {target.name}, --draft auto (prompt lookup{f' + {model.model.name}' if model else ''}), "
+        f"greedy, {getattr(target, 'n_threads', '?')} threads"
+    )
+    controller = decoder.controller()  # measures the cost curves on first use (cached afterwards)
     for i, (title, why, prompt, n) in enumerate(REQUESTS, 1):
         result = compare(decoder, prompt, GenerationConfig(max_new_tokens=n))
         p, s = result.plain.stats, result.speculative.stats
-        verdict = "auto won" if result.speedup >= 1.05 else \
-            "auto did not win this time" if result.speedup < 0.95 else "a tie"
+        verdict = (
+            "auto won" if result.speedup >= 1.05 else "auto did not win this time" if result.speedup < 0.95 else "a tie"
+        )
         out(f"\n{i}. {title} ({why}), {s.generated_tokens} tokens:")
         first_lines = [line for line in result.speculative.text.strip().splitlines() if line.strip()][:3]
         for line in first_lines:
             out(f"   | {line[:96]}")
-        out(f"   plain {p.tokens_per_second:.1f} tok/s, auto {s.tokens_per_second:.1f} tok/s: "
-            f"{result.speedup:.2f}x, {verdict}; outputs {result.verdict()}")
+        out(
+            f"   plain {p.tokens_per_second:.1f} tok/s, auto {s.tokens_per_second:.1f} tok/s: "
+            f"{result.speedup:.2f}x, {verdict}; outputs {result.verdict()}"
+        )
         out(f"   {reason(s, controller)}")
         if stats:
-            out(f"   acceptance {s.acceptance_rate:.1%} ({s.accepted}/{s.drafted}), mean accepted length "
+            out(
+                f"   acceptance {s.acceptance_rate:.1%} ({s.accepted}/{s.drafted}), mean accepted length "
                 f"{s.mean_accepted_length:.2f}, decisions "
-                + " ".join(f"{k}={v}" for k, v in sorted(s.decisions.items(), key=lambda kv: -kv[1])))
-    out(f"\n{time.perf_counter() - started:.0f} s. Try your own: specdec compare -p \"...\" --stats")
+                + " ".join(f"{k}={v}" for k, v in sorted(s.decisions.items(), key=lambda kv: -kv[1]))
+            )
+    out(f'\n{time.perf_counter() - started:.0f} s. Try your own: specdec compare -p "..." --stats')
     return 0

@@ -5,6 +5,7 @@ ONE loop, `Engine.step`, serves every caller: `generate` and `stream` are a batc
 is the same loop with k = 0: the target scores [last] alone and verification degenerates to
 sampling (or argmax) from p, so the comparison between the two measures speculation and nothing else.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -36,13 +37,17 @@ PREFILL_CHUNK = 256
 @dataclass
 class GenerationResult:
     text: str
-    tokens: list[int]                   # generated tokens (the stop string's tokens included)
+    tokens: list[int]  # generated tokens (the stop string's tokens included)
     prompt_tokens: list[int]
     stats: GenerationStats = field(default_factory=GenerationStats)
 
     def to_dict(self) -> dict:
-        return {"text": self.text, "tokens": self.tokens, "prompt_tokens": len(self.prompt_tokens),
-                "stats": self.stats.to_dict()}
+        return {
+            "text": self.text,
+            "tokens": self.tokens,
+            "prompt_tokens": len(self.prompt_tokens),
+            "stats": self.stats.to_dict(),
+        }
 
 
 class Request:
@@ -55,12 +60,12 @@ class Request:
         self.prompt_tokens = prompt_tokens
         self.config = config
         self.params = config.sampling
-        self.rng = np.random.default_rng(config.seed)    # this row's own stream: batch-independent
+        self.rng = np.random.default_rng(config.seed)  # this row's own stream: batch-independent
         self.stats = GenerationStats(prompt_tokens=len(prompt_tokens))
         self.text = Detokenizer(tokenizer, config.stop)
         self.context = list(prompt_tokens)
-        self.row: int | None = None                     # the target's row, once admitted
-        self.prefilled = 0                              # prompt tokens in the row's cache
+        self.row: int | None = None  # the target's row, once admitted
+        self.prefilled = 0  # prompt tokens in the row's cache
         self.result: GenerationResult | None = None
         self._pieces: list[str] = []
         self._t_decode = 0.0
@@ -82,19 +87,27 @@ class Engine:
     stream; 5. every row is rolled back to what it kept and the drafters are told; 6. each row
     emits (stop rules, text), finished rows leave, queued rows join and prefill."""
 
-    def __init__(self, target: RowModel, controller: Controller, drafters: Sequence[Drafter] = (),
-                 max_rows: int | None = None, prefill_chunk: int = PREFILL_CHUNK,
-                 clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        target: RowModel,
+        controller: Controller,
+        drafters: Sequence[Drafter] = (),
+        max_rows: int | None = None,
+        prefill_chunk: int = PREFILL_CHUNK,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.target, self.controller, self.drafters = target, controller, list(drafters)
         self.prefill_chunk = prefill_chunk
         # what the engine times its forwards with (the stats, and the costs the controller
         # learns): a test gives a virtual clock so that decisions never depend on machine load
         self.clock = clock
         # rows at once: at most max_rows, the target's, and each draft model's (it mirrors them)
-        self.max_rows = min([max_rows or target.max_rows, target.max_rows] +
-                            [d.model.max_rows for d in self.drafters if isinstance(d, DraftModel)])
-        self.queue: list[Request] = []                  # waiting for a row
-        self.rows: dict[int, Request] = {}              # target row -> request (prefilling or live)
+        self.max_rows = min(
+            [max_rows or target.max_rows, target.max_rows]
+            + [d.model.max_rows for d in self.drafters if isinstance(d, DraftModel)]
+        )
+        self.queue: list[Request] = []  # waiting for a row
+        self.rows: dict[int, Request] = {}  # target row -> request (prefilling or live)
         self._ids = itertools.count()
 
     # -- the caller's verbs --------------------------------------------------------------------
@@ -128,7 +141,7 @@ class Engine:
         target = self.target
         self._admit()
         live = [r for r in self.rows.values() if r.prefilled == len(r.prompt_tokens) - 1]
-        full = [r for r in live if target.n_ctx - len(r.context) - 1 < 0]   # not even [last] fits
+        full = [r for r in live if target.n_ctx - len(r.context) - 1 < 0]  # not even [last] fits
         for request in full:
             request.stats.finish_reason = "context"
         if full:
@@ -140,20 +153,24 @@ class Engine:
         contexts = {row: r.context for row, r in rows.items()}
         # 1-2. the controller picks each row's drafter and k (0 = a plain step) and drafts. A draft
         # never overflows the context, nor outruns the tokens the row still wants (k + 1 emitted).
-        caps = {row: max(0, min(target.n_ctx - len(r.context) - 1,
-                                r.config.max_new_tokens - r.stats.generated_tokens - 1))
-                for row, r in rows.items()}
+        caps = {
+            row: max(0, min(target.n_ctx - len(r.context) - 1, r.config.max_new_tokens - r.stats.generated_tokens - 1))
+            for row, r in rows.items()
+        }
         t = self.clock()
         plan = self.controller.draft(contexts, caps)
         # a draft ends at its first end-of-generation token: nothing after it is ever emitted
-        plan = {row: (d, draft.upto(target.tokenizer.eog_ids) if draft is not None else None)
-                for row, (d, draft) in plan.items()}
+        plan = {
+            row: (d, draft.upto(target.tokenizer.eog_ids) if draft is not None else None)
+            for row, (d, draft) in plan.items()
+        }
         t_draft = self.clock() - t
         drafts = {row: (d.tokens if d is not None else []) for row, (_, d) in plan.items()}
         # 3. ONE target forward: row r scores [last, *draft], k + 1 logits rows each
         inputs = {row: [contexts[row][-1], *drafts[row]] for row in rows}
-        depth = step_depth({row: len(tokens) for row, tokens in inputs.items()},
-                           {row: len(contexts[row]) for row in rows})    # before the contexts grow
+        depth = step_depth(
+            {row: len(tokens) for row, tokens in inputs.items()}, {row: len(contexts[row]) for row in rows}
+        )  # before the contexts grow
         t = self.clock()
         logits = target.forward_rows(inputs, {row: len(tokens) for row, tokens in inputs.items()})
         t_target = self.clock() - t
@@ -162,7 +179,7 @@ class Engine:
         for row, r in rows.items():
             drafter, draft = plan[row]
             q = draft.q if draft is not None else None
-            verdicts[row] = verify(logits[row], drafts[row], q, r.params, r.rng)   # [k + 1, vocab] in
+            verdicts[row] = verify(logits[row], drafts[row], q, r.params, r.rng)  # [k + 1, vocab] in
         # 5. roll every row back to what it kept; each drafter hears about the rows it drafted for
         t = self.clock()
         target.rollback_rows({row: len(contexts[row]) + verdicts[row][0] for row in rows})
@@ -183,8 +200,9 @@ class Engine:
             s.draft_seconds += t_draft
             s.target_seconds += t_target
             s.record_step(len(drafts[row]), n, drafter.kind if drafter else "plain")
-            emitted, s.finish_reason = _emit([*drafts[row][:n], next_token], target.tokenizer.eog_ids,
-                                             r.config.max_new_tokens - s.generated_tokens)
+            emitted, s.finish_reason = _emit(
+                [*drafts[row][:n], next_token], target.tokenizer.eog_ids, r.config.max_new_tokens - s.generated_tokens
+            )
             r.context += emitted
             s.generated_tokens += len(emitted)
             s.decode_seconds = now - r._t_decode
@@ -198,7 +216,8 @@ class Engine:
         self.controller.observe(outcomes, width, t_target, depth)
         for row, r in rows.items():
             r.stats.predicted_speedup, r.stats.measured_speedup = self.controller.speedups(
-                row, r.stats.tokens_per_second)
+                row, r.stats.tokens_per_second
+            )
         finished = [r for r in rows.values() if r.stats.finish_reason]
         if finished:
             self._finish(finished)
@@ -207,7 +226,7 @@ class Engine:
         """Queued requests take free rows; rows still prefilling get their next chunk, all in one
         forward. Alone, a row prefills its whole prompt at once."""
         n = min(len(self.queue), self.max_rows - len(self.rows))
-        if n > 0:               # rows in one call: adding rows to a batched cache copies it
+        if n > 0:  # rows in one call: adding rows to a batched cache copies it
             admitted, self.queue = self.queue[:n], self.queue[n:]
             for request, row in zip(admitted, self.target.add_rows(n)):
                 request.row = row
@@ -222,12 +241,12 @@ class Engine:
         decoding = len(joining) < len(self.rows)
         budget = self.prefill_chunk if decoding else None
         chunks = {}
-        for r in joining:                   # the last prompt token opens the row's first step
+        for r in joining:  # the last prompt token opens the row's first step
             end = len(r.prompt_tokens) - 1
             n = end - r.prefilled if budget is None else min(end - r.prefilled, budget)
             if n <= 0:
                 break
-            chunks[r.row] = r.prompt_tokens[r.prefilled:r.prefilled + n]
+            chunks[r.row] = r.prompt_tokens[r.prefilled : r.prefilled + n]
             if budget is not None:
                 budget -= n
         t = self.clock()
@@ -261,8 +280,12 @@ class Engine:
             if piece:
                 request._pieces.append(piece)
             request.stats.generated_tokens = len(request.text.tokens)
-            request.result = GenerationResult(text=request.text.text, tokens=request.text.tokens,
-                                              prompt_tokens=request.prompt_tokens, stats=request.stats)
+            request.result = GenerationResult(
+                text=request.text.text,
+                tokens=request.text.tokens,
+                prompt_tokens=request.prompt_tokens,
+                stats=request.stats,
+            )
 
 
 def _emit(tokens: Sequence[int], eog, budget: int) -> tuple[list[int], str]:
@@ -327,14 +350,21 @@ class SpeculativeDecoder:
     It owns one Engine: every generate / stream / generate_batch call adds rows to it.
     """
 
-    def __init__(self, target: RowModel, drafter: Drafter | RowModel | str | None = None, k: int = DEFAULT_K,
-                 draft_model: RowModel | Drafter | None = None, max_rows: int | None = None,
-                 suffix: Drafter | bool | None = None, costs: tuple | None = None):
+    def __init__(
+        self,
+        target: RowModel,
+        drafter: Drafter | RowModel | str | None = None,
+        k: int = DEFAULT_K,
+        draft_model: RowModel | Drafter | None = None,
+        max_rows: int | None = None,
+        suffix: Drafter | bool | None = None,
+        costs: tuple | None = None,
+    ):
         if not 0 <= k <= MAX_DRAFT_TOKENS:
             raise SpecdecError(f"k (draft tokens per step) must be in 0..{MAX_DRAFT_TOKENS}, got {k}")
         self.target = target
         self.k = k
-        self.max_rows = max_rows        # rows generated at once (None: as many as the models hold)
+        self.max_rows = max_rows  # rows generated at once (None: as many as the models hold)
         spec = parse(drafter, k=k) if isinstance(drafter, str) else None
         self.auto = spec is not None and spec.is_auto
         self.costs = costs
@@ -348,25 +378,44 @@ class SpeculativeDecoder:
         elif drafter is None or isinstance(drafter, Drafter):
             self.drafter = drafter
         else:
-            raise SpecdecError(f"unknown drafter {drafter!r}: give None, a drafter name ({GRAMMAR}), a model, "
-                               f"or a Drafter")
+            raise SpecdecError(
+                f"unknown drafter {drafter!r}: give None, a drafter name ({GRAMMAR}), a model, or a Drafter"
+            )
         self._engine: Engine | None = None
 
     @classmethod
-    def from_spec(cls, target: RowModel, spec: DraftSpec, load=None, draft=None, max_rows: int | None = None,
-                  suffix: Drafter | bool | None = None, costs: tuple | None = None) -> "SpeculativeDecoder":
+    def from_spec(
+        cls,
+        target: RowModel,
+        spec: DraftSpec,
+        load=None,
+        draft=None,
+        max_rows: int | None = None,
+        suffix: Drafter | bool | None = None,
+        costs: tuple | None = None,
+    ) -> "SpeculativeDecoder":
         """The decoder a DraftSpec names (spec.parse, spec.parse_method). A draft model is loaded
         with `load(name)`, or is `draft` (a loaded model or drafter) where the spec names none;
         `suffix` is the suffix cache (as for __init__), unless the spec turns it off."""
         if spec.is_auto:
-            model = (make_drafter(DraftSpec("model", model=spec.model, vocab=spec.vocab), target, load, draft=draft)
-                     if spec.model or draft is not None else None)
-            return cls(target, "auto", draft_model=model, max_rows=max_rows,
-                       suffix=suffix if spec.wants_suffix else False, costs=costs)
+            model = (
+                make_drafter(DraftSpec("model", model=spec.model, vocab=spec.vocab), target, load, draft=draft)
+                if spec.model or draft is not None
+                else None
+            )
+            return cls(
+                target,
+                "auto",
+                draft_model=model,
+                max_rows=max_rows,
+                suffix=suffix if spec.wants_suffix else False,
+                costs=costs,
+            )
         if not spec.drafts:
             return cls(target, None, 0, max_rows=max_rows)
-        return cls(target, make_drafter(spec, target, load, suffix=suffix or None, draft=draft), spec.k,
-                   max_rows=max_rows)
+        return cls(
+            target, make_drafter(spec, target, load, suffix=suffix or None, draft=draft), spec.k, max_rows=max_rows
+        )
 
     def free_drafters(self) -> list[Drafter]:
         """The drafters auto consults every step because they cost nothing: prompt lookup first."""
@@ -375,6 +424,7 @@ class SpeculativeDecoder:
     def suffix_cache(self) -> Drafter | None:
         """The suffix cache this decoder feeds (auto's, or the fixed drafter if it is one)."""
         from .drafters.suffix import SuffixCacheDrafter
+
         if self.auto:
             return self.suffix
         return self.drafter if isinstance(self.drafter, SuffixCacheDrafter) else None
@@ -401,8 +451,12 @@ class SpeculativeDecoder:
 
     # -- public API -------------------------------------------------------------------------
 
-    def generate(self, prompt: str | Sequence[int] | Sequence[str | Sequence[int]],
-                 config: GenerationConfig | None = None, **overrides) -> GenerationResult | list[GenerationResult]:
+    def generate(
+        self,
+        prompt: str | Sequence[int] | Sequence[str | Sequence[int]],
+        config: GenerationConfig | None = None,
+        **overrides,
+    ) -> GenerationResult | list[GenerationResult]:
         """One prompt (text or token ids) -> GenerationResult; a list of prompts (texts or token
         lists) -> a list of GenerationResult, as generate_batch."""
         if isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], (int, np.integer)):
@@ -412,21 +466,25 @@ class SpeculativeDecoder:
         self.engine.run([request])
         return request.result
 
-    def stream(self, prompt: str | Sequence[int], config: GenerationConfig | None = None,
-               **overrides) -> GenerationStream:
+    def stream(
+        self, prompt: str | Sequence[int], config: GenerationConfig | None = None, **overrides
+    ) -> GenerationStream:
         config = replace(config or GenerationConfig(), **overrides)
         prompt_tokens = self.prompt_tokens(prompt, config)
         return GenerationStream(self.engine, self.engine.add(prompt_tokens, config))
 
-    def generate_batch(self, prompts: Sequence[str | Sequence[int]], config: GenerationConfig | None = None,
-                       **overrides) -> list[GenerationResult]:
+    def generate_batch(
+        self, prompts: Sequence[str | Sequence[int]], config: GenerationConfig | None = None, **overrides
+    ) -> list[GenerationResult]:
         """Generates for every prompt; row i is what generate(prompts[i], seed=seed + i) gives.
         The rows run together as far as the models hold rows (their max_rows); the others wait
         and join as rows finish. Each row drafts, verifies and accepts on its own."""
         config = replace(config or GenerationConfig(), **overrides)
         tokens = [self.prompt_tokens(p, config) for p in prompts]
-        requests = [self.engine.add(t, config if config.seed is None else replace(config, seed=config.seed + i))
-                    for i, t in enumerate(tokens)]
+        requests = [
+            self.engine.add(t, config if config.seed is None else replace(config, seed=config.seed + i))
+            for i, t in enumerate(tokens)
+        ]
         self.engine.run(requests)
         return [r.result for r in requests]
 
@@ -441,7 +499,7 @@ class SpeculativeDecoder:
             tok = self.target.tokenizer
             chat = self.target.is_instruct if config.chat is None else config.chat
             if chat:
-                messages = ([{"role": "system", "content": config.system}] if config.system else [])
+                messages = [{"role": "system", "content": config.system}] if config.system else []
                 prompt = tok.apply_chat_template(messages + [{"role": "user", "content": prompt}])
             tokens = tok.encode(prompt, add_special=True)
         if not tokens:
@@ -449,11 +507,13 @@ class SpeculativeDecoder:
         if len(tokens) >= self.target.n_ctx:
             raise ContextOverflowError(
                 f"the prompt has {len(tokens)} tokens but the context holds {self.target.n_ctx}; "
-                f"raise --ctx or shorten the prompt")
+                f"raise --ctx or shorten the prompt"
+            )
         return tokens
 
 
-def generate(target: RowModel, prompt: str | Sequence[int], drafter=None, k: int = DEFAULT_K,
-             **config) -> GenerationResult:
+def generate(
+    target: RowModel, prompt: str | Sequence[int], drafter=None, k: int = DEFAULT_K, **config
+) -> GenerationResult:
     """One-call API: generate(target, "def fib(n):", drafter=draft_model, max_new_tokens=64)."""
     return SpeculativeDecoder(target, drafter, k).generate(prompt, **config)

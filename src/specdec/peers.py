@@ -5,6 +5,7 @@
 - Hugging Face transformers `generate()`: plain, with `assistant_model`, and with
   `prompt_lookup_num_tokens`, on the same GGUF files (transformers dequantises them to float32).
 """
+
 from __future__ import annotations
 
 import re
@@ -59,8 +60,20 @@ class LlamaCppPeer:
             # "<|im_start|>assistant\n", and without that newline the model answers another prompt
             f.write(prompt_text + "\n")
             f.flush()
-            common = ["-m", str(self.target), "-f", f.name, "-n", str(max_tokens), "--temp", "0",
-                      "-t", str(self.threads), "-c", str(self.ctx)]
+            common = [
+                "-m",
+                str(self.target),
+                "-f",
+                f.name,
+                "-n",
+                str(max_tokens),
+                "--temp",
+                "0",
+                "-t",
+                str(self.threads),
+                "-c",
+                str(self.ctx),
+            ]
             if spec_type == "none":
                 # without the prompt echo (which llama-completion prints with the chat template's
                 # special tokens stripped, so it cannot be cut off): the text is the answer alone
@@ -69,8 +82,7 @@ class LlamaCppPeer:
                 cmd = [str(self.binary), *common, "--spec-type", spec_type, "--spec-draft-n-max", str(max(k, 1))]
                 if spec_type.startswith("draft"):
                     cmd += ["-md", str(self.draft), "--spec-draft-threads", str(self.threads)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
-                                  stdin=subprocess.DEVNULL)
+            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
         log = proc.stdout + proc.stderr
         if spec_type == "none":
             m = _EVAL.search(log)
@@ -83,10 +95,14 @@ class LlamaCppPeer:
             raise SpecdecError(f"llama.cpp ({spec_type}) failed: {tail}")
         drafted, accepted = _DRAFTED.search(log), _ACCEPTED.search(log)
         text = proc.stdout.split(prompt_text, 1)[1] if prompt_text in proc.stdout else proc.stdout
-        text = text.removesuffix(" [end of text]\n")   # llama-completion's end-of-generation mark
-        return PeerRun(text=text, tokens=tokens, seconds=seconds,
-                       drafted=int(drafted.group(1)) if drafted else 0,
-                       accepted=int(accepted.group(1)) if accepted else 0)
+        text = text.removesuffix(" [end of text]\n")  # llama-completion's end-of-generation mark
+        return PeerRun(
+            text=text,
+            tokens=tokens,
+            seconds=seconds,
+            drafted=int(drafted.group(1)) if drafted else 0,
+            accepted=int(accepted.group(1)) if accepted else 0,
+        )
 
 
 class HuggingFacePeer:
@@ -97,14 +113,16 @@ class HuggingFacePeer:
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError as exc:
-            raise SpecdecError("--hf needs torch and transformers: `make hf-deps` or "
-                               "`pip install torch==2.13.0 transformers gguf`") from exc
+            raise SpecdecError(
+                "--hf needs torch and transformers: `make hf-deps` or `pip install torch==2.13.0 transformers gguf`"
+            ) from exc
         torch.set_num_threads(threads)
         self.torch = torch
 
         def load(path: Path):
-            return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                        torch_dtype=torch.float32).eval()
+            return AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, torch_dtype=torch.float32
+            ).eval()
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(target.parent), gguf_file=target.name)
         self.target = load(target)
@@ -116,8 +134,7 @@ class HuggingFacePeer:
         ids = self.tokenizer(prompt_text, return_tensors="pt", add_special_tokens=False).input_ids
         kwargs = dict(max_new_tokens=max_tokens, do_sample=False, attention_mask=torch.ones_like(ids))
         if mode == "assisted":
-            kwargs.update(assistant_model=self.draft, num_assistant_tokens=k,
-                          num_assistant_tokens_schedule="constant")
+            kwargs.update(assistant_model=self.draft, num_assistant_tokens=k, num_assistant_tokens_schedule="constant")
         elif mode == "prompt-lookup":
             kwargs.update(prompt_lookup_num_tokens=k)
         with torch.inference_mode():
@@ -129,6 +146,9 @@ class HuggingFacePeer:
             t0 = time.perf_counter()
             out = self.target.generate(ids, **kwargs)
             seconds = time.perf_counter() - t0
-        new = out[0, ids.shape[1]:]
-        return PeerRun(text=self.tokenizer.decode(new, skip_special_tokens=True), tokens=int(new.shape[0]),
-                       seconds=max(seconds - prefill, 1e-9))
+        new = out[0, ids.shape[1] :]
+        return PeerRun(
+            text=self.tokenizer.decode(new, skip_special_tokens=True),
+            tokens=int(new.shape[0]),
+            seconds=max(seconds - prefill, 1e-9),
+        )

@@ -25,6 +25,7 @@ curve (costs.cost_table): then every step is priced at its own depth, the prompt
 generated before it, as the engine prices it for the controller. Python's own time per step (well
 under 1% here) and noise are left out.
 """
+
 from __future__ import annotations
 
 import copy
@@ -61,11 +62,12 @@ def _best_time(lengths: Sequence[int], curves: Sequence[Sequence[float]]) -> flo
 
 def _accepted(proposal: Sequence[int], output: Sequence[int], pos: int) -> int:
     """How many of `proposal`'s tokens the target keeps at `pos`: the prefix `output` agrees with."""
-    return _agreement(proposal, output[pos:pos + len(proposal)])[1]
+    return _agreement(proposal, output[pos : pos + len(proposal)])[1]
 
 
-def oracle_speedup(prompt: Sequence[int], output: Sequence[int], costs: Sequence[float],
-                   drafter: NgramDrafter | None = None) -> float:
+def oracle_speedup(
+    prompt: Sequence[int], output: Sequence[int], costs: Sequence[float], drafter: NgramDrafter | None = None
+) -> float:
     """Speedup over plain decoding of a clairvoyant controller over `drafter`'s proposals."""
     curves = _curves(costs, len(prompt), len(output))
     lengths = _lookup_lengths(prompt, output, len(curves[0]) - 1, drafter or NgramDrafter())
@@ -90,12 +92,12 @@ def copy_ceiling(prompt: Sequence[int], output: Sequence[int], costs: Sequence[f
     start, k_max = len(prompt), len(curves[0]) - 1
     lengths = []
     for pos in range(len(output)):
-        end = start + pos                     # the context is seq[:end]
+        end = start + pos  # the context is seq[:end]
         last = seq[end - 1]
         best = 0
         for j in range(1, end):
             if seq[j - 1] == last:
-                best = max(best, _accepted(seq[j:min(end, j + k_max)], output, pos))
+                best = max(best, _accepted(seq[j : min(end, j + k_max)], output, pos))
                 if best >= k_max:
                     break
         lengths.append(best)
@@ -149,12 +151,11 @@ class RecordedDrafter:
         self.vocab_size = vocab_size
         self._recordings = {tuple(p): r for p, r in recordings.items()}
         self._rows: dict[int, dict] = {}
-        self.last_cost_rows: tuple[int, int] = (0, 0)   # (catch-up tokens, draft tokens) of the last proposal
+        self.last_cost_rows: tuple[int, int] = (0, 0)  # (catch-up tokens, draft tokens) of the last proposal
 
     def begin(self, row: int, prompt: Sequence[int], params=None, rng=None) -> None:
         output, agrees = self._recordings[tuple(prompt)]
-        self._rows[row] = {"start": len(prompt), "output": output, "agrees": agrees, "fed": 0,
-                           "base": 0, "drafted": 0}
+        self._rows[row] = {"start": len(prompt), "output": output, "agrees": agrees, "fed": 0, "base": 0, "drafted": 0}
 
     def end(self, rows: Sequence[int]) -> None:
         for row in rows:
@@ -169,8 +170,8 @@ class RecordedDrafter:
             state, context = self._rows[row], contexts[row]
             pos = len(context) - state["start"]
             n = draft_run(state["agrees"], pos, k)
-            tokens = list(state["output"][pos:pos + n])
-            if n < k:   # the first guess the target rejects; what follows it is never looked at
+            tokens = list(state["output"][pos : pos + n])
+            if n < k:  # the first guess the target rejects; what follows it is never looked at
                 right = state["output"][pos + n] if pos + n < len(state["output"]) else 0
                 tokens += [(right + 1) % self.vocab_size] * (k - n)
             self.last_cost_rows = (max(1, len(context) - state["fed"]) if k else 0, k)
@@ -180,7 +181,7 @@ class RecordedDrafter:
         return drafts
 
     def accept(self, n_accepted: Mapping[int, int]) -> None:
-        for row, n in n_accepted.items():   # as ModelDrafter.accept: keep the accepted draft tokens fed
+        for row, n in n_accepted.items():  # as ModelDrafter.accept: keep the accepted draft tokens fed
             state = self._rows[row]
             state["fed"] = min(state["fed"], state["base"] + min(n, max(state["drafted"] - 1, 0)))
 
@@ -218,9 +219,15 @@ def draft_ceiling(prompt: Sequence[int], output: Sequence[int], agrees: str, cos
     return _plain_time(curves) / _best_time(lengths, _draft_steps(curves, draft_costs, len(prompt)))
 
 
-def replay_speedup(prompt: Sequence[int], output: Sequence[int], costs, controller,
-                   recorded: RecordedDrafter | None = None, draft_costs=None,
-                   stops: frozenset[int] = frozenset()) -> tuple[float, dict[str, int]]:
+def replay_speedup(
+    prompt: Sequence[int],
+    output: Sequence[int],
+    costs,
+    controller,
+    recorded: RecordedDrafter | None = None,
+    draft_costs=None,
+    stops: frozenset[int] = frozenset(),
+) -> tuple[float, dict[str, int]]:
     """Speedup over plain decoding of `controller` (a FixedController or CostAwareController over
     prompt lookup and/or `recorded`, the draft model, whose forwards cost `draft_costs`), and its
     decisions, replayed step by step on the recorded output. As in the engine, a draft ends at
@@ -236,7 +243,7 @@ def replay_speedup(prompt: Sequence[int], output: Sequence[int], costs, controll
         draft = draft.upto(stops) if draft is not None else None
         tokens = draft.tokens if draft is not None else []
         n = _accepted(tokens, output, pos)
-        emitted = output[pos:pos + n + 1]
+        emitted = output[pos : pos + n + 1]
         cost = curves[pos][len(tokens)]
         seconds += cost
         kind = "ngram"
@@ -257,6 +264,7 @@ def replay_speedup(prompt: Sequence[int], output: Sequence[int], costs, controll
 
 # -- fitting the controller's priors, and checking that they transfer ------------------------------
 
+
 def match_statistics(records: Sequence[Mapping]) -> dict[str, tuple[list[int], list[int]]]:
     """Prompt lookup's guesses on recorded greedy outputs, counted as the controller's tables count
     them: kind ("split" / "single" / "agreed" for a first guess, by its votes; "later" for the guesses
@@ -273,7 +281,7 @@ def match_statistics(records: Sequence[Mapping]) -> dict[str, tuple[list[int], l
             if draft.tokens:
                 match = max(1, draft.evidence.get("match", 1))
                 kind = MatchAcceptance.evidence(draft.evidence.get("votes", (1, 1)))
-                for i, token in enumerate(draft.tokens[:len(output) - pos]):
+                for i, token in enumerate(draft.tokens[: len(output) - pos]):
                     right, checked = counts[kind if i == 0 else "later"]
                     b = MatchAcceptance.bucket(match + i)
                     checked[b] += 1
@@ -302,7 +310,7 @@ def draft_statistics(records: Sequence[Mapping]) -> tuple[list[int], list[int]]:
 def _monotone(rates: Sequence[float], weights: Sequence[float]) -> list[float]:
     """The non-decreasing sequence closest to `rates` in weighted least squares (pool adjacent
     violators): a longer match is never less trusted than a shorter one."""
-    blocks: list[list[float]] = []            # [value, weight, count]
+    blocks: list[list[float]] = []  # [value, weight, count]
     for r, w in zip(rates, weights):
         blocks.append([r, w, 1])
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
@@ -339,7 +347,7 @@ def fit_match_prior(records: Sequence[Mapping]) -> dict[str, tuple[float, ...]]:
     return fitted
 
 
-MATCH_PRIOR_FALLBACK = 0.5   # a kind of guess the recordings never showed: a coin toss
+MATCH_PRIOR_FALLBACK = 0.5  # a kind of guess the recordings never showed: a coin toss
 
 
 def fit_draft_prior(records: Sequence[Mapping]) -> tuple[float, ...]:
@@ -354,27 +362,39 @@ def _best_time_of(options: Sequence[tuple[Sequence[int], Sequence[Sequence[float
     programming from the end)."""
     best = [0.0] * (n + 1)
     for pos in range(n - 1, -1, -1):
-        best[pos] = min(steps[pos][k] + best[min(n, pos + k + 1)]
-                        for lengths, steps in options for k in range(min(lengths[pos], len(steps[pos]) - 1) + 1))
+        best[pos] = min(
+            steps[pos][k] + best[min(n, pos + k + 1)]
+            for lengths, steps in options
+            for k in range(min(lengths[pos], len(steps[pos]) - 1) + 1)
+        )
     return best[0]
 
 
-def clairvoyant_speedup(prompt: Sequence[int], output: Sequence[int], costs,
-                        agrees: str | None = None, draft_costs=None) -> float:
+def clairvoyant_speedup(
+    prompt: Sequence[int], output: Sequence[int], costs, agrees: str | None = None, draft_costs=None
+) -> float:
     """A clairvoyant controller over both drafters `auto` has: at every position prompt lookup's
     proposal or the draft model's (when recorded), drafting exactly what will be accepted."""
     curves = _curves(costs, len(prompt), len(output))
     k_max = len(curves[0]) - 1
     options = [(_lookup_lengths(prompt, output, k_max, NgramDrafter()), curves)]
     if agrees is not None and draft_costs is not None:
-        options.append(([draft_run(agrees, pos, k_max) for pos in range(len(output))],
-                        _draft_steps(curves, draft_costs, len(prompt))))
+        options.append(
+            (
+                [draft_run(agrees, pos, k_max) for pos in range(len(output))],
+                _draft_steps(curves, draft_costs, len(prompt)),
+            )
+        )
     return _plain_time(curves) / _best_time_of(options, len(output))
 
 
-def leave_one_category_out(records: Sequence[Mapping], costs: Sequence[float],
-                           draft_costs: Sequence[float] | None = None, stops: frozenset[int] = frozenset(),
-                           **controller_args) -> dict[str, dict[str, float]]:
+def leave_one_category_out(
+    records: Sequence[Mapping],
+    costs: Sequence[float],
+    draft_costs: Sequence[float] | None = None,
+    stops: frozenset[int] = frozenset(),
+    **controller_args,
+) -> dict[str, dict[str, float]]:
     """For every category: fit the priors on the other categories' recordings, replay `auto` (one
     controller for the category's prompts, learning across them as in a bench run, its drafts
     ending at the first of the target's end-of-generation tokens `stops`) on the held-out ones,
@@ -390,22 +410,37 @@ def leave_one_category_out(records: Sequence[Mapping], costs: Sequence[float],
     for category in dict.fromkeys(r["category"] for r in records):
         train = [r for r in records if r["category"] != category]
         test = [r for r in records if r["category"] == category]
-        recorded = RecordedDrafter({tuple(r["prompt"]): (r["output"], r["draft_agrees"]) for r in test}) \
-            if with_draft else None
+        recorded = (
+            RecordedDrafter({tuple(r["prompt"]): (r["output"], r["draft_agrees"]) for r in test})
+            if with_draft
+            else None
+        )
         # the controller learns live ratios on its tables: its own copies, the replay's stay as measured
-        auto = CostAwareController(NgramDrafter(), recorded, copy.deepcopy(costs),
-                                   copy.deepcopy(draft_costs) if with_draft else None,
-                                   match_prior=fit_match_prior(train),
-                                   draft_prior=fit_draft_prior(train) if with_draft else None, stops=stops,
-                                   **controller_args)
+        auto = CostAwareController(
+            NgramDrafter(),
+            recorded,
+            copy.deepcopy(costs),
+            copy.deepcopy(draft_costs) if with_draft else None,
+            match_prior=fit_match_prior(train),
+            draft_prior=fit_draft_prior(train) if with_draft else None,
+            stops=stops,
+            **controller_args,
+        )
         autos, clairs = [], []
         for r in test:
             autos.append(replay_speedup(r["prompt"], r["output"], costs, auto, recorded, draft_costs, stops)[0])
-            clairs.append(clairvoyant_speedup(r["prompt"], r["output"], costs,
-                                              r.get("draft_agrees") if with_draft else None, draft_costs))
-        out[category] = {"auto": statistics.median(autos), "clairvoyant": statistics.median(clairs),
-                         "ratio": statistics.median(a / c for a, c in zip(autos, clairs)),
-                         "worst": min(autos), "prompts": len(test)}
+            clairs.append(
+                clairvoyant_speedup(
+                    r["prompt"], r["output"], costs, r.get("draft_agrees") if with_draft else None, draft_costs
+                )
+            )
+        out[category] = {
+            "auto": statistics.median(autos),
+            "clairvoyant": statistics.median(clairs),
+            "ratio": statistics.median(a / c for a, c in zip(autos, clairs)),
+            "worst": min(autos),
+            "prompts": len(test),
+        }
     return out
 
 

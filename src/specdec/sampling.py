@@ -123,7 +123,7 @@ def _top_p_cut(probs: np.ndarray, top_p: float) -> float:
             top = buf[::-1]  # [m] descending
         else:
             buf.partition(m - n)  # the n largest go to the end, in any order
-            top = np.sort(buf[m - n:])[::-1]  # [n] descending
+            top = np.sort(buf[m - n :])[::-1]  # [n] descending
         cum = np.cumsum(top)  # [n]
         if cum[-1] >= top_p or n == m:
             # first position where the cumulative mass reaches top_p (clamped against rounding)
@@ -226,9 +226,7 @@ def verify(
     return verify_stochastic(logits_to_probs(logits, params), draft_tokens, q, rng)
 
 
-def draft_token(
-    logits: np.ndarray, params: SamplingParams, rng: np.random.Generator
-) -> tuple[int, np.ndarray | None]:
+def draft_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, np.ndarray | None]:
     """How a model drafter picks its next token from its logits [vocab]: the argmax when greedy
     (no q needed: greedy verification compares tokens), else a sample from q, returned with q
     (processed exactly like the target's p, as lossless verification requires)."""

@@ -1,4 +1,5 @@
 """Per-generation statistics: plain dataclasses that serialise to JSON."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -8,19 +9,19 @@ from dataclasses import asdict, dataclass, field
 class GenerationStats:
     prompt_tokens: int = 0
     generated_tokens: int = 0
-    steps: int = 0                      # target forwards after the prefill
-    drafted: int = 0                    # draft tokens proposed
-    accepted: int = 0                   # draft tokens kept
-    drafted_at: list[int] = field(default_factory=list)    # [position] tokens drafted at draft position i
-    accepted_at: list[int] = field(default_factory=list)   # [position] of those, how many were kept
+    steps: int = 0  # target forwards after the prefill
+    drafted: int = 0  # draft tokens proposed
+    accepted: int = 0  # draft tokens kept
+    drafted_at: list[int] = field(default_factory=list)  # [position] tokens drafted at draft position i
+    accepted_at: list[int] = field(default_factory=list)  # [position] of those, how many were kept
     decisions: dict[str, int] = field(default_factory=dict)  # "plain" / "ngram:k" / "draft:k" -> steps
-    predicted_speedup: float | None = None   # --draft auto: what the controller expected
-    measured_speedup: float | None = None    # --draft auto: tokens/s over its plain-step estimate
+    predicted_speedup: float | None = None  # --draft auto: what the controller expected
+    measured_speedup: float | None = None  # --draft auto: tokens/s over its plain-step estimate
     prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0         # wall time from the end of the prefill to the last token
-    draft_seconds: float = 0.0          # time inside drafter.propose / accept
-    target_seconds: float = 0.0         # time inside target.forward / rollback
-    finish_reason: str = ""             # "length", "eog", "stop", "context"
+    decode_seconds: float = 0.0  # wall time from the end of the prefill to the last token
+    draft_seconds: float = 0.0  # time inside drafter.propose / accept
+    target_seconds: float = 0.0  # time inside target.forward / rollback
+    finish_reason: str = ""  # "length", "eog", "stop", "context"
 
     def record_step(self, n_drafted: int, n_accepted: int, kind: str = "draft") -> None:
         self.steps += 1
@@ -70,7 +71,12 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        for name in ("acceptance_rate", "mean_accepted_length", "acceptance_by_position", "seconds",
-                     "tokens_per_second"):
+        for name in (
+            "acceptance_rate",
+            "mean_accepted_length",
+            "acceptance_by_position",
+            "seconds",
+            "tokens_per_second",
+        ):
             out[name] = getattr(self, name)
         return out

@@ -1,4 +1,5 @@
 """Tokens -> text: whole UTF-8 characters at a time, cut at the first stop string."""
+
 from __future__ import annotations
 
 import codecs
@@ -14,8 +15,8 @@ class Detokenizer:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._hold = max((len(s) for s in stop), default=1) - 1
         self.tokens: list[int] = []
-        self.text = ""               # all text so far
-        self._sent = 0               # how much of it ready() has handed out
+        self.text = ""  # all text so far
+        self._sent = 0  # how much of it ready() has handed out
         self.stopped = False
 
     def add(self, tokens: Sequence[int]) -> bool:
@@ -35,14 +36,14 @@ class Detokenizer:
         safe = len(self.text) - self._hold if self._stop and not self.stopped else len(self.text)
         if safe <= self._sent:
             return ""
-        piece, self._sent = self.text[self._sent:safe], safe
+        piece, self._sent = self.text[self._sent : safe], safe
         return piece
 
     def finish(self) -> str:
         """The rest, once generation is over."""
         if not self.stopped:
             self.text += self._decoder.decode(b"", final=True)
-        piece, self._sent = self.text[self._sent:], len(self.text)
+        piece, self._sent = self.text[self._sent :], len(self.text)
         return piece
 
 

@@ -2,6 +2,7 @@
 drafting by exact enumeration with the real drafter, greedy equality in the engine, and the token
 boundaries (text that ends mid-token, split UTF-8, special tokens, the draft's resync after a
 rejection), on two toy vocabularies that overlap partly."""
+
 from __future__ import annotations
 
 import copy
@@ -26,8 +27,29 @@ TARGET = [b"", b"a", b"b", b"c", b" ", b"ab", b"ca", b"\xc3", b"\xa9", b"\n"]
 TARGET_NAMES = {0: "<|end|>"}
 # The draft's: pairs of characters, "é" whole and as byte-fallback bytes, a byte-fallback twin of
 # "a" (token 15), the pieces of "<|end|>" as plain text, and its own end and begin tokens.
-DRAFT = [b"", b"", b"a", b"b", b"c", b" ", b"aa", b"ab", b"ba", b"bc", b"cab", b" a", b"\xc3\xa9",
-         b"\xc3", b"\xa9", b"a", b"\n", b"<", b"|", b"end", b">"]
+DRAFT = [
+    b"",
+    b"",
+    b"a",
+    b"b",
+    b"c",
+    b" ",
+    b"aa",
+    b"ab",
+    b"ba",
+    b"bc",
+    b"cab",
+    b" a",
+    b"\xc3\xa9",
+    b"\xc3",
+    b"\xa9",
+    b"a",
+    b"\n",
+    b"<",
+    b"|",
+    b"end",
+    b">",
+]
 DRAFT_NAMES = {0: "</s>", 1: "<s>"}
 
 
@@ -58,13 +80,13 @@ def test_shared_tokens_match_bytes_and_skip_special_tokens():
 def test_intersect_q_restricts_renormalises_and_sums_twins():
     d_ids, t_ids = shared_tokens(draft_lm(), target_lm())
     q = np.zeros(len(DRAFT))
-    q[[2, 15, 6, 12]] = [0.2, 0.1, 0.5, 0.2]        # a, its twin, aa and é: only a is shared
+    q[[2, 15, 6, 12]] = [0.2, 0.1, 0.5, 0.2]  # a, its twin, aa and é: only a is shared
     over_shared, over_target = intersect_q(q, d_ids, t_ids, len(TARGET))
     np.testing.assert_allclose(over_target[1], 1.0)
     np.testing.assert_allclose(over_shared[list(d_ids).index(2)], 2 / 3)
     assert over_target.shape == (len(TARGET),) and over_target.sum() == pytest.approx(1.0)
     q[:] = 0
-    q[6] = 1.0                                           # all its mass on "aa", which the target lacks
+    q[6] = 1.0  # all its mass on "aa", which the target lacks
     assert intersect_q(q, d_ids, t_ids, len(TARGET)) is None
 
 
@@ -101,7 +123,7 @@ def intersect_tables(seed, k):
     d_ids, t_ids = shared_tokens(draft_lm(), target_lm())
     d_logits[:, d_ids] = p_logits[:, t_ids] + rng.normal(0.0, 0.7, size=(n_pos, len(d_ids)))
     d_logits[:, 15] = d_logits[:, 2]
-    d_logits[:, [0, 1]] = -30.0       # the draft's special tokens, as a model rarely writes them
+    d_logits[:, [0, 1]] = -30.0  # the draft's special tokens, as a model rarely writes them
     return logits_to_probs(p_logits, PARAMS), logits_to_probs(d_logits, PARAMS), d_ids, t_ids
 
 
@@ -110,9 +132,9 @@ def run_intersect(seed, k, q_of=None):
     q restricted to the shared tokens and the target verifies the mapped tokens with that q.
     `q_of(q_draft_row, d_ids, t_ids)` replaces the q passed to verification (a broken rule)."""
     p_tab, d_tab, d_ids, t_ids = intersect_tables(seed, k)
-    steps = [intersect_q(row, d_ids, t_ids, V) for row in d_tab]        # per position, or None
+    steps = [intersect_q(row, d_ids, t_ids, V) for row in d_tab]  # per position, or None
     rng, draft_rng = np.random.default_rng([seed, 1]), np.random.default_rng([seed, 2])
-    counts = np.zeros(V ** M, dtype=np.int64)
+    counts = np.zeros(V**M, dtype=np.int64)
     for _ in range(N_SAMPLES):
         out = []
         while len(out) < M:
@@ -127,7 +149,7 @@ def run_intersect(seed, k, q_of=None):
                 tokens.append(int(t_ids[i]))
                 qs.append(over_target if q_of is None else q_of(d_tab[pos + j], d_ids, t_ids, i))
             q = np.stack(qs) if qs else None
-            n, nxt = verify_stochastic(p_tab[pos:pos + len(tokens) + 1], tokens, q, rng)
+            n, nxt = verify_stochastic(p_tab[pos : pos + len(tokens) + 1], tokens, q, rng)
             out += tokens[:n] + [nxt]
         counts[(out[0] * V + out[1]) * V + out[2]] += 1
     return counts, exact_distribution(p_tab)
@@ -148,7 +170,7 @@ def _twins_not_summed(q_draft, d_ids, t_ids, i):
     """Broken: q of the drafted token alone, not summed over the draft tokens of the same bytes."""
     restricted = q_draft[d_ids] / q_draft[d_ids].sum()
     q = np.zeros(V)
-    q[t_ids] = restricted          # a later twin overwrites the earlier one
+    q[t_ids] = restricted  # a later twin overwrites the earlier one
     return q
 
 
@@ -169,12 +191,12 @@ def test_the_draft_row_holds_the_targets_text_on_any_walk():
     rng = np.random.default_rng(5)
     context = list(prompt)
     for _ in range(300):
-        if rng.random() < 0.3 and len(context) > len(prompt):     # back to an earlier point
-            context = context[:rng.integers(len(prompt), len(context))]
+        if rng.random() < 0.3 and len(context) > len(prompt):  # back to an earlier point
+            context = context[: rng.integers(len(prompt), len(context))]
         tail = rng.choice([1, 2, 3, 4, 5, 6, 9, 7], size=rng.integers(1, 4)).tolist()
-        if context[-1] == 7:                      # the second byte of "é" follows its first
+        if context[-1] == 7:  # the second byte of "é" follows its first
             tail = [8] + tail
-        for i in range(len(tail) - 1, -1, -1):   # only the last "é" may stay half-written
+        for i in range(len(tail) - 1, -1, -1):  # only the last "é" may stay half-written
             if tail[i] == 7 and i < len(tail) - 1:
                 tail.insert(i + 1, 8)
         context = context + tail
@@ -222,7 +244,7 @@ def run_string(seed, k, verify_fn=verify_stochastic):
     row = drafter._rows[0].model_row
     memo = {}
     rng = np.random.default_rng([seed, 1])
-    counts = np.zeros(V ** M, dtype=np.int64)
+    counts = np.zeros(V**M, dtype=np.int64)
     for _ in range(N_SAMPLES):
         out = []
         while len(out) < M:
@@ -234,7 +256,7 @@ def run_string(seed, k, verify_fn=verify_stochastic):
             tokens, state, cache = memo[key]
             _restore(drafter._rows[0], state)
             draft._row_states()[row] = list(cache)
-            n, nxt = verify_fn(p_tab[pos:pos + len(tokens) + 1], tokens, None, rng)
+            n, nxt = verify_fn(p_tab[pos : pos + len(tokens) + 1], tokens, None, rng)
             out += tokens[:n] + [nxt]
         counts[(out[0] * V + out[1]) * V + out[2]] += 1
     drafted = sum(len(t) for t, _, _ in memo.values())
@@ -249,7 +271,7 @@ def test_string_level_drafts_are_lossless(seed, k):
 
 
 def test_the_enumeration_catches_a_wrong_one_hot_residual():
-    def residual_is_p(p, tokens, q, rng):      # broken: the correction sampled from p, not p - onehot
+    def residual_is_p(p, tokens, q, rng):  # broken: the correction sampled from p, not p - onehot
         for i, x in enumerate(tokens):
             if rng.random() < p[i, x]:
                 continue
@@ -258,7 +280,7 @@ def test_the_enumeration_catches_a_wrong_one_hot_residual():
 
     counts, exact, _ = run_string(32, 4, residual_is_p)
     assert not check(counts, exact, "residual is p")
-    assert residual(np.array([0.5, 0.5]), np.array([1.0, 0.0]))[1] == 1.0    # the honest one
+    assert residual(np.array([0.5, 0.5]), np.array([1.0, 0.0]))[1] == 1.0  # the honest one
 
 
 # ---------------------------------------------------------------------------- in the engine
@@ -278,11 +300,16 @@ def test_greedy_output_is_the_targets(mode, prompt):
 @pytest.mark.parametrize("mode", ["string", "intersect"])
 def test_rows_of_a_batch_equal_their_solo_runs(mode):
     prompts = [[1, 4, 2], [7, 8, 1, 5], [3, 3, 3, 9, 4, 6]]
-    solo = [SpeculativeDecoder(target_lm(), CrossVocabDrafter(draft_lm(), target_lm(), mode), k=3)
-            .generate(p, max_new_tokens=30, temperature=0.8, seed=7 + i) for i, p in enumerate(prompts)]
+    solo = [
+        SpeculativeDecoder(target_lm(), CrossVocabDrafter(draft_lm(), target_lm(), mode), k=3).generate(
+            p, max_new_tokens=30, temperature=0.8, seed=7 + i
+        )
+        for i, p in enumerate(prompts)
+    ]
     target = target_lm()
     batch = SpeculativeDecoder(target, CrossVocabDrafter(draft_lm(), target, mode), k=3).generate_batch(
-        prompts, max_new_tokens=30, temperature=0.8, seed=7)
+        prompts, max_new_tokens=30, temperature=0.8, seed=7
+    )
     assert [r.tokens for r in batch] == [r.tokens for r in solo]
 
 
@@ -302,13 +329,13 @@ class TextOracle(ToyLM):
             row = np.zeros(self.vocab_size, dtype=np.float32)
             best = 0
             if SCRIPT.startswith(text):
-                rest = SCRIPT[len(text):]
+                rest = SCRIPT[len(text) :]
                 fits = [i for i, p in enumerate(tok.pieces) if p and rest.startswith(p)]
                 best = max(fits, key=lambda i: (len(tok.pieces[i]), -i)) if fits else 0
             row[best] = 10.0
             rows.append(row)
         n_rows = len(tokens) if n_rows is None else n_rows
-        return np.array(rows[len(rows) - n_rows:]).reshape(n_rows, self.vocab_size)
+        return np.array(rows[len(rows) - n_rows :]).reshape(n_rows, self.vocab_size)
 
 
 def oracle(pieces, names, **kw):
@@ -324,7 +351,7 @@ def test_a_draft_that_writes_the_same_text_is_accepted_across_tokenizers():
     target = oracle(TARGET, TARGET_NAMES)
     prompt = target.tokenizer.encode("ab ca", add_special=False)
     expected = reference_greedy(oracle(TARGET, TARGET_NAMES), prompt, 60)
-    assert b"\xc3\xa9" in b"".join(TARGET[t] for t in expected)       # "é" goes through its two bytes
+    assert b"\xc3\xa9" in b"".join(TARGET[t] for t in expected)  # "é" goes through its two bytes
     # string-level re-reads the draft's "cab", "ba" and whole "é" (not in the intersection) as
     # target tokens; the intersection can only propose the shared pieces, and misses there
     for mode, least in (("string", 0.9), ("intersect", 0.3)):
@@ -341,7 +368,7 @@ def test_a_draft_that_writes_the_same_text_is_accepted_across_tokenizers():
 def test_whole_utf8_holds_back_a_split_character():
     assert whole_utf8(b"ab\xc3") == ("ab", 1)
     assert whole_utf8(b"ab\xc3\xa9") == ("ab\u00e9", 0)
-    assert whole_utf8(b"a\xa9b") == ("a\ufffdb", 0)       # a stray byte inside: replaced, not held
+    assert whole_utf8(b"a\xa9b") == ("a\ufffdb", 0)  # a stray byte inside: replaced, not held
 
 
 def test_retokenize_drops_the_token_that_may_still_grow():
@@ -383,16 +410,16 @@ def test_the_draft_row_follows_the_accepted_text_after_a_rejection():
     target, draft = target_lm(), draft_lm()
     drafter = CrossVocabDrafter(draft, target, "string")
     drafter.begin(0, [1], SamplingParams(), np.random.default_rng(0))
-    context = [1, 2, 4, 3, 6]                                 # "ab cca"
+    context = [1, 2, 4, 3, 6]  # "ab cca"
     drafter.propose({0: context}, {0: 4})
     row = drafter._rows[0].model_row
     assert row_text(draft, row).startswith(b"ab cca")
-    drafter.accept({0: 0})                                    # all rejected; the target said "b"
+    drafter.accept({0: 0})  # all rejected; the target said "b"
     context = context + [2]
     drafter.propose({0: context}, {0: 4})
     held = row_text(draft, row)
     assert held.startswith(b"ab ccab")
-    assert draft._row_states()[row][0] == 1                   # still opened by the draft's <s>
+    assert draft._row_states()[row][0] == 1  # still opened by the draft's <s>
     assert drafter.lag(0, context + [1, 1]) == 2
 
 
@@ -406,7 +433,7 @@ def test_a_split_character_is_held_back_from_the_draft():
     row = drafter._rows[0].model_row
     assert row_text(draft, row) == b"a "
     drafter.propose({0: [1, 4, 7, 8]}, {0: 4})
-    assert draft._row_states()[row][:4] == [1, 2, 5, 12]      # <s> a " " é
+    assert draft._row_states()[row][:4] == [1, 2, 5, 12]  # <s> a " " é
 
 
 def test_special_tokens_are_rendered_for_the_draft_and_never_proposed():
@@ -440,7 +467,7 @@ def test_a_model_of_another_vocabulary_drafts_across_tokenizers():
     assert isinstance(model_drafter(target_lm(seed=3), target), ModelDrafter)
     assert isinstance(SpeculativeDecoder(target, draft_lm()).drafter, CrossVocabDrafter)
     with pytest.raises(VocabMismatchError):
-        ModelDrafter(draft_lm(), target)          # token ids alone still need one vocabulary
+        ModelDrafter(draft_lm(), target)  # token ids alone still need one vocabulary
 
 
 def test_a_full_draft_context_stops_the_draft_not_the_generation():
@@ -453,5 +480,6 @@ def test_a_full_draft_context_stops_the_draft_not_the_generation():
     expected = reference_greedy(target_lm(), prompt, 30)
     for mode in ("string", "intersect"):
         result = SpeculativeDecoder(target, CrossVocabDrafter(draft, target, mode), k=4).generate(
-            prompt, max_new_tokens=30)
+            prompt, max_new_tokens=30
+        )
         assert result.tokens == expected

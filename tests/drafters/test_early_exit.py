@@ -1,4 +1,5 @@
 """Early-exit self-speculation on the NumPy backend: lossless, and the shared cache stays right."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +12,8 @@ from specdec.errors import SpecdecError
 from specdec.models.numpy_ref import load_numpy_model
 from specdec.sampling import SamplingParams
 
-from ..models.test_numpy_ref import numpy_builtin, write_tiny_gguf
 from ..conftest import require_module
+from ..models.test_numpy_ref import numpy_builtin, write_tiny_gguf
 from ..toy import Solo, ToyLM
 
 require_module("gguf", "pip install -e .")
@@ -52,7 +53,7 @@ def check_cache_matches_a_fresh_pass(model, tokens: list[int]) -> None:
     model.rollback(len(tokens) - 1)
     assert model.n_past == model.n_full == len(tokens) - 1
     after_run = cache_state(model, len(tokens) - 1)
-    logits_after_run = model.forward(tokens[-1:])                     # [1, vocab]
+    logits_after_run = model.forward(tokens[-1:])  # [1, vocab]
     model.reset()
     model.forward(tokens[:-1], n_rows=0)
     fresh = cache_state(model, len(tokens) - 1)
@@ -70,19 +71,18 @@ def test_greedy_speculative_equals_plain_tiny(tiny, n_layers):
     spec = SpeculativeDecoder(tiny, drafter=drafter, k=3).generate(PROMPT, config)
     assert spec.tokens == plain.tokens
     stats = spec.stats
-    if n_layers == tiny.n_layer:       # the full model drafting for itself: every draft is kept
+    if n_layers == tiny.n_layer:  # the full model drafting for itself: every draft is kept
         assert stats.accepted == stats.drafted
-    elif n_layers == 1:                # the exit after one layer of a random model: many rejections
+    elif n_layers == 1:  # the exit after one layer of a random model: many rejections
         assert stats.accepted < stats.drafted
-    check_cache_mid_run(tiny, SpeculativeDecoder(tiny, drafter=EarlyExitDrafter(tiny, n_layers), k=3),
-                        PROMPT, config)
+    check_cache_mid_run(tiny, SpeculativeDecoder(tiny, drafter=EarlyExitDrafter(tiny, n_layers), k=3), PROMPT, config)
 
 
 def test_propose_leaves_the_cache_as_it_found_it(tiny):
     context = tiny.tokenizer.encode(PROMPT)
     tiny.reset()
     for cache in tiny.k_cache + tiny.v_cache:
-        cache[:] = 0.0                                  # so that every written slot shows
+        cache[:] = 0.0  # so that every written slot shows
     tiny.forward(context[:-1], n_rows=0)
     before = cache_state(tiny, tiny.n_ctx)
     drafter = Solo(EarlyExitDrafter(tiny, 2))
@@ -92,12 +92,12 @@ def test_propose_leaves_the_cache_as_it_found_it(tiny):
     after = cache_state(tiny, tiny.n_ctx)
     n = len(context) - 1
     for ours, theirs in zip(after, before):
-        np.testing.assert_array_equal(ours[:, :n], theirs[:, :n])     # the verified tokens: untouched
+        np.testing.assert_array_equal(ours[:, :n], theirs[:, :n])  # the verified tokens: untouched
     # the drafts' K/V went to the free slots of the first 2 layers only: [last, d1 .. d4]
-    k_after = after[:tiny.n_layer]
-    assert all(np.abs(k_after[i][:, n:n + 5]).min() > 0 for i in (0, 1))
+    k_after = after[: tiny.n_layer]
+    assert all(np.abs(k_after[i][:, n : n + 5]).min() > 0 for i in (0, 1))
     assert all(np.abs(k_after[i][:, n:]).max() == 0 for i in (2, 3))
-    assert np.abs(k_after[0][:, n + 5:]).max() == 0                    # the last draft is not fed
+    assert np.abs(k_after[0][:, n + 5 :]).max() == 0  # the last draft is not fed
     # and the drafts are the exit's own greedy continuation
     tiny.rollback(n)
     expected = []
@@ -110,7 +110,7 @@ def test_propose_catches_up_a_cache_behind_the_context(tiny):
     context = tiny.tokenizer.encode(PROMPT)
     drafter = Solo(EarlyExitDrafter(tiny, 3))
     tiny.reset()
-    behind = drafter.propose(context, 4)          # the cache was empty: feeds context[:-1] first
+    behind = drafter.propose(context, 4)  # the cache was empty: feeds context[:-1] first
     tiny.reset()
     tiny.forward(context[:-1], n_rows=0)
     assert drafter.propose(context, 4).tokens == behind.tokens
@@ -137,9 +137,9 @@ def test_a_forward_refuses_a_half_written_cache(tiny):
     tiny.forward([1, 2, 3], n_rows=0)
     tiny.forward([4], n_layers=2)
     assert (tiny.n_past, tiny.n_full, tiny.layer_len) == (4, 3, [4, 4, 3, 3])
-    tiny.forward([5], n_layers=2)                 # the same early exit may go on
+    tiny.forward([5], n_layers=2)  # the same early exit may go on
     with pytest.raises(RuntimeError, match="rollback"):
-        tiny.forward([6])                         # layers 2 and 3 lack tokens 4 and 5
+        tiny.forward([6])  # layers 2 and 3 lack tokens 4 and 5
     with pytest.raises(RuntimeError, match="rollback"):
         tiny.forward([6], n_layers=3)
     tiny.rollback(3)
@@ -168,5 +168,4 @@ def test_greedy_speculative_equals_plain_real():
     spec = SpeculativeDecoder(model, drafter=EarlyExitDrafter(model, 12), k=3).generate(prompt, config)
     assert spec.tokens == plain.tokens
     assert 0 < spec.stats.accepted < spec.stats.drafted
-    check_cache_mid_run(model, SpeculativeDecoder(model, drafter=EarlyExitDrafter(model, 12), k=3),
-                        prompt, config)
+    check_cache_mid_run(model, SpeculativeDecoder(model, drafter=EarlyExitDrafter(model, 12), k=3), prompt, config)

@@ -31,9 +31,9 @@ def test_the_match_reaching_furthest_back_wins():
     # "5 8 9" is the context's tail; "8 9" occurred after 5 (then 1) and later after 6 (then 2)
     context = [5, 8, 9, 1, 0, 6, 8, 9, 2, 0, 5, 8, 9]
     assert d.propose(context, 1).tokens == [1]
-    assert d.last_match_length == 3                     # the 2-gram plus the 5 before it
-    assert d.last_votes == (1, 2)                       # of two occurrences, one continues with 1
-    assert drafter(n_max=2, candidates=1).propose(context, 1).tokens == [2]   # most recent only
+    assert d.last_match_length == 3  # the 2-gram plus the 5 before it
+    assert d.last_votes == (1, 2)  # of two occurrences, one continues with 1
+    assert drafter(n_max=2, candidates=1).propose(context, 1).tokens == [2]  # most recent only
 
 
 def test_match_length_is_capped():
@@ -48,7 +48,7 @@ def test_match_length_is_capped():
 
 def test_falls_back_to_shorter_ngrams_and_to_nothing():
     d = drafter(n_max=3, n_min=1)
-    assert d.propose([4, 5, 6, 7, 5], 2).tokens == [6, 7]       # only the 1-gram "5" matches
+    assert d.propose([4, 5, 6, 7, 5], 2).tokens == [6, 7]  # only the 1-gram "5" matches
     assert drafter(n_max=3, n_min=2).propose([4, 5, 6, 7, 5], 2).tokens == []
     assert d.propose([1], 3).tokens == []
     assert d.propose([1, 2, 3], 0).tokens == []

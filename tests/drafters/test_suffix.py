@@ -1,5 +1,6 @@
 """The suffix cache across requests: its index, its choice, its memory cap, its file, and that
 drafting from it changes nothing in greedy output."""
+
 from __future__ import annotations
 
 import os
@@ -25,15 +26,15 @@ RNG = np.random.default_rng(0)
 def propose(cache: SuffixCacheDrafter, context, k=8, row=0):
     cache.begin(row, context, PARAMS, RNG)
     draft = cache.propose({row: list(context)}, {row: k})[row]
-    cache._rows.pop(row)          # a probe, not a request: it must not join the cache
+    cache._rows.pop(row)  # a probe, not a request: it must not join the cache
     return draft
 
 
 def test_the_longest_match_wins_over_a_short_one():
     cache = SuffixCacheDrafter()
-    cache.add([9, 3, 4, 70, 71])            # ends in ... 3 4 -> 70: a 2-token match
-    cache.add([1, 2, 3, 4, 50, 51, 52])     # ends in 1 2 3 4 -> 50: a 4-token match, older
-    cache.add([8, 4, 60, 61])               # 4 -> 60: a 1-token match, newest
+    cache.add([9, 3, 4, 70, 71])  # ends in ... 3 4 -> 70: a 2-token match
+    cache.add([1, 2, 3, 4, 50, 51, 52])  # ends in 1 2 3 4 -> 50: a 4-token match, older
+    cache.add([8, 4, 60, 61])  # 4 -> 60: a 1-token match, newest
     draft = propose(cache, [7, 1, 2, 3, 4])
     assert draft.tokens == [50, 51, 52]
     assert draft.evidence == {"match": 4, "votes": (1, 1)}
@@ -52,9 +53,9 @@ def test_the_most_frequent_continuation_is_chosen_at_every_position():
 def test_a_draft_reaches_no_further_than_its_match_nor_past_a_split():
     cache = SuffixCacheDrafter()
     cache.add([1, 2, 3, 4, 5, 6, 7, 8])
-    assert propose(cache, [9, 2]).tokens == [3]                   # a 1-token match: 1 token
-    assert propose(cache, [9, 2, 3, 4]).tokens == [5, 6, 7]       # 3 tokens: 3
-    for tail in range(20, 32):          # 12 requests part after 1 2 3 4 5
+    assert propose(cache, [9, 2]).tokens == [3]  # a 1-token match: 1 token
+    assert propose(cache, [9, 2, 3, 4]).tokens == [5, 6, 7]  # 3 tokens: 3
+    for tail in range(20, 32):  # 12 requests part after 1 2 3 4 5
         cache.add([1, 2, 3, 4, 5, tail, 99])
     # 5 is certain, then 1 in 13 agrees: below MIN_SHARE, the chain stops before the split
     assert propose(cache, [1, 2, 3, 4]).tokens == [5]
@@ -71,9 +72,9 @@ def test_matches_and_continuations_stop_at_a_sequence_boundary():
     cache = SuffixCacheDrafter()
     cache.add([1, 2, 3])
     cache.add([4, 5, 6])
-    assert propose(cache, [2, 3]).tokens == []          # 2 3 ends its sequence: nothing follows
+    assert propose(cache, [2, 3]).tokens == []  # 2 3 ends its sequence: nothing follows
     draft = propose(cache, [1, 2])
-    assert draft.tokens == [3] and draft.evidence["match"] == 2   # 3 is last: the chain stops there
+    assert draft.tokens == [3] and draft.evidence["match"] == 2  # 3 is last: the chain stops there
 
 
 def test_the_match_is_measured_up_to_the_depth_only():
@@ -97,7 +98,7 @@ def test_a_finished_row_joins_the_cache_with_every_token_it_emitted():
     context = [1, 2, 3]
     cache.begin(0, context, PARAMS, RNG)
     cache.propose({0: context}, {0: 4})
-    context += [4, 5, 6]                 # the engine's live list grows after the last proposal
+    context += [4, 5, 6]  # the engine's live list grows after the last proposal
     cache.end([0])
     assert cache.tokens_stored == 6
     assert propose(cache, [9, 3, 4], row=1).tokens == [5, 6]
@@ -105,17 +106,18 @@ def test_a_finished_row_joins_the_cache_with_every_token_it_emitted():
 
 def test_eviction_keeps_the_store_under_the_cap_and_forgets_the_oldest_first():
     cache = SuffixCacheDrafter(cap=100)
-    cache.add([500, 501, 502, 503], static=True)            # the corpus is never forgotten
+    cache.add([500, 501, 502, 503], static=True)  # the corpus is never forgotten
     for i in range(40):
         cache.add([i, 1000 + i, 2000 + i])
         assert cache.tokens_stored <= 100
-    assert cache.tokens_stored >= int(EVICT_TO * 100) - 3   # evicts down to EVICT_TO, not further
-    assert propose(cache, [0]).tokens == []                  # the oldest request is gone
-    assert propose(cache, [39]).tokens == [1039]              # the newest is there
-    assert propose(cache, [500, 501]).tokens == [502, 503]    # so is the corpus
+    assert cache.tokens_stored >= int(EVICT_TO * 100) - 3  # evicts down to EVICT_TO, not further
+    assert propose(cache, [0]).tokens == []  # the oldest request is gone
+    assert propose(cache, [39]).tokens == [1039]  # the newest is there
+    assert propose(cache, [500, 501]).tokens == [502, 503]  # so is the corpus
     # the index was rebuilt from what is kept: nothing points past the store
-    assert all(p <= len(cache._store.tokens) for v in cache._store.index.values()
-               for p in ([v] if isinstance(v, int) else v))
+    assert all(
+        p <= len(cache._store.tokens) for v in cache._store.index.values() for p in ([v] if isinstance(v, int) else v)
+    )
 
 
 def test_a_sequence_longer_than_the_cap_keeps_its_end_and_a_corpus_too_big_is_refused():
@@ -132,15 +134,15 @@ def test_save_and_load_round_trip(tmp_path):
     a = new_suffix_cache(target)
     a.add([1, 2, 3, 4, 5])
     a.add([1, 2, 3, 9])
-    a.add([7, 7, 7], static=True)                # the corpus comes from its own file: not saved
+    a.add([7, 7, 7], static=True)  # the corpus comes from its own file: not saved
     path = tmp_path / "cache.npz"
     a.save(path)
-    assert [p.name for p in tmp_path.iterdir()] == ["cache.npz"]   # no temporary file left behind
+    assert [p.name for p in tmp_path.iterdir()] == ["cache.npz"]  # no temporary file left behind
     b = new_suffix_cache(target)
     assert b.load(path) == 9 and b.tokens_stored == 9
     for context in ([1, 2, 3], [2, 3], [4], [0, 1]):
         assert propose(a, context) == propose(b, context)
-    assert new_suffix_cache(target).load(tmp_path / "missing.npz") == 0   # the first run creates it
+    assert new_suffix_cache(target).load(tmp_path / "missing.npz") == 0  # the first run creates it
 
 
 def test_a_save_replaces_the_old_file_whole(tmp_path):
@@ -176,27 +178,35 @@ def test_a_truncated_cache_file_is_a_user_error(tmp_path):
 def _write_cache(path, header: str, lengths, tokens, **extra) -> None:
     """A cache file as save writes one, with whatever structure the test gives it."""
     with open(path, "wb") as f:
-        np.savez_compressed(f, header=np.frombuffer(header.encode(), dtype=np.uint8),
-                            lengths=np.asarray(lengths, dtype=np.int64), tokens=np.asarray(tokens, dtype=np.int64),
-                            **extra)
+        np.savez_compressed(
+            f,
+            header=np.frombuffer(header.encode(), dtype=np.uint8),
+            lengths=np.asarray(lengths, dtype=np.int64),
+            tokens=np.asarray(tokens, dtype=np.int64),
+            **extra,
+        )
 
 
-@pytest.mark.parametrize("header, lengths, tokens", [
-    ("specdec-suffix-cache/0\n", [3], [1, 2, 3]),                  # another format's header
-    ("", [3], [1, 2, 3]),                                           # no header at all
-    (f"{FORMAT}\n", [2, 2], [1, 2, 3]),                             # lengths that overrun the tokens
-    (f"{FORMAT}\n", [1], [1, 2, 3]),                                # tokens no length covers
-    (f"{FORMAT}\n", [4, -1], [1, 2, 3]),                            # a negative length that adds up
-    (f"{FORMAT}\n", [[3]], [1, 2, 3]),                              # lengths of the wrong shape
-    (f"{FORMAT}\n", [3], [[1, 2, 3]]),                              # tokens of the wrong shape
-], ids=["old-format", "no-header", "overrun", "uncovered", "negative-length", "2-d-lengths", "2-d-tokens"])
+@pytest.mark.parametrize(
+    "header, lengths, tokens",
+    [
+        ("specdec-suffix-cache/0\n", [3], [1, 2, 3]),  # another format's header
+        ("", [3], [1, 2, 3]),  # no header at all
+        (f"{FORMAT}\n", [2, 2], [1, 2, 3]),  # lengths that overrun the tokens
+        (f"{FORMAT}\n", [1], [1, 2, 3]),  # tokens no length covers
+        (f"{FORMAT}\n", [4, -1], [1, 2, 3]),  # a negative length that adds up
+        (f"{FORMAT}\n", [[3]], [1, 2, 3]),  # lengths of the wrong shape
+        (f"{FORMAT}\n", [3], [[1, 2, 3]]),  # tokens of the wrong shape
+    ],
+    ids=["old-format", "no-header", "overrun", "uncovered", "negative-length", "2-d-lengths", "2-d-tokens"],
+)
 def test_a_cache_file_of_the_wrong_structure_is_a_user_error(tmp_path, header, lengths, tokens):
     path = tmp_path / "cache.npz"
     _write_cache(path, header, lengths, tokens)
     cache = SuffixCacheDrafter()
     with pytest.raises(SpecdecError, match="not a specdec suffix cache or is damaged"):
         cache.load(path)
-    assert cache.tokens_stored == 0              # nothing of it was added
+    assert cache.tokens_stored == 0  # nothing of it was added
 
 
 def test_a_cache_file_without_its_arrays_is_a_user_error(tmp_path):
@@ -205,7 +215,7 @@ def test_a_cache_file_without_its_arrays_is_a_user_error(tmp_path):
         np.savez_compressed(f, header=np.frombuffer(f"{FORMAT}\n".encode(), dtype=np.uint8))
     with pytest.raises(SpecdecError, match="not a specdec suffix cache or is damaged"):
         SuffixCacheDrafter().load(path)
-    _write_cache(path, f"{FORMAT}\n", [2, 1], [1, 2, 3])            # the same, whole: it loads
+    _write_cache(path, f"{FORMAT}\n", [2, 1], [1, 2, 3])  # the same, whole: it loads
     assert SuffixCacheDrafter().load(path) == 3
 
 
@@ -264,7 +274,7 @@ def test_auto_takes_the_suffix_cache_where_it_promises_more():
     plain = SpeculativeDecoder(target, None).generate(prompt, max_new_tokens=40).tokens
     flat = CostTable({w: 0.01 for w in range(1, 17)})
     auto = SpeculativeDecoder(target, "auto", suffix=True, costs=(flat, None))
-    auto.engine.clock = on_virtual_clock(target, flat.measured)     # what it learns live is the curve
+    auto.engine.clock = on_virtual_clock(target, flat.measured)  # what it learns live is the curve
     assert auto.generate(prompt, max_new_tokens=40).tokens == plain
     again = auto.generate(prompt, max_new_tokens=40)
     assert again.tokens == plain

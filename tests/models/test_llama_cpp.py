@@ -1,4 +1,5 @@
 """The llama.cpp backend on the real built-in models."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,10 +28,10 @@ def test_rollback_reproduces_the_logits(target_model):
     a = tok.encode("def add(x, y):\n    return")
     b = tok.encode(" x + y\n\nprint(add(2, 3))")
     target_model.reset()
-    first = target_model.forward(a + b)[len(a):]                  # [len(b), vocab]
+    first = target_model.forward(a + b)[len(a) :]  # [len(b), vocab]
     target_model.rollback(len(a))
     assert target_model.n_past == len(a)
-    again = target_model.forward(b)                               # [len(b), vocab]
+    again = target_model.forward(b)  # [len(b), vocab]
     assert target_model.n_past == len(a) + len(b)
     np.testing.assert_array_equal(first.argmax(-1), again.argmax(-1))
     assert np.abs(log_softmax(first) - log_softmax(again)).max() < BATCH_SHAPE_TOLERANCE
@@ -142,7 +143,7 @@ def test_rows_in_one_batch_compute_what_they_compute_alone():
     np.testing.assert_array_equal(again.argmax(-1), together[rows[1]].argmax(-1))
     model.drop_rows(rows)
     for prompt, step, row_logits in zip(prompts, steps, (together[r] for r in rows)):
-        [row] = model.add_rows(1)                 # a reused sequence: nothing of the old row left
+        [row] = model.add_rows(1)  # a reused sequence: nothing of the old row left
         model.forward_rows({row: prompt})
         alone = model.forward_rows({row: step}, {row: len(step)})[row]
         np.testing.assert_array_equal(alone.argmax(-1), row_logits.argmax(-1))
@@ -183,14 +184,16 @@ def test_any_interleaving_of_forwards_and_rollbacks_leaves_every_row_right():
     from specdec import load_model
 
     model = load_model("qwen2.5-coder-0.5b", n_ctx=512, max_rows=3, progress=False)
-    pool = model.tokenizer.encode("def merge(a, b):\n    out = []\n    i = j = 0\n    while i < len(a) and "
-                                  "j < len(b):\n        if a[i] <= b[j]:\n            out.append(a[i]); i += 1\n"
-                                  "        else:\n            out.append(b[j]); j += 1\n    return out + a[i:] + b[j:]\n")
+    pool = model.tokenizer.encode(
+        "def merge(a, b):\n    out = []\n    i = j = 0\n    while i < len(a) and "
+        "j < len(b):\n        if a[i] <= b[j]:\n            out.append(a[i]); i += 1\n"
+        "        else:\n            out.append(b[j]); j += 1\n    return out + a[i:] + b[j:]\n"
+    )
     rng = np.random.default_rng(0)
 
     def piece(n):
         start = int(rng.integers(0, len(pool) - n))
-        return pool[start:start + n]
+        return pool[start : start + n]
 
     rows: dict[int, list[int]] = {}
 
@@ -206,14 +209,17 @@ def test_any_interleaving_of_forwards_and_rollbacks_leaves_every_row_right():
             op = rng.choice(["forward", "forward", "rollback", "replace"])
             ops.append(str(op))
             if op == "forward":
-                chosen = [int(r) for r in rng.choice(list(rows), size=int(rng.integers(1, len(rows) + 1)),
-                                                     replace=False)]
+                chosen = [
+                    int(r) for r in rng.choice(list(rows), size=int(rng.integers(1, len(rows) + 1)), replace=False)
+                ]
                 feed = {row: piece(int(rng.integers(1, 7))) for row in chosen}
                 model.forward_rows(feed, {row: len(t) for row, t in feed.items()})
                 for row, tokens in feed.items():
                     rows[row] += tokens
             elif op == "rollback":
-                keep = {row: int(rng.integers(1, len(t))) for row, t in rows.items() if len(t) > 1 and rng.random() < 0.7}
+                keep = {
+                    row: int(rng.integers(1, len(t))) for row, t in rows.items() if len(t) > 1 and rng.random() < 0.7
+                }
                 model.rollback_rows(keep)
                 for row, n in keep.items():
                     del rows[row][n:]
@@ -228,7 +234,7 @@ def test_any_interleaving_of_forwards_and_rollbacks_leaves_every_row_right():
             model.rollback_rows({row: len(t) for row, t in rows.items()})
             for row, tokens in rows.items():
                 model.reset()
-                fresh = model.forward(tokens + probe[row], n_rows=1)[0]          # [vocab], alone
+                fresh = model.forward(tokens + probe[row], n_rows=1)[0]  # [vocab], alone
                 _same_within_the_tie_rule(got[row][0], fresh, f"row {row} after {ops}")
         assert {"forward", "rollback", "replace"} <= set(ops)
         # power: one token of a row's history changed (what a cache that kept a rejected draft token

@@ -4,8 +4,8 @@ The tiny models (gpt2, qwen2 and llama architectures, float32 weights, a 262-tok
 vocabulary) need nothing but numpy and gguf; the real-model tests are marked real_models and skip
 when the built-in GGUF files are missing (they fail instead under SPECDEC_REQUIRE_MODELS=1).
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import numpy as np
 import pytest
@@ -29,8 +29,17 @@ real_models = pytest.mark.real_models
 TINY_MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a"]
 
 
-def write_tiny_gguf(path, arch: str = "gpt2", seed: int = 0, n_layer: int = 3, n_embd: int = 32,
-                    n_head: int = 4, n_head_kv: int | None = None, n_ff: int = 64, n_ctx: int = 128) -> dict:
+def write_tiny_gguf(
+    path,
+    arch: str = "gpt2",
+    seed: int = 0,
+    n_layer: int = 3,
+    n_embd: int = 32,
+    n_head: int = 4,
+    n_head_kv: int | None = None,
+    n_ff: int = 64,
+    n_ctx: int = 128,
+) -> dict:
     """A random model of the given architecture with float32 weights ([out, in], as llama.cpp's
     converters write them). Vocabulary: the 256 byte tokens, the results of TINY_MERGES, and
     <|endoftext|> (control, end of generation). Returns the tensors by GGUF name."""
@@ -71,7 +80,7 @@ def write_tiny_gguf(path, arch: str = "gpt2", seed: int = 0, n_layer: int = 3, n
             t[b + "ffn_down.weight"] = rand(n_embd, n_ff)
     t["output_norm.weight"] = 1 + rand(n_embd, scale=0.1)
     if arch == "gpt2":
-        t["output_norm.bias"] = rand(n_embd, scale=0.1)     # and no output.weight: tied to token_embd
+        t["output_norm.bias"] = rand(n_embd, scale=0.1)  # and no output.weight: tied to token_embd
     else:
         t["output.weight"] = rand(vocab, n_embd, scale=0.5)
 
@@ -113,7 +122,7 @@ def textbook_gpt2(t: dict, n_layer: int, n_head: int, tokens, eps: float = 1e-5)
         return g * (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) + b
 
     def gelu(x):
-        return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+        return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
 
     x = t["token_embd.weight"][tokens] + t["position_embd.weight"][:T]
     d = x.shape[1] // n_head
@@ -149,7 +158,7 @@ def test_tiny_gpt2_matches_a_textbook_transformer(tiny):
     model = load_numpy_model(path)
     assert isinstance(model, RowModel) and isinstance(model.tokenizer, Tokenizer)
     tokens = model.tokenizer.encode(TEXT)
-    expected = textbook_gpt2(tensors, n_layer=3, n_head=4, tokens=tokens)    # [T, vocab]
+    expected = textbook_gpt2(tensors, n_layer=3, n_head=4, tokens=tokens)  # [T, vocab]
     got = model.forward(tokens)
     assert got.shape == (len(tokens), model.vocab_size) and got.dtype == np.float32
     np.testing.assert_allclose(got, expected, atol=1e-4)
@@ -194,10 +203,10 @@ def test_tiny_rollback_and_rows(tiny):
     model = load_numpy_model(tiny[0])
     tok = model.tokenizer
     a, b = tok.encode("the cat in"), tok.encode(" a hat, then")
-    full = model.forward(a + b)                                       # [len(a + b), vocab]
+    full = model.forward(a + b)  # [len(a + b), vocab]
     model.rollback(len(a))
     assert model.n_past == len(a)
-    np.testing.assert_allclose(model.forward(b), full[len(a):], atol=1e-5)
+    np.testing.assert_allclose(model.forward(b), full[len(a) :], atol=1e-5)
     model.rollback(len(a))
     last2 = model.forward(b, n_rows=2)
     assert last2.shape == (2, model.vocab_size)
@@ -237,12 +246,12 @@ def test_tiny_bfloat16_storage(tiny):
 
 
 def test_to_bfloat16_rounds_to_nearest():
-    x = np.array([1.0, -2.5, 1 + 2 ** -8, 1 + 3 * 2 ** -9, 3.14159265], dtype=np.float32)
+    x = np.array([1.0, -2.5, 1 + 2**-8, 1 + 3 * 2**-9, 3.14159265], dtype=np.float32)
     back = (to_bfloat16(x).astype(np.uint32) << 16).view(np.float32)
-    np.testing.assert_array_equal(back[:2], x[:2])                    # exact in bfloat16
-    assert back[2] == 1.0                                              # a tie: to even
-    assert back[3] == 1 + 2 ** -7                                      # above half: up
-    assert abs(back[4] - x[4]) <= 2 ** -8 * 4
+    np.testing.assert_array_equal(back[:2], x[:2])  # exact in bfloat16
+    assert back[2] == 1.0  # a tie: to even
+    assert back[3] == 1 + 2**-7  # above half: up
+    assert abs(back[4] - x[4]) <= 2**-8 * 4
 
 
 def test_tiny_greedy_speculative_equals_plain(tiny, tmp_path):
@@ -255,7 +264,7 @@ def test_tiny_greedy_speculative_equals_plain(tiny, tmp_path):
     plain = SpeculativeDecoder(target).generate(TEXT, config)
     spec = SpeculativeDecoder(target, drafter=draft, k=3).generate(TEXT, config)
     assert spec.tokens == plain.tokens and len(spec.tokens) == 40
-    assert spec.stats.drafted > 0 and spec.stats.accepted < spec.stats.drafted    # mostly rejected
+    assert spec.stats.drafted > 0 and spec.stats.accepted < spec.stats.drafted  # mostly rejected
 
 
 def test_load_errors(tmp_path):
@@ -306,10 +315,12 @@ def log_softmax(x):
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
-CODE = ('def quicksort(arr):\n    """Sort a list."""\n    if len(arr) <= 1:\n        return arr\n'
-        '    pivot = arr[len(arr) // 2]\n    left = [x for x in arr if x < pivot]\n'
-        '    middle = [x for x in arr if x == pivot]\n    right = [x for x in arr if x > pivot]\n'
-        '    return quicksort(left) + middle + quicksort(right)\n')
+CODE = (
+    'def quicksort(arr):\n    """Sort a list."""\n    if len(arr) <= 1:\n        return arr\n'
+    "    pivot = arr[len(arr) // 2]\n    left = [x for x in arr if x < pivot]\n"
+    "    middle = [x for x in arr if x == pivot]\n    right = [x for x in arr if x > pivot]\n"
+    "    return quicksort(left) + middle + quicksort(right)\n"
+)
 
 # llama.cpp multiplies quantised weights by activations it has itself quantised to 8 bits
 # (Q8_0 / Q8_K blocks) and keeps K/V in float16; we multiply float32 activations by the exactly
@@ -328,8 +339,8 @@ def test_agrees_with_llama_cpp_teacher_forced(numpy_05b, draft_model):
     assert len(prompt) == 64
     numpy_05b.reset()
     draft_model.reset()
-    p_numpy = log_softmax(numpy_05b.forward(prompt))              # [64, vocab]
-    p_llama = log_softmax(draft_model.forward(prompt))            # [64, vocab]
+    p_numpy = log_softmax(numpy_05b.forward(prompt))  # [64, vocab]
+    p_llama = log_softmax(draft_model.forward(prompt))  # [64, vocab]
     agreement = (p_numpy.argmax(-1) == p_llama.argmax(-1)).mean()
     mean_abs = np.abs(p_numpy - p_llama).mean()
     kl = (np.exp(p_llama) * (p_llama - p_numpy)).sum(-1).mean()
@@ -340,8 +351,7 @@ def test_agrees_with_llama_cpp_teacher_forced(numpy_05b, draft_model):
 
 SAMPLES = [
     CODE,
-    "Hello, world! It's 2024: naïve café, 東京, ünïcödé.  Two  spaces,\ttabs\t\tand\n\n\n"
-    "newlines 1234567 x² ½",
+    "Hello, world! It's 2024: naïve café, 東京, ünïcödé.  Two  spaces,\ttabs\t\tand\n\n\nnewlines 1234567 x² ½",
     "I'M SURE you'LL see they've DON'T we'd",
     "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n<tool_call>hi</tool_call><|im_end|>\n",
     "class Foo(object):\r\n\tdef __init__(self):  # comment\r\n\t\tself.x = {'a': [1, 2.5e-3, -0x1F]}\r\n",
@@ -356,7 +366,7 @@ def test_tokenizer_matches_llama_cpp(numpy_05b, draft_model):
     for text in SAMPLES:
         ids = ours.encode(text)
         assert ids == theirs.encode(text), text
-        assert ours.decode(ids) == theirs.decode(ids)       # control tokens print nothing in both
+        assert ours.decode(ids) == theirs.decode(ids)  # control tokens print nothing in both
         assert "<|" in text or ours.decode(ids) == text
     # llama.cpp treats the *normal* token "</s>" (128247) as end-of-generation, and so prints it
     # as nothing; we take the vocabulary's word that it is normal text
@@ -364,7 +374,7 @@ def test_tokenizer_matches_llama_cpp(numpy_05b, draft_model):
     assert ours.token_bytes(128247) == b"</s>" and theirs.token_bytes(128247) == b""
     for token in range(0, numpy_05b.vocab_size, 7):
         assert token in quirk or ours.token_bytes(token) == theirs.token_bytes(token), token
-    for token in range(151643, numpy_05b.vocab_size):       # the special and padding tokens
+    for token in range(151643, numpy_05b.vocab_size):  # the special and padding tokens
         assert ours.token_bytes(token) == theirs.token_bytes(token), token
         assert ours.token_text(token) == theirs.token_text(token), token
     assert ours.eog_ids == theirs.eog_ids - quirk
@@ -381,9 +391,9 @@ def test_rollback_reproduces_the_logits(numpy_05b):
     a = tok.encode("def add(x, y):\n    return")
     b = tok.encode(" x + y\n\nprint(add(2, 3))")
     numpy_05b.reset()
-    first = numpy_05b.forward(a + b)[len(a):]                 # [len(b), vocab]
+    first = numpy_05b.forward(a + b)[len(a) :]  # [len(b), vocab]
     numpy_05b.rollback(len(a))
-    again = numpy_05b.forward(b)                              # [len(b), vocab]
+    again = numpy_05b.forward(b)  # [len(b), vocab]
     np.testing.assert_array_equal(first.argmax(-1), again.argmax(-1))
     assert np.abs(first - again).max() < 1e-3
 

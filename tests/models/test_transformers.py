@@ -1,5 +1,6 @@
 """The torch backend on tiny random models: the cache after rollback is a fresh prefill, a row in
 a batch computes what it computes alone, logits only for the rows asked, the tokenizer, loading."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,17 +12,18 @@ needs_torch()
 import torch  # noqa: E402
 
 from specdec.errors import ContextOverflowError, ModelLoadError, SpecdecError  # noqa: E402
-from specdec.models.transformers import (HFTokenizer, TransformersModel, load_random_weights,  # noqa: E402
-                                         load_transformers_model)
+from specdec.models.transformers import HFTokenizer, TransformersModel, load_random_weights, load_transformers_model  # noqa: E402
 
 from .. import tiny_hf  # noqa: E402
 
-ATOL = 1e-4   # float32 summation order differs between batch shapes
+ATOL = 1e-4  # float32 summation order differs between batch shapes
 
 
-@pytest.fixture(scope="module", params=[(arch, "dynamic") for arch in tiny_hf.ARCHS] + [("qwen2", "static"),
-                                                                                       ("gpt2", "static")],
-                ids=lambda p: "-".join(p))
+@pytest.fixture(
+    scope="module",
+    params=[(arch, "dynamic") for arch in tiny_hf.ARCHS] + [("qwen2", "static"), ("gpt2", "static")],
+    ids=lambda p: "-".join(p),
+)
 def model(request, tokenizer):
     arch, cache = request.param
     target, _ = tiny_hf.pair(arch, len(tokenizer))
@@ -61,8 +63,8 @@ def test_rollback_leaves_the_cache_of_a_fresh_prefill(model):
     a, draft, c = tokens(4, 10), tokens(5, 5), tokens(6, 3)
     model.reset()
     model.forward(a, n_rows=0)
-    model.forward(draft)                 # verification of a 4-token draft: 5 rows
-    model.rollback(12)                   # 2 accepted
+    model.forward(draft)  # verification of a 4-token draft: 5 rows
+    model.rollback(12)  # 2 accepted
     kept = model.cached_keys_values()
     fresh = TransformersModel(model.model, model.tokenizer, name="fresh")
     fresh.forward(a + draft[:2], n_rows=0)
@@ -85,24 +87,28 @@ def test_rows_of_a_batch_compute_what_they_compute_alone(model):
     for row, prompt, step in zip(rows, prompts, steps):
         assert outs[row].shape == (len(step), model.vocab_size)
         if step:
-            np.testing.assert_allclose(outs[row], full_logits(model, prompt + step)[-len(step):], atol=ATOL)
+            np.testing.assert_allclose(outs[row], full_logits(model, prompt + step)[-len(step) :], atol=ATOL)
     # each row rolls back by its own amount, a finished row leaves, the rest go on
     model.rollback_rows({rows[0]: 5, rows[2]: 1, rows[3]: 21})
     model.drop_rows([rows[1]])
-    histories = {rows[3]: (prompts[3] + steps[3])[:21], rows[0]: (prompts[0] + steps[0])[:5],
-                 rows[2]: (prompts[2] + steps[2])[:1]}
+    histories = {
+        rows[3]: (prompts[3] + steps[3])[:21],
+        rows[0]: (prompts[0] + steps[0])[:5],
+        rows[2]: (prompts[2] + steps[2])[:1],
+    }
     nexts = {rows[3]: tokens(14, 3), rows[0]: tokens(15, 1), rows[2]: tokens(16, 2)}
     outs = model.forward_rows(nexts, {rows[3]: 1, rows[0]: 1, rows[2]: 2})
     for row, history in histories.items():
         out = outs[row]
-        np.testing.assert_allclose(out, full_logits(model, history + nexts[row])[-len(out):], atol=ATOL)
+        np.testing.assert_allclose(out, full_logits(model, history + nexts[row])[-len(out) :], atol=ATOL)
     # a row joins the running batch and computes what it computes alone; the others are untouched
     [late] = model.add_rows(1)
     late_prompt = tokens(17, 9)
     outs = model.forward_rows({late: late_prompt, rows[0]: [7]}, {late: 2, rows[0]: 1})
     np.testing.assert_allclose(outs[late], full_logits(model, late_prompt)[-2:], atol=ATOL)
-    np.testing.assert_allclose(outs[rows[0]], full_logits(model, histories[rows[0]] + nexts[rows[0]] + [7])[-1:],
-                               atol=ATOL)
+    np.testing.assert_allclose(
+        outs[rows[0]], full_logits(model, histories[rows[0]] + nexts[rows[0]] + [7])[-1:], atol=ATOL
+    )
     model.drop_rows(rows + [late])
     assert model.n_rows == 0
 
@@ -195,7 +201,7 @@ def test_bad_cache_options_are_errors(tokenizer):
     with pytest.raises(SpecdecError, match="unknown cache"):
         TransformersModel(target, tokenizer, cache="paged")
     with pytest.raises(SpecdecError, match="CUDA graphs"):
-        TransformersModel(target, tokenizer, cache="static", graphs=True)   # on the CPU
+        TransformersModel(target, tokenizer, cache="static", graphs=True)  # on the CPU
 
 
 def test_random_weights_from_a_config(tmp_path):
@@ -203,9 +209,18 @@ def test_random_weights_from_a_config(tmp_path):
     --random-weights` times. Same seed, same weights."""
     import json
 
-    config = {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300,
-              "max_position_embeddings": 128, "eos_token_id": 299, "_source": "a note, ignored"}
+    config = {
+        "model_type": "qwen2",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 300,
+        "max_position_embeddings": 128,
+        "eos_token_id": 299,
+        "_source": "a note, ignored",
+    }
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(config))
     a = load_random_weights(path, device="cpu", dtype="float32", n_ctx=64)

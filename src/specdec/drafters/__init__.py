@@ -3,6 +3,7 @@ vocabulary (model) or of another (cross_vocab), early exit (early_exit), and wha
 with (synthetic). specdec.spec names them and makes them; the two helpers here build a draft
 model's drafter and an empty suffix cache for a target.
 """
+
 from __future__ import annotations
 
 
@@ -17,7 +18,7 @@ def model_drafter(model, target, vocab: str = ""):
     if not vocab:
         try:
             check_same_vocab(target, model)
-            return ModelDrafter(model)      # checked just now
+            return ModelDrafter(model)  # checked just now
         except VocabMismatchError:
             vocab = DEFAULT_MODE
     return CrossVocabDrafter(model, target, vocab)
@@ -27,5 +28,6 @@ def new_suffix_cache(target, cap: int | None = None):
     """An empty suffix cache for `target`'s tokenizer (a saved cache is checked against it)."""
     from .suffix import DEFAULT_CAP, SuffixCacheDrafter, tokenizer_fingerprint
 
-    return SuffixCacheDrafter(DEFAULT_CAP if cap is None else cap,
-                              fingerprint=tokenizer_fingerprint(target.tokenizer, target.vocab_size))
+    return SuffixCacheDrafter(
+        DEFAULT_CAP if cap is None else cap, fingerprint=tokenizer_fingerprint(target.tokenizer, target.vocab_size)
+    )

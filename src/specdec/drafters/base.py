@@ -5,6 +5,7 @@ a drafter keeps opaque state per row behind a few verbs, and every verb names it
 drafter serves a whole batch: a draft model drafts every row in one forward per draft position;
 free drafters (prompt lookup) simply loop over the rows.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,8 +22,8 @@ MAX_DRAFT_TOKENS = 32
 
 @dataclass(frozen=True)
 class Draft:
-    tokens: list[int]                 # the k proposed tokens (may be fewer than asked, or none)
-    q: np.ndarray | None = None       # [len(tokens), vocab] draft probabilities; None = one-hot
+    tokens: list[int]  # the k proposed tokens (may be fewer than asked, or none)
+    q: np.ndarray | None = None  # [len(tokens), vocab] draft probabilities; None = one-hot
     # what the controller may read to predict acceptance: prompt lookup's "match" (tokens its
     # match spans) and "votes" ((occurrences continuing with the first guess, occurrences))
     evidence: dict = field(default_factory=dict)
@@ -36,15 +37,15 @@ class Draft:
             if token in stops:
                 if i + 1 == len(self.tokens):
                     return self
-                q = self.q[:i + 1] if self.q is not None else None
-                return Draft(self.tokens[:i + 1], q, self.evidence)
+                q = self.q[: i + 1] if self.q is not None else None
+                return Draft(self.tokens[: i + 1], q, self.evidence)
         return self
 
 
 @runtime_checkable
 class Drafter(Protocol):
-    name: str           # what it is, for people: "ngram", "draft:qwen2.5-coder-0.5b", "early-exit:2"
-    kind: str           # what its steps are counted as (GenerationStats.decisions): "ngram", "draft", ...
+    name: str  # what it is, for people: "ngram", "draft:qwen2.5-coder-0.5b", "early-exit:2"
+    kind: str  # what its steps are counted as (GenerationStats.decisions): "ngram", "draft", ...
 
     def begin(self, row: int, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
         """A row starts generating. `params` and `rng` are the ones the engine verifies the row
@@ -69,7 +70,8 @@ class Drafter(Protocol):
 class DraftModel(Drafter, Protocol):
     """A drafter that runs a model of its own (drafters.model, drafters.cross_vocab): the engine
     holds no more rows than that model does, and the cost-aware controller prices its forwards."""
-    model: object       # a models.base.RowModel
+
+    model: object  # a models.base.RowModel
 
     def lag(self, row: int, context: Sequence[int]) -> int:
         """The context tokens its model must catch up on before drafting for this row."""

@@ -22,6 +22,7 @@ not proposed (only tokens followed by another one inside the draft text are stab
 character split across tokens (byte fallback, byte-level BPE) is held back until it is whole;
 special tokens (control, end of generation, anything that prints nothing) are never proposed.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -49,8 +50,7 @@ DRAFT_TOKENS_PER_TARGET_TOKEN = 2
 def special_tokens(tokenizer, vocab_size: int) -> frozenset[int]:
     """Tokens never proposed nor matched: end of generation, and every token that prints nothing
     (control tokens, padding, unused slots)."""
-    return frozenset(tokenizer.eog_ids) | frozenset(
-        t for t in range(vocab_size) if tokenizer.token_bytes(t) == b"")
+    return frozenset(tokenizer.eog_ids) | frozenset(t for t in range(vocab_size) if tokenizer.token_bytes(t) == b"")
 
 
 def shared_tokens(draft: RowModel, target: RowModel) -> tuple[np.ndarray, np.ndarray]:
@@ -60,26 +60,32 @@ def shared_tokens(draft: RowModel, target: RowModel) -> tuple[np.ndarray, np.nda
     t_special = special_tokens(target.tokenizer, target.vocab_size)
     d_special = special_tokens(draft.tokenizer, draft.vocab_size)
     by_bytes: dict[bytes, int] = {}
-    for t in range(target.vocab_size - 1, -1, -1):     # downwards: the lowest id wins
+    for t in range(target.vocab_size - 1, -1, -1):  # downwards: the lowest id wins
         if t not in t_special:
             by_bytes[target.tokenizer.token_bytes(t)] = t
-    pairs = [(d, by_bytes[b]) for d in range(draft.vocab_size) if d not in d_special
-             for b in [draft.tokenizer.token_bytes(d)] if b in by_bytes]
+    pairs = [
+        (d, by_bytes[b])
+        for d in range(draft.vocab_size)
+        if d not in d_special
+        for b in [draft.tokenizer.token_bytes(d)]
+        if b in by_bytes
+    ]
     d_ids, t_ids = zip(*pairs) if pairs else ((), ())
     return np.array(d_ids, dtype=np.int64), np.array(t_ids, dtype=np.int64)
 
 
-def intersect_q(q_draft: np.ndarray, d_ids: np.ndarray, t_ids: np.ndarray,
-                target_vocab: int) -> tuple[np.ndarray, np.ndarray] | None:
+def intersect_q(
+    q_draft: np.ndarray, d_ids: np.ndarray, t_ids: np.ndarray, target_vocab: int
+) -> tuple[np.ndarray, np.ndarray] | None:
     """The draft's distribution ([draft vocab], after the sampling filters) restricted to the shared
     tokens and renormalised: (over the shared list [n_shared], over target ids [target vocab]);
     None when the draft puts no mass on any shared token."""
-    restricted = q_draft[d_ids]                      # [n_shared]
+    restricted = q_draft[d_ids]  # [n_shared]
     mass = restricted.sum()
     if not mass > 0:
         return None
     restricted = restricted / mass
-    return restricted, np.bincount(t_ids, weights=restricted, minlength=target_vocab)   # [target vocab]
+    return restricted, np.bincount(t_ids, weights=restricted, minlength=target_vocab)  # [target vocab]
 
 
 def whole_utf8(data: bytes) -> tuple[str, int]:
@@ -94,8 +100,9 @@ def _starts_mid_character(data: bytes, at: int) -> bool:
     return 0 < at < len(data) and data[at] & 0xC0 == 0x80
 
 
-def retokenize(tokenizer, anchor: Sequence[int], anchor_bytes: bytes, text: bytes,
-               special: frozenset[int]) -> list[int]:
+def retokenize(
+    tokenizer, anchor: Sequence[int], anchor_bytes: bytes, text: bytes, special: frozenset[int]
+) -> list[int]:
     """The target tokens of draft `text` written after the target's `anchor` tokens, stable ones
     only: re-encoded together with the anchor when that reproduces the anchor's tokens (the usual
     case), else on its own (the text merges with the anchor: its first token starts where the
@@ -103,8 +110,8 @@ def retokenize(tokenizer, anchor: Sequence[int], anchor_bytes: bytes, text: byte
     it), as is everything from the first special token on (never proposed)."""
     whole, _ = whole_utf8(anchor_bytes + text)
     tokens = tokenizer.encode(whole, add_special=False)
-    if list(tokens[:len(anchor)]) == list(anchor) and anchor:
-        tokens = tokens[len(anchor):]
+    if list(tokens[: len(anchor)]) == list(anchor) and anchor:
+        tokens = tokens[len(anchor) :]
     else:
         if _starts_mid_character(anchor_bytes + text, len(anchor_bytes)):
             return []
@@ -118,19 +125,19 @@ def retokenize(tokenizer, anchor: Sequence[int], anchor_bytes: bytes, text: byte
 
 class _Row:
     def __init__(self, params: SamplingParams, rng: np.random.Generator):
-        self.model_row: int | None = None   # the draft model's row, made at the first proposal
+        self.model_row: int | None = None  # the draft model's row, made at the first proposal
         self.params, self.rng = params, rng
-        self.fed: list[int] = []            # draft tokens in the model row's cache
-        self.ends: list[int] = []           # byte offset where each fed token's text ends
-        self.fed_bytes = bytearray()        # their text
-        self.head = 0                       # leading fed tokens that print nothing (BOS)
-        self.rendered = bytearray()         # the target context's text, rendered for the draft
-        self.n_rendered = 0                 # target tokens rendered into it
-        self.context: list[int] = []        # those tokens
+        self.fed: list[int] = []  # draft tokens in the model row's cache
+        self.ends: list[int] = []  # byte offset where each fed token's text ends
+        self.fed_bytes = bytearray()  # their text
+        self.head = 0  # leading fed tokens that print nothing (BOS)
+        self.rendered = bytearray()  # the target context's text, rendered for the draft
+        self.n_rendered = 0  # target tokens rendered into it
+        self.context: list[int] = []  # those tokens
         # valid UTF-8 only: a character split across target tokens waits here until it is whole,
         # a stray byte becomes U+FFFD (the draft reads text, never broken bytes)
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self.synced = 0                     # target tokens the draft row holds the text of
+        self.synced = 0  # target tokens the draft row holds the text of
 
 
 class CrossVocabDrafter:
@@ -198,7 +205,7 @@ class CrossVocabDrafter:
                 feed[state.model_row] = tokens
             ready[row] = whole
         model.rollback_rows(keep)
-        logits = model.forward_rows(feed, {r: 1 for r in feed}) if feed else {}   # per row [1, draft vocab]
+        logits = model.forward_rows(feed, {r: 1 for r in feed}) if feed else {}  # per row [1, draft vocab]
         # drafting budget per row, in draft tokens; a row whose context ends inside a character
         # does not draft (its draft text would not follow the target's bytes)
         budget = {}
@@ -221,11 +228,11 @@ class CrossVocabDrafter:
         each token's bytes; a special token, which prints nothing, as its vocabulary text (the turn
         markers of a chat template)."""
         tok = self.target.tokenizer
-        if list(context[:state.n_rendered]) != state.context[:state.n_rendered]:
-            state.rendered, state.n_rendered, state.context = bytearray(), 0, []   # not a continuation
+        if list(context[: state.n_rendered]) != state.context[: state.n_rendered]:
+            state.rendered, state.n_rendered, state.context = bytearray(), 0, []  # not a continuation
             state.decoder.reset()
-        state.context += context[state.n_rendered:]
-        for token in context[state.n_rendered:]:
+        state.context += context[state.n_rendered :]
+        for token in context[state.n_rendered :]:
             piece = tok.token_bytes(token)
             if not piece and token in self.target_special:
                 piece = tok.token_text(token).encode("utf-8")
@@ -240,8 +247,7 @@ class CrossVocabDrafter:
         encode the rest. At least one token is fed: the forward must give the next logits."""
         want, held = self._render(state, context)
         limit = min(len(want), len(state.fed_bytes))
-        differ = np.flatnonzero(np.frombuffer(want, np.uint8, limit)
-                                != np.frombuffer(state.fed_bytes, np.uint8, limit))
+        differ = np.flatnonzero(np.frombuffer(want, np.uint8, limit) != np.frombuffer(state.fed_bytes, np.uint8, limit))
         common = int(differ[0]) if differ.size else limit
         n = bisect.bisect_right(state.ends, common)
         n = max(state.head, n - 1) if n else 0
@@ -255,10 +261,10 @@ class CrossVocabDrafter:
             tokens = tok.encode(text, add_special=(n == 0)) if text or n == 0 else []
             if tokens or n == 0:
                 break
-            n -= 1    # nothing new to feed: feed the last kept token again
+            n -= 1  # nothing new to feed: feed the last kept token again
         del state.fed[n:], state.ends[n:]
         del state.fed_bytes[start:]
-        if n + len(tokens) >= self.model.n_ctx:     # the draft's context is full: it stops drafting
+        if n + len(tokens) >= self.model.n_ctx:  # the draft's context is full: it stops drafting
             return n, [], False
         self._feed(state, tokens)
         if n == 0:
@@ -284,7 +290,7 @@ class CrossVocabDrafter:
             n = 0
             while n < min(ANCHOR_TOKENS, len(context)) and context[-1 - n] not in self.target_special:
                 n += 1
-            anchor = list(context[len(context) - n:])
+            anchor = list(context[len(context) - n :])
             anchors[row] = (anchor, b"".join(tok.token_bytes(t) for t in anchor))
         text = {row: bytearray() for row in live}
         proposal = {row: [] for row in live}
@@ -295,13 +301,13 @@ class CrossVocabDrafter:
             for row in sorted(drafting):
                 state = live[row]
                 token = int(np.argmax(logits[state.model_row][0] + self._mask))
-                if token in self.draft_special:     # every token masked: nothing to say
+                if token in self.draft_special:  # every token masked: nothing to say
                     drafting.discard(row)
                     continue
                 text[row] += self.model.tokenizer.token_bytes(token)
                 anchor, anchor_bytes = anchors[row]
                 stable = retokenize(tok, anchor, anchor_bytes, bytes(text[row]), self.target_special)
-                proposal[row] = stable      # the latest reading: more text may undo an earlier cut
+                proposal[row] = stable  # the latest reading: more text may undo an earlier cut
                 if len(stable) >= ks[row] or step + 1 >= budget[row]:
                     drafting.discard(row)
                 else:
@@ -312,7 +318,7 @@ class CrossVocabDrafter:
                 logits = self.model.forward_rows(feed, {r: 1 for r in feed})
             else:
                 break
-        return {row: Draft(proposal[row][:ks[row]]) for row in live}
+        return {row: Draft(proposal[row][: ks[row]]) for row in live}
 
     def _draft_intersect(self, live, ks, budget, logits) -> dict[int, Draft]:
         """Draft tokens from q restricted to the shared tokens, sampled (or the argmax when greedy),
@@ -333,9 +339,10 @@ class CrossVocabDrafter:
                         continue
                     t = int(self.t_ids[np.searchsorted(self.d_ids, d)])
                 else:
-                    shared = intersect_q(logits_to_probs(row_logits, state.params), self.d_ids, self.t_ids,
-                                         self.target.vocab_size)
-                    if shared is None:      # no mass on a shared token: stop this row's draft here
+                    shared = intersect_q(
+                        logits_to_probs(row_logits, state.params), self.d_ids, self.t_ids, self.target.vocab_size
+                    )
+                    if shared is None:  # no mass on a shared token: stop this row's draft here
                         drafting.discard(row)
                         continue
                     over_shared, over_target = shared
@@ -345,7 +352,7 @@ class CrossVocabDrafter:
                 tokens[row].append(t)
                 if len(tokens[row]) >= budget[row]:
                     drafting.discard(row)
-                else:   # the last draft token need not be fed: nothing reads its logits
+                else:  # the last draft token need not be fed: nothing reads its logits
                     feed[state.model_row] = [d]
                     self._feed(state, [d])
             if feed:

@@ -23,6 +23,7 @@ LayerSkip goes further and starts verification at layer L from the draft's own h
 recompute the first L layers instead: the verification pass is then exactly a plain forward, so
 the output cannot depend on what the drafter did, and the code stays simple.
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Sequence
@@ -41,11 +42,13 @@ class EarlyExitDrafter:
     def __init__(self, model, n_layers: int):
         total = getattr(model, "n_layer", None)
         if total is None:
-            raise SpecdecError("early-exit drafting needs the NumPy backend's target model "
-                               "(its forward can stop after the first layers)")
+            raise SpecdecError(
+                "early-exit drafting needs the NumPy backend's target model "
+                "(its forward can stop after the first layers)"
+            )
         if not 1 <= n_layers <= total:
             raise SpecdecError(f"early exit after {n_layers} layers: pick 1..{total} for {model.name}")
-        self.model = model              # the target itself: drafter and target share its cache
+        self.model = model  # the target itself: drafter and target share its cache
         self.n_layers = n_layers
         self.name, self.kind = f"early-exit:{n_layers}", "early-exit"
         self._rows: dict[int, tuple[SamplingParams, np.random.Generator]] = {}
@@ -64,23 +67,22 @@ class EarlyExitDrafter:
                 drafts[row] = self._propose_one(contexts[row], k, *self._rows[row])
         return drafts
 
-    def _propose_one(self, context: Sequence[int], k: int, params: SamplingParams,
-                     rng: np.random.Generator) -> Draft:
+    def _propose_one(self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         model = self.model
         k = min(k, model.n_ctx - len(context))
         if k <= 0:
             return Draft([])
-        verified = len(context) - 1            # tokens the cache should hold in every layer
+        verified = len(context) - 1  # tokens the cache should hold in every layer
         if model.n_past > verified:
             model.rollback(verified)
-        if model.n_past < verified:            # not the engine's target (or not in step): catch up
-            model.forward(context[model.n_past:verified], n_rows=0)
+        if model.n_past < verified:  # not the engine's target (or not in step): catch up
+            model.forward(context[model.n_past : verified], n_rows=0)
 
         tokens, rows = [], []
         token = context[-1]
         for _ in range(k):
             # 1. the first n_layers layers, then the final norm and head
-            logits = model.forward([token], n_rows=1, n_layers=self.n_layers)[0]   # [vocab]
+            logits = model.forward([token], n_rows=1, n_layers=self.n_layers)[0]  # [vocab]
             token, q = draft_token(logits, params, rng)
             tokens.append(token)
             if q is not None:

@@ -6,6 +6,7 @@ tokens it fed itself; the target's correction (or bonus) token, and the last dra
 k were accepted, are fed at the start of the next proposal. A proposal is one forward that catches
 every drafting row up, then one forward per draft position over the rows still drafting.
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Sequence
@@ -19,11 +20,11 @@ from .base import Draft
 
 class _Row:
     def __init__(self, params: SamplingParams, rng: np.random.Generator):
-        self.model_row: int | None = None   # the draft model's row for this engine row, once made
+        self.model_row: int | None = None  # the draft model's row for this engine row, once made
         self.params, self.rng = params, rng
-        self.fed: list[int] = []            # the tokens in the model row's cache, in order
-        self.base = 0                       # len(context) at the last propose
-        self.drafted = 0                    # draft length of the last propose
+        self.fed: list[int] = []  # the tokens in the model row's cache, in order
+        self.base = 0  # len(context) at the last propose
+        self.drafted = 0  # draft length of the last propose
 
 
 class ModelDrafter:
@@ -36,7 +37,7 @@ class ModelDrafter:
 
     def begin(self, row: int, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
         self.end([row])
-        self._rows[row] = _Row(params, rng)      # its model row is made at its first proposal
+        self._rows[row] = _Row(params, rng)  # its model row is made at its first proposal
 
     def end(self, rows: Sequence[int]) -> None:
         states = [self._rows.pop(row) for row in rows if row in self._rows]
@@ -69,16 +70,16 @@ class ModelDrafter:
         keep, feed = {}, {}
         for row, state in live.items():
             context = contexts[row]
-            if state.fed == list(context[:len(state.fed)]):   # usual: accept() left a prefix
+            if state.fed == list(context[: len(state.fed)]):  # usual: accept() left a prefix
                 n = len(state.fed)
             else:
                 n = next(i for i, (a, b) in enumerate(zip(state.fed, context)) if a != b)
-            n = min(n, len(context) - 1)    # always feed >= 1 token, to get its logits
+            n = min(n, len(context) - 1)  # always feed >= 1 token, to get its logits
             keep[state.model_row] = n
             feed[state.model_row] = list(context[n:])
             state.fed = list(context)
         model.rollback_rows(keep)
-        logits = model.forward_rows(feed, {r: 1 for r in feed})         # per row [1, vocab]
+        logits = model.forward_rows(feed, {r: 1 for r in feed})  # per row [1, vocab]
         # 2. one forward per draft position over the rows still drafting
         tokens = {row: [] for row in live}
         q = {row: [] for row in live}
@@ -91,7 +92,7 @@ class ModelDrafter:
                 tokens[row].append(token)
                 if row_q is not None:
                     q[row].append(row_q)
-                if i + 1 < ks[row]:   # the last draft token need not be fed: nothing reads it
+                if i + 1 < ks[row]:  # the last draft token need not be fed: nothing reads it
                     feed[state.model_row] = [token]
                     state.fed.append(token)
             if feed:

@@ -9,6 +9,7 @@ shares its last four tokens with many places ("    return self."), but only the 
 copied from shares the last forty. That length (Draft.evidence["match"]) is also what the
 cost-aware controller predicts acceptance from: the longer the copy so far, the likelier it goes on.
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Sequence
@@ -24,7 +25,7 @@ class _Index:
 
     def __init__(self):
         self.tokens: list[int] = []
-        self.ends: dict[tuple[int, ...], list[int]] = {}   # n-gram -> positions after it, oldest first
+        self.ends: dict[tuple[int, ...], list[int]] = {}  # n-gram -> positions after it, oldest first
 
 
 class NgramDrafter:
@@ -53,15 +54,14 @@ class NgramDrafter:
         pass  # nothing to roll back: the index follows the context it is given
 
     def propose(self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int]) -> dict[int, Draft]:
-        return {row: self.propose_one(self._rows.setdefault(row, _Index()), contexts[row], ks[row])
-                for row in ks}
+        return {row: self.propose_one(self._rows.setdefault(row, _Index()), contexts[row], ks[row]) for row in ks}
 
     def _update(self, index: _Index, context: Sequence[int]) -> None:
         """Index every n-gram that ends before the last token. Context only grows within a
         generation, so each position is indexed once."""
         tokens = index.tokens
         start = len(tokens)
-        if context[:start] != tokens:   # not an extension: a new context, start over
+        if context[:start] != tokens:  # not an extension: a new context, start over
             tokens.clear()
             index.ends.clear()
             start = 0
@@ -71,7 +71,7 @@ class NgramDrafter:
             for n in range(self.n_min, self.n_max + 1):
                 if end - n < 0:
                     break
-                index.ends.setdefault(tuple(tokens[end - n:end]), []).append(end)
+                index.ends.setdefault(tuple(tokens[end - n : end]), []).append(end)
 
     def _match_length(self, tokens: list[int], end: int, n: int) -> int:
         """How many tokens before `end` equal the last tokens of the context (at least n)."""
@@ -91,12 +91,12 @@ class NgramDrafter:
             ends = index.ends.get(tuple(tokens[-n:]))
             if ends:
                 best_end, best_m = ends[-1], -1
-                considered = ends[-self.candidates:]
-                for end in reversed(considered):                   # most recent first
+                considered = ends[-self.candidates :]
+                for end in reversed(considered):  # most recent first
                     m = self._match_length(tokens, end, n)
                     if m > best_m:
                         best_end, best_m = end, m
                 guess = tokens[best_end]
                 votes = (sum(tokens[end] == guess for end in considered), len(considered))
-                return Draft(tokens[best_end:best_end + k], evidence={"match": best_m, "votes": votes})
+                return Draft(tokens[best_end : best_end + k], evidence={"match": best_m, "votes": votes})
         return Draft([])

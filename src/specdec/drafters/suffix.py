@@ -23,6 +23,7 @@ dropped until the store is at EVICT_TO of the cap, and the index is rebuilt from
 so the rebuild's cost is paid once per (1 - EVICT_TO) x cap new tokens (0.8 s at the default
 cap on the 2-core development machine: a pause of the row that ends then, not a cost per step).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -44,15 +45,15 @@ from .base import Draft
 # already match that far (a 16-token key finds a repeated prompt among thousands of "    return"s);
 # the shorter ones still find a 1-token match when nothing longer exists, as prompt lookup does.
 KEY_LENGTHS = (1, 2, 4, 8, 16)
-DEPTH = 128              # the longest match measured: twice the longest draft (controller.REACH)
-CANDIDATES = 64          # occurrences of the key compared per store, the most recent first
+DEPTH = 128  # the longest match measured: twice the longest draft (controller.REACH)
+CANDIDATES = 64  # occurrences of the key compared per store, the most recent first
 # A chain stops where it is unlikely to be accepted anyway (what a fixed k would otherwise draft):
 # past as many tokens as its match spans (a 1-token match earns a 1-token draft, as SuffixDecoding
 # also caps drafts by match length), or when the share of occurrences agreeing with it all the way,
 # a rough P(accepted so far), falls below MIN_SHARE.
 MIN_SHARE = 0.1
-DEFAULT_CAP = 200_000    # tokens stored: about 400 bytes a token in CPython (measured), so ~80 MB
-EVICT_TO = 0.8           # after eviction the store holds at most this fraction of the cap
+DEFAULT_CAP = 200_000  # tokens stored: about 400 bytes a token in CPython (measured), so ~80 MB
+EVICT_TO = 0.8  # after eviction the store holds at most this fraction of the cap
 FORMAT = "specdec-suffix-cache/1"
 
 
@@ -63,7 +64,7 @@ def tokenizer_fingerprint(tokenizer, vocab_size: int) -> str:
     for token in range(0, vocab_size, max(1, vocab_size // 512)):
         try:
             h.update(tokenizer.token_bytes(token) + b"\x00")
-        except Exception:         # a token without bytes (a special one) still counts by its place
+        except Exception:  # a token without bytes (a special one) still counts by its place
             h.update(b"?\x00")
     return h.hexdigest()[:16]
 
@@ -79,7 +80,7 @@ class _Store:
         # hash of an n-gram -> the position just after it, or a list of them when it recurs (most
         # n-grams of length 4 and more occur once: an int instead of a list saves a third of the memory)
         self.index: dict[int, int | list[int]] = {}
-        self.start = 0                          # where the open sequence begins
+        self.start = 0  # where the open sequence begins
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Append to the open sequence, indexing every n-gram that the new tokens follow."""
@@ -89,7 +90,7 @@ class _Store:
             for n in KEY_LENGTHS:
                 if end - n < start:
                     break
-                h = hash(tuple(seq[end - n:end]))
+                h = hash(tuple(seq[end - n : end]))
                 old = index.get(h)
                 if old is None:
                     index[h] = end
@@ -115,12 +116,12 @@ class _Store:
         seq, n, out = self.tokens, len(key), []
         ctx_len = len(context)
         for end in reversed(ends[-limit:]):
-            if tuple(seq[end - n:end]) != key:      # a hash collision
+            if tuple(seq[end - n : end]) != key:  # a hash collision
                 continue
             m, cap = n, min(DEPTH, end, ctx_len)
             # whole blocks first (C-speed slice compares), then token by token
             step = 8
-            while m + step <= cap and seq[end - m - step:end - m] == list(context[ctx_len - m - step:ctx_len - m]):
+            while m + step <= cap and seq[end - m - step : end - m] == list(context[ctx_len - m - step : ctx_len - m]):
                 m += step
             while m < cap and seq[end - 1 - m] == context[ctx_len - 1 - m]:
                 m += 1
@@ -131,8 +132,8 @@ class _Store:
 @dataclass
 class _Row:
     prompt: list[int]
-    store: _Store = field(default_factory=_Store)   # the row's own context, as prompt lookup sees it
-    context: Sequence[int] | None = None            # the engine's live context list, last seen
+    store: _Store = field(default_factory=_Store)  # the row's own context, as prompt lookup sees it
+    context: Sequence[int] | None = None  # the engine's live context list, last seen
 
 
 class SuffixCacheDrafter:
@@ -144,9 +145,9 @@ class SuffixCacheDrafter:
             raise ValueError(f"need cap >= 1 and candidates >= 1, got {cap}, {candidates}")
         self.name = self.kind = "suffix"
         self.cap, self.limit = cap, candidates
-        self.fingerprint = fingerprint          # the tokenizer's, checked when a cache is loaded
-        self._static: list[list[int]] = []      # corpus sequences: never evicted, never saved
-        self._seqs: list[list[int]] = []        # sequences seen, oldest first
+        self.fingerprint = fingerprint  # the tokenizer's, checked when a cache is loaded
+        self._static: list[list[int]] = []  # corpus sequences: never evicted, never saved
+        self._seqs: list[list[int]] = []  # sequences seen, oldest first
         self._store = _Store()
         self._rows: dict[int, _Row] = {}
 
@@ -163,12 +164,14 @@ class SuffixCacheDrafter:
             return
         if static:
             if sum(map(len, self._static)) + len(tokens) > self.cap:
-                raise SpecdecError(f"the draft corpus has {sum(map(len, self._static)) + len(tokens)} tokens, "
-                                   f"more than the suffix cache holds ({self.cap}); raise --suffix-cap")
+                raise SpecdecError(
+                    f"the draft corpus has {sum(map(len, self._static)) + len(tokens)} tokens, "
+                    f"more than the suffix cache holds ({self.cap}); raise --suffix-cap"
+                )
             self._static.append(tokens)
         else:
-            if len(tokens) > self.cap:        # a sequence longer than the whole cache: its end
-                tokens = tokens[-self.cap:]
+            if len(tokens) > self.cap:  # a sequence longer than the whole cache: its end
+                tokens = tokens[-self.cap :]
             self._seqs.append(tokens)
         if self.tokens_stored > self.cap:
             self._evict()
@@ -180,9 +183,9 @@ class SuffixCacheDrafter:
         """Drop the oldest sequences until the store is at EVICT_TO of the cap, and rebuild."""
         budget = int(EVICT_TO * self.cap) - sum(map(len, self._static))
         kept, total = [], 0
-        for seq in reversed(self._seqs):        # newest first
+        for seq in reversed(self._seqs):  # newest first
             if total + len(seq) > budget:
-                if not kept and budget > 0:     # the newest alone is too long: keep its end
+                if not kept and budget > 0:  # the newest alone is too long: keep its end
                     kept.append(seq[-budget:])
                 break
             kept.append(seq)
@@ -213,7 +216,7 @@ class SuffixCacheDrafter:
         out = {}
         for row, k in ks.items():
             state = self._rows.get(row)
-            if state is None:                   # a row nobody began: its context is its prompt
+            if state is None:  # a row nobody began: its context is its prompt
                 state = self._rows[row] = _Row(list(contexts[row]))
             state.context = contexts[row]
             out[row] = self.propose_one(state, contexts[row], k)
@@ -224,10 +227,9 @@ class SuffixCacheDrafter:
             return Draft([])
         own = state.store
         n_own = len(own.tokens)
-        if n_own > len(context) or (n_own and (own.tokens[-1] != context[n_own - 1]
-                                               or own.tokens[0] != context[0])):
-            state.store = own = _Store()        # not an extension of what it indexed: start over
-        own.extend(context[len(own.tokens):])
+        if n_own > len(context) or (n_own and (own.tokens[-1] != context[n_own - 1] or own.tokens[0] != context[0])):
+            state.store = own = _Store()  # not an extension of what it indexed: start over
+        own.extend(context[len(own.tokens) :])
         stores = (self._store, own)
         for n in reversed(KEY_LENGTHS):
             if n > len(context):
@@ -242,7 +244,7 @@ class SuffixCacheDrafter:
     def _chain(found: list[tuple[_Store, int, int]], k: int) -> Draft:
         """The occurrences sharing the longest match, reduced greedily to one chain of k tokens."""
         best = max(m for _, _, m in found)
-        alive = [(s.tokens, end) for s, end, m in found if m == best]   # most recent first per store
+        alive = [(s.tokens, end) for s, end, m in found if m == best]  # most recent first per store
         chain: list[int] = []
         votes = (0, 0)
         share = 1.0
@@ -253,7 +255,7 @@ class SuffixCacheDrafter:
                     counts[seq[pos]] = counts.get(seq[pos], 0) + 1
             if not counts:
                 break
-            token = max(counts, key=counts.get)     # dicts keep insertion order: most recent wins ties
+            token = max(counts, key=counts.get)  # dicts keep insertion order: most recent wins ties
             share *= counts[token] / sum(counts.values())
             if not chain:
                 votes = (counts[token], sum(counts.values()))
@@ -294,7 +296,7 @@ class SuffixCacheDrafter:
                 f.write(buffer.getvalue())
             umask = os.umask(0)
             os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)       # as open() would create it, not mkstemp's 0600
+            os.chmod(tmp, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
             os.replace(tmp, path)
         except OSError as exc:
             raise SpecdecError(f"cannot write --suffix-cache {path}: {exc.strerror}") from None
@@ -316,12 +318,18 @@ class SuffixCacheDrafter:
         except (ValueError, KeyError, EOFError, UnicodeDecodeError, zipfile.BadZipFile):
             raise SpecdecError(bad) from None
         fmt, _, fingerprint = header.partition("\n")
-        if fmt != FORMAT or lengths.ndim != 1 or flat.ndim != 1 or int(lengths.sum()) != len(flat) \
-                or (lengths < 0).any():
+        if (
+            fmt != FORMAT
+            or lengths.ndim != 1
+            or flat.ndim != 1
+            or int(lengths.sum()) != len(flat)
+            or (lengths < 0).any()
+        ):
             raise SpecdecError(bad)
         if self.fingerprint and fingerprint != self.fingerprint:
-            raise SpecdecError(f"--suffix-cache {path} was written for another tokenizer; delete it "
-                               f"or give another file")
+            raise SpecdecError(
+                f"--suffix-cache {path} was written for another tokenizer; delete it or give another file"
+            )
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         for a, b in zip(offsets[:-1], offsets[1:]):
             self.add(flat[a:b].tolist())

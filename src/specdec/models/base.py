@@ -17,6 +17,7 @@ Two mixins below give the rest for free:
 - `SequentialRows`: the row protocol for a backend that computes one sequence at a time (the
   NumPy reference, test models): each row keeps its own cache state, swapped in for its turn.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,30 +28,31 @@ import numpy as np
 
 @runtime_checkable
 class Tokenizer(Protocol):
-    eog_ids: frozenset[int]                    # every end-of-generation token the model declares
+    eog_ids: frozenset[int]  # every end-of-generation token the model declares
 
     def encode(self, text: str, add_special: bool = True) -> list[int]: ...
     def decode(self, tokens: Sequence[int]) -> str: ...
-    def token_bytes(self, token: int) -> bytes: ...   # raw bytes of one token (UTF-8 may be split)
-    def token_text(self, token: int) -> str: ...      # the vocabulary entry, for compatibility checks
+    def token_bytes(self, token: int) -> bytes: ...  # raw bytes of one token (UTF-8 may be split)
+    def token_text(self, token: int) -> str: ...  # the vocabulary entry, for compatibility checks
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str: ...  # ends with the assistant turn
 
 
 @runtime_checkable
 class RowModel(Protocol):
-    name: str                                   # for output: file name or model name
-    vocab_size: int                             # width of a logits row
-    n_ctx: int                                  # context window of one row, in tokens
-    max_rows: int                               # rows the cache holds at once
+    name: str  # for output: file name or model name
+    vocab_size: int  # width of a logits row
+    n_ctx: int  # context window of one row, in tokens
+    max_rows: int  # rows the cache holds at once
     tokenizer: Tokenizer
-    is_instruct: bool                           # apply the chat template by default
+    is_instruct: bool  # apply the chat template by default
 
     def add_rows(self, n: int = 1) -> list[int]:
         """n new empty rows; their ids."""
         ...
 
-    def forward_rows(self, tokens: Mapping[int, Sequence[int]],
-                     n_logits: Mapping[int, int] | None = None) -> dict[int, np.ndarray]:
+    def forward_rows(
+        self, tokens: Mapping[int, Sequence[int]], n_logits: Mapping[int, int] | None = None
+    ) -> dict[int, np.ndarray]:
         """Append tokens[r] to row r's cache, every row in ONE forward, and return for each row
         the logits of its last n_logits[r] tokens ([n, vocab] float32; rows not in n_logits: none).
         Asking only for the rows verification needs matters: every returned row costs output work."""
@@ -77,8 +79,8 @@ class RowModel(Protocol):
 class SingleRow:
     """The one-sequence calls on top of the row protocol: a row made on first use.
 
-        logits = model.forward(tokens, n_rows=1)    # [1, vocab]
-        model.rollback(n_keep); model.reset(); model.n_past
+    logits = model.forward(tokens, n_rows=1)    # [1, vocab]
+    model.rollback(n_keep); model.reset(); model.n_past
     """
 
     _solo: int | None = None
@@ -157,8 +159,9 @@ class SequentialRows:
             self._set_state(outer_state)
             self._current = outer
 
-    def forward_rows(self, tokens: Mapping[int, Sequence[int]],
-                     n_logits: Mapping[int, int] | None = None) -> dict[int, np.ndarray]:
+    def forward_rows(
+        self, tokens: Mapping[int, Sequence[int]], n_logits: Mapping[int, int] | None = None
+    ) -> dict[int, np.ndarray]:
         n_logits = n_logits or {}
         out = {}
         for row, row_tokens in tokens.items():
@@ -193,13 +196,13 @@ def check_same_vocab(target: RowModel, draft: RowModel) -> None:
     hint = "pick a draft of the same model family, or use --draft ngram (or --draft-model none)"
     if draft.vocab_size != target.vocab_size:
         raise VocabMismatchError(
-            f"draft {draft.name} has {draft.vocab_size} tokens but target {target.name} has "
-            f"{target.vocab_size}", hint
+            f"draft {draft.name} has {draft.vocab_size} tokens but target {target.name} has {target.vocab_size}", hint
         )
     t, d = target.tokenizer, draft.tokenizer
     for token in range(target.vocab_size):
         if t.token_text(token) != d.token_text(token):
             raise VocabMismatchError(
                 f"draft {draft.name} and target {target.name} disagree on token {token} "
-                f"({t.token_text(token)!r} vs {d.token_text(token)!r})", hint
+                f"({t.token_text(token)!r} vs {d.token_text(token)!r})",
+                hint,
             )

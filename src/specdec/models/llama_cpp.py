@@ -9,6 +9,7 @@ slots share theirs: one `llama_batch` carries every row's tokens at the row's ow
 its seq_id, so a step over many rows is one `llama_decode`. The KV cache is unified (all rows
 draw cells from one pool of max_rows x n_ctx), so a row may use the whole --ctx.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -23,8 +24,8 @@ from .base import SingleRow
 
 INSTALL_HINT = "install it built for this CPU with `python scripts/install_llama_cpp.py` (or `make setup`)"
 
-_llama = None          # the llama_cpp module, imported on first use
-_log_callback = None   # kept alive: llama.cpp holds a pointer to it
+_llama = None  # the llama_cpp module, imported on first use
+_log_callback = None  # kept alive: llama.cpp holds a pointer to it
 
 
 def _lib():
@@ -112,8 +113,15 @@ class LlamaTokenizer:
 class LlamaCppModel(SingleRow):
     """A GGUF model whose KV cache holds up to `max_rows` sequences. Implements models.base.RowModel."""
 
-    def __init__(self, path: str | os.PathLike, n_ctx: int = 4096, n_threads: int | None = None,
-                 n_batch: int = 512, n_gpu_layers: int = 0, max_rows: int = 1):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        n_batch: int = 512,
+        n_gpu_layers: int = 0,
+        max_rows: int = 1,
+    ):
         lib = _lib()
         self.path = Path(path)
         _check_gguf_header(self.path)
@@ -126,20 +134,23 @@ class LlamaCppModel(SingleRow):
         mparams.n_gpu_layers = n_gpu_layers
         self._model = lib.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
-            raise ModelLoadError(f"llama.cpp could not load {self.path}: the GGUF file is corrupt, "
-                                 f"truncated or of an unsupported architecture")
+            raise ModelLoadError(
+                f"llama.cpp could not load {self.path}: the GGUF file is corrupt, "
+                f"truncated or of an unsupported architecture"
+            )
         cparams = lib.llama_context_default_params()
         cparams.n_ctx = n_ctx * max_rows
         cparams.n_batch = cparams.n_ubatch = min(n_batch, n_ctx)
-        cparams.n_seq_max = max_rows + 1   # + the one-sequence calls' own (models.base.SingleRow)
-        cparams.kv_unified = True   # one pool of cells: a row is not limited to n_ctx / max_rows
+        cparams.n_seq_max = max_rows + 1  # + the one-sequence calls' own (models.base.SingleRow)
+        cparams.kv_unified = True  # one pool of cells: a row is not limited to n_ctx / max_rows
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.swa_full = True  # sliding-window layers (Gemma 3) must keep what rollback returns to
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             lib.llama_model_free(self._model)
-            raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens x {max_rows} "
-                                 f"rows for {self.path}")
+            raise ModelLoadError(
+                f"llama.cpp could not create a context of {n_ctx} tokens x {max_rows} rows for {self.path}"
+            )
         self._mem = lib.llama_get_memory(self._ctx)
         # llama.cpp pads the context to a multiple of 256 (--ctx 32 would hold 256): honour what was asked
         self.n_ctx = min(n_ctx, lib.llama_n_ctx(self._ctx) // max_rows)
@@ -149,8 +160,8 @@ class LlamaCppModel(SingleRow):
         vocab = lib.llama_model_get_vocab(self._model)
         self.tokenizer = LlamaTokenizer(self._model, vocab)
         self.vocab_size = self.tokenizer.n_vocab
-        self._free = list(range(max_rows - 1, -1, -1))   # seq ids not in use, next one last
-        self._len: dict[int, int] = {}                   # row (seq id) -> tokens in its cache
+        self._free = list(range(max_rows - 1, -1, -1))  # seq ids not in use, next one last
+        self._len: dict[int, int] = {}  # row (seq id) -> tokens in its cache
         general_name = self.metadata("general.name") or self.name
         self.description = general_name
         self.is_instruct = any(w in general_name.lower() for w in ("instruct", "-it", " it", "chat"))
@@ -164,8 +175,10 @@ class LlamaCppModel(SingleRow):
 
     def add_rows(self, n: int = 1) -> list[int]:
         if n > len(self._free):
-            raise SpecdecError(f"{self.name} holds {self.max_rows} rows at once and {self.max_rows - len(self._free)} "
-                               f"are in use; load it with more rows (max_rows, --batch-size)")
+            raise SpecdecError(
+                f"{self.name} holds {self.max_rows} rows at once and {self.max_rows - len(self._free)} "
+                f"are in use; load it with more rows (max_rows, --batch-size)"
+            )
         rows = [self._free.pop() for _ in range(n)]
         for row in rows:
             self._len[row] = 0
@@ -179,7 +192,7 @@ class LlamaCppModel(SingleRow):
         for row in rows:
             if self._len.pop(row, None) is not None:
                 _lib().llama_memory_seq_rm(self._mem, row, -1, -1)
-                if row != self.max_rows:              # the reserved one-sequence row is not lent
+                if row != self.max_rows:  # the reserved one-sequence row is not lent
                     self._free.append(row)
 
     def row_length(self, row: int) -> int:
@@ -197,13 +210,14 @@ class LlamaCppModel(SingleRow):
             past = self._len[row]
             if past + len(row_tokens) > self.n_ctx:
                 raise ContextOverflowError(
-                    f"{past + len(row_tokens)} tokens do not fit in the context of {self.n_ctx}; raise --ctx")
+                    f"{past + len(row_tokens)} tokens do not fit in the context of {self.n_ctx}; raise --ctx"
+                )
             first_out = len(row_tokens) - min(n_logits.get(row, 0), len(row_tokens))
             items += [(row, past + i, token, i >= first_out) for i, token in enumerate(row_tokens)]
         outputs: list[np.ndarray] = []
         batch = self._batch
         for start in range(0, len(items), self.n_batch):
-            chunk = items[start:start + self.n_batch]
+            chunk = items[start : start + self.n_batch]
             for i, (row, pos, token, wants) in enumerate(chunk):
                 batch.token[i] = token
                 batch.pos[i] = pos
@@ -213,11 +227,12 @@ class LlamaCppModel(SingleRow):
             batch.n_tokens = len(chunk)
             rc = lib.llama_decode(self._ctx, batch)
             if rc == 1:
-                raise ContextOverflowError(f"the KV cache of {self.max_rows} x {self.n_ctx} tokens is full "
-                                           f"({len(self._len)} rows hold {sum(self._len.values())}); raise --ctx")
+                raise ContextOverflowError(
+                    f"the KV cache of {self.max_rows} x {self.n_ctx} tokens is full "
+                    f"({len(self._len)} rows hold {sum(self._len.values())}); raise --ctx"
+                )
             if rc != 0:
-                raise RuntimeError(f"llama_decode failed with code {rc} ({len(chunk)} tokens, "
-                                   f"{len(self._len)} rows)")
+                raise RuntimeError(f"llama_decode failed with code {rc} ({len(chunk)} tokens, {len(self._len)} rows)")
             n_out = sum(wants for *_, wants in chunk)
             if n_out:
                 ptr = lib.llama_get_logits(self._ctx)
@@ -226,10 +241,10 @@ class LlamaCppModel(SingleRow):
             self._len[row] += len(row_tokens)
         flat = (np.concatenate(outputs) if len(outputs) > 1 else outputs[0]) if outputs else None
         result, at = {}, 0
-        for row, row_tokens in tokens.items():     # outputs come in batch order: row after row
+        for row, row_tokens in tokens.items():  # outputs come in batch order: row after row
             n = min(n_logits.get(row, 0), len(row_tokens))
             if row in n_logits:
-                result[row] = flat[at:at + n] if n else np.empty((0, self.vocab_size), np.float32)
+                result[row] = flat[at : at + n] if n else np.empty((0, self.vocab_size), np.float32)
             at += n
         return result
 

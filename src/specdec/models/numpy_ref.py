@@ -40,6 +40,7 @@ refuses to start when a layer it needs lags behind `n_past`: roll back first.
 Tokenizer. `NumpyTokenizer` is GPT-2's byte-level BPE read from the GGUF's vocabulary and merges,
 with the model's pre-tokenizer regex and its special tokens.
 """
+
 from __future__ import annotations
 
 import functools
@@ -54,13 +55,12 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import (BackendUnavailableError, ContextOverflowError, ModelLoadError,
-                      ModelNotFoundError, SpecdecError)
+from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, ModelNotFoundError, SpecdecError
 from .base import SequentialRows
 
-FLOAT32_BUDGET = 3 << 30     # dtype="auto": float32 weights up to this many bytes, else bfloat16
-CHUNK_ELEMENTS = 1 << 20     # weights dequantised / widened per block: 4 MB of float32
-BATCH = 256                  # tokens per pass through the layers (bounds the attention scores' memory)
+FLOAT32_BUDGET = 3 << 30  # dtype="auto": float32 weights up to this many bytes, else bfloat16
+CHUNK_ELEMENTS = 1 << 20  # weights dequantised / widened per block: 4 MB of float32
+BATCH = 256  # tokens per pass through the layers (bounds the attention scores' memory)
 
 
 # --------------------------------------------------------------------------------------------
@@ -69,7 +69,7 @@ BATCH = 256                  # tokens per pass through the layers (bounds the at
 
 # arch -> (norm, positions, mlp)
 ARCHS = {
-    "llama": ("rms", "rope", "swiglu"),       # rope rotates adjacent pairs (2i, 2i + 1)
+    "llama": ("rms", "rope", "swiglu"),  # rope rotates adjacent pairs (2i, 2i + 1)
     "qwen2": ("rms", "rope-neox", "swiglu"),  # rope rotates pairs (i, i + head_dim / 2)
     "gpt2": ("layer", "learned", "gelu"),
 }
@@ -77,15 +77,15 @@ ARCHS = {
 
 @dataclass(frozen=True)
 class Config:
-    arch: str                # general.architecture: a key of ARCHS
-    n_layer: int             # transformer blocks
-    n_embd: int              # width of the residual stream
-    n_head: int              # query heads
-    n_head_kv: int           # key/value heads (fewer than n_head: grouped-query attention)
-    head_dim: int            # n_embd // n_head
-    n_ctx_train: int         # the context the model was trained for (gpt2: its position table)
-    norm_eps: float          # epsilon inside RMSNorm / LayerNorm
-    rope_base: float         # rotary embedding frequency base (unused by gpt2)
+    arch: str  # general.architecture: a key of ARCHS
+    n_layer: int  # transformer blocks
+    n_embd: int  # width of the residual stream
+    n_head: int  # query heads
+    n_head_kv: int  # key/value heads (fewer than n_head: grouped-query attention)
+    head_dim: int  # n_embd // n_head
+    n_ctx_train: int  # the context the model was trained for (gpt2: its position table)
+    norm_eps: float  # epsilon inside RMSNorm / LayerNorm
+    rope_base: float  # rotary embedding frequency base (unused by gpt2)
 
     @property
     def norm(self) -> str:
@@ -103,8 +103,9 @@ class Config:
 def config_from_metadata(meta: dict) -> Config:
     arch = meta.get("general.architecture")
     if arch not in ARCHS:
-        raise ModelLoadError(f"the NumPy backend runs {', '.join(ARCHS)} models, not {arch!r}; "
-                             f"use the llama.cpp backend for this one")
+        raise ModelLoadError(
+            f"the NumPy backend runs {', '.join(ARCHS)} models, not {arch!r}; use the llama.cpp backend for this one"
+        )
     n_embd = int(meta[f"{arch}.embedding_length"])
     n_head = int(meta[f"{arch}.attention.head_count"])
     head_dim = n_embd // n_head
@@ -112,8 +113,10 @@ def config_from_metadata(meta: dict) -> Config:
         raise ModelLoadError(f"{arch}: partial rotary embeddings are not supported by the NumPy backend")
     if meta.get(f"{arch}.rope.scaling.type", "none") != "none":
         raise ModelLoadError(f"{arch}: rope scaling is not supported by the NumPy backend")
-    eps = meta.get(f"{arch}.attention.layer_norm_rms_epsilon",           # RMSNorm models
-                   meta.get(f"{arch}.attention.layer_norm_epsilon"))         # LayerNorm models
+    eps = meta.get(
+        f"{arch}.attention.layer_norm_rms_epsilon",  # RMSNorm models
+        meta.get(f"{arch}.attention.layer_norm_epsilon"),
+    )  # LayerNorm models
     return Config(
         arch=arch,
         n_layer=int(meta[f"{arch}.block_count"]),
@@ -131,6 +134,7 @@ def config_from_metadata(meta: dict) -> Config:
 # The math: pure functions on arrays
 # --------------------------------------------------------------------------------------------
 
+
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x [T, n_embd] scaled to unit root-mean-square per row, times weight [n_embd]."""
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
@@ -138,8 +142,8 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
     """x [T, n_embd] to zero mean and unit variance per row, then weight * x + bias."""
-    mean = np.mean(x, axis=-1, keepdims=True)                       # [T, 1]
-    var = np.mean((x - mean) ** 2, axis=-1, keepdims=True)          # [T, 1]
+    mean = np.mean(x, axis=-1, keepdims=True)  # [T, 1]
+    var = np.mean((x - mean) ** 2, axis=-1, keepdims=True)  # [T, 1]
     return (x - mean) / np.sqrt(var + eps) * weight + bias
 
 
@@ -150,7 +154,7 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 def gelu(x: np.ndarray) -> np.ndarray:
     """GPT-2's GELU, the tanh approximation (as llama.cpp computes it)."""
-    return 0.5 * x * (1.0 + np.tanh(np.float32(np.sqrt(2.0 / np.pi)) * (x + np.float32(0.044715) * x ** 3)))
+    return 0.5 * x * (1.0 + np.tanh(np.float32(np.sqrt(2.0 / np.pi)) * (x + np.float32(0.044715) * x**3)))
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -167,15 +171,15 @@ def rope(x: np.ndarray, positions: np.ndarray, base: float, neox: bool) -> np.nd
     converter permuted to match) pairs 2i with 2i + 1.
     """
     half = x.shape[-1] // 2
-    inv_freq = base ** (-np.arange(half) / half)                     # [half] float64
-    angle = positions[:, None] * inv_freq[None, :]                   # [T, half]
-    cos = np.cos(angle).astype(np.float32)[:, None, :]               # [T, 1, half]
-    sin = np.sin(angle).astype(np.float32)[:, None, :]               # [T, 1, half]
+    inv_freq = base ** (-np.arange(half) / half)  # [half] float64
+    angle = positions[:, None] * inv_freq[None, :]  # [T, half]
+    cos = np.cos(angle).astype(np.float32)[:, None, :]  # [T, 1, half]
+    sin = np.sin(angle).astype(np.float32)[:, None, :]  # [T, 1, half]
     if neox:
-        x1, x2 = x[..., :half], x[..., half:]                        # [T, n_heads, half] each
+        x1, x2 = x[..., :half], x[..., half:]  # [T, n_heads, half] each
         return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    x1, x2 = x[..., 0::2], x[..., 1::2]                              # [T, n_heads, half] each
-    out = np.empty_like(x)                                           # [T, n_heads, head_dim]
+    x1, x2 = x[..., 0::2], x[..., 1::2]  # [T, n_heads, half] each
+    out = np.empty_like(x)  # [T, n_heads, head_dim]
     out[..., 0::2] = x1 * cos - x2 * sin
     out[..., 1::2] = x2 * cos + x1 * sin
     return out
@@ -193,22 +197,22 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int) -> np.ndar
     n_head_kv, S, _ = k.shape
     group = n_head // n_head_kv
     # the `group` query heads that share a kv head become one batch of group * T rows
-    q = q.reshape(T, n_head_kv, group, head_dim).transpose(1, 2, 0, 3)       # [n_head_kv, group, T, head_dim]
-    q = q.reshape(n_head_kv, group * T, head_dim)                            # [n_head_kv, group*T, head_dim]
-    scores = q @ k.transpose(0, 2, 1) / np.float32(np.sqrt(head_dim))        # [n_head_kv, group * T, S]
-    scores = scores.reshape(n_head_kv, group, T, S)                          # [n_head_kv, group, T, S]
-    future = np.arange(S)[None, :] > pos0 + np.arange(T)[:, None]            # [T, S] key after query
+    q = q.reshape(T, n_head_kv, group, head_dim).transpose(1, 2, 0, 3)  # [n_head_kv, group, T, head_dim]
+    q = q.reshape(n_head_kv, group * T, head_dim)  # [n_head_kv, group*T, head_dim]
+    scores = q @ k.transpose(0, 2, 1) / np.float32(np.sqrt(head_dim))  # [n_head_kv, group * T, S]
+    scores = scores.reshape(n_head_kv, group, T, S)  # [n_head_kv, group, T, S]
+    future = np.arange(S)[None, :] > pos0 + np.arange(T)[:, None]  # [T, S] key after query
     scores[:, :, future] = -np.inf
-    probs = softmax(scores).reshape(n_head_kv, group * T, S)                 # [n_head_kv, group * T, S]
-    out = (probs @ v).reshape(n_head_kv, group, T, head_dim)                 # [n_head_kv, group, T, head_dim]
-    return out.transpose(2, 0, 1, 3).reshape(T, n_head * head_dim)          # [T, n_head * head_dim]
+    probs = softmax(scores).reshape(n_head_kv, group * T, S)  # [n_head_kv, group * T, S]
+    out = (probs @ v).reshape(n_head_kv, group, T, head_dim)  # [n_head_kv, group, T, head_dim]
+    return out.transpose(2, 0, 1, 3).reshape(T, n_head * head_dim)  # [T, n_head * head_dim]
 
 
 def to_bfloat16(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bit patterns (uint16), rounded to nearest even: the top half of the
     float32 (sign, 8 exponent bits, 7 mantissa bits), i.e. about 3 significant digits."""
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    bits = bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))     # round the dropped half
+    bits = bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))  # round the dropped half
     return (bits >> 16).astype(np.uint16)
 
 
@@ -221,21 +225,22 @@ def matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     if w.dtype != np.uint16:
         return x @ w.T
     n_out, n_in = w.shape
-    out = np.empty((x.shape[0], n_out), dtype=np.float32)                   # [T, out]
+    out = np.empty((x.shape[0], n_out), dtype=np.float32)  # [T, out]
     rows = max(1, CHUNK_ELEMENTS // n_in)
-    scratch = np.empty((min(rows, n_out), n_in), dtype=np.uint32)           # [rows, in]
+    scratch = np.empty((min(rows, n_out), n_in), dtype=np.uint32)  # [rows, in]
     for start in range(0, n_out, rows):
-        block = w[start:start + rows]                                        # [<= rows, in] bfloat16
-        bits = scratch[:len(block)]
-        bits[:] = block        # the 16 bits in the low half of each uint32 ...
-        bits <<= 16            # ... moved to the high half: now they are a float32's bits
-        out[:, start:start + len(block)] = x @ bits.view(np.float32).T
+        block = w[start : start + rows]  # [<= rows, in] bfloat16
+        bits = scratch[: len(block)]
+        bits[:] = block  # the 16 bits in the low half of each uint32 ...
+        bits <<= 16  # ... moved to the high half: now they are a float32's bits
+        out[:, start : start + len(block)] = x @ bits.view(np.float32).T
     return out
 
 
 # --------------------------------------------------------------------------------------------
 # The model
 # --------------------------------------------------------------------------------------------
+
 
 class NumpyModel(SequentialRows):
     """A GGUF transformer in NumPy. Its forward computes one sequence; several rows each keep
@@ -246,19 +251,28 @@ class NumpyModel(SequentialRows):
     block i without the "blk.{i}." prefix, e.g. layers[i]["attn_q.weight"] [n_head * head_dim, n_embd].
     """
 
-    def __init__(self, config: Config, weights: dict, layers: list[dict], token_embd_type,
-                 tokenizer: "NumpyTokenizer", name: str, n_ctx: int, is_instruct: bool = False):
+    def __init__(
+        self,
+        config: Config,
+        weights: dict,
+        layers: list[dict],
+        token_embd_type,
+        tokenizer: "NumpyTokenizer",
+        name: str,
+        n_ctx: int,
+        is_instruct: bool = False,
+    ):
         self.config = config
         self.weights, self.layers = weights, layers
-        self.token_embd_type = token_embd_type      # the GGML quantisation type of token_embd rows
+        self.token_embd_type = token_embd_type  # the GGML quantisation type of token_embd rows
         self.tokenizer = tokenizer
         self.name = name
-        self.description = name                    # general.name, set by load_numpy_model
+        self.description = name  # general.name, set by load_numpy_model
         self.vocab_size = weights["output.weight"].shape[0]
         self.n_ctx = n_ctx
         self.n_layer = config.n_layer
         self.is_instruct = is_instruct
-        self.load_seconds = 0.0                     # set by load_numpy_model
+        self.load_seconds = 0.0  # set by load_numpy_model
         self._set_state(self._new_state())
 
     # -- the cache of one row (models.base.SequentialRows swaps these per row) -----------
@@ -267,10 +281,12 @@ class NumpyModel(SequentialRows):
         # per layer: [n_head_kv, n_ctx, head_dim]; slot p holds the key (value) of position p.
         # np.zeros: the OS hands out pages only as they are written.
         shape = (self.config.n_head_kv, self.n_ctx, self.config.head_dim)
-        return ([np.zeros(shape, dtype=np.float32) for _ in range(self.n_layer)],
-                [np.zeros(shape, dtype=np.float32) for _ in range(self.n_layer)],
-                0,                      # n_past: tokens in the cache = the position of the next one
-                [0] * self.n_layer)     # layer_len: slots 0 .. layer_len[i] - 1 of layer i are valid
+        return (
+            [np.zeros(shape, dtype=np.float32) for _ in range(self.n_layer)],
+            [np.zeros(shape, dtype=np.float32) for _ in range(self.n_layer)],
+            0,  # n_past: tokens in the cache = the position of the next one
+            [0] * self.n_layer,
+        )  # layer_len: slots 0 .. layer_len[i] - 1 of layer i are valid
 
     def _get_state(self):
         return self.k_cache, self.v_cache, self.n_past, self.layer_len
@@ -290,8 +306,7 @@ class NumpyModel(SequentialRows):
 
     # -- one sequence (the row protocol runs rows through these in turn) -----------------
 
-    def forward(self, tokens: Sequence[int], n_rows: int | None = None,
-                n_layers: int | None = None) -> np.ndarray:
+    def forward(self, tokens: Sequence[int], n_rows: int | None = None, n_layers: int | None = None) -> np.ndarray:
         """Append `tokens` to the cache and return the logits of the last n_rows of them
         ([n_rows, vocab] float32; all when None). With n_layers, only the first n_layers blocks run
         (then the final norm and head: an early exit) and only their caches are written."""
@@ -302,25 +317,28 @@ class NumpyModel(SequentialRows):
             raise ValueError(f"n_layers must be in 1..{self.n_layer}, got {n_layers}")
         if self.n_past + n > self.n_ctx:
             raise ContextOverflowError(
-                f"{self.n_past + n} tokens do not fit in the context of {self.n_ctx}; raise --ctx")
+                f"{self.n_past + n} tokens do not fit in the context of {self.n_ctx}; raise --ctx"
+            )
         stale = min(self.layer_len[:n_layers])
-        if stale < self.n_past:     # an early exit skipped layers this pass needs
-            raise RuntimeError(f"layers below {n_layers} hold only {stale} of the {self.n_past} "
-                               f"tokens (an early-exit pass); rollback({stale}) first")
-        first_row = n - n_rows                       # tokens from this index on give a logits row
+        if stale < self.n_past:  # an early exit skipped layers this pass needs
+            raise RuntimeError(
+                f"layers below {n_layers} hold only {stale} of the {self.n_past} "
+                f"tokens (an early-exit pass); rollback({stale}) first"
+            )
+        first_row = n - n_rows  # tokens from this index on give a logits row
         hidden = []
         for start in range(0, n, BATCH):
-            chunk = np.asarray(tokens[start:start + BATCH], dtype=np.int64)   # [t]
-            x = self.embed(chunk, self.n_past)                                # [t, n_embd]
+            chunk = np.asarray(tokens[start : start + BATCH], dtype=np.int64)  # [t]
+            x = self.embed(chunk, self.n_past)  # [t, n_embd]
             for i in range(n_layers):
-                x = self.block(i, x, self.n_past)                             # [t, n_embd]
+                x = self.block(i, x, self.n_past)  # [t, n_embd]
                 self.layer_len[i] = self.n_past + len(chunk)
             self.n_past += len(chunk)
-            hidden.append(x[max(0, first_row - start):])                      # [rows wanted, n_embd]
+            hidden.append(x[max(0, first_row - start) :])  # [rows wanted, n_embd]
         if n_rows == 0:
             return np.empty((0, self.vocab_size), dtype=np.float32)
-        x = self.norm(np.concatenate(hidden), self.weights, "output_norm")    # [n_rows, n_embd]
-        return matmul(x, self.weights["output.weight"])                       # [n_rows, vocab]
+        x = self.norm(np.concatenate(hidden), self.weights, "output_norm")  # [n_rows, n_embd]
+        return matmul(x, self.weights["output.weight"])  # [n_rows, vocab]
 
     def rollback(self, n_keep: int) -> None:
         """Cut the cache to its first n_keep tokens: the slots after them become free."""
@@ -342,7 +360,7 @@ class NumpyModel(SequentialRows):
         x = gguf.quants.dequantize(self.weights["token_embd.weight"][tokens], self.token_embd_type)
         x = x.astype(np.float32)
         if self.config.positions == "learned":
-            x = x + self.weights["position_embd.weight"][pos0:pos0 + len(tokens)]
+            x = x + self.weights["position_embd.weight"][pos0 : pos0 + len(tokens)]
         return x
 
     def norm(self, x: np.ndarray, w: dict, name: str) -> np.ndarray:
@@ -363,50 +381,54 @@ class NumpyModel(SequentialRows):
         c, w = self.config, self.layers[i]
         T = x.shape[0]
         # 1. attention: project, rotate, cache, attend
-        h = self.norm(x, w, "attn_norm")                                      # [T, n_embd]
-        if "attn_qkv.weight" in w:      # gpt2 stores q|k|v as one matrix
-            q, k, v = np.split(self.linear(h, w, "attn_qkv"), 3, axis=-1)     # [T, n_embd] each
+        h = self.norm(x, w, "attn_norm")  # [T, n_embd]
+        if "attn_qkv.weight" in w:  # gpt2 stores q|k|v as one matrix
+            q, k, v = np.split(self.linear(h, w, "attn_qkv"), 3, axis=-1)  # [T, n_embd] each
         else:
-            q = self.linear(h, w, "attn_q")                                   # [T, n_head * head_dim]
-            k = self.linear(h, w, "attn_k")                                   # [T, n_head_kv * head_dim]
-            v = self.linear(h, w, "attn_v")                                   # [T, n_head_kv * head_dim]
-        q = q.reshape(T, c.n_head, c.head_dim)                                # [T, n_head, head_dim]
-        k = k.reshape(T, c.n_head_kv, c.head_dim)                             # [T, n_head_kv, head_dim]
-        v = v.reshape(T, c.n_head_kv, c.head_dim)                             # [T, n_head_kv, head_dim]
+            q = self.linear(h, w, "attn_q")  # [T, n_head * head_dim]
+            k = self.linear(h, w, "attn_k")  # [T, n_head_kv * head_dim]
+            v = self.linear(h, w, "attn_v")  # [T, n_head_kv * head_dim]
+        q = q.reshape(T, c.n_head, c.head_dim)  # [T, n_head, head_dim]
+        k = k.reshape(T, c.n_head_kv, c.head_dim)  # [T, n_head_kv, head_dim]
+        v = v.reshape(T, c.n_head_kv, c.head_dim)  # [T, n_head_kv, head_dim]
         if c.positions.startswith("rope"):
-            positions = np.arange(pos0, pos0 + T)                             # [T]
+            positions = np.arange(pos0, pos0 + T)  # [T]
             q = rope(q, positions, c.rope_base, neox=c.positions == "rope-neox")
             k = rope(k, positions, c.rope_base, neox=c.positions == "rope-neox")
         # overwrite, not append: slots pos0.. may hold a rolled-back or early-exit draft's K/V
-        self.k_cache[i][:, pos0:pos0 + T] = k.transpose(1, 0, 2)             # [n_head_kv, T, head_dim]
-        self.v_cache[i][:, pos0:pos0 + T] = v.transpose(1, 0, 2)
+        self.k_cache[i][:, pos0 : pos0 + T] = k.transpose(1, 0, 2)  # [n_head_kv, T, head_dim]
+        self.v_cache[i][:, pos0 : pos0 + T] = v.transpose(1, 0, 2)
         S = pos0 + T
         a = attention(q, self.k_cache[i][:, :S], self.v_cache[i][:, :S], pos0)  # [T, n_head * head_dim]
-        x = x + self.linear(a, w, "attn_output")                              # [T, n_embd]
+        x = x + self.linear(a, w, "attn_output")  # [T, n_embd]
         # 2. MLP
-        h = self.norm(x, w, "ffn_norm")                                       # [T, n_embd]
+        h = self.norm(x, w, "ffn_norm")  # [T, n_embd]
         if c.mlp == "swiglu":
             h = silu(self.linear(h, w, "ffn_gate")) * self.linear(h, w, "ffn_up")  # [T, n_ff]
         else:
-            h = gelu(self.linear(h, w, "ffn_up"))                             # [T, n_ff]
-        return x + self.linear(h, w, "ffn_down")                              # [T, n_embd]
+            h = gelu(self.linear(h, w, "ffn_up"))  # [T, n_ff]
+        return x + self.linear(h, w, "ffn_down")  # [T, n_embd]
 
     def __repr__(self) -> str:
         kind = "bfloat16" if self.weights["output.weight"].dtype == np.uint16 else "float32"
-        return (f"NumpyModel({self.name!r}, {self.config.arch}, {self.n_layer} layers, {kind} "
-                f"weights {self.weight_bytes / 1e9:.2f} GB, n_ctx={self.n_ctx})")
+        return (
+            f"NumpyModel({self.name!r}, {self.config.arch}, {self.n_layer} layers, {kind} "
+            f"weights {self.weight_bytes / 1e9:.2f} GB, n_ctx={self.n_ctx})"
+        )
 
 
 # --------------------------------------------------------------------------------------------
 # Loading a GGUF
 # --------------------------------------------------------------------------------------------
 
+
 def _gguf():
     try:
         import gguf
     except ImportError as exc:
-        raise BackendUnavailableError("the NumPy backend reads GGUF files with the gguf package: "
-                                      "pip install gguf") from exc
+        raise BackendUnavailableError(
+            "the NumPy backend reads GGUF files with the gguf package: pip install gguf"
+        ) from exc
     return gguf
 
 
@@ -427,14 +449,14 @@ def _dequantize(raw: np.ndarray, qtype, dtype: str) -> np.ndarray:
     """Quantised rows [rows, bytes per row] -> [rows, cols] float32 or bfloat16 bits, a few MB
     of rows at a time (dequantising a whole 150k-row head at once would need GBs of temporaries)."""
     gguf = _gguf()
-    if raw.ndim == 1:                                     # norms and biases: small, always float32
+    if raw.ndim == 1:  # norms and biases: small, always float32
         return gguf.quants.dequantize(raw, qtype).astype(np.float32)
     cols = gguf.quants.dequantize(raw[:1], qtype).shape[-1]
     out = np.empty((raw.shape[0], cols), dtype=np.float32 if dtype == "float32" else np.uint16)
     rows = max(1, CHUNK_ELEMENTS // cols)
     for start in range(0, raw.shape[0], rows):
-        part = gguf.quants.dequantize(raw[start:start + rows], qtype)       # [rows, cols] float32
-        out[start:start + rows] = part if dtype == "float32" else to_bfloat16(part)
+        part = gguf.quants.dequantize(raw[start : start + rows], qtype)  # [rows, cols] float32
+        out[start : start + rows] = part if dtype == "float32" else to_bfloat16(part)
     return out
 
 
@@ -453,8 +475,8 @@ def load_numpy_model(path: str | os.PathLike, n_ctx: int = 4096, dtype: str = "a
         raise SpecdecError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {dtype!r}")
     gguf = _gguf()
     try:
-        reader = gguf.GGUFReader(path)     # parses the header; tensor data stays on disk
-    except Exception as exc:               # noqa: BLE001 - any parse error means a bad file
+        reader = gguf.GGUFReader(path)  # parses the header; tensor data stays on disk
+    except Exception as exc:  # noqa: BLE001 - any parse error means a bad file
         raise ModelLoadError(f"cannot read {path} as GGUF ({exc}); the file is corrupt or truncated") from exc
     meta = read_metadata(reader)
     # what we need of each tensor: name, quantisation type, numpy dtype and shape of its bytes,
@@ -467,14 +489,13 @@ def load_numpy_model(path: str | os.PathLike, n_ctx: int = 4096, dtype: str = "a
     except KeyError as exc:
         raise ModelLoadError(f"{path} lacks the metadata key {exc}: not a complete GGUF model") from None
     tokenizer = NumpyTokenizer(meta)
-    tied = "output.weight" not in matrix_sizes        # gpt2 and small llamas: the head is token_embd
+    tied = "output.weight" not in matrix_sizes  # gpt2 and small llamas: the head is token_embd
     if not tied:
-        matrix_sizes.pop("token_embd.weight", None)   # kept quantised, never dequantised whole
+        matrix_sizes.pop("token_embd.weight", None)  # kept quantised, never dequantised whole
     if dtype == "auto":
         dtype = "float32" if 4 * sum(matrix_sizes.values()) <= FLOAT32_BUDGET else "bfloat16"
     if any(name == "rope_freqs.weight" for name, *_ in tensors):
-        raise ModelLoadError(f"{path}: rope frequency factors (Llama 3.1) are not supported by the "
-                             f"NumPy backend")
+        raise ModelLoadError(f"{path}: rope frequency factors (Llama 3.1) are not supported by the NumPy backend")
 
     weights: dict[str, np.ndarray] = {}
     layers: list[dict[str, np.ndarray]] = [{} for _ in range(config.n_layer)]
@@ -483,14 +504,14 @@ def load_numpy_model(path: str | os.PathLike, n_ctx: int = 4096, dtype: str = "a
         for name, qtype, raw_dtype, raw_shape, offset in tensors:
             raw = _read_tensor(f, raw_dtype, raw_shape, offset)
             if name == "token_embd.weight":
-                weights[name] = raw                   # kept quantised: [vocab, bytes per row]
+                weights[name] = raw  # kept quantised: [vocab, bytes per row]
                 token_embd_type = qtype
                 if tied:
                     weights["output.weight"] = _dequantize(raw, qtype, dtype)
-            elif name == "position_embd.weight":      # gpt2; small, looked up by row
+            elif name == "position_embd.weight":  # gpt2; small, looked up by row
                 weights[name] = _dequantize(raw, qtype, "float32")
             elif name.startswith("blk."):
-                _, i, key = name.split(".", 2)        # "blk.3.attn_q.weight" -> 3, "attn_q.weight"
+                _, i, key = name.split(".", 2)  # "blk.3.attn_q.weight" -> 3, "attn_q.weight"
                 layers[int(i)][key] = _dequantize(raw, qtype, dtype)
             else:
                 weights[name] = _dequantize(raw, qtype, dtype)
@@ -498,11 +519,21 @@ def load_numpy_model(path: str | os.PathLike, n_ctx: int = 4096, dtype: str = "a
     if "output.weight" not in weights or token_embd_type is None:
         raise ModelLoadError(f"{path} has no token embedding: not a complete language model")
     if weights["output.weight"].shape[0] != len(tokenizer.tokens):
-        raise ModelLoadError(f"{path}: the output head has {weights['output.weight'].shape[0]} rows "
-                             f"but the vocabulary {len(tokenizer.tokens)} tokens")
+        raise ModelLoadError(
+            f"{path}: the output head has {weights['output.weight'].shape[0]} rows "
+            f"but the vocabulary {len(tokenizer.tokens)} tokens"
+        )
     general_name = str(meta.get("general.name") or path.name)
-    model = NumpyModel(config, weights, layers, token_embd_type, tokenizer, name=path.name,
-                       n_ctx=min(n_ctx, config.n_ctx_train), is_instruct="instruct" in general_name.lower())
+    model = NumpyModel(
+        config,
+        weights,
+        layers,
+        token_embd_type,
+        tokenizer,
+        name=path.name,
+        n_ctx=min(n_ctx, config.n_ctx_train),
+        is_instruct="instruct" in general_name.lower(),
+    )
     model.description = general_name
     model.load_seconds = time.perf_counter() - t0
     return model
@@ -512,20 +543,32 @@ def load_numpy_model(path: str | os.PathLike, n_ctx: int = 4096, dtype: str = "a
 # The tokenizer: GPT-2 byte-level BPE from the GGUF vocabulary
 # --------------------------------------------------------------------------------------------
 
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6   # tokenizer.ggml.token_type
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # tokenizer.ggml.token_type
 
 # Texts of end-of-generation tokens, as llama.cpp recognises them (FIM tokens included: a coder
 # model that writes <|file_sep|> has finished the file).
-EOG_TEXTS = frozenset({"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>", "<|end|>",
-                       "<|eom_id|>", "<|end_of_text|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"})
+EOG_TEXTS = frozenset(
+    {
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<|eot_id|>",
+        "<end_of_turn>",
+        "<|end|>",
+        "<|eom_id|>",
+        "<|end_of_text|>",
+        "<|fim_pad|>",
+        "<|repo_name|>",
+        "<|file_sep|>",
+    }
+)
 
 # Pre-tokenizers (tokenizer.ggml.pre): text is cut into pieces with this regex, then each piece is
 # BPE-encoded on its own. \p{L} = any letter, \p{N} = any number.
 PRETOKENIZERS = {
     "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-             r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+",
     "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
     "gpt-2": r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
 }
 
@@ -535,15 +578,17 @@ def compile_pretokenizer(pattern: str) -> re.Pattern:
     them out as character classes listing every letter / number code point (see unicode_class)."""
     try:
         import regex
+
         return regex.compile(pattern)
     except ImportError:
         pass
     letters, numbers = unicode_class("L"), unicode_class("N")
-    pattern = (pattern
-               .replace(r"[^\r\n\p{L}\p{N}]", f"[^\\r\\n{letters}{numbers}]")
-               .replace(r"[^\s\p{L}\p{N}]", f"[^\\s{letters}{numbers}]")
-               .replace(r"\p{L}", f"[{letters}]")
-               .replace(r"\p{N}", f"[{numbers}]"))
+    pattern = (
+        pattern.replace(r"[^\r\n\p{L}\p{N}]", f"[^\\r\\n{letters}{numbers}]")
+        .replace(r"[^\s\p{L}\p{N}]", f"[^\\s{letters}{numbers}]")
+        .replace(r"\p{L}", f"[{letters}]")
+        .replace(r"\p{N}", f"[{numbers}]")
+    )
     return re.compile(pattern)
 
 
@@ -567,8 +612,7 @@ def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map from the 256 byte values to printable characters: printable Latin-1
     bytes map to themselves, the others (space, control bytes ...) to chr(256 + n). So a space
     is 'Ġ' and a newline 'Ċ' in the vocabulary."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     table, n = {}, 0
     for b in range(256):
         if b in printable:
@@ -589,20 +633,23 @@ class NumpyTokenizer:
     def __init__(self, meta: dict):
         model = meta.get("tokenizer.ggml.model")
         if model != "gpt2":
-            raise ModelLoadError(f"the NumPy tokenizer reads byte-level BPE vocabularies ('gpt2'), "
-                                 f"not {model!r}; use the llama.cpp backend for this model")
+            raise ModelLoadError(
+                f"the NumPy tokenizer reads byte-level BPE vocabularies ('gpt2'), "
+                f"not {model!r}; use the llama.cpp backend for this model"
+            )
         pre = meta.get("tokenizer.ggml.pre", "gpt-2")
         if pre not in PRETOKENIZERS:
-            raise ModelLoadError(f"the NumPy tokenizer knows the pre-tokenizers {', '.join(PRETOKENIZERS)}, "
-                                 f"not {pre!r}; use the llama.cpp backend for this model")
+            raise ModelLoadError(
+                f"the NumPy tokenizer knows the pre-tokenizers {', '.join(PRETOKENIZERS)}, "
+                f"not {pre!r}; use the llama.cpp backend for this model"
+            )
         self.tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
         self.token_type: list[int] = list(meta.get("tokenizer.ggml.token_type", [NORMAL] * len(self.tokens)))
         self.ids = {text: i for i, text in enumerate(self.tokens)}
         # merge rank: the lower, the earlier BPE learned it, the sooner it applies
-        self.merge_rank = {tuple(m.split(" ", 1)): rank
-                           for rank, m in enumerate(meta.get("tokenizer.ggml.merges", []))}
+        self.merge_rank = {tuple(m.split(" ", 1)): rank for rank, m in enumerate(meta.get("tokenizer.ggml.merges", []))}
         self.pretokenizer = compile_pretokenizer(PRETOKENIZERS[pre])
-        self.ignore_merges = pre == "llama-bpe"    # Llama 3: a pre-token in the vocabulary is one token
+        self.ignore_merges = pre == "llama-bpe"  # Llama 3: a pre-token in the vocabulary is one token
         # special tokens are matched literally, longest first, before any BPE
         kinds = list(zip(self.tokens, self.token_type))
         special = sorted((t for t, kind in kinds if kind in (CONTROL, USER_DEFINED)), key=len, reverse=True)
@@ -613,7 +660,8 @@ class NumpyTokenizer:
         self.add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and self.eos_id is not None
         declared = {meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")} - {None}
         self.eog_ids = frozenset(int(t) for t in declared) | frozenset(
-            i for i, (t, kind) in enumerate(kinds) if kind == CONTROL and t in EOG_TEXTS)
+            i for i, (t, kind) in enumerate(kinds) if kind == CONTROL and t in EOG_TEXTS
+        )
         self.chat_template: str | None = meta.get("tokenizer.chat_template")
         self._bpe_cache: dict[str, list[str]] = {}
 
@@ -629,7 +677,7 @@ class NumpyTokenizer:
             best = min(range(len(pairs)), key=lambda j: self.merge_rank.get(pairs[j], math.inf))
             if pairs[best] not in self.merge_rank:
                 break
-            parts[best:best + 2] = [parts[best] + parts[best + 1]]
+            parts[best : best + 2] = [parts[best] + parts[best + 1]]
         self._bpe_cache[word] = parts
         return parts
 
@@ -644,15 +692,15 @@ class NumpyTokenizer:
             for part in self.bpe(word):
                 if part in self.ids:
                     ids.append(self.ids[part])
-                else:   # a merge result missing from the vocabulary: fall back to its characters
+                else:  # a merge result missing from the vocabulary: fall back to its characters
                     ids.extend(self.ids[c] for c in part)
         return ids
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         ids = [self.bos_id] if add_special and self.add_bos else []
         start = 0
-        for match in (self.special.finditer(text) if self.special else ()):
-            ids += self._encode_text(text[start:match.start()])
+        for match in self.special.finditer(text) if self.special else ():
+            ids += self._encode_text(text[start : match.start()])
             ids.append(self.ids[match.group()])
             start = match.end()
         ids += self._encode_text(text[start:])
@@ -667,7 +715,7 @@ class NumpyTokenizer:
         if kind == NORMAL:
             if all(c in CHAR_TO_BYTE for c in text):
                 return bytes(CHAR_TO_BYTE[c] for c in text)
-            return text.encode("utf-8")     # not byte-level text (rare): as written
+            return text.encode("utf-8")  # not byte-level text (rare): as written
         if kind == USER_DEFINED:
             return text.encode("utf-8")
         return b""
@@ -682,7 +730,9 @@ class NumpyTokenizer:
         """ChatML (Qwen and others): <|im_start|>role\\ncontent<|im_end|>\\n ... <|im_start|>assistant\\n.
         Like llama.cpp, no default system message is added."""
         if "<|im_start|>" not in (self.chat_template or ""):
-            raise SpecdecError("the NumPy backend formats ChatML chat templates only, and this model's "
-                               "is not one; use --no-chat, or the llama.cpp backend")
+            raise SpecdecError(
+                "the NumPy backend formats ChatML chat templates only, and this model's "
+                "is not one; use --no-chat, or the llama.cpp backend"
+            )
         turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
         return turns + "<|im_start|>assistant\n"

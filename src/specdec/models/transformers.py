@@ -28,6 +28,7 @@ Two cache layouts (`cache=`):
   Triton kernels, as gpt-fast does for its fixed-shape step): fewer, larger kernels per layer.
   Each (rows, width, view) shape compiles once (tens of seconds on a GPU); prefill stays eager.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,8 +44,10 @@ from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadErr
 from .base import SingleRow
 from .numpy_ref import CHAR_TO_BYTE  # GPT-2's byte-level table (numpy_ref imports only numpy)
 
-INSTALL_HINT = ("install PyTorch and transformers: `make torch-deps`, or "
-                "`pip install torch transformers gguf accelerate` (CPU: `pip install torch==2.13.0` first)")
+INSTALL_HINT = (
+    "install PyTorch and transformers: `make torch-deps`, or "
+    "`pip install torch transformers gguf accelerate` (CPU: `pip install torch==2.13.0` first)"
+)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 CACHES = ("dynamic", "static")
 # Static cache: attention reads the buffer up to the used columns rounded up to this many, so a
@@ -56,8 +59,16 @@ VIEW_BUCKET = 256
 GRAPH_MAX_WIDTH = 64
 
 # end-of-turn tokens of the common chat formats; eog when the vocabulary has them
-_EOG_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>",
-              "<|end|>", "<|return|>", "</s>")
+_EOG_TEXTS = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<end_of_turn>",
+    "<|end|>",
+    "<|return|>",
+    "</s>",
+)
 
 
 def _torch():
@@ -82,7 +93,7 @@ def pick_dtype(dtype: str, device: str):
     torch = _torch()
     if dtype not in DTYPES:
         raise SpecdecError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-    if dtype == "auto":   # bfloat16 where the hardware has it; float32 on CPU, where it is fastest
+    if dtype == "auto":  # bfloat16 where the hardware has it; float32 on CPU, where it is fastest
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
     return getattr(torch, dtype)
 
@@ -119,9 +130,9 @@ class HFTokenizer:
                 piece = text.encode()
             elif self._byte_level and all(c in CHAR_TO_BYTE for c in text):
                 piece = bytes(CHAR_TO_BYTE[c] for c in text)
-            elif len(text) == 6 and text.startswith("<0x") and text.endswith(">"):   # SentencePiece byte
+            elif len(text) == 6 and text.startswith("<0x") and text.endswith(">"):  # SentencePiece byte
                 piece = bytes([int(text[3:5], 16)])
-            elif "\u2581" in text:                                                   # SentencePiece word
+            elif "\u2581" in text:  # SentencePiece word
                 piece = text.replace("\u2581", " ").encode()
             else:
                 piece = self.hf.decode([token]).encode()
@@ -142,9 +153,17 @@ class TransformersModel(SingleRow):
 
     max_rows = 1 << 16
 
-    def __init__(self, model, tokenizer, name: str = "transformers", n_ctx: int | None = None,
-                 is_instruct: bool | None = None, cache: str = "dynamic", graphs: bool = False,
-                 compile: bool = False):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        name: str = "transformers",
+        n_ctx: int | None = None,
+        is_instruct: bool | None = None,
+        cache: str = "dynamic",
+        graphs: bool = False,
+        compile: bool = False,
+    ):
         torch = _torch()
         if cache not in CACHES:
             raise SpecdecError(f"unknown cache {cache!r}: use one of {', '.join(CACHES)}")
@@ -156,7 +175,7 @@ class TransformersModel(SingleRow):
         self.config = model.config
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        if not hasattr(tokenizer, "eog_ids"):      # a transformers tokenizer: wrap it
+        if not hasattr(tokenizer, "eog_ids"):  # a transformers tokenizer: wrap it
             gen = getattr(model, "generation_config", None)
             extra = getattr(gen, "eos_token_id", None) or getattr(model.config, "eos_token_id", None)
             tokenizer = HFTokenizer(tokenizer, extra if isinstance(extra, (list, tuple)) else [extra])
@@ -165,8 +184,9 @@ class TransformersModel(SingleRow):
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
         self.n_ctx = min(n_ctx or limit or 4096, limit or n_ctx or 4096)
-        self.is_instruct = (bool(getattr(getattr(tokenizer, "hf", None), "chat_template", None))
-                            if is_instruct is None else is_instruct)
+        self.is_instruct = (
+            bool(getattr(getattr(tokenizer, "hf", None), "chat_template", None)) if is_instruct is None else is_instruct
+        )
         text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         types = getattr(text, "layer_types", None) or []
         self._sliding = getattr(text, "sliding_window", None) if "sliding_attention" in types else None
@@ -180,6 +200,7 @@ class TransformersModel(SingleRow):
         self._forward = self.model
         if compile:
             import torch._dynamo
+
             # one layer class, but each layer's index is an int attribute: let it vary
             torch._dynamo.config.allow_unspec_int_on_nn_module = True
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
@@ -203,17 +224,17 @@ class TransformersModel(SingleRow):
             self._slot.capacity = self._capacity
             self._cache = Cache(layers=[_static_layer(self._slot) for _ in range(self._n_layers)])
             C = self._capacity
-            self._valid_buf = torch.zeros((0, C), dtype=torch.bool, device=self.device)   # [rows, capacity]
+            self._valid_buf = torch.zeros((0, C), dtype=torch.bool, device=self.device)  # [rows, capacity]
             self._pos_buf = torch.full((0, C), -1, dtype=torch.long, device=self.device)  # [rows, capacity]
             self._set_end(0)
-            self._parked = 0       # rows the buffers hold while no row is live (see _park)
+            self._parked = 0  # rows the buffers hold while no row is live (see _park)
         else:
-            self._cache = DynamicCache()   # full layers only: sliding windows are applied by the mask
-            self._valid = torch.zeros((0, 0), dtype=torch.bool, device=self.device)   # [rows, columns]
-            self._pos = torch.zeros((0, 0), dtype=torch.long, device=self.device)     # [rows, columns]
-        self._past: list[int] = []     # [rows] tokens in each row's cache
-        self._ids: list[int] = []      # [rows] the row id at each batch index
-        self._index: dict[int, int] = {}   # row id -> batch index
+            self._cache = DynamicCache()  # full layers only: sliding windows are applied by the mask
+            self._valid = torch.zeros((0, 0), dtype=torch.bool, device=self.device)  # [rows, columns]
+            self._pos = torch.zeros((0, 0), dtype=torch.long, device=self.device)  # [rows, columns]
+        self._past: list[int] = []  # [rows] tokens in each row's cache
+        self._ids: list[int] = []  # [rows] the row id at each batch index
+        self._index: dict[int, int] = {}  # row id -> batch index
         self._next_id = 0
 
     # -- the row protocol ------------------------------------------------------------------
@@ -225,7 +246,7 @@ class TransformersModel(SingleRow):
         self._next_id += n
         if self.static and not self._ids and self._parked != n:
             next_id = self._next_id
-            self._clear()                # parked buffers of another row count: start afresh
+            self._clear()  # parked buffers of another row count: start afresh
             self._next_id = next_id
         if self.static and not self._ids and self._parked == n:
             # the buffers (and the graphs captured over them) of the last batch of n rows
@@ -238,13 +259,13 @@ class TransformersModel(SingleRow):
             self._valid_buf = torch.cat([self._valid_buf, torch.zeros((n, C), dtype=torch.bool, device=self.device)])
             self._pos_buf = torch.cat([self._pos_buf, torch.full((n, C), -1, dtype=torch.long, device=self.device)])
             self._set_end(self._end)
-            self._graph_cache.clear()     # the buffers moved: captured graphs point at the old ones
+            self._graph_cache.clear()  # the buffers moved: captured graphs point at the old ones
         else:
             L = self._valid.shape[1]
             self._valid = torch.cat([self._valid, torch.zeros((n, L), dtype=torch.bool, device=self.device)])
             self._pos = torch.cat([self._pos, torch.full((n, L), -1, dtype=torch.long, device=self.device)])
         for layer in self._layers():
-            pad = lambda t: torch.cat([t, t.new_zeros((n, *t.shape[1:]))])   # noqa: E731
+            pad = lambda t: torch.cat([t, t.new_zeros((n, *t.shape[1:]))])  # noqa: E731
             layer.keys, layer.values = pad(layer.keys), pad(layer.values)
         self._past += [0] * n
         self._ids += ids
@@ -310,19 +331,20 @@ class TransformersModel(SingleRow):
             lengths[i] = len(row_tokens)
             wants[i] = min(n_logits.get(row, 0), lengths[i])
             if self._past[i] + lengths[i] > self.n_ctx:
-                raise ContextOverflowError(f"the context holds {self.n_ctx} tokens; row {row} would need "
-                                           f"{self._past[i] + lengths[i]}")
+                raise ContextOverflowError(
+                    f"the context holds {self.n_ctx} tokens; row {row} would need {self._past[i] + lengths[i]}"
+                )
         empty = np.zeros((0, self.vocab_size), np.float32)
         W = max(lengths, default=0)
         if W == 0:
             return {row: empty for row in n_logits if row in tokens}
-        ids = torch.zeros((B, W), dtype=torch.long)                     # [rows, W], right-padded
-        pos = torch.full((B, W), -1, dtype=torch.long)                  # [rows, W], -1 = padding
+        ids = torch.zeros((B, W), dtype=torch.long)  # [rows, W], right-padded
+        pos = torch.full((B, W), -1, dtype=torch.long)  # [rows, W], -1 = padding
         for row, row_tokens in tokens.items():
             i = index[row]
             if row_tokens:
-                ids[i, :len(row_tokens)] = torch.tensor([int(t) for t in row_tokens])
-                pos[i, :len(row_tokens)] = torch.arange(self._past[i], self._past[i] + len(row_tokens))
+                ids[i, : len(row_tokens)] = torch.tensor([int(t) for t in row_tokens])
+                pos[i, : len(row_tokens)] = torch.arange(self._past[i], self._past[i] + len(row_tokens))
         ids, pos = ids.to(self.device), pos.to(self.device)
         new_valid = pos >= 0
         # padding queries see only themselves (a fully masked row would give NaN in the cache)
@@ -333,16 +355,22 @@ class TransformersModel(SingleRow):
             L, logits = self._forward_static(ids, pos, new_valid, position_ids, need)
         else:
             L = self._valid.shape[1]
-            valid = torch.cat([self._valid, new_valid], dim=1)              # [rows, L + W]
-            kv_pos = torch.cat([self._pos, pos], dim=1)                     # [rows, L + W]
+            valid = torch.cat([self._valid, new_valid], dim=1)  # [rows, L + W]
+            kv_pos = torch.cat([self._pos, pos], dim=1)  # [rows, L + W]
             mask = self._mask(valid, kv_pos, pos, L)
             keep = torch.tensor(need or [W - 1], device=self.device)
             with torch.inference_mode():
-                out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
-                                 use_cache=True, logits_to_keep=keep, **{self._cache_kw: self._cache})
+                out = self.model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=position_ids,
+                    use_cache=True,
+                    logits_to_keep=keep,
+                    **{self._cache_kw: self._cache},
+                )
             self._cache = out[self._cache_kw]
             self._valid, self._pos = valid, kv_pos
-            logits = out.logits                                             # [rows, len(need), vocab]
+            logits = out.logits  # [rows, len(need), vocab]
         for i in range(B):
             self._past[i] += lengths[i]
         result = {row: empty for row in n_logits if row in tokens}
@@ -352,11 +380,11 @@ class TransformersModel(SingleRow):
         pairs = [(i, col[c]) for i in range(B) for c in range(lengths[i] - wants[i], lengths[i])]
         index_r = torch.tensor([i for i, _ in pairs], device=self.device)
         index_c = torch.tensor([c for _, c in pairs], device=self.device)
-        flat = logits[index_r, index_c].float().cpu().numpy()          # [sum(wants), vocab]
+        flat = logits[index_r, index_c].float().cpu().numpy()  # [sum(wants), vocab]
         start = 0
         for i in range(B):
             if wants[i]:
-                result[self._ids[i]] = flat[start:start + wants[i]]
+                result[self._ids[i]] = flat[start : start + wants[i]]
                 start += wants[i]
         return result
 
@@ -386,22 +414,30 @@ class TransformersModel(SingleRow):
             self._compact()
         L = self._end
         if L + W > self._capacity:
-            raise ContextOverflowError(f"the static cache holds {self._capacity} columns; this forward "
-                                       f"needs {L + W} (rows {max(self._past)} tokens, width {W})")
+            raise ContextOverflowError(
+                f"the static cache holds {self._capacity} columns; this forward "
+                f"needs {L + W} (rows {max(self._past)} tokens, width {W})"
+            )
         view = min(self._capacity, -(-(L + W) // VIEW_BUCKET) * VIEW_BUCKET)
-        self._valid_buf[:, L:L + W] = new_valid
-        self._pos_buf[:, L:L + W] = pos
+        self._valid_buf[:, L : L + W] = new_valid
+        self._pos_buf[:, L : L + W] = pos
         self._set_end(L + W)
-        mask = self._mask(self._valid_buf[:, :view], self._pos_buf[:, :view], pos, L)   # [rows, 1, W, view]
+        mask = self._mask(self._valid_buf[:, :view], self._pos_buf[:, :view], pos, L)  # [rows, 1, W, view]
         self._slot.view = view
         if self.graphs and W <= GRAPH_MAX_WIDTH and not self._sliding and self._layers():
-            logits = self._replay(ids, position_ids, mask, L, view)        # [rows, W, vocab]
+            logits = self._replay(ids, position_ids, mask, L, view)  # [rows, W, vocab]
             return L, logits[:, need] if need else logits[:, :0]
         self._slot.cols = torch.arange(L, L + W, device=self.device)
         keep = torch.tensor(need or [W - 1], device=self.device)
         with torch.inference_mode():
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
-                             use_cache=True, logits_to_keep=keep, **{self._cache_kw: self._cache})
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=position_ids,
+                use_cache=True,
+                logits_to_keep=keep,
+                **{self._cache_kw: self._cache},
+            )
         return L, out.logits
 
     def _replay(self, ids, position_ids, mask, L: int, view: int):
@@ -412,12 +448,19 @@ class TransformersModel(SingleRow):
         key = (B, W, view)
         graph = self._graph_cache.get(key)
         if graph is None:
-            graph = _Graph(ids.clone(), position_ids.clone(), mask.clone(),
-                           torch.arange(L, L + W, device=self.device))
+            graph = _Graph(ids.clone(), position_ids.clone(), mask.clone(), torch.arange(L, L + W, device=self.device))
             self._slot.cols = graph.cols
-            run = lambda: self._forward(input_ids=graph.ids, attention_mask=graph.mask,   # noqa: E731
-                                     position_ids=graph.position_ids, use_cache=True, logits_to_keep=0,
-                                     **{self._cache_kw: self._cache}).logits
+
+            def run():
+                return self._forward(
+                    input_ids=graph.ids,
+                    attention_mask=graph.mask,
+                    position_ids=graph.position_ids,
+                    use_cache=True,
+                    logits_to_keep=0,
+                    **{self._cache_kw: self._cache},
+                ).logits
+
             with torch.inference_mode():
                 # warm up on a side stream (as torch.cuda.graphs asks): the writes land on the
                 # columns this very forward is about to write anyway
@@ -446,7 +489,7 @@ class TransformersModel(SingleRow):
         order = torch.sort((~self._valid).to(torch.int8), dim=1, stable=True).indices[:, :longest]
         for layer in self._layers():
             index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
-            if self.static:   # in place: the buffers keep their addresses (captured graphs read them)
+            if self.static:  # in place: the buffers keep their addresses (captured graphs read them)
                 layer.keys[:, :, :longest] = torch.gather(layer.keys, 2, index)
                 layer.values[:, :, :longest] = torch.gather(layer.values, 2, index)
             else:
@@ -467,7 +510,7 @@ class TransformersModel(SingleRow):
         the W new columns start at L (columns = L + W, or more with a static cache's view)."""
         torch = self._torch
         W = q_pos.shape[1]
-        allowed = valid[:, None, :] & (kv_pos[:, None, :] <= q_pos[:, :, None])     # [rows, W, L + W]
+        allowed = valid[:, None, :] & (kv_pos[:, None, :] <= q_pos[:, :, None])  # [rows, W, L + W]
         diagonal = torch.zeros((W, valid.shape[1]), dtype=torch.bool, device=self.device)
         diagonal[torch.arange(W), L + torch.arange(W)] = True
         full = self._additive(allowed | diagonal)
@@ -498,15 +541,16 @@ class TransformersModel(SingleRow):
         self._trim()
 
     def _layers(self):
-        return [layer for layer in self._cache.layers if getattr(layer, "keys", None) is not None
-                and layer.keys.numel()]
+        return [
+            layer for layer in self._cache.layers if getattr(layer, "keys", None) is not None and layer.keys.numel()
+        ]
 
     def _trim(self) -> None:
         """Drop columns at the end that no row uses; compact when holes take over the cache."""
         used = self._valid.any(dim=0).nonzero()
         end = int(used.max()) + 1 if used.numel() else 0
         if end < self._valid.shape[1]:
-            if self.static:   # the columns past the end are free again: nothing reads them
+            if self.static:  # the columns past the end are free again: nothing reads them
                 self._valid_buf[:, end:] = False
                 self._pos_buf[:, end:] = -1
                 self._set_end(end)
@@ -528,9 +572,10 @@ class TransformersModel(SingleRow):
 class _Slot:
     """Where a static-cache forward writes and how far attention reads: set before each forward,
     read by every layer."""
-    capacity = 0         # columns of every buffer
-    cols = None          # [W] long tensor: the buffer columns of the forward's tokens
-    view = 0             # attention reads columns [0, view)
+
+    capacity = 0  # columns of every buffer
+    cols = None  # [W] long tensor: the buffer columns of the forward's tokens
+    view = 0  # attention reads columns [0, view)
 
 
 _STATIC_LAYER = None
@@ -561,7 +606,7 @@ def _static_layer(slot: _Slot):
                     self.is_initialized = True
                 self.keys.index_copy_(2, slot.cols, key_states)
                 self.values.index_copy_(2, slot.cols, value_states)
-                return self.keys[:, :, :slot.view], self.values[:, :, :slot.view]
+                return self.keys[:, :, : slot.view], self.values[:, :, : slot.view]
 
             def get_seq_length(self) -> int:
                 return self.slot.view
@@ -576,7 +621,7 @@ class _Graph:
     def __init__(self, ids, position_ids, mask, cols):
         self.ids, self.position_ids, self.mask, self.cols = ids, position_ids, mask, cols
         self.graph = None
-        self.logits = None   # [rows, W, vocab], rewritten by every replay
+        self.logits = None  # [rows, W, vocab], rewritten by every replay
 
 
 class ByteTokenizer:
@@ -615,13 +660,21 @@ def read_config(path: str | os.PathLike) -> dict:
     except ValueError as exc:
         raise ModelLoadError(f"{path} is not JSON: {exc}") from None
     if not isinstance(raw, dict) or "model_type" not in raw:
-        raise ModelLoadError(f"{path} is not a Hugging Face config: it needs a \"model_type\"")
+        raise ModelLoadError(f'{path} is not a Hugging Face config: it needs a "model_type"')
     return {k: v for k, v in raw.items() if not k.startswith("_")}
 
 
-def load_random_weights(config_path: str | os.PathLike, device: str = "auto", dtype: str = "auto",
-                        n_ctx: int | None = 4096, seed: int = 0, threads: int | None = None,
-                        cache: str = "dynamic", graphs: bool = False, compile: bool = False) -> TransformersModel:
+def load_random_weights(
+    config_path: str | os.PathLike,
+    device: str = "auto",
+    dtype: str = "auto",
+    n_ctx: int | None = 4096,
+    seed: int = 0,
+    threads: int | None = None,
+    cache: str = "dynamic",
+    graphs: bool = False,
+    compile: bool = False,
+) -> TransformersModel:
     """A model of the architecture and shape a Hugging Face config.json describes, with random
     weights (the config's initializer) and a ByteTokenizer: for timing any model's forward on any
     device without its weights. Built directly on the device, so a 7B needs no host copy."""
@@ -645,20 +698,33 @@ def load_random_weights(config_path: str | os.PathLike, device: str = "auto", dt
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype, attn_implementation="sdpa")
     name = Path(config_path).stem
     tokenizer = ByteTokenizer(int(model.get_output_embeddings().weight.shape[0]), config.eos_token_id)
-    return TransformersModel(model, tokenizer, name=f"{name} (random weights)", n_ctx=n_ctx,
-                             is_instruct=False, cache=cache, graphs=graphs, compile=compile)
+    return TransformersModel(
+        model,
+        tokenizer,
+        name=f"{name} (random weights)",
+        n_ctx=n_ctx,
+        is_instruct=False,
+        cache=cache,
+        graphs=graphs,
+        compile=compile,
+    )
 
 
-def load_transformers_model(path: str | os.PathLike, device: str = "auto", dtype: str = "auto",
-                            n_ctx: int | None = 4096, threads: int | None = None,
-                            name: str | None = None) -> TransformersModel:
+def load_transformers_model(
+    path: str | os.PathLike,
+    device: str = "auto",
+    dtype: str = "auto",
+    n_ctx: int | None = 4096,
+    threads: int | None = None,
+    name: str | None = None,
+) -> TransformersModel:
     """A local transformers folder (config.json + safetensors + tokenizer) or a GGUF file
     (dequantised by transformers' GGUF loader), on `device` in `dtype`."""
     torch = _torch()
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not os.environ.get("SPECDEC_VERBOSE"):   # keep stderr for our own messages
+    if not os.environ.get("SPECDEC_VERBOSE"):  # keep stderr for our own messages
         transformers.logging.set_verbosity_error()
         transformers.utils.logging.disable_progress_bar()
     path = Path(path)
@@ -679,8 +745,9 @@ def load_transformers_model(path: str | os.PathLike, device: str = "auto", dtype
     try:
         with quiet:
             tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True, **extra)
-            model = AutoModelForCausalLM.from_pretrained(where, local_files_only=True, dtype=torch_dtype,
-                                                         attn_implementation="sdpa", **extra)
+            model = AutoModelForCausalLM.from_pretrained(
+                where, local_files_only=True, dtype=torch_dtype, attn_implementation="sdpa", **extra
+            )
     except ImportError as exc:
         raise BackendUnavailableError(f"loading {path.name}: {exc}") from None
     except (OSError, ValueError, KeyError, RuntimeError) as exc:

@@ -7,6 +7,7 @@ the ones in flight finish, then the process exits 0 (a second signal exits at on
 number: 130 for Ctrl-C). Nothing a request sends can end the server: every failure is an
 OpenAI-style error body.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,26 +43,34 @@ from .worker import Handle, Worker
 
 log = logging.getLogger("specdec.server")
 
-MAX_BODY = 8 << 20          # bytes of a request body; a prompt that needs more exceeds any context
-RETRY_AFTER = 1             # seconds a 429 / 503 asks the client to wait
+MAX_BODY = 8 << 20  # bytes of a request body; a prompt that needs more exceeds any context
+RETRY_AFTER = 1  # seconds a 429 / 503 asks the client to wait
 
 
 class Service:
     """The models, the engine's worker, and the limits: what the HTTP routes call."""
 
-    def __init__(self, engine: Engine, router: RoutingController, model_names: tuple[str, ...],
-                 draft_names: dict[str, str], default_policy: DraftSpec, max_queue: int = 64,
-                 request_timeout: float = 600.0, api_key: str | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        router: RoutingController,
+        model_names: tuple[str, ...],
+        draft_names: dict[str, str],
+        default_policy: DraftSpec,
+        max_queue: int = 64,
+        request_timeout: float = 600.0,
+        api_key: str | None = None,
+    ):
         self.model_names, self.draft_names = model_names, draft_names
         self.default_policy = default_policy
         self.max_batch = engine.max_rows
-        self.capacity = engine.max_rows + max_queue      # requests in the house at once
+        self.capacity = engine.max_rows + max_queue  # requests in the house at once
         self.request_timeout = request_timeout
         self.api_key = api_key
         self.n_ctx = engine.target.n_ctx
         self.metrics = Metrics(model_names[0])
         self.worker = Worker(engine, router, self.metrics)
-        self.inflight = 0                                # requests accepted and not yet answered
+        self.inflight = 0  # requests accepted and not yet answered
         self.draining = False
         self.started = int(time.time())
 
@@ -73,12 +82,19 @@ class Service:
         self.worker.stop()
 
 
-AUTO = DraftSpec("auto", k=0)       # the server's default policy
+AUTO = DraftSpec("auto", k=0)  # the server's default policy
 
 
-def build_service(target, draft_model=None, default_policy: DraftSpec = AUTO, max_batch: int = 4,
-                  model_names: tuple[str, ...] = (), draft_name: str | None = None, suffix=None,
-                  **limits) -> Service:
+def build_service(
+    target,
+    draft_model=None,
+    default_policy: DraftSpec = AUTO,
+    max_batch: int = 4,
+    model_names: tuple[str, ...] = (),
+    draft_name: str | None = None,
+    suffix=None,
+    **limits,
+) -> Service:
     """A service over loaded models: `target`, and `draft_model` (a RowModel, of another vocabulary
     too, or a Drafter such as drafters.model_drafter's, or None) for the 'auto' policy and for
     requests that name it (`draft_name`).
@@ -108,6 +124,7 @@ def build_service(target, draft_model=None, default_policy: DraftSpec = AUTO, ma
 
 # -- the app ----------------------------------------------------------------------------------------
 
+
 def _error(exc: RequestError, metrics: Metrics | None = None) -> JSONResponse:
     if metrics is not None:
         metrics.rejected(exc.status)
@@ -134,6 +151,7 @@ class _EventStream(StreamingResponse):
     async def __call__(self, scope, receive, send) -> None:
         try:
             async with anyio.create_task_group() as group:
+
                 async def stream():
                     try:
                         await self.stream_response(send)
@@ -165,11 +183,10 @@ def create_app(service: Service) -> FastAPI:
         return JSONResponse(error_body(message, kind), status_code=exc.status_code)
 
     @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception):     # never expected: a bug, not a crash
+    async def _internal(request: Request, exc: Exception):  # never expected: a bug, not a crash
         log.exception("unhandled error")
         metrics.rejected(500)
-        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"),
-                            status_code=500)
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"), status_code=500)
 
     def check_auth(request: Request) -> None:
         if service.api_key is None:
@@ -177,8 +194,12 @@ def create_app(service: Service) -> FastAPI:
         header = request.headers.get("authorization", "")
         scheme, _, key = header.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), service.api_key.encode()):
-            raise RequestError("missing or wrong API key: send the header 'Authorization: Bearer <key>'",
-                               code="invalid_api_key", status=401, type="authentication_error")
+            raise RequestError(
+                "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+                status=401,
+                type="authentication_error",
+            )
 
     async def read_json(request: Request):
         size = request.headers.get("content-length")
@@ -203,14 +224,25 @@ def create_app(service: Service) -> FastAPI:
     @app.get("/metrics")
     async def prometheus():
         from prometheus_client import CONTENT_TYPE_LATEST
+
         return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models(request: Request):
         check_auth(request)
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": service.started, "owned_by": "specdec",
-             "max_model_len": service.n_ctx} for name in service.model_names[:1]]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": service.started,
+                    "owned_by": "specdec",
+                    "max_model_len": service.n_ctx,
+                }
+                for name in service.model_names[:1]
+            ],
+        }
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -222,17 +254,30 @@ def create_app(service: Service) -> FastAPI:
 
     async def generate(request: Request, parse):
         if service.draining:
-            raise RequestError("the server is shutting down; retry on another replica", code="shutting_down",
-                               status=503, type="unavailable_error")
+            raise RequestError(
+                "the server is shutting down; retry on another replica",
+                code="shutting_down",
+                status=503,
+                type="unavailable_error",
+            )
         check_auth(request)
         job: Job = parse(await read_json(request), service.model_names, service.draft_names)
         if service.inflight >= service.capacity:
-            raise RequestError(f"the server is full ({service.max_batch} running and the queue of "
-                               f"{service.capacity - service.max_batch} waiting); retry later",
-                               code="queue_full", status=429, type="rate_limit_error")
+            raise RequestError(
+                f"the server is full ({service.max_batch} running and the queue of "
+                f"{service.capacity - service.max_batch} waiting); retry later",
+                code="queue_full",
+                status=429,
+                type="rate_limit_error",
+            )
         loop = asyncio.get_running_loop()
-        handle = Handle(job, job.policy or service.default_policy, loop, asyncio.Queue(),
-                        deadline=time.monotonic() + service.request_timeout)
+        handle = Handle(
+            job,
+            job.policy or service.default_policy,
+            loop,
+            asyncio.Queue(),
+            deadline=time.monotonic() + service.request_timeout,
+        )
         service.inflight += 1
         released = False
 
@@ -248,13 +293,17 @@ def create_app(service: Service) -> FastAPI:
         streaming = False
         try:
             service.worker.submit(handle)
-            event = await handle.events.get()       # admitted, or refused (context, token ids)
+            event = await handle.events.get()  # admitted, or refused (context, token ids)
             if event[0] == "error":
                 raise event[1]
             if job.stream:
                 streaming = True
-                return _EventStream(_stream(handle), release, media_type="text/event-stream",
-                                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                return _EventStream(
+                    _stream(handle),
+                    release,
+                    media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                )
             return await _complete(request, handle)
         finally:
             if not streaming:
@@ -283,14 +332,15 @@ def create_app(service: Service) -> FastAPI:
                 group.cancel_scope.cancel()
                 break
         if "event" not in outcome:
-            return Response(status_code=499)        # nobody is listening
+            return Response(status_code=499)  # nobody is listening
         event = outcome["event"]
         if event[0] == "error":
             raise event[1]
         _, result, finish = event
         job = handle.job
-        return response_body(job, new_id(job.kind), now(), result.text, result.tokens, finish, result.stats,
-                             handle.policy)
+        return response_body(
+            job, new_id(job.kind), now(), result.text, result.tokens, finish, result.stats, handle.policy
+        )
 
     async def _stream(handle: Handle):
         job = handle.job
@@ -303,18 +353,26 @@ def create_app(service: Service) -> FastAPI:
                 yield _sse(chunk_body(job, id, created, text=event[1]))
             elif event[0] == "done":
                 _, result, finish = event
-                last = chunk_body(job, id, created, finish=finish,
-                                  tokens=result.tokens if job.return_tokens else None)
+                last = chunk_body(job, id, created, finish=finish, tokens=result.tokens if job.return_tokens else None)
                 # llama-server's habit: the last chunk carries usage; and ours, the speculation
                 last["usage"] = usage_body(result.stats)
                 last["speculative"] = speculative_body(result.stats, handle.policy)
                 yield _sse(last)
-                if job.include_usage:      # OpenAI's: a last chunk with no choices, only usage
-                    yield _sse({"id": id, "object": last["object"], "created": created, "model": job.model,
-                                "system_fingerprint": None, "choices": [],
-                                "usage": last["usage"], "speculative": last["speculative"]})
+                if job.include_usage:  # OpenAI's: a last chunk with no choices, only usage
+                    yield _sse(
+                        {
+                            "id": id,
+                            "object": last["object"],
+                            "created": created,
+                            "model": job.model,
+                            "system_fingerprint": None,
+                            "choices": [],
+                            "usage": last["usage"],
+                            "speculative": last["speculative"],
+                        }
+                    )
                 break
-            else:                          # an error after the headers went out: vLLM's way
+            else:  # an error after the headers went out: vLLM's way
                 yield _sse(event[1].body())
                 break
         yield "data: [DONE]\n\n"
@@ -324,16 +382,19 @@ def create_app(service: Service) -> FastAPI:
 
 # -- running it -------------------------------------------------------------------------------------
 
-def serve(service: Service, host: str = "127.0.0.1", port: int = 8000, sockets=None,
-          log_level: str = "info", on_ready=None) -> int:
+
+def serve(
+    service: Service, host: str = "127.0.0.1", port: int = 8000, sockets=None, log_level: str = "info", on_ready=None
+) -> int:
     """Run the HTTP server until a signal drains it (or, in a thread, until `.should_exit`). The
     process's exit code: 0 when it drained, 128 + the signal's number when a second signal cut it
     short (130 for a second Ctrl-C)."""
     import uvicorn
 
     app = create_app(service)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
-                            timeout_keep_alive=5)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5, timeout_keep_alive=5
+    )
     server = DrainingServer(config, service)
     if on_ready is not None:
         on_ready(server)
@@ -355,7 +416,7 @@ def _draining_server_class():
         def __init__(self, config, service: Service):
             super().__init__(config)
             self.service = service
-            self.forced_by = 0              # the signal that cut the drain short
+            self.forced_by = 0  # the signal that cut the drain short
 
         def handle_exit(self, sig, frame) -> None:
             if self.service.draining or sig not in (signal.SIGTERM, signal.SIGINT):

@@ -17,6 +17,7 @@ What it does not do: the cost-aware controller allocates width among its own row
 fixed-policy rows in the same step widen the forward without it knowing. With a draft model, a
 step where 'auto' rows and fixed draft-model rows both draft runs the draft model twice.
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Sequence
@@ -28,11 +29,11 @@ from ..spec import DraftSpec
 
 class RoutingController:
     def __init__(self, auto, ngram: Drafter | None, model: Drafter | None, suffix: Drafter | None = None):
-        self.auto = auto                    # CostAwareController (over `ngram`, `suffix` and `model`)
+        self.auto = auto  # CostAwareController (over `ngram`, `suffix` and `model`)
         self.drafters = {"ngram": ngram, "model": model, "suffix": suffix}
-        self.engine = None                  # set once the engine exists: rows -> requests
-        self.policies: dict[int, DraftSpec] = {}   # request id -> policy, set by the worker on add
-        self._rows: dict[int, DraftSpec] = {}      # row -> policy, while the row lives
+        self.engine = None  # set once the engine exists: rows -> requests
+        self.policies: dict[int, DraftSpec] = {}  # request id -> policy, set by the worker on add
+        self._rows: dict[int, DraftSpec] = {}  # row -> policy, while the row lives
 
     def begin(self, row: int, prompt: Sequence[int]) -> None:
         policy = self.policies[self.engine.rows[row].id]
@@ -45,8 +46,9 @@ class RoutingController:
         if policy is not None and policy.is_auto:
             self.auto.end(row)
 
-    def draft(self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]
-              ) -> dict[int, tuple[Drafter | None, Draft | None]]:
+    def draft(
+        self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]
+    ) -> dict[int, tuple[Drafter | None, Draft | None]]:
         plan: dict[int, tuple[Drafter | None, Draft | None]] = {row: (None, None) for row in contexts}
         auto = [row for row in contexts if self._rows[row].is_auto]
         if auto:
@@ -67,8 +69,9 @@ class RoutingController:
                 suffix.propose({row: contexts[row] for row in unseen}, {row: 0 for row in unseen})
         return plan
 
-    def observe(self, outcomes: Mapping[int, Outcome], width: int, target_seconds: float,
-                depth: float | None = None) -> None:
+    def observe(
+        self, outcomes: Mapping[int, Outcome], width: int, target_seconds: float, depth: float | None = None
+    ) -> None:
         # the cost table learns from every forward (its width is the whole step's); acceptance
         # only from the rows the cost-aware controller drafted for
         self.auto.observe({row: o for row, o in outcomes.items() if self._auto(row)}, width, target_seconds, depth)

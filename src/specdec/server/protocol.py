@@ -5,6 +5,7 @@ here; a field we cannot honour is a RequestError (400) that names it, unless it 
 that asks for nothing (`n: 1`, `logprobs: false`, `tools: []`, `presence_penalty: 0`, ...).
 Unknown fields are refused too: a silently ignored field is a wrong answer the client cannot see.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,16 +19,22 @@ from ..errors import SpecdecError
 from ..spec import DEFAULT_K, DraftSpec
 from ..stats import GenerationStats
 
-MAX_STOP = 16               # stop strings per request (OpenAI allows 4; llama-server any number)
-COMPLETIONS_MAX_TOKENS = 16     # OpenAI's and vLLM's default max_tokens for /v1/completions
+MAX_STOP = 16  # stop strings per request (OpenAI allows 4; llama-server any number)
+COMPLETIONS_MAX_TOKENS = 16  # OpenAI's and vLLM's default max_tokens for /v1/completions
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
 class RequestError(SpecdecError):
     """A request the server refuses: HTTP `status` with an OpenAI-style error body."""
 
-    def __init__(self, message: str, param: str | None = None, code: str | None = None,
-                 status: int = 400, type: str = "invalid_request_error"):
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        status: int = 400,
+        type: str = "invalid_request_error",
+    ):
         super().__init__(message)
         self.message, self.param, self.code, self.status, self.type = message, param, code, status, type
 
@@ -43,19 +50,21 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
 class Job:
     """One parsed request: the prompt (chat messages, text, or token ids), its generation config,
     its speculation, and how to answer."""
-    kind: str                               # "chat" | "completion"
+
+    kind: str  # "chat" | "completion"
     model: str
-    messages: list[dict] | None = None      # chat: [{"role", "content"}], roles normalised
-    prompt: str | list[int] | None = None   # completion: text or token ids
+    messages: list[dict] | None = None  # chat: [{"role", "content"}], roles normalised
+    prompt: str | list[int] | None = None  # completion: text or token ids
     config: GenerationConfig = field(default_factory=GenerationConfig)
-    max_tokens_given: bool = False          # False: as many as the context leaves
-    policy: DraftSpec | None = None         # kind and k (no model: 'model' is the one loaded); None: the default
+    max_tokens_given: bool = False  # False: as many as the context leaves
+    policy: DraftSpec | None = None  # kind and k (no model: 'model' is the one loaded); None: the default
     stream: bool = False
     include_usage: bool = False
-    return_tokens: bool = False             # llama-server's extension: the generated token ids
+    return_tokens: bool = False  # llama-server's extension: the generated token ids
 
 
 # -- type checks ------------------------------------------------------------------------------
+
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
@@ -97,6 +106,7 @@ def _bool(body: dict, name: str) -> bool | None:
 
 # -- what is refused unless it asks for nothing --------------------------------------------------
 
+
 def _no_op(v) -> bool:
     return v is None or v is False or v == 0 or v == [] or v == {} or v == "none"
 
@@ -114,36 +124,62 @@ _UNSUPPORTED = {
     "parallel_tool_calls": (lambda v: v is None, "tools (function calling) are not supported"),
     "functions": (_no_op, "functions (function calling) are not supported"),
     "function_call": (_no_op, "functions (function calling) are not supported"),
-    "response_format": (lambda v: v is None or v == {"type": "text"},
-                        "response_format other than {\"type\": \"text\"} (JSON mode, schemas) is not supported"),
-    "frequency_penalty": (_no_op, "frequency_penalty is not supported (it would change the target's "
-                                  "distribution, which speculative decoding reproduces exactly)"),
-    "presence_penalty": (_no_op, "presence_penalty is not supported (it would change the target's "
-                                 "distribution, which speculative decoding reproduces exactly)"),
+    "response_format": (
+        lambda v: v is None or v == {"type": "text"},
+        'response_format other than {"type": "text"} (JSON mode, schemas) is not supported',
+    ),
+    "frequency_penalty": (
+        _no_op,
+        "frequency_penalty is not supported (it would change the target's "
+        "distribution, which speculative decoding reproduces exactly)",
+    ),
+    "presence_penalty": (
+        _no_op,
+        "presence_penalty is not supported (it would change the target's "
+        "distribution, which speculative decoding reproduces exactly)",
+    ),
     "logit_bias": (_no_op, "logit_bias is not supported"),
     "audio": (_no_op, "audio output is not supported"),
     "modalities": (lambda v: v is None or v == ["text"], "only text output is supported"),
     "prediction": (_no_op, "predicted outputs are not supported (the drafter predicts by itself)"),
 }
 
-_SAMPLING = {"temperature", "top_p", "top_k", "min_p", "seed", "stop", "max_tokens", "model", "stream",
-             "stream_options", "user", "speculative", "return_tokens"}
+_SAMPLING = {
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "max_tokens",
+    "model",
+    "stream",
+    "stream_options",
+    "user",
+    "speculative",
+    "return_tokens",
+}
 CHAT_FIELDS = _SAMPLING | {"messages", "max_completion_tokens"} | (set(_UNSUPPORTED) - {"best_of", "echo", "suffix"})
-COMPLETION_FIELDS = _SAMPLING | {"prompt"} | {"n", "best_of", "logprobs", "echo", "suffix",
-                                              "frequency_penalty", "presence_penalty", "logit_bias"}
+COMPLETION_FIELDS = (
+    _SAMPLING
+    | {"prompt"}
+    | {"n", "best_of", "logprobs", "echo", "suffix", "frequency_penalty", "presence_penalty", "logit_bias"}
+)
 
 
 def _check_fields(body: dict, allowed: set[str]) -> None:
     unknown = sorted(set(body) - allowed)
     if unknown:
-        raise RequestError(f"unsupported field{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}",
-                           unknown[0], "unsupported_field")
+        raise RequestError(
+            f"unsupported field{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}", unknown[0], "unsupported_field"
+        )
     for name, (ok, why) in _UNSUPPORTED.items():
         if name in body and not ok(body[name]):
             raise RequestError(f"'{name}': {why}", name, "unsupported_value")
 
 
 # -- the parts every request shares ---------------------------------------------------------------
+
 
 def _stop(body: dict) -> tuple[str, ...]:
     v = body.get("stop")
@@ -167,38 +203,46 @@ def _policy(body: dict, draft_names: dict[str, str]) -> DraftSpec | None:
     if v is None:
         return None
     if not isinstance(v, dict):
-        raise RequestError(f"'speculative' must be an object like {{\"draft\": \"auto\"}}, got {v!r}",
-                           "speculative")
+        raise RequestError(f'\'speculative\' must be an object like {{"draft": "auto"}}, got {v!r}', "speculative")
     unknown = sorted(set(v) - {"draft", "k"})
     if unknown:
-        raise RequestError(f"'speculative' has unknown field(s) {', '.join(unknown)}: it takes draft and k",
-                           f"speculative.{unknown[0]}")
+        raise RequestError(
+            f"'speculative' has unknown field(s) {', '.join(unknown)}: it takes draft and k",
+            f"speculative.{unknown[0]}",
+        )
     draft = v.get("draft", "auto")
     offered = ", ".join(draft_names)
     if not isinstance(draft, str) or draft not in draft_names:
-        raise RequestError(f"'speculative.draft' must be one of {offered}; got {draft!r}",
-                           "speculative.draft", "unsupported_value")
+        raise RequestError(
+            f"'speculative.draft' must be one of {offered}; got {draft!r}", "speculative.draft", "unsupported_value"
+        )
     kind = draft_names[draft]
     k = _int(v, "k", 1, MAX_DRAFT_TOKENS) if "k" in v else None
     if "k" in v and k is None:
         raise RequestError("'speculative.k' must be an integer", "speculative.k")
     if kind in ("auto", "none") and k is not None:
-        raise RequestError(f"'speculative.k' applies to a fixed drafter (ngram, suffix or a draft model); "
-                           f"{draft!r} {'chooses k itself' if kind == 'auto' else 'drafts nothing'}",
-                           "speculative.k")
+        raise RequestError(
+            f"'speculative.k' applies to a fixed drafter (ngram, suffix or a draft model); "
+            f"{draft!r} {'chooses k itself' if kind == 'auto' else 'drafts nothing'}",
+            "speculative.k",
+        )
     if kind in ("ngram", "suffix", "model"):
         return DraftSpec(kind, k=k if k is not None else DEFAULT_K)
     return DraftSpec(kind, k=0)
 
 
-def _common(body: dict, kind: str, model_names: tuple[str, ...], draft_names: dict[str, str],
-            max_tokens_fields: tuple[str, ...]) -> Job:
+def _common(
+    body: dict, kind: str, model_names: tuple[str, ...], draft_names: dict[str, str], max_tokens_fields: tuple[str, ...]
+) -> Job:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise RequestError(f"'model' must be a string, got {model!r}", "model")
     if model is not None and model not in model_names:
-        raise RequestError(f"model {model!r} is not served here; this server serves {model_names[0]!r} "
-                           f"(see GET /v1/models)", "model", "model_not_found")
+        raise RequestError(
+            f"model {model!r} is not served here; this server serves {model_names[0]!r} (see GET /v1/models)",
+            "model",
+            "model_not_found",
+        )
     stream = bool(_bool(body, "stream"))
     options = body.get("stream_options")
     include_usage = False
@@ -224,17 +268,26 @@ def _common(body: dict, kind: str, model_names: tuple[str, ...], draft_names: di
     min_p = _number(body, "min_p", 0, 1)
     try:
         config = GenerationConfig(
-            max_new_tokens=max_tokens or 1,     # the real default needs the prompt's length: see worker
+            max_new_tokens=max_tokens or 1,  # the real default needs the prompt's length: see worker
             temperature=0.0 if temperature is None else temperature,
-            top_k=0 if top_k in (None, -1) else top_k,     # -1: vLLM's "off"
+            top_k=0 if top_k in (None, -1) else top_k,  # -1: vLLM's "off"
             top_p=1.0 if top_p is None else top_p,
             min_p=0.0 if min_p is None else min_p,
-            seed=seed, stop=_stop(body))
+            seed=seed,
+            stop=_stop(body),
+        )
     except SpecdecError as exc:
         raise RequestError(str(exc)) from None
-    return Job(kind, model or model_names[0], config=config, max_tokens_given=max_tokens is not None,
-               policy=_policy(body, draft_names), stream=stream, include_usage=include_usage,
-               return_tokens=bool(_bool(body, "return_tokens")))
+    return Job(
+        kind,
+        model or model_names[0],
+        config=config,
+        max_tokens_given=max_tokens is not None,
+        policy=_policy(body, draft_names),
+        stream=stream,
+        include_usage=include_usage,
+        return_tokens=bool(_bool(body, "return_tokens")),
+    )
 
 
 def parse_chat(body, model_names: tuple[str, ...], draft_names: dict[str, str]) -> Job:
@@ -245,7 +298,7 @@ def parse_chat(body, model_names: tuple[str, ...], draft_names: dict[str, str]) 
     job = _common(body, "chat", model_names, draft_names, ("max_tokens", "max_completion_tokens"))
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise RequestError("'messages' must be a non-empty list of {\"role\", \"content\"} objects", "messages")
+        raise RequestError('\'messages\' must be a non-empty list of {"role", "content"} objects', "messages")
     job.messages = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
@@ -253,13 +306,18 @@ def parse_chat(body, model_names: tuple[str, ...], draft_names: dict[str, str]) 
             raise RequestError(f"{where} must be an object with role and content", where)
         extra = sorted(set(m) - {"role", "content"})
         if extra:
-            raise RequestError(f"{where}: unsupported field(s) {', '.join(extra)} (tool calls, names "
-                               f"and audio are not supported)", f"{where}.{extra[0]}", "unsupported_field")
+            raise RequestError(
+                f"{where}: unsupported field(s) {', '.join(extra)} (tool calls, names and audio are not supported)",
+                f"{where}.{extra[0]}",
+                "unsupported_field",
+            )
         role = m.get("role")
         if role not in ROLES:
-            raise RequestError(f"{where}.role must be one of {', '.join(ROLES)}; got {role!r}"
-                               + (" (tools are not supported)" if role in ("tool", "function") else ""),
-                               f"{where}.role")
+            raise RequestError(
+                f"{where}.role must be one of {', '.join(ROLES)}; got {role!r}"
+                + (" (tools are not supported)" if role in ("tool", "function") else ""),
+                f"{where}.role",
+            )
         job.messages.append({"role": ROLES[role], "content": _content(m.get("content"), where)})
     return job
 
@@ -273,12 +331,12 @@ def _content(content, where: str) -> str:
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise RequestError(f"{where}.content[{j}]: only text parts are supported, got {kind!r}",
-                                   f"{where}.content")
+                raise RequestError(
+                    f"{where}.content[{j}]: only text parts are supported, got {kind!r}", f"{where}.content"
+                )
             texts.append(part["text"])
         return "".join(texts)
-    raise RequestError(f"{where}.content must be a string or a list of text parts, got {content!r}",
-                       f"{where}.content")
+    raise RequestError(f"{where}.content must be a string or a list of text parts, got {content!r}", f"{where}.content")
 
 
 def parse_completion(body, model_names: tuple[str, ...], draft_names: dict[str, str]) -> Job:
@@ -289,15 +347,18 @@ def parse_completion(body, model_names: tuple[str, ...], draft_names: dict[str, 
     job = _common(body, "completion", model_names, draft_names, ("max_tokens",))
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]          # a batch of one
+        prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         if not prompt:
             raise RequestError("'prompt' is empty", "prompt")
     elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
         pass
     elif isinstance(prompt, list) and len(prompt) > 1:
-        raise RequestError("'prompt' holds several prompts; send one per request (n > 1 prompts are "
-                           "not supported)", "prompt", "unsupported_value")
+        raise RequestError(
+            "'prompt' holds several prompts; send one per request (n > 1 prompts are not supported)",
+            "prompt",
+            "unsupported_value",
+        )
     else:
         raise RequestError("'prompt' must be a non-empty string or a list of token ids", "prompt")
     job.prompt = prompt
@@ -317,15 +378,21 @@ def _with_max_tokens(config: GenerationConfig, n: int) -> GenerationConfig:
 
 # our finish reasons -> OpenAI's: an end-of-generation token or a stop string is "stop"; the token
 # budget or the context is "length"; the server's time limit is "time_limit" (not OpenAI's)
-FINISH = {"eog": "stop", "stop": "stop", "length": "length", "context": "length",
-          "time_limit": "time_limit", "cancelled": "cancelled"}
+FINISH = {
+    "eog": "stop",
+    "stop": "stop",
+    "length": "length",
+    "context": "length",
+    "time_limit": "time_limit",
+    "cancelled": "cancelled",
+}
 
 
 def speculative_body(stats: GenerationStats, policy: DraftSpec) -> dict:
     """The `speculative` object every response carries (vLLM's spec-decode metrics, per request)."""
     return {
         "policy": policy.label,
-        "num_drafts": stats.drafted_at[0] if stats.drafted_at else 0,   # steps that drafted
+        "num_drafts": stats.drafted_at[0] if stats.drafted_at else 0,  # steps that drafted
         "drafted": stats.drafted,
         "accepted": stats.accepted,
         "acceptance_rate": round(stats.acceptance_rate, 6),
@@ -339,45 +406,88 @@ def speculative_body(stats: GenerationStats, policy: DraftSpec) -> dict:
 
 
 def usage_body(stats: GenerationStats) -> dict:
-    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
-            "total_tokens": stats.prompt_tokens + stats.generated_tokens}
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.generated_tokens,
+        "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+    }
 
 
 def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
 
 
-def response_body(job: Job, id: str, created: int, text: str, tokens: list[int], finish: str,
-                  stats: GenerationStats, policy: DraftSpec) -> dict:
+def response_body(
+    job: Job,
+    id: str,
+    created: int,
+    text: str,
+    tokens: list[int],
+    finish: str,
+    stats: GenerationStats,
+    policy: DraftSpec,
+) -> dict:
     """The whole (non-streaming) response."""
     if job.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": FINISH.get(finish, finish)}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": FINISH.get(finish, finish),
+        }
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": FINISH.get(finish, finish)}
     if job.return_tokens:
         choice["tokens"] = list(tokens)
-    return {"id": id, "object": "chat.completion" if job.kind == "chat" else "text_completion",
-            "created": created, "model": job.model, "system_fingerprint": None, "choices": [choice],
-            "usage": usage_body(stats), "speculative": speculative_body(stats, policy)}
+    return {
+        "id": id,
+        "object": "chat.completion" if job.kind == "chat" else "text_completion",
+        "created": created,
+        "model": job.model,
+        "system_fingerprint": None,
+        "choices": [choice],
+        "usage": usage_body(stats),
+        "speculative": speculative_body(stats, policy),
+    }
 
 
-def chunk_body(job: Job, id: str, created: int, text: str | None = None, finish: str | None = None,
-               role: bool = False, tokens: list[int] | None = None) -> dict:
+def chunk_body(
+    job: Job,
+    id: str,
+    created: int,
+    text: str | None = None,
+    finish: str | None = None,
+    role: bool = False,
+    tokens: list[int] | None = None,
+) -> dict:
     """One streamed chunk: a piece of text, the first (role) chunk, or the last (finish_reason)."""
     if job.kind == "chat":
         delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-        choice = {"index": 0, "delta": delta, "logprobs": None,
-                  "finish_reason": FINISH.get(finish, finish) if finish else None}
+        choice = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": FINISH.get(finish, finish) if finish else None,
+        }
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None,
-                  "finish_reason": FINISH.get(finish, finish) if finish else None}
+        choice = {
+            "index": 0,
+            "text": text or "",
+            "logprobs": None,
+            "finish_reason": FINISH.get(finish, finish) if finish else None,
+        }
         obj = "text_completion"
     if tokens is not None:
         choice["tokens"] = list(tokens)
-    return {"id": id, "object": obj, "created": created, "model": job.model, "system_fingerprint": None,
-            "choices": [choice]}
+    return {
+        "id": id,
+        "object": obj,
+        "created": created,
+        "model": job.model,
+        "system_fingerprint": None,
+        "choices": [choice],
+    }
 
 
 def now() -> int:

@@ -7,6 +7,7 @@ Its loop: take every waiting command (new requests join the engine's queue, canc
 at once), end the requests past their time limit, run ONE engine step, then hand every request
 the text it produced and report metrics. So a command waits at most one step.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,15 +31,16 @@ log = logging.getLogger("specdec.server")
 class Handle:
     """One request, as both sides see it. The worker writes events to `events` (on the HTTP side's
     loop): ("admitted",), ("text", piece), ("done", result, finish_reason), ("error", RequestError)."""
+
     job: Job
     policy: DraftSpec
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
-    deadline: float                          # time.monotonic() past which the request is ended
+    deadline: float  # time.monotonic() past which the request is ended
     arrived: float = field(default_factory=time.monotonic)
-    request: Request | None = None           # the engine's, once added
-    finish: str = ""                         # a finish reason the worker imposed ("time_limit")
-    closed: bool = False                     # the worker is done with it
+    request: Request | None = None  # the engine's, once added
+    finish: str = ""  # a finish reason the worker imposed ("time_limit")
+    closed: bool = False  # the worker is done with it
     # what metrics have seen of this request's stats
     seen_drafts: int = 0
     seen_drafted: int = 0
@@ -52,7 +54,7 @@ class Handle:
     def send(self, *event) -> None:
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:        # the HTTP side's loop is gone (shutdown): nobody to tell
+        except RuntimeError:  # the HTTP side's loop is gone (shutdown): nobody to tell
             pass
 
 
@@ -61,7 +63,7 @@ class Worker:
         self.engine, self.router, self.metrics = engine, router, metrics
         self.target = engine.target
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.handles: dict[int, Handle] = {}     # engine request id -> handle
+        self.handles: dict[int, Handle] = {}  # engine request id -> handle
         self.thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
         self.thread.start()
 
@@ -84,7 +86,7 @@ class Worker:
         while not (stopping and not self.engine.busy):
             commands = []
             if not self.engine.busy and not stopping:
-                commands.append(self.inbox.get())        # idle: sleep until something arrives
+                commands.append(self.inbox.get())  # idle: sleep until something arrives
             while True:
                 try:
                     commands.append(self.inbox.get_nowait())
@@ -102,7 +104,7 @@ class Worker:
                 if self.engine.busy:
                     self.engine.step()
                 self._publish()
-            except Exception as exc:        # a bug or a backend failure: never the server's end
+            except Exception as exc:  # a bug or a backend failure: never the server's end
                 self._fail_all(exc)
         for handle in list(self.handles.values()):
             self._cancel(handle, "cancelled")
@@ -116,15 +118,17 @@ class Worker:
             handle.closed = True
             handle.send("error", exc)
             return
-        except SpecdecError as exc:                 # e.g. a model without a chat template
+        except SpecdecError as exc:  # e.g. a model without a chat template
             handle.closed = True
             handle.send("error", RequestError(str(exc)))
             return
         except Exception as exc:
             log.error("preparing a request failed:\n%s", traceback.format_exc())
             handle.closed = True
-            handle.send("error", RequestError(f"internal error while preparing the request: {exc}",
-                                              status=500, type="server_error"))
+            handle.send(
+                "error",
+                RequestError(f"internal error while preparing the request: {exc}", status=500, type="server_error"),
+            )
             return
         handle.request = request
         self.router.policies[request.id] = handle.policy
@@ -143,19 +147,26 @@ class Worker:
             tokens = list(job.prompt)
             bad = next((t for t in tokens if not 0 <= t < self.target.vocab_size), None)
             if bad is not None:
-                raise RequestError(f"'prompt' token id {bad} is outside the vocabulary (0..{self.target.vocab_size - 1})",
-                                   "prompt")
+                raise RequestError(
+                    f"'prompt' token id {bad} is outside the vocabulary (0..{self.target.vocab_size - 1})", "prompt"
+                )
         if not tokens:
             raise RequestError("the prompt is empty after tokenization", "prompt" if job.kind != "chat" else "messages")
         room = n_ctx - len(tokens)
         if room < 1:
-            raise RequestError(f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}: shorten it "
-                               f"(or start the server with a larger --ctx)",
-                               "messages" if job.kind == "chat" else "prompt", "context_length_exceeded")
+            raise RequestError(
+                f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}: shorten it "
+                f"(or start the server with a larger --ctx)",
+                "messages" if job.kind == "chat" else "prompt",
+                "context_length_exceeded",
+            )
         if job.max_tokens_given and job.config.max_new_tokens > room:
-            raise RequestError(f"this model's context holds {n_ctx} tokens; the prompt has {len(tokens)} and "
-                               f"{job.config.max_new_tokens} more were asked for (at most {room} fit)",
-                               "max_tokens", "context_length_exceeded")
+            raise RequestError(
+                f"this model's context holds {n_ctx} tokens; the prompt has {len(tokens)} and "
+                f"{job.config.max_new_tokens} more were asked for (at most {room} fit)",
+                "max_tokens",
+                "context_length_exceeded",
+            )
         config = job.config if job.max_tokens_given else replace(job.config, max_new_tokens=room)
         return tokens, config
 
@@ -177,8 +188,7 @@ class Worker:
     def _fail_all(self, exc: Exception) -> None:
         """A step raised: every request in the engine is ended with an error (a 500 or an error
         event), their rows freed, and the server goes on."""
-        log.error("engine step failed; ending the %d request(s) in it:\n%s", len(self.handles),
-                  traceback.format_exc())
+        log.error("engine step failed; ending the %d request(s) in it:\n%s", len(self.handles), traceback.format_exc())
         error = RequestError(f"internal error during generation: {exc}", status=500, type="server_error")
         for handle in list(self.handles.values()):
             try:
@@ -209,9 +219,13 @@ class Worker:
             grow = len(s.drafted_at) - len(handle.seen_drafted_at)
             handle.seen_drafted_at += [0] * grow
             handle.seen_accepted_at += [0] * grow
-            m.drafted(drafts - handle.seen_drafts, s.drafted - handle.seen_drafted, s.accepted - handle.seen_accepted,
-                      [d - e for d, e in zip(s.drafted_at, handle.seen_drafted_at)],
-                      [a - e for a, e in zip(s.accepted_at, handle.seen_accepted_at)])
+            m.drafted(
+                drafts - handle.seen_drafts,
+                s.drafted - handle.seen_drafted,
+                s.accepted - handle.seen_accepted,
+                [d - e for d, e in zip(s.drafted_at, handle.seen_drafted_at)],
+                [a - e for a, e in zip(s.accepted_at, handle.seen_accepted_at)],
+            )
             handle.seen_drafts, handle.seen_drafted, handle.seen_accepted = drafts, s.drafted, s.accepted
             handle.seen_drafted_at, handle.seen_accepted_at = list(s.drafted_at), list(s.accepted_at)
             if s.generated_tokens > handle.seen_tokens:
@@ -228,10 +242,18 @@ class Worker:
             if request.done:
                 finish = handle.finish or s.finish_reason
                 n = s.generated_tokens
-                tpot = ((handle.last_token - handle.first_token) / (n - 1)
-                        if n > 1 and handle.first_token is not None else None)
-                m.finished({"eog": "stop", "stop": "stop", "length": "length", "context": "length"}.get(finish, "abort"),
-                           s.prompt_tokens, n, now - handle.arrived, tpot)
+                tpot = (
+                    (handle.last_token - handle.first_token) / (n - 1)
+                    if n > 1 and handle.first_token is not None
+                    else None
+                )
+                m.finished(
+                    {"eog": "stop", "stop": "stop", "length": "length", "context": "length"}.get(finish, "abort"),
+                    s.prompt_tokens,
+                    n,
+                    now - handle.arrived,
+                    tpot,
+                )
                 if handle.finish != "cancelled":
                     handle.send("done", request.result, finish)
                 handle.closed = True
