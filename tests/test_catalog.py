@@ -89,11 +89,11 @@ def test_checksum_mismatch_is_refused(home, tmp_path, monkeypatch):
 
 
 def test_real_packages_are_found_without_importing_them():
-    spec = catalog.lookup("qwen2.5-coder-0.5b")
+    spec = catalog.lookup("gemma-3-270m")
     try:
         files = catalog.chunk_files(spec)
     except ModelNotFoundError:
-        skip_or_fail("packages of qwen2.5-coder-0.5b not installed (make test-models)")
+        skip_or_fail("packages of gemma-3-270m not installed (make test-models)")
     assert len(files) == len(spec.packages) and all(Path(f).is_file() for f in files)
     assert [f.name for f in files] == sorted(f.name for f in files)
 

@@ -538,31 +538,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def real_server(target_model):  # target_model: skips (or fails) without the real models
+def _serve_process(*flags: str) -> tuple[subprocess.Popen, str]:
+    """`specdec serve FLAGS` on a free loopback port: the process and its base URL."""
     port = _free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "specdec.cli",
-            "serve",
-            "--max-batch",
-            "4",
-            "--ctx",
-            "2048",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
+        [sys.executable, "-m", "specdec.cli", "serve", *flags, "--port", str(port), "--log-level", "warning"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
     )
-    base = f"http://127.0.0.1:{port}"
+    return proc, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def real_server(target_model):  # target_model: skips (or fails) without the real models
+    proc, base = _serve_process("--max-batch", "4", "--ctx", "2048")
     try:
         _wait_healthy(base, 600, proc)
         yield base
@@ -582,34 +573,11 @@ def test_real_serve_saves_the_suffix_cache_after_draining(tmp_path, draft_model)
     the server, and the process exits 0."""
     from specdec.drafters.suffix import SuffixCacheDrafter
 
-    cache, port = tmp_path / "cache.npz", _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "specdec.cli",
-            "serve",
-            "--target",
-            "qwen2.5-coder-0.5b",
-            "--draft",
-            "suffix",
-            "--suffix-cache",
-            str(cache),
-            "--max-batch",
-            "1",
-            "--ctx",
-            "1024",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-    )
-    base = f"http://127.0.0.1:{port}"
+    cache = tmp_path / "cache.npz"
+    proc, base = _serve_process(
+        "--target", "qwen2.5-coder-0.5b", "--draft", "suffix", "--suffix-cache", str(cache), "--max-batch", "1",
+        "--ctx", "1024",
+    )  # fmt: skip
     try:
         _wait_healthy(base, 600, proc)
         r = httpx.post(base + "/v1/completions", timeout=120, json={"prompt": "def reverse(s):", "max_tokens": 16})

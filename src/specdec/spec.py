@@ -42,8 +42,9 @@ class DraftSpec:
     kind: Kind
     k: int = DEFAULT_K  # a fixed drafter's draft tokens a step (auto picks its own)
     layers: int = 0  # early-exit: the target's first `layers` layers draft
-    model: str = ""  # model: the draft model ("": the one the caller loaded); auto: the
-    #                             draft model it may use ("": none)
+    # model: the draft model ("": the one the caller gives, as bench's draft:K); auto: the draft
+    # model it may use ("": none)
+    model: str = ""
     vocab: str = ""  # a model's: "string" / "intersect" (across tokenizers); "": by vocabulary
     suffix: bool | None = None  # auto: consult the suffix cache (None: AUTO_SUFFIX)
 
@@ -54,7 +55,7 @@ class DraftSpec:
     @property
     def drafts(self) -> bool:
         """Whether it drafts at all (a fixed drafter with k = 0 is plain decoding)."""
-        return self.kind == "auto" or (self.kind != "none" and self.k > 0)
+        return self.is_auto or (self.kind != "none" and self.k > 0)
 
     @property
     def wants_suffix(self) -> bool:
