@@ -358,16 +358,7 @@ class TransformersModel(SingleRow):
             valid = torch.cat([self._valid, new_valid], dim=1)  # [rows, L + W]
             kv_pos = torch.cat([self._pos, pos], dim=1)  # [rows, L + W]
             mask = self._mask(valid, kv_pos, pos, L)
-            keep = torch.tensor(need or [W - 1], device=self.device)
-            with torch.inference_mode():
-                out = self.model(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    position_ids=position_ids,
-                    use_cache=True,
-                    logits_to_keep=keep,
-                    **{self._cache_kw: self._cache},
-                )
+            out = self._call(ids, mask, position_ids, torch.tensor(need or [W - 1], device=self.device))
             self._cache = out[self._cache_kw]
             self._valid, self._pos = valid, kv_pos
             logits = out.logits  # [rows, len(need), vocab]
@@ -428,9 +419,12 @@ class TransformersModel(SingleRow):
             logits = self._replay(ids, position_ids, mask, L, view)  # [rows, W, vocab]
             return L, logits[:, need] if need else logits[:, :0]
         self._slot.cols = torch.arange(L, L + W, device=self.device)
-        keep = torch.tensor(need or [W - 1], device=self.device)
-        with torch.inference_mode():
-            out = self.model(
+        return L, self._call(ids, mask, position_ids, torch.tensor(need or [W - 1], device=self.device)).logits
+
+    def _call(self, ids, mask, position_ids, keep):
+        """The model over the cache, eagerly, keeping the logits of the `keep` columns: its output."""
+        with self._torch.inference_mode():
+            return self.model(
                 input_ids=ids,
                 attention_mask=mask,
                 position_ids=position_ids,
@@ -438,7 +432,6 @@ class TransformersModel(SingleRow):
                 logits_to_keep=keep,
                 **{self._cache_kw: self._cache},
             )
-        return L, out.logits
 
     def _replay(self, ids, position_ids, mask, L: int, view: int):
         """The forward as a CUDA graph: captured once per (rows, width, view), then its inputs are
