@@ -62,11 +62,19 @@ def exact_outcomes(target, prompt, params: SamplingParams, n: int) -> dict[tuple
     return out
 
 
-def sampled_outcomes(decoder: SpeculativeDecoder, prompt, config: GenerationConfig) -> Counter:
+def sampled_outcomes(
+    decoder: SpeculativeDecoder,
+    prompt,
+    config: GenerationConfig,
+    rows: int = ROWS,
+    per_batch: int | None = None,
+    seed: int = 10_000,
+) -> Counter:
+    """The outcomes of `rows` seeded rows, in batches (batch_size's unless given)."""
     counts: Counter = Counter()
-    per_batch = batch_size(decoder)
-    for start in range(0, ROWS, per_batch):
-        for result in decoder.generate_batch([prompt] * per_batch, config, seed=10_000 + start):
+    per_batch = per_batch or batch_size(decoder)
+    for start in range(0, rows, per_batch):
+        for result in decoder.generate_batch([prompt] * per_batch, config, seed=seed + start):
             counts[tuple(result.tokens) + ((EOG,) if result.stats.finish_reason == "eog" else ())] += 1
     return counts
 
@@ -272,12 +280,8 @@ def test_early_exit_samples_the_target_on_the_numpy_backend(tmp_path):
     expected = exact_outcomes(target, prompt, config.sampling, TORCH_N)
 
     def run() -> Counter:
-        counts: Counter = Counter()
         decoder = SpeculativeDecoder(target, EarlyExitDrafter(target, 1), k=TORCH_N - 1)
-        for start in range(0, EARLY_ROWS, 500):
-            for result in decoder.generate_batch([prompt] * 500, config, seed=start):
-                counts[tuple(result.tokens) + ((EOG,) if result.stats.finish_reason == "eog" else ())] += 1
-        return counts
+        return sampled_outcomes(decoder, prompt, config, EARLY_ROWS, per_batch=500, seed=0)
 
     chi2, chi2_max, tv, tv_max = distance(run(), expected, rows=EARLY_ROWS)
     assert chi2 < chi2_max and tv < tv_max, (chi2, chi2_max, tv, tv_max)
