@@ -94,14 +94,19 @@ def test_greedy_speculation_is_the_targets_greedy_output(target_model, plain_out
 
 def test_each_drafter_drafted_and_was_kept(alone):
     """The checks above mean something: every drafter drafted and had drafts kept, prompt lookup
-    on each answer that copies its prompt, and auto used prompt lookup on this CPU's curve and
-    both prompt lookup and the draft model on the flat one."""
+    on each answer that copies its prompt, and auto copied from the prompt on both curves and used
+    the draft model on the flat one.
+
+    Copying from the prompt is prompt lookup's or the suffix cache's (which also indexes the live
+    row's own context): which of the two auto picks for a step is a near tie that its live timing
+    decides, so either counts."""
     for drafter in ("draft model", "ngram", "auto, flat curve"):
         checked = alone[drafter] if drafter == "draft model" else [alone[drafter][i] for i in COPYING]
         assert all(r.stats.drafted > 0 and r.stats.accepted > 0 for r in checked), drafter
     used = lambda name: {key.split(":")[0] for r in alone[name] for key in r.stats.decisions}  # noqa: E731
-    assert "ngram" in used("auto"), used("auto")
-    assert {"ngram", "draft"} <= used("auto, flat curve"), used("auto, flat curve")
+    assert used("auto") & {"ngram", "suffix"}, used("auto")
+    assert used("auto, flat curve") & {"ngram", "suffix"}, used("auto, flat curve")
+    assert "draft" in used("auto, flat curve"), used("auto, flat curve")
 
 
 def test_most_outputs_are_identical(target_model, plain_outputs, alone):
