@@ -214,8 +214,12 @@ def test_user_errors(target):
         SpeculativeDecoder(target, None, k=-1)
     with pytest.raises(SpecdecError, match="0..32"):
         SpeculativeDecoder(target, None, k=1000)
+    # request.py's one empty-prompt rule: whitespace is refused as a chat turn, kept as raw text
     with pytest.raises(SpecdecError, match="empty"):
-        SpeculativeDecoder(target, None).generate("  \n ")
+        SpeculativeDecoder(target, None).generate("  \n ", chat=True)
+    with pytest.raises(SpecdecError, match="empty"):
+        SpeculativeDecoder(target, None).generate("")
+    assert SpeculativeDecoder(target, None).generate("  \n ", max_new_tokens=2).stats.prompt_tokens > 0
     with pytest.raises(SpecdecError, match="max_new_tokens"):
         GenerationConfig(max_new_tokens=0)
     with pytest.raises(SpecdecError, match="top_p"):

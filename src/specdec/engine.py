@@ -19,8 +19,9 @@ from .config import GenerationConfig
 from .controller import Controller, FixedController, Outcome, auto_controller
 from .costs import step_depth
 from .drafters.base import MAX_DRAFT_TOKENS, Drafter, DraftModel
-from .errors import ContextOverflowError, SpecdecError
+from .errors import SpecdecError
 from .models.base import RowModel
+from .request import prepare
 from .sampling import verify
 from .spec import DEFAULT_K, GRAMMAR, DraftSpec, auto_drafters, make_drafter, parse
 from .stats import GenerationStats
@@ -490,26 +491,8 @@ class SpeculativeDecoder:
 
     def prompt_tokens(self, prompt: str | Sequence[int], config: GenerationConfig) -> list[int]:
         """Token ids of the prompt, with the chat template applied when asked (or by default
-        for instruct models)."""
-        if not isinstance(prompt, str):
-            tokens = [int(t) for t in prompt]
-        else:
-            if not prompt.strip():
-                raise SpecdecError("the prompt is empty (or only whitespace)")
-            tok = self.target.tokenizer
-            chat = self.target.is_instruct if config.chat is None else config.chat
-            if chat:
-                messages = [{"role": "system", "content": config.system}] if config.system else []
-                prompt = tok.apply_chat_template(messages + [{"role": "user", "content": prompt}])
-            tokens = tok.encode(prompt, add_special=True)
-        if not tokens:
-            raise SpecdecError("the prompt is empty")
-        if len(tokens) >= self.target.n_ctx:
-            raise ContextOverflowError(
-                f"the prompt has {len(tokens)} tokens but the context holds {self.target.n_ctx}; "
-                f"raise --ctx or shorten the prompt"
-            )
-        return tokens
+        for instruct models); request.prepare's, as every caller's."""
+        return prepare(self.target, prompt, config)[0]
 
 
 def generate(

@@ -22,8 +22,18 @@ class VocabMismatchError(SpecdecError):
         self.reason = reason
 
 
-class ContextOverflowError(SpecdecError):
-    """The prompt does not fit in the context window."""
+class PromptError(SpecdecError):
+    """A request that cannot be prepared (an empty prompt, a token id outside the vocabulary, one
+    that does not fit). `param` names the request field at fault and `code` is an OpenAI-style
+    error code, for the server's 400."""
+
+    def __init__(self, message: str, param: str = "prompt", code: str | None = None):
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+class ContextOverflowError(PromptError):
+    """The prompt (or the prompt and the tokens asked for) does not fit in the context window."""
 
 
 class BackendUnavailableError(SpecdecError):

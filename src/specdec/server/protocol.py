@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from ..config import GenerationConfig
 from ..drafters.base import MAX_DRAFT_TOKENS
 from ..errors import SpecdecError
+from ..request import Limit, finish_reason
 from ..spec import DEFAULT_K, DraftSpec
 from ..stats import GenerationStats
 
@@ -56,7 +57,9 @@ class Job:
     messages: list[dict] | None = None  # chat: [{"role", "content"}], roles normalised
     prompt: str | list[int] | None = None  # completion: text or token ids
     config: GenerationConfig = field(default_factory=GenerationConfig)
-    max_tokens_given: bool = False  # False: as many as the context leaves
+    # how max_new_tokens meets the context (request.Limit): "refuse" a request whose max_tokens
+    # do not fit; "fit": none given (chat), as many as the context leaves
+    limit: Limit = "fit"
     policy: DraftSpec | None = None  # kind and k (no model: 'model' is the one loaded); None: the default
     stream: bool = False
     include_usage: bool = False
@@ -232,8 +235,15 @@ def _policy(body: dict, draft_names: dict[str, str]) -> DraftSpec | None:
 
 
 def _common(
-    body: dict, kind: str, model_names: tuple[str, ...], draft_names: dict[str, str], max_tokens_fields: tuple[str, ...]
+    body: dict,
+    kind: str,
+    model_names: tuple[str, ...],
+    draft_names: dict[str, str],
+    max_tokens_fields: tuple[str, ...],
+    default_max_tokens: int | None = None,
 ) -> Job:
+    """The fields chat and completions share. `default_max_tokens` stands where no max_tokens is
+    given (None: as many as fit, settled when the prompt is tokenized)."""
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise RequestError(f"'model' must be a string, got {model!r}", "model")
@@ -268,7 +278,8 @@ def _common(
     min_p = _number(body, "min_p", 0, 1)
     try:
         config = GenerationConfig(
-            max_new_tokens=max_tokens or 1,  # the real default needs the prompt's length: see worker
+            # with neither given, request.prepare sets it to the room the prompt leaves ("fit")
+            max_new_tokens=max_tokens or default_max_tokens or GenerationConfig.max_new_tokens,
             temperature=0.0 if temperature is None else temperature,
             top_k=0 if top_k in (None, -1) else top_k,  # -1: vLLM's "off"
             top_p=1.0 if top_p is None else top_p,
@@ -282,7 +293,7 @@ def _common(
         kind,
         model or model_names[0],
         config=config,
-        max_tokens_given=max_tokens is not None,
+        limit="fit" if (max_tokens or default_max_tokens) is None else "refuse",
         policy=_policy(body, draft_names),
         stream=stream,
         include_usage=include_usage,
@@ -344,7 +355,7 @@ def parse_completion(body, model_names: tuple[str, ...], draft_names: dict[str, 
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     _check_fields(body, COMPLETION_FIELDS)
-    job = _common(body, "completion", model_names, draft_names, ("max_tokens",))
+    job = _common(body, "completion", model_names, draft_names, ("max_tokens",), COMPLETIONS_MAX_TOKENS)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
@@ -362,30 +373,10 @@ def parse_completion(body, model_names: tuple[str, ...], draft_names: dict[str, 
     else:
         raise RequestError("'prompt' must be a non-empty string or a list of token ids", "prompt")
     job.prompt = prompt
-    if not job.max_tokens_given:
-        job.config = _with_max_tokens(job.config, COMPLETIONS_MAX_TOKENS)
-        job.max_tokens_given = True
     return job
 
 
-def _with_max_tokens(config: GenerationConfig, n: int) -> GenerationConfig:
-    from dataclasses import replace
-
-    return replace(config, max_new_tokens=n)
-
-
 # -- responses ------------------------------------------------------------------------------------
-
-# our finish reasons -> OpenAI's: an end-of-generation token or a stop string is "stop"; the token
-# budget or the context is "length"; the server's time limit is "time_limit" (not OpenAI's)
-FINISH = {
-    "eog": "stop",
-    "stop": "stop",
-    "length": "length",
-    "context": "length",
-    "time_limit": "time_limit",
-    "cancelled": "cancelled",
-}
 
 
 def speculative_body(stats: GenerationStats, policy: DraftSpec) -> dict:
@@ -433,10 +424,10 @@ def response_body(
             "index": 0,
             "message": {"role": "assistant", "content": text},
             "logprobs": None,
-            "finish_reason": FINISH.get(finish, finish),
+            "finish_reason": finish_reason(finish),
         }
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": FINISH.get(finish, finish)}
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(finish)}
     if job.return_tokens:
         choice["tokens"] = list(tokens)
     return {
@@ -467,7 +458,7 @@ def chunk_body(
             "index": 0,
             "delta": delta,
             "logprobs": None,
-            "finish_reason": FINISH.get(finish, finish) if finish else None,
+            "finish_reason": finish_reason(finish) if finish else None,
         }
         obj = "chat.completion.chunk"
     else:
@@ -475,7 +466,7 @@ def chunk_body(
             "index": 0,
             "text": text or "",
             "logprobs": None,
-            "finish_reason": FINISH.get(finish, finish) if finish else None,
+            "finish_reason": finish_reason(finish) if finish else None,
         }
         obj = "text_completion"
     if tokens is not None:

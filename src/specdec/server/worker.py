@@ -19,7 +19,8 @@ import traceback
 from dataclasses import dataclass, field, replace
 
 from ..engine import Engine, Request
-from ..errors import SpecdecError
+from ..errors import PromptError, SpecdecError
+from ..request import finish_label, prepare
 from ..spec import DraftSpec
 from .metrics import Metrics
 from .protocol import Job, RequestError
@@ -136,39 +137,14 @@ class Worker:
         handle.send("admitted")
 
     def _prepare(self, job: Job):
-        """Prompt tokens and the final config: the chat template or the raw prompt, checked
-        against the context before any work."""
-        tok, n_ctx = self.target.tokenizer, self.target.n_ctx
-        if job.kind == "chat":
-            tokens = tok.encode(tok.apply_chat_template(job.messages), add_special=True)
-        elif isinstance(job.prompt, str):
-            tokens = tok.encode(job.prompt, add_special=True)
-        else:
-            tokens = list(job.prompt)
-            bad = next((t for t in tokens if not 0 <= t < self.target.vocab_size), None)
-            if bad is not None:
-                raise RequestError(
-                    f"'prompt' token id {bad} is outside the vocabulary (0..{self.target.vocab_size - 1})", "prompt"
-                )
-        if not tokens:
-            raise RequestError("the prompt is empty after tokenization", "prompt" if job.kind != "chat" else "messages")
-        room = n_ctx - len(tokens)
-        if room < 1:
-            raise RequestError(
-                f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}: shorten it "
-                f"(or start the server with a larger --ctx)",
-                "messages" if job.kind == "chat" else "prompt",
-                "context_length_exceeded",
-            )
-        if job.max_tokens_given and job.config.max_new_tokens > room:
-            raise RequestError(
-                f"this model's context holds {n_ctx} tokens; the prompt has {len(tokens)} and "
-                f"{job.config.max_new_tokens} more were asked for (at most {room} fit)",
-                "max_tokens",
-                "context_length_exceeded",
-            )
-        config = job.config if job.max_tokens_given else replace(job.config, max_new_tokens=room)
-        return tokens, config
+        """Prompt tokens and the final config (request.prepare): chat turns through the chat
+        template, a completion's text raw, checked against the context before any work."""
+        chat = job.kind == "chat"
+        config = replace(job.config, chat=chat)
+        try:
+            return prepare(self.target, job.prompt, config, messages=job.messages if chat else None, limit=job.limit)
+        except PromptError as exc:
+            raise RequestError(str(exc), exc.param, exc.code) from None
 
     def _cancel(self, handle: Handle, finish: str) -> None:
         """End a request now (its row and caches are freed in the engine's cancel); `finish` is
@@ -248,7 +224,7 @@ class Worker:
                     else None
                 )
                 m.finished(
-                    {"eog": "stop", "stop": "stop", "length": "length", "context": "length"}.get(finish, "abort"),
+                    finish_label(finish),
                     s.prompt_tokens,
                     n,
                     now - handle.arrived,

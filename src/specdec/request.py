@@ -1,0 +1,139 @@
+"""One request, prepared once: a prompt (text, chat turns or token ids) and a GenerationConfig ->
+the prompt's token ids and the final config; and one table of how a request ends.
+
+Every caller prepares through here: the Python API and the CLI (SpeculativeDecoder.generate /
+stream / generate_batch), the server's worker and bench (which gives peers the same text as text).
+
+    text        what the model reads: the chat template applied (turns, or one user turn made of
+                the text, with the system message if any), or the raw text
+    tokens      text -> token ids, or token ids checked against the vocabulary
+    prepare     tokens + the config whose token budget is settled against the context (Limit)
+
+The empty-prompt rule is one rule: an empty text is refused; a text of whitespace only is refused
+where the chat template would wrap it as the user's turn (the model would see a turn with no
+word), and kept as raw text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Literal, Sequence
+
+from .config import GenerationConfig
+from .errors import ContextOverflowError, PromptError
+
+# How a request's token budget meets the context window, once its prompt's length is known:
+#   "end"     max_new_tokens as given; a row that reaches the context ends there ("context")
+#   "fit"     as many tokens as fit (max_new_tokens is set to the room the prompt leaves)
+#   "refuse"  max_new_tokens as given, and a request that cannot fit them is refused (the server:
+#             OpenAI's 400 context_length_exceeded)
+Limit = Literal["end", "fit", "refuse"]
+
+# Why a request ended (GenerationStats.finish_reason) -> (OpenAI's finish_reason, the metrics'
+# finished_reason label as vLLM's). An end-of-generation token or a stop string is "stop"; the token
+# budget or the context is "length"; the server's time limit and a cancel are its own reasons in a
+# response, "abort" in the metrics.
+FINISH_REASONS = {
+    "eog": ("stop", "stop"),
+    "stop": ("stop", "stop"),
+    "length": ("length", "length"),
+    "context": ("length", "length"),
+    "time_limit": ("time_limit", "abort"),
+    "cancelled": ("cancelled", "abort"),
+}
+
+
+def finish_reason(reason: str) -> str:
+    """Our finish reason as a response reports it (OpenAI's word where it has one)."""
+    return FINISH_REASONS.get(reason, (reason, "abort"))[0]
+
+
+def finish_label(reason: str) -> str:
+    """Our finish reason as the metrics count it: stop, length or abort."""
+    return FINISH_REASONS.get(reason, (reason, "abort"))[1]
+
+
+def check_text(text: str, chat: bool) -> None:
+    """The empty-prompt rule (above), before anything is loaded: `chat` is whether the template
+    will wrap the text."""
+    if not text:
+        raise PromptError("the prompt is empty; give some text")
+    if chat and not text.strip():
+        raise PromptError("the prompt is empty (whitespace only); give some text, or --no-chat to send it as raw text")
+
+
+def text(
+    model,
+    prompt: str | None = None,
+    *,
+    messages: Sequence[dict] | None = None,
+    chat: bool | None = None,
+    system: str | None = None,
+) -> str:
+    """What `model` reads for a prompt: chat turns (`messages`) or a text, chat-templated when
+    `chat` says so (None: when the model is an instruct model), else the raw text. Turns are always
+    templated (where `chat` is not False); a text becomes one user turn after `system`."""
+    chat = model.is_instruct if chat is None else chat
+    if messages is not None and chat:
+        return model.tokenizer.apply_chat_template(list(messages))
+    if prompt is None:
+        raise PromptError("give a prompt or chat messages")
+    check_text(prompt, chat)
+    if not chat:
+        return prompt
+    turns = [{"role": "system", "content": system}] if system else []
+    return model.tokenizer.apply_chat_template(turns + [{"role": "user", "content": prompt}])
+
+
+def tokens(
+    model,
+    prompt: str | Sequence[int] | None = None,
+    *,
+    messages: Sequence[dict] | None = None,
+    chat: bool | None = None,
+    system: str | None = None,
+) -> list[int]:
+    """The prompt's token ids: a text (or turns) through `text` and the tokenizer, or token ids
+    checked against the vocabulary."""
+    field = "messages" if messages is not None else "prompt"
+    if prompt is None or isinstance(prompt, str):
+        ids = model.tokenizer.encode(text(model, prompt, messages=messages, chat=chat, system=system), add_special=True)
+    else:
+        ids = [int(t) for t in prompt]
+        bad = next((t for t in ids if not 0 <= t < model.vocab_size), None)
+        if bad is not None:
+            raise PromptError(f"'prompt' token id {bad} is outside the vocabulary (0..{model.vocab_size - 1})")
+    if not ids:
+        raise PromptError("the prompt is empty after tokenization", field)
+    return ids
+
+
+def prepare(
+    model,
+    prompt: str | Sequence[int] | None,
+    config: GenerationConfig,
+    *,
+    messages: Sequence[dict] | None = None,
+    limit: Limit = "end",
+) -> tuple[list[int], GenerationConfig]:
+    """(prompt token ids, the config to generate with): the prompt as `tokens` makes it (the
+    config's chat and system say how a text is templated), checked against the context, and the
+    token budget settled by `limit`."""
+    ids = tokens(model, prompt, messages=messages, chat=config.chat, system=config.system)
+    room = model.n_ctx - len(ids)
+    if room < 1:
+        raise ContextOverflowError(
+            f"the prompt has {len(ids)} tokens but the context holds {model.n_ctx}; shorten it or raise --ctx",
+            "messages" if messages is not None else "prompt",
+            "context_length_exceeded",
+        )
+    if limit == "fit":
+        return ids, replace(config, max_new_tokens=room)
+    if limit == "refuse" and config.max_new_tokens > room:
+        raise ContextOverflowError(
+            f"this model's context holds {model.n_ctx} tokens; the prompt has {len(ids)} and "
+            f"{config.max_new_tokens} more were asked for (at most {room} fit)",
+            "max_tokens",
+            "context_length_exceeded",
+        )
+    return ids, config
