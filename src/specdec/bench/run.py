@@ -39,12 +39,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from .errors import SpecdecError
+from ..errors import SpecdecError
 
 if TYPE_CHECKING:
-    from .spec import DraftSpec
+    from ..spec import DraftSpec
 
-DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts.jsonl"
+DEFAULT_SUITE = Path(__file__).resolve().parents[3] / "benchmarks" / "prompts.jsonl"
 CATEGORIES = ("code-generation", "code-editing", "summarization", "chat", "math")
 DEFAULT_METHODS = ("plain", "auto", "draft:2", "draft:4", "ngram:8", "ngram:16")
 LLAMA_CPP_METHODS = ("llama.cpp:plain", "llama.cpp:draft:4", "llama.cpp:ngram-simple:8", "llama.cpp:ngram-mod:8")
@@ -136,8 +136,8 @@ def parse_method(method: str) -> tuple[str, DraftSpec | str, int]:
     """One of our methods (spec.METHODS) -> ('specdec', its DraftSpec, k); a peer's,
     'llama.cpp:plain' | 'llama.cpp:draft:K' | 'llama.cpp:<ngram type>:K' | 'hf:plain' |
     'hf:assisted:K' | 'hf:prompt-lookup:K' -> (runner, the peer's drafter, k)."""
-    from .spec import METHODS
-    from .spec import parse_method as parse_ours
+    from ..spec import METHODS
+    from ..spec import parse_method as parse_ours
 
     runner, _, rest = method.partition(":")
     if runner not in ("llama.cpp", "hf"):
@@ -182,11 +182,11 @@ class Bench:
         suffix_cap: int | None = None,
         draft_corpus: str | None = None,
     ):
-        from . import load_model
-        from .catalog import resolve
-        from .drafters import model_drafter
-        from .models.llama_cpp import default_threads
-        from .spec import parse
+        from .. import load_model
+        from ..catalog import resolve
+        from ..drafters import model_drafter
+        from ..models.llama_cpp import default_threads
+        from ..spec import parse
 
         self.threads = threads or default_threads()
         self.ctx, self.max_tokens, self.temperature, self.seed = ctx, max_tokens, temperature, seed
@@ -210,13 +210,13 @@ class Bench:
         )
         self.llama_cpp = None
         if llama_cpp_bin:
-            from .peers import LlamaCppPeer
+            from ..peers import LlamaCppPeer
 
             self.llama_cpp = LlamaCppPeer(llama_cpp_bin, self.target_path, self.draft_path, self.threads, ctx)
         self.hf = None
 
     def enable_hf(self):
-        from .peers import HuggingFacePeer
+        from ..peers import HuggingFacePeer
 
         self.hf = HuggingFacePeer(self.target_path, self.draft_path, self.threads)
 
@@ -227,14 +227,14 @@ class Bench:
         return prompt_text(self.target, item)
 
     def _config(self):
-        from .engine import GenerationConfig
+        from ..engine import GenerationConfig
 
         return GenerationConfig(
             max_new_tokens=self.max_tokens, temperature=self.temperature, seed=self.seed, chat=False
         )
 
     def _decoder(self, spec: DraftSpec, repeat: int = 0, batch: int = 1):
-        from .engine import SpeculativeDecoder
+        from ..engine import SpeculativeDecoder
 
         if spec.is_auto or spec.kind == "suffix":
             # decoders that learn across prompts: one per method, repeat and batch size
@@ -248,7 +248,7 @@ class Bench:
     def _suffix_cache(self):
         """A fresh suffix cache (each method its own), with the corpus if one was given; None for
         `auto` when --suffix-cap 0 turns it off."""
-        from .drafters import new_suffix_cache
+        from ..drafters import new_suffix_cache
 
         if self.suffix_cap == 0:
             return False
@@ -400,7 +400,7 @@ def mark_partings(bench: Bench, rows: list[Row], out: Path) -> list[Row]:
     token where the two parted and the target's top-2 logit gap there, scored one token at a time
     on plain's context (as `specdec compare` does); results.jsonl is rewritten with them. Done after
     every timed run, so the scoring never sits between two timings. The rows that parted."""
-    from .compare import first_difference, top2_gap
+    from ..compare import first_difference, top2_gap
 
     plain = {(r.prompt_id, r.repeat): r for r in rows if r.method == "plain" and r.batch == 1}
     gaps: dict[tuple, float] = {}
@@ -467,7 +467,7 @@ def machine_line(threads: int) -> str:
 def versions() -> str:
     import importlib.metadata as md
 
-    from . import __version__
+    from .. import __version__
 
     parts = [f"specdec {__version__}", f"python {platform.python_version()}"]
     for dist in ("llama_cpp_python", "numpy", "transformers", "torch"):
@@ -585,7 +585,7 @@ def _category_tables(rows: list[Row], methods: list[str]) -> list[str]:
 def _partings_table(rows: list[Row]) -> list[str]:
     """Each greedy run of ours that parted from plain's text: where, and the target's top-2 logit
     gap there (mark_partings): below compare.ROUNDING_GAP a rounding tie, above it a bug."""
-    from .compare import ROUNDING_GAP
+    from ..compare import ROUNDING_GAP
 
     parted = [r for r in rows if r.logit_gap is not None]
     if not parted:
