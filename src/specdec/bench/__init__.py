@@ -2,9 +2,7 @@
 that `from specdec import bench; bench.run_bench(...)` keeps working."""
 
 from .run import (
-    CATEGORIES,
     DEFAULT_METHODS,
-    DEFAULT_SUITE,
     FULL_METHODS,
     HF_METHODS,
     LLAMA_CPP_METHODS,
@@ -13,17 +11,16 @@ from .run import (
     _category_tables,
     _partings_table,
     compare_text,
-    load_suite,
     mark_partings,
     parse_method,
     plot,
     produced,
     prompt_speedups,
-    prompt_text,
     run_bench,
     speedups,
     write_summary,
 )
+from .suite import CATEGORIES, DEFAULT_SUITE, load_suite, prompt_text
 
 __all__ = [
     "CATEGORIES",

@@ -40,12 +40,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import SpecdecError
+from .suite import CATEGORIES, prompt_text
 
 if TYPE_CHECKING:
     from ..spec import DraftSpec
 
-DEFAULT_SUITE = Path(__file__).resolve().parents[3] / "benchmarks" / "prompts.jsonl"
-CATEGORIES = ("code-generation", "code-editing", "summarization", "chat", "math")
 DEFAULT_METHODS = ("plain", "auto", "draft:2", "draft:4", "ngram:8", "ngram:16")
 LLAMA_CPP_METHODS = ("llama.cpp:plain", "llama.cpp:draft:4", "llama.cpp:ngram-simple:8", "llama.cpp:ngram-mod:8")
 FULL_METHODS = ("plain", "auto", *(f"draft:{k}" for k in range(1, 9)), "ngram:2", "ngram:4", "ngram:8", "ngram:16")
@@ -78,47 +77,6 @@ class Row:
     # below compare.ROUNDING_GAP, a verification bug above it (mark_partings)
     first_difference: int | None = None
     logit_gap: float | None = None
-
-
-def load_suite(path: Path, categories=None, per_category: int | None = None, limit: int | None = None):
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise SpecdecError(f"cannot read the prompt suite {path}: {exc.strerror}") from None
-    prompts = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-            item["id"], item["category"], item["prompt"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise SpecdecError(f"{path}:{n}: each line needs a JSON object with id, category and prompt") from None
-        if categories and item["category"] not in categories:
-            continue
-        prompts.append(item)
-    if per_category:
-        kept, seen = [], {}
-        for item in prompts:
-            seen[item["category"]] = seen.get(item["category"], 0) + 1
-            if seen[item["category"]] <= per_category:
-                kept.append(item)
-        prompts = kept
-    if limit:
-        prompts = prompts[:limit]
-    if not prompts:
-        raise SpecdecError(f"no prompts selected from {path}")
-    return prompts
-
-
-def prompt_text(model, item: dict | str) -> str:
-    """`item`'s prompt as `model` receives it: chat-templated for an instruct model (every turn of
-    `messages` when the item has them), the raw `prompt` for a base model."""
-    if isinstance(item, str):
-        item = {"prompt": item}
-    if not model.is_instruct:
-        return item["prompt"]
-    return model.tokenizer.apply_chat_template(item.get("messages") or [{"role": "user", "content": item["prompt"]}])
 
 
 def compare_text(text: str, plain: str) -> str:
