@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 
 def main(paths: list[str]) -> int:
-    from specdec.bench import Row, _category_tables
+    from specdec.bench.report import _category_tables
+    from specdec.bench.run import Row
 
     names = {f.name for f in fields(Row)}
     rows = [

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 def record(args) -> None:
     from specdec import load_model
-    from specdec.bench import load_suite, prompt_text
+    from specdec.bench.suite import load_suite, prompt_text
     from specdec.costs import measure_forward_costs, single_row_curve
     from specdec.engine import GenerationConfig, SpeculativeDecoder
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -66,6 +67,32 @@ def test_bad_suite(tmp_path):
         bench.load_suite(bad)
     with pytest.raises(SpecdecError, match="cannot read"):
         bench.load_suite(tmp_path / "missing.jsonl")
+
+
+def test_the_report_loads_no_model():
+    """The report (tables, summary.md, plots) works from results.jsonl alone: importing it imports
+    no model backend, no matplotlib, and nothing of specdec's beyond what `import specdec` does."""
+    code = (
+        "import sys, specdec; before = set(sys.modules); import specdec.bench.report; "
+        "print(sorted(m for m in set(sys.modules) - before if m.startswith('specdec'))); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('llama_cpp', 'torch', 'transformers', 'matplotlib')))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    added, heavy = (ast.literal_eval(line) for line in proc.stdout.splitlines())
+    assert heavy == []
+    assert all(m.startswith("specdec.bench") for m in added), added
+
+
+def test_the_package_keeps_every_name_its_callers_use():
+    """cli.py, scripts/ and benchmarks/ use these as bench.<name> or from specdec.bench."""
+    names = (
+        "Bench CATEGORIES DEFAULT_METHODS DEFAULT_SUITE FULL_METHODS HF_METHODS LLAMA_CPP_METHODS Row "
+        "_category_tables load_suite mark_partings parse_method plot prompt_text run_bench write_summary"
+    )
+    for name in names.split():
+        assert hasattr(bench, name), name
 
 
 def test_speedups_are_pair_by_pair():

@@ -53,8 +53,8 @@ class LlamaCppPeer:
         their own settings (this build's defaults: ngram-simple looks up the last 12 tokens and
         drafts 48; ngram-mod looks up the last 24 and drafts 48-64 or nothing). So they draft only
         inside a verbatim copy, and then very long drafts; and like every spec type here they keep
-        a whole accepted draft past -n (the run writes more tokens than asked; bench.py says how
-        many)."""
+        a whole accepted draft past -n (the run writes more tokens than asked; specdec.bench's
+        docstring says how many)."""
         with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
             # llama.cpp's -f drops one trailing newline from the file; a chat prompt ends with
             # "<|im_start|>assistant\n", and without that newline the model answers another prompt

@@ -1,0 +1,49 @@
+"""The methods `specdec bench` compares: ours (spec.METHODS, run by our engine) and the peers'
+(llama.cpp's binaries, transformers), by name, and the default lists of them. Parsing a name loads
+nothing, so a typo fails before any model is loaded."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import SpecdecError
+
+if TYPE_CHECKING:
+    from ..spec import DraftSpec
+
+DEFAULT_METHODS = ("plain", "auto", "draft:2", "draft:4", "ngram:8", "ngram:16")
+LLAMA_CPP_METHODS = ("llama.cpp:plain", "llama.cpp:draft:4", "llama.cpp:ngram-simple:8", "llama.cpp:ngram-mod:8")
+FULL_METHODS = ("plain", "auto", *(f"draft:{k}" for k in range(1, 9)), "ngram:2", "ngram:4", "ngram:8", "ngram:16")
+HF_METHODS = ("hf:plain", "hf:assisted:4", "hf:prompt-lookup:8")
+
+
+def parse_method(method: str) -> tuple[str, DraftSpec | str, int]:
+    """One of our methods (spec.METHODS) -> ('specdec', its DraftSpec, k); a peer's,
+    'llama.cpp:plain' | 'llama.cpp:draft:K' | 'llama.cpp:<ngram type>:K' | 'hf:plain' |
+    'hf:assisted:K' | 'hf:prompt-lookup:K' -> (runner, the peer's drafter, k)."""
+    from ..spec import METHODS
+    from ..spec import parse_method as parse_ours
+
+    runner, _, rest = method.partition(":")
+    if runner not in ("llama.cpp", "hf"):
+        spec = parse_ours(method)
+        if spec is not None:
+            return "specdec", spec, spec.k
+    else:
+        drafter, _, k = rest.rpartition(":")
+        if rest == "plain":
+            return runner, "plain", 0
+        if (
+            k.isdigit()
+            and int(k) >= 1
+            and (
+                (runner == "llama.cpp" and (drafter == "draft" or drafter.startswith("ngram")))
+                or (runner == "hf" and drafter in ("assisted", "prompt-lookup"))
+            )
+        ):
+            return runner, drafter, int(k)
+    raise SpecdecError(
+        f"unknown method {method!r}: use {METHODS}, llama.cpp:plain, "
+        f"llama.cpp:draft:K, llama.cpp:ngram-simple:K, hf:plain, hf:assisted:K, "
+        f"hf:prompt-lookup:K"
+    )
