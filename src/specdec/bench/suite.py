@@ -45,10 +45,9 @@ def load_suite(path: Path, categories=None, per_category: int | None = None, lim
 
 
 def prompt_text(model, item: dict | str) -> str:
-    """`item`'s prompt as `model` receives it: chat-templated for an instruct model (every turn of
-    `messages` when the item has them), the raw `prompt` for a base model."""
-    if isinstance(item, str):
-        item = {"prompt": item}
-    if not model.is_instruct:
-        return item["prompt"]
-    return model.tokenizer.apply_chat_template(item.get("messages") or [{"role": "user", "content": item["prompt"]}])
+    """`item`'s prompt as `model` receives it (request.text): chat-templated for an instruct model
+    (every turn of `messages` when the item has them), the raw `prompt` for a base model."""
+    from ..request import text
+
+    item = {"prompt": item} if isinstance(item, str) else item
+    return text(model, item["prompt"], messages=item.get("messages"))
