@@ -1,0 +1,117 @@
+"""The HTTP API (server/app.py) with the real OpenAI client: chat and completions, streamed and not;
+a request choosing its speculation; one suffix cache for every request; the API key."""
+
+from __future__ import annotations
+
+import json
+
+from .helpers import (
+    _toy_models,
+    client,
+    httpx,
+    reference,
+    toy_server,
+)
+
+
+def test_openai_client_chat_and_completions_stream_and_not():
+    with toy_server() as (base, service):
+        c = client(base)
+        assert [m.id for m in c.models.list().data] == ["toy"]
+        plain_target, _ = _toy_models()
+        want_chat = reference(plain_target, "abc abc abc", True, 24)
+        want_text = reference(plain_target, "hello world hello", False, 24)
+
+        r = c.chat.completions.create(model="toy", messages=[{"role": "user", "content": "abc abc abc"}], max_tokens=24)
+        assert r.choices[0].message.content == want_chat and r.choices[0].finish_reason == "length"
+        assert r.usage.completion_tokens == 24 and r.usage.prompt_tokens > 0
+        spec = r.model_extra["speculative"]
+        assert spec["policy"] == "auto" and spec["steps"] > 0
+        assert set(spec) >= {
+            "drafted",
+            "accepted",
+            "acceptance_rate",
+            "acceptance_by_position",
+            "mean_accepted_length",
+            "decisions",
+        }
+
+        chunks = list(
+            c.chat.completions.create(
+                model="toy",
+                messages=[{"role": "user", "content": "abc abc abc"}],
+                max_tokens=24,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == want_chat
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+        assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+        assert chunks[-1].model_extra["speculative"]["steps"] > 0
+
+        r = c.completions.create(model="toy", prompt="hello world hello", max_tokens=24)
+        assert r.choices[0].text == want_text and r.usage.completion_tokens == 24
+        assert r.model_extra["speculative"]["policy"] == "auto"
+        chunks = list(c.completions.create(model="toy", prompt="hello world hello", max_tokens=24, stream=True))
+        assert "".join(ch.choices[0].text for ch in chunks) == want_text
+        assert chunks[-1].choices[0].finish_reason == "length" and chunks[-1].usage.completion_tokens == 24
+
+        # the raw stream ends with [DONE]; without include_usage no choice-less chunk is sent
+        with httpx.stream(
+            "POST", base + "/v1/completions", json={"prompt": "abc", "max_tokens": 4, "stream": True}
+        ) as resp:
+            lines = [line for line in resp.iter_lines() if line]
+        assert lines[-1] == "data: [DONE]" and all(json.loads(x[6:])["choices"] for x in lines[:-1])
+
+
+def test_each_request_may_choose_its_speculation():
+    with toy_server() as (base, _):
+        c = client(base)
+        want = reference(_toy_models()[0], "abcabcabc abcabc", False, 32)
+        seen = {}
+        for spec in ({"draft": "none"}, {"draft": "ngram", "k": 3}, {"draft": "toy-draft", "k": 2}, {"draft": "auto"}):
+            r = c.completions.create(
+                model="toy", prompt="abcabcabc abcabc", max_tokens=32, extra_body={"speculative": spec}
+            )
+            assert r.choices[0].text == want, spec  # greedy: whatever drafts, the target's own text
+            seen[spec["draft"]] = r.model_extra["speculative"]
+        assert seen["none"]["drafted"] == 0 and set(seen["none"]["decisions"]) == {"plain"}
+        assert seen["ngram"]["policy"] == "ngram:3" and set(seen["ngram"]["decisions"]) <= {
+            "plain",
+            "ngram:1",
+            "ngram:2",
+            "ngram:3",
+        }
+        assert seen["toy-draft"]["policy"] == "model:2" and seen["toy-draft"]["drafted"] > 0
+        assert all(k.startswith("draft:") for k in seen["toy-draft"]["decisions"])
+        # a request names what the server loaded, never a file
+        r = httpx.post(base + "/v1/completions", json={"prompt": "x", "speculative": {"draft": "/etc/passwd"}})
+        assert r.status_code == 400 and "auto, ngram, none, suffix, toy-draft" in r.json()["error"]["message"]
+
+
+def test_one_suffix_cache_serves_every_request():
+    """The server's suffix cache hears every finished request: the same request again is drafted
+    from the first one's answer, whichever policy the first one used."""
+    with toy_server() as (base, service):
+        c = client(base)
+        prompt = "the quick brown fox"
+        want = reference(_toy_models()[0], prompt, False, 32)
+        runs = [
+            c.completions.create(model="toy", prompt=prompt, max_tokens=32, extra_body={"speculative": spec})
+            for spec in ({"draft": "none"}, {"draft": "suffix", "k": 4})
+        ]
+        assert [r.choices[0].text for r in runs] == [want, want]
+        spec = runs[1].model_extra["speculative"]
+        assert spec["policy"] == "suffix:4" and spec["drafted"] > 0 and spec["accepted"] == spec["drafted"]
+
+
+def test_api_key():
+    with toy_server(api_key="s3cret") as (base, _):
+        body = {"prompt": "ab", "max_tokens": 2}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            r = httpx.post(base + "/v1/completions", json=body, headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(base + "/v1/models").status_code == 401
+        assert client(base, "s3cret").completions.create(model="toy", prompt="ab", max_tokens=2).usage
+        assert httpx.get(base + "/health").status_code == 200  # probes need no key

@@ -1,0 +1,89 @@
+"""Request parsing (server/protocol.py): every malformed request is a 400 naming its field."""
+
+from __future__ import annotations
+
+import json
+
+from .helpers import (
+    httpx,
+    toy_server,
+)
+
+BAD = [
+    (b"{", "not valid JSON"),
+    (b"[1, 2]", "must be a JSON object"),
+    ({"prompt": "x", "n": 2}, "only n = 1"),
+    ({"prompt": "x", "logprobs": 3}, "logprobs are not supported"),
+    ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "best_of": 3}, "best_of"),
+    ({"prompt": "x", "model": "gpt-4o"}, "model 'gpt-4o' is not served here"),
+    ({"prompt": "x", "temperature": -1}, "'temperature' must be in [0, 2]"),
+    ({"prompt": "x", "temperature": "hot"}, "'temperature' must be a number"),
+    ({"prompt": "x", "top_p": 0}, "'top_p' must be in (0, 1]"),
+    ({"prompt": "x", "min_p": 1.5}, "'min_p'"),
+    ({"prompt": "x", "top_k": 2.5}, "'top_k' must be an integer"),
+    ({"prompt": "x", "max_tokens": 0}, "'max_tokens' must be >= 1"),
+    ({"prompt": "x", "max_tokens": True}, "'max_tokens' must be an integer"),
+    ({"prompt": "x", "seed": -1}, "'seed'"),
+    ({"prompt": "x", "stop": 5}, "'stop' must be a string or a list"),
+    ({"prompt": "x", "stop": [""]}, "must not be empty"),
+    ({"prompt": "x", "stream": "yes"}, "'stream' must be true or false"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, 'only allowed with "stream": true'),
+    ({"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty is not supported"),
+    ({"prompt": "x", "whatever": 1}, "unsupported field: whatever"),
+    ({"prompt": "x", "speculative": {"draft": "ngram", "k": 0}}, "'k' must be in [1, 32]"),
+    ({"prompt": "x", "speculative": {"draft": "auto", "k": 4}}, "chooses k itself"),
+    ({"prompt": "x", "speculative": {"model": "a.gguf"}}, "unknown field(s) model"),
+    ({"prompt": ""}, "'prompt' is empty"),
+    ({"prompt": ["a", "b"]}, "several prompts"),
+    ({"prompt": [1, 2, 99999]}, "outside the vocabulary"),
+    ({"prompt": "x" * 300}, "the context holds 256"),
+    ({"prompt": "x" * 200, "max_tokens": 100}, "at most 56 fit"),
+    ({}, "'prompt' must be"),
+]
+
+BAD_CHAT = [
+    ({"messages": []}, "'messages' must be a non-empty list"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "tools are not supported"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        "only text parts",
+    ),
+    ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "unsupported field(s) name"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format"),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "max_tokens": 5, "max_completion_tokens": 6},
+        "not two different values",
+    ),
+]
+
+
+def test_malformed_requests_are_400_with_a_clear_message():
+    with toy_server() as (base, _):
+        for path, cases in (("/v1/completions", BAD), ("/v1/chat/completions", BAD_CHAT)):
+            for body, fragment in cases:
+                r = httpx.post(base + path, content=body if isinstance(body, bytes) else json.dumps(body))
+                assert r.status_code == 400, (body, r.status_code, r.text)
+                error = r.json()["error"]
+                assert set(error) == {"message", "type", "param", "code"}
+                assert fragment in error["message"], (body, error)
+        # no-op values of unsupported fields are fine
+        r = httpx.post(
+            base + "/v1/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "ab"}]}],
+                "n": 1,
+                "logprobs": False,
+                "tools": [],
+                "presence_penalty": 0,
+                "max_completion_tokens": 3,
+                "stop": "zzz",
+                "top_k": -1,
+            },
+        )
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        r = httpx.get(base + "/v1/nothing")
+        assert r.status_code == 404 and "error" in r.json()
+        r = httpx.get(base + "/v1/completions")
+        assert r.status_code == 405 and "error" in r.json()

@@ -1,0 +1,70 @@
+"""The engine's thread (server/worker.py) and the service rules: a client that disconnects frees its
+row, a full queue is a 429, a time limit or an engine failure ends the request and not the server."""
+
+from __future__ import annotations
+
+import pytest
+
+from .helpers import (
+    _stream_in_thread,
+    _wait,
+    httpx,
+    metric,
+    toy_server,
+)
+
+
+def test_a_client_that_disconnects_frees_its_row():
+    # one row; each step 20 ms: the first request alone would hold the row for 4 s
+    with toy_server(delay=0.02, max_batch=1) as (base, service):
+        engine = service.worker.engine
+        out = []
+        thread = _stream_in_thread(
+            base, {"prompt": "abc", "max_tokens": 200, "speculative": {"draft": "none"}}, out, chunks_before_close=3
+        )
+        thread.join(10)
+        assert out[-1] == ("end", "closed")
+        r = httpx.post(
+            base + "/v1/completions",
+            json={"prompt": "abc", "max_tokens": 5, "speculative": {"draft": "none"}},
+            timeout=10,
+        )
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+        _wait(lambda: not engine.rows and not engine.queue, 2, "the engine to be empty")
+        metrics = httpx.get(base + "/metrics").text
+        assert metric(metrics, "specdec:request_success_total", finished_reason="abort") == 1
+        # the abandoned request was cut where its client left, not run to its 200 tokens first
+        # (on one row, the next request would have waited for that)
+        assert metric(metrics, "specdec:generation_tokens_total") < 200
+        # a non-streaming client that gives up is cancelled too
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(base + "/v1/completions", json={"prompt": "abc", "max_tokens": 200}, timeout=0.3)
+        _wait(lambda: not engine.rows and not engine.queue, 2, "the non-streaming row to be freed")
+        assert service.inflight == 0
+
+
+def test_a_full_queue_is_429_with_retry_after():
+    with toy_server(delay=0.02, max_batch=1, max_queue=1) as (base, service):
+        outs = [[], []]
+        threads = [_stream_in_thread(base, {"prompt": "abc", "max_tokens": 40}, out) for out in outs]
+        _wait(lambda: service.inflight == 2, 5, "two requests in the house")
+        r = httpx.post(base + "/v1/completions", json={"prompt": "abc", "max_tokens": 2})
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["code"] == "queue_full"
+        for thread in threads:
+            thread.join(30)
+        assert [out[-1] for out in outs] == [("end", 200)] * 2
+        assert httpx.post(base + "/v1/completions", json={"prompt": "abc", "max_tokens": 2}).status_code == 200
+        assert metric(httpx.get(base + "/metrics").text, "specdec:request_rejected_total", status="429") == 1
+
+
+def test_time_limit_and_engine_failures_do_not_end_the_server():
+    with toy_server(delay=0.02, request_timeout=0.3) as (base, service):
+        r = httpx.post(base + "/v1/completions", json={"prompt": "abc", "max_tokens": 200})
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "time_limit"
+        assert 0 < r.json()["usage"]["completion_tokens"] < 200
+        service.worker.target.explode = True
+        r = httpx.post(base + "/v1/completions", json={"prompt": "abc", "max_tokens": 5})
+        assert r.status_code == 500 and "the toy backend failed" in r.json()["error"]["message"]
+        r = httpx.post(base + "/v1/completions", json={"prompt": "abc", "max_tokens": 5})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
