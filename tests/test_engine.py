@@ -183,6 +183,31 @@ def test_a_draft_ends_at_its_first_eog():
     assert whole.upto(frozenset({0})) is whole and whole.upto(frozenset()) is whole
 
 
+class OutOfVocabDrafter(WrongDrafter):
+    """Proposes the target's own greedy token, then ids outside its vocabulary (a damaged suffix
+    cache file's): -1, vocab_size, and 10**6."""
+
+    name = kind = "out-of-vocab"
+
+    def propose(self, contexts, ks):
+        self.asked += ks.values()
+        reference = ToyLM(vocab_size=32, seed=1)
+        return {
+            row: Draft([int(np.argmax(reference.forward(list(contexts[row]))[-1])), -1, 32, 10**6][:k])
+            for row, k in ks.items()
+        }
+
+
+def test_a_draft_token_outside_the_vocabulary_never_reaches_the_target(target):
+    """The draft ends before its first token outside the vocabulary: the step goes on, the output
+    is plain greedy, and the good first token is still kept."""
+    result = SpeculativeDecoder(target, OutOfVocabDrafter(target), k=4).generate(PROMPT, max_new_tokens=24)
+    assert result.tokens == reference_greedy(ToyLM(vocab_size=32, seed=1), PROMPT, 24)
+    assert result.stats.drafted == result.stats.accepted > 0
+    cut = Draft([3, 40, 5]).upto(frozenset(), vocab_size=32)
+    assert cut.tokens == [3] and Draft([-1]).upto(frozenset(), vocab_size=32).tokens == []
+
+
 def test_stream_is_utf8_safe_and_matches_text():
     # tokens 1 and 2 are the two bytes of "é": no piece may hold half of it
     script = [4, 1, 2, 5, 1, 2, 6, 0]

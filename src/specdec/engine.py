@@ -160,9 +160,10 @@ class Engine:
         }
         t = self.clock()
         plan = self.controller.draft(contexts, caps)
-        # a draft ends at its first end-of-generation token: nothing after it is ever emitted
+        # a draft ends at its first end-of-generation token (nothing after it is ever emitted) and
+        # before any token outside the target's vocabulary
         plan = {
-            row: (d, draft.upto(target.tokenizer.eog_ids) if draft is not None else None)
+            row: (d, draft.upto(target.tokenizer.eog_ids, target.vocab_size) if draft is not None else None)
             for row, (d, draft) in plan.items()
         }
         t_draft = self.clock() - t

@@ -28,18 +28,25 @@ class Draft:
     # match spans) and "votes" ((occurrences continuing with the first guess, occurrences))
     evidence: dict = field(default_factory=dict)
 
-    def upto(self, stops: frozenset[int] | set[int]) -> "Draft":
+    def upto(self, stops: frozenset[int] | set[int], vocab_size: int | None = None) -> "Draft":
         """The draft up to and including its first token in `stops` (end of generation): once the
         target keeps that token the response is over, so the tokens after it could only widen
         the forward. Prompt lookup copying a passage runs into the prompt's own end-of-turn token
-        and on into the chat template (seen: a 63-token draft whose last 26 tokens lay past it)."""
+        and on into the chat template (seen: a 63-token draft whose last 26 tokens lay past it).
+        With `vocab_size`, the draft also ends before its first token outside [0, vocab_size):
+        one bad draft (a damaged cache file's ids) must never fail the target's forward, which
+        every row of the batch shares."""
         for i, token in enumerate(self.tokens):
+            if vocab_size is not None and not 0 <= token < vocab_size:
+                return self._first(i)
             if token in stops:
-                if i + 1 == len(self.tokens):
-                    return self
-                q = self.q[: i + 1] if self.q is not None else None
-                return Draft(self.tokens[: i + 1], q, self.evidence)
+                return self._first(i + 1)
         return self
+
+    def _first(self, n: int) -> "Draft":
+        if n == len(self.tokens):
+            return self
+        return Draft(self.tokens[:n], self.q[:n] if self.q is not None else None, self.evidence)
 
 
 @runtime_checkable
