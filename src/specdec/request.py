@@ -24,7 +24,8 @@ from .errors import ContextOverflowError, PromptError
 
 # How a request's token budget meets the context window, once its prompt's length is known:
 #   "end"     max_new_tokens as given; a row that reaches the context ends there ("context")
-#   "fit"     as many tokens as fit (max_new_tokens is set to the room the prompt leaves)
+#   "fit"     max_new_tokens, or as many as fit where the context leaves fewer (the server's
+#             default when a request gives no max_tokens)
 #   "refuse"  max_new_tokens as given, and a request that cannot fit them is refused (the server:
 #             OpenAI's 400 context_length_exceeded)
 Limit = Literal["end", "fit", "refuse"]
@@ -75,14 +76,27 @@ def text(
     templated (where `chat` is not False); a text becomes one user turn after `system`."""
     chat = model.is_instruct if chat is None else chat
     if messages is not None and chat:
-        return model.tokenizer.apply_chat_template(list(messages))
+        return _template(model, list(messages), "messages")
     if prompt is None:
         raise PromptError("give a prompt or chat messages")
     check_text(prompt, chat)
     if not chat:
         return prompt
     turns = [{"role": "system", "content": system}] if system else []
-    return model.tokenizer.apply_chat_template(turns + [{"role": "user", "content": prompt}])
+    return _template(model, turns + [{"role": "user", "content": prompt}], "prompt")
+
+
+def _template(model, turns: list[dict], field: str) -> str:
+    """The chat template over `turns`. A template engine hands the text on as a C string, which
+    ends at the first NUL: the rest of the turn would be dropped without a word, so a NUL is refused."""
+    for turn in turns:
+        if "\0" in turn["content"]:
+            raise PromptError(
+                f"a {turn['role']} turn holds a NUL character (\\u0000), where the chat template would cut "
+                "it short; remove it",
+                field,
+            )
+    return model.tokenizer.apply_chat_template(turns)
 
 
 def tokens(
@@ -127,7 +141,7 @@ def prepare(
             "messages" if messages is not None else "prompt",
             "context_length_exceeded",
         )
-    if limit == "fit":
+    if limit == "fit" and config.max_new_tokens > room:
         return ids, replace(config, max_new_tokens=room)
     if limit == "refuse" and config.max_new_tokens > room:
         raise ContextOverflowError(

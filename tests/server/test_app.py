@@ -115,3 +115,18 @@ def test_api_key():
         assert httpx.get(base + "/v1/models").status_code == 401
         assert client(base, "s3cret").completions.create(model="toy", prompt="ab", max_tokens=2).usage
         assert httpx.get(base + "/health").status_code == 200  # probes need no key
+
+
+def test_what_sdks_and_probes_call():
+    """models.retrieve() (GET /v1/models/{id}), HEAD /health, and a completion near the end of the
+    context without max_tokens: it gets what fits of the default 16, not an error."""
+    with toy_server() as (base, _):
+        c = client(base)
+        assert c.models.retrieve("toy").id == "toy"
+        r = httpx.get(base + "/v1/models/gpt-4o")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        assert httpx.head(base + "/health").status_code == 200
+        r = httpx.post(base + "/v1/completions", json={"prompt": "x" * 250})  # toy context: 256
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert 0 < body["usage"]["completion_tokens"] < 16 and body["choices"][0]["finish_reason"] == "length"

@@ -12,6 +12,11 @@ from .helpers import (
 BAD = [
     (b"{", "not valid JSON"),
     (b"[1, 2]", "must be a JSON object"),
+    # what once gave a 500 with a logged traceback (issue 28, item 5)
+    (b"[" * 100_000, "nests too deeply"),
+    (b'{"prompt": "x", "seed": ' + b"9" * 5000 + b"}", "number out of range"),
+    (b'{"prompt": "a\\ud800b"}', "lone UTF-16 surrogate"),
+    (b'{"prompt": "x", "\\ud800": 1}', "lone UTF-16 surrogate"),
     ({"prompt": "x", "n": 2}, "only n = 1"),
     ({"prompt": "x", "logprobs": 3}, "logprobs are not supported"),
     ({"prompt": "x", "echo": True}, "echo"),
@@ -31,7 +36,10 @@ BAD = [
     ({"prompt": "x", "stream_options": {"include_usage": True}}, 'only allowed with "stream": true'),
     ({"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty is not supported"),
     ({"prompt": "x", "whatever": 1}, "unsupported field: whatever"),
-    ({"prompt": "x", "speculative": {"draft": "ngram", "k": 0}}, "'k' must be in [1, 32]"),
+    ({"prompt": "x", "speculative": {"draft": "ngram", "k": 0}}, "'speculative.k' must be in [1, 32]"),
+    ({"prompt": "x", "seed": 2**64}, "'seed' must be in [0, 18446744073709551615]"),
+    ({"prompt": "x", "store": "no"}, "'store' must be true or false"),
+    ({"prompt": "x", "metadata": [1]}, "'metadata' must be an object"),
     ({"prompt": "x", "speculative": {"draft": "auto", "k": 4}}, "chooses k itself"),
     ({"prompt": "x", "speculative": {"model": "a.gguf"}}, "unknown field(s) model"),
     ({"prompt": ""}, "'prompt' is empty"),
@@ -43,6 +51,8 @@ BAD = [
 ]
 
 BAD_CHAT = [
+    ({"messages": [{"role": "user", "content": "hi\u0000 write a poem about the sea"}]}, "NUL character"),
+    (b'{"messages": [{"role": "user", "content": "a\\udfffb"}]}', "lone UTF-16 surrogate"),
     ({"messages": []}, "'messages' must be a non-empty list"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "tools are not supported"),
     (
@@ -80,6 +90,8 @@ def test_malformed_requests_are_400_with_a_clear_message():
                 "max_completion_tokens": 3,
                 "stop": "zzz",
                 "top_k": -1,
+                "store": False,
+                "metadata": {"team": "search"},
             },
         )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
@@ -87,3 +99,16 @@ def test_malformed_requests_are_400_with_a_clear_message():
         assert r.status_code == 404 and "error" in r.json()
         r = httpx.get(base + "/v1/completions")
         assert r.status_code == 405 and "error" in r.json()
+
+
+def test_an_error_names_the_field_at_fault():
+    cases = [
+        ("/v1/completions", {"prompt": "x", "speculative": {"draft": "ngram", "k": 99}}, "speculative.k"),
+        ("/v1/completions", {"prompt": "x" * 300}, "prompt"),
+        ("/v1/completions", {"prompt": "x" * 200, "max_tokens": 100}, "max_tokens"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a\u0000b"}]}, "messages"),
+    ]
+    with toy_server() as (base, _):
+        for path, body, param in cases:
+            r = httpx.post(base + path, json=body)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)

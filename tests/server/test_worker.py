@@ -46,7 +46,9 @@ def test_a_client_that_disconnects_frees_its_row():
 def test_a_full_queue_is_429_with_retry_after():
     with toy_server(delay=0.02, max_batch=1, max_queue=1) as (base, service):
         outs = [[], []]
-        threads = [_stream_in_thread(base, {"prompt": "abc", "max_tokens": 40}, out) for out in outs]
+        # plain decoding, 100 steps of 20 ms: both stay in the house while the third asks
+        body = {"prompt": "abc", "max_tokens": 100, "speculative": {"draft": "none"}}
+        threads = [_stream_in_thread(base, body, out) for out in outs]
         _wait(lambda: service.inflight == 2, 5, "two requests in the house")
         r = httpx.post(base + "/v1/completions", json={"prompt": "abc", "max_tokens": 2})
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
@@ -68,3 +70,34 @@ def test_time_limit_and_engine_failures_do_not_end_the_server():
         assert r.status_code == 500 and "the toy backend failed" in r.json()["error"]["message"]
         r = httpx.post(base + "/v1/completions", json={"prompt": "abc", "max_tokens": 5})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+
+
+def test_a_request_whose_time_ran_out_in_the_queue_is_answered_without_work():
+    """One row, held by a long request: a second one waits in the queue past its time limit and is
+    answered with time_limit and no tokens, its prompt never prefilled."""
+    with toy_server(delay=0.02, max_batch=1) as (base, service):
+        out = []
+        thread = _stream_in_thread(base, {"prompt": "abc", "max_tokens": 200, "speculative": {"draft": "none"}}, out)
+        _wait(lambda: len(out) >= 2, 10, "the first stream to start")
+        service.request_timeout = 0.5  # the second request's limit; the first (about 4 s) has 600 s
+        r = httpx.post(base + "/v1/completions", json={"prompt": "abd", "max_tokens": 5}, timeout=30)
+        thread.join(30)
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "time_limit", r.text
+        assert r.json()["usage"]["completion_tokens"] == 0
+
+
+def test_prompts_are_tokenized_beside_the_engine_thread():
+    """A long prompt's tokenization never stalls the running rows: it runs off the engine's thread."""
+    import threading
+
+    with toy_server() as (base, service):
+        tokenizer = service.worker.target.tokenizer
+        encode, threads = tokenizer.encode, []
+
+        def recording(*args, **kwargs):
+            threads.append(threading.current_thread().name)
+            return encode(*args, **kwargs)
+
+        tokenizer.encode = recording
+        r = httpx.post(base + "/v1/completions", json={"prompt": "abc", "max_tokens": 2})
+        assert r.status_code == 200 and threads and "specdec-engine" not in threads, threads

@@ -16,6 +16,7 @@ import json
 import logging
 import signal
 import time
+from dataclasses import replace
 
 import anyio
 from fastapi import FastAPI, Request
@@ -23,6 +24,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import Engine
+from ..errors import PromptError, SpecdecError
+from ..request import prepare
 from ..spec import DraftSpec
 from .metrics import Metrics
 from .policy import RoutingController
@@ -71,12 +74,28 @@ class Service:
         self.metrics = Metrics(model_names[0])
         self.worker = Worker(engine, router, self.metrics)
         self.inflight = 0  # requests accepted and not yet answered
+        self.preparing = anyio.CapacityLimiter(1)  # requests being tokenized at once
         self.draining = False
         self.started = int(time.time())
 
     @property
     def idle(self) -> bool:
         return self.inflight == 0
+
+    def prepare(self, job: Job):
+        """The request's prompt tokens and final config (request.prepare: chat turns through the
+        chat template, a completion's text raw), checked against the context; called off the
+        engine's thread, so that tokenizing a long prompt never stalls the running rows."""
+        chat = job.kind == "chat"
+        config = replace(job.config, chat=chat)
+        try:
+            return prepare(
+                self.worker.target, job.prompt, config, messages=job.messages if chat else None, limit=job.limit
+            )
+        except PromptError as exc:
+            raise RequestError(str(exc), exc.param, exc.code) from None
+        except SpecdecError as exc:  # e.g. a model without a chat template
+            raise RequestError(str(exc)) from None
 
     def close(self) -> None:
         self.worker.stop()
@@ -123,6 +142,28 @@ def build_service(
 
 
 # -- the app ----------------------------------------------------------------------------------------
+
+
+def _check_strings(value) -> None:
+    """JSON may escape a lone UTF-16 surrogate (\\ud800), which no UTF-8 text holds: refuse it
+    here, in a value or a key, rather than fail later where the text is encoded. Iterative: the
+    body may nest as deep as the JSON parser allows."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise RequestError(
+                    "the request body holds a lone UTF-16 surrogate escape (such as \\ud800), which is not text",
+                    code="invalid_json",
+                ) from None
 
 
 def _error(exc: RequestError, metrics: Metrics | None = None) -> JSONResponse:
@@ -211,11 +252,17 @@ def create_app(service: Service) -> FastAPI:
             if len(body) > MAX_BODY:
                 raise RequestError(f"the request body is larger than {MAX_BODY} bytes", status=413)
         try:
-            return json.loads(body)
+            value = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise RequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        except RecursionError:
+            raise RequestError("the request body nests too deeply", code="invalid_json") from None
+        except ValueError as exc:  # an integer of more digits than Python converts
+            raise RequestError(f"the request body has a number out of range: {exc}", code="invalid_json") from None
+        _check_strings(value)
+        return value
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         if service.draining:
             return JSONResponse({"status": "draining"}, status_code=503, headers={"Retry-After": str(RETRY_AFTER)})
@@ -227,22 +274,32 @@ def create_app(service: Service) -> FastAPI:
 
         return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
 
+    def model_card(name: str) -> dict:
+        return {
+            "id": name,
+            "object": "model",
+            "created": service.started,
+            "owned_by": "specdec",
+            "max_model_len": service.n_ctx,
+        }
+
     @app.get("/v1/models")
     async def models(request: Request):
         check_auth(request)
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": name,
-                    "object": "model",
-                    "created": service.started,
-                    "owned_by": "specdec",
-                    "max_model_len": service.n_ctx,
-                }
-                for name in service.model_names[:1]
-            ],
-        }
+        return {"object": "list", "data": [model_card(name) for name in service.model_names[:1]]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str, request: Request):
+        check_auth(request)
+        if name not in service.model_names:
+            raise RequestError(
+                f"model {name!r} is not served here; this server serves {service.model_names[0]!r}",
+                "model",
+                "model_not_found",
+                status=404,
+                type="not_found_error",
+            )
+        return model_card(name)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -279,6 +336,7 @@ def create_app(service: Service) -> FastAPI:
             deadline=time.monotonic() + service.request_timeout,
         )
         service.inflight += 1
+        handle.closed = True  # until the worker has it: nothing to cancel
         released = False
 
         def release():
@@ -292,6 +350,11 @@ def create_app(service: Service) -> FastAPI:
 
         streaming = False
         try:
+            # tokenized here, one request at a time, beside the engine's thread (not on it)
+            handle.tokens, handle.config = await anyio.to_thread.run_sync(
+                service.prepare, job, limiter=service.preparing
+            )
+            handle.closed = False
             service.worker.submit(handle)
             event = await handle.events.get()  # admitted, or refused (context, token ids)
             if event[0] == "error":

@@ -22,6 +22,7 @@ from ..stats import GenerationStats
 
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4; llama-server any number)
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's and vLLM's default max_tokens for /v1/completions
+UNBOUNDED = 2**31 - 1  # chat's max_tokens when none is given: the context is the limit
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -58,7 +59,8 @@ class Job:
     prompt: str | list[int] | None = None  # completion: text or token ids
     config: GenerationConfig = field(default_factory=GenerationConfig)
     # how max_new_tokens meets the context (request.Limit): "refuse" a request whose max_tokens
-    # do not fit; "fit": none given (chat), as many as the context leaves
+    # do not fit; "fit" where none is given: the default (16 for completions, none for chat) or as
+    # many as the context leaves, whichever is fewer
     limit: Limit = "fit"
     policy: DraftSpec | None = None  # kind and k (no model: 'model' is the one loaded); None: the default
     stream: bool = False
@@ -77,15 +79,18 @@ def _is_number(v) -> bool:
     return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
 
 
-def _int(body: dict, name: str, low: int | None = None, high: int | None = None) -> int | None:
+def _int(body: dict, name: str, low: int | None = None, high: int | None = None, parent: str = "") -> int | None:
+    """body[name], an integer in [low, high], or None; `parent` names the object holding it in
+    the request ('speculative' for speculative.k)."""
     v = body.get(name)
     if v is None:
         return None
+    field = f"{parent}.{name}" if parent else name
     if not _is_int(v):
-        raise RequestError(f"'{name}' must be an integer, got {v!r}", name)
+        raise RequestError(f"'{field}' must be an integer, got {v!r}", field)
     if (low is not None and v < low) or (high is not None and v > high):
         where = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise RequestError(f"'{name}' must be {where}, got {v}", name)
+        raise RequestError(f"'{field}' must be {where}, got {v}", field)
     return v
 
 
@@ -161,6 +166,8 @@ _SAMPLING = {
     "user",
     "speculative",
     "return_tokens",
+    "store",  # SDKs and proxies send these; they change nothing here (nothing is stored)
+    "metadata",
 }
 CHAT_FIELDS = _SAMPLING | {"messages", "max_completion_tokens"} | (set(_UNSUPPORTED) - {"best_of", "echo", "suffix"})
 COMPLETION_FIELDS = (
@@ -220,7 +227,7 @@ def _policy(body: dict, draft_names: dict[str, str]) -> DraftSpec | None:
             f"'speculative.draft' must be one of {offered}; got {draft!r}", "speculative.draft", "unsupported_value"
         )
     kind = draft_names[draft]
-    k = _int(v, "k", 1, MAX_DRAFT_TOKENS) if "k" in v else None
+    k = _int(v, "k", 1, MAX_DRAFT_TOKENS, parent="speculative") if "k" in v else None
     if "k" in v and k is None:
         raise RequestError("'speculative.k' must be an integer", "speculative.k")
     if kind in ("auto", "none") and k is not None:
@@ -264,6 +271,10 @@ def _common(
         include_usage = bool(_bool(options, "include_usage"))
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise RequestError("'user' must be a string", "user")
+    _bool(body, "store")
+    metadata = body.get("metadata")
+    if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        raise RequestError("'metadata' must be an object of string values", "metadata")
     max_tokens = None
     for name in max_tokens_fields:
         v = _int(body, name, 1)
@@ -272,14 +283,14 @@ def _common(
                 raise RequestError("give max_tokens or max_completion_tokens, not two different values", name)
             max_tokens = v
     top_k = _int(body, "top_k", -1)
-    seed = _int(body, "seed", 0, 2**63 - 1)
+    seed = _int(body, "seed", 0, 2**64 - 1)  # numpy's generators' range, as the CLI's --seed
     temperature = _number(body, "temperature", 0, 2)
     top_p = _number(body, "top_p", 0, 1, low_open=True)
     min_p = _number(body, "min_p", 0, 1)
     try:
         config = GenerationConfig(
-            # with neither given, request.prepare sets it to the room the prompt leaves ("fit")
-            max_new_tokens=max_tokens or default_max_tokens or GenerationConfig.max_new_tokens,
+            # without max_tokens: the default, or as many as the context leaves (request.prepare's "fit")
+            max_new_tokens=max_tokens or default_max_tokens or UNBOUNDED,
             temperature=0.0 if temperature is None else temperature,
             top_k=0 if top_k in (None, -1) else top_k,  # -1: vLLM's "off"
             top_p=1.0 if top_p is None else top_p,
@@ -293,7 +304,7 @@ def _common(
         kind,
         model or model_names[0],
         config=config,
-        limit="fit" if (max_tokens or default_max_tokens) is None else "refuse",
+        limit="fit" if max_tokens is None else "refuse",
         policy=_policy(body, draft_names),
         stream=stream,
         include_usage=include_usage,

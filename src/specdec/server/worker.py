@@ -16,11 +16,11 @@ import queue
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
+from ..config import GenerationConfig
 from ..engine import Engine, Request
-from ..errors import PromptError, SpecdecError
-from ..request import finish_label, prepare
+from ..request import finish_label
 from ..spec import DraftSpec
 from .metrics import Metrics
 from .protocol import Job, RequestError
@@ -39,6 +39,8 @@ class Handle:
     events: asyncio.Queue
     deadline: float  # time.monotonic() past which the request is ended
     arrived: float = field(default_factory=time.monotonic)
+    tokens: list[int] = field(default_factory=list)  # the prompt, prepared (Service.prepare)
+    config: GenerationConfig | None = None  # the final config, its token budget settled
     request: Request | None = None  # the engine's, once added
     finish: str = ""  # a finish reason the worker imposed ("time_limit")
     closed: bool = False  # the worker is done with it
@@ -113,38 +115,19 @@ class Worker:
 
     def _add(self, handle: Handle) -> None:
         try:
-            tokens, config = self._prepare(handle.job)
-            request = self.engine.add(tokens, config)
-        except RequestError as exc:
-            handle.closed = True
-            handle.send("error", exc)
-            return
-        except SpecdecError as exc:  # e.g. a model without a chat template
-            handle.closed = True
-            handle.send("error", RequestError(str(exc)))
-            return
+            request = self.engine.add(handle.tokens, handle.config)
         except Exception as exc:
-            log.error("preparing a request failed:\n%s", traceback.format_exc())
+            log.error("adding a request failed:\n%s", traceback.format_exc())
             handle.closed = True
             handle.send(
                 "error",
-                RequestError(f"internal error while preparing the request: {exc}", status=500, type="server_error"),
+                RequestError(f"internal error while adding the request: {exc}", status=500, type="server_error"),
             )
             return
         handle.request = request
         self.router.policies[request.id] = handle.policy
         self.handles[request.id] = handle
         handle.send("admitted")
-
-    def _prepare(self, job: Job):
-        """Prompt tokens and the final config (request.prepare): chat turns through the chat
-        template, a completion's text raw, checked against the context before any work."""
-        chat = job.kind == "chat"
-        config = replace(job.config, chat=chat)
-        try:
-            return prepare(self.target, job.prompt, config, messages=job.messages if chat else None, limit=job.limit)
-        except PromptError as exc:
-            raise RequestError(str(exc), exc.param, exc.code) from None
 
     def _cancel(self, handle: Handle, finish: str) -> None:
         """End a request now (its row and caches are freed in the engine's cancel); `finish` is
