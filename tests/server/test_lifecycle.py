@@ -87,7 +87,8 @@ def test_a_signal_drains_the_running_and_the_queued_requests(sig):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_second_signal_exits_at_once_with_its_code(sig):
     """A drain that would take 5 s (240 tokens at 20 ms) is cut short by a second signal: the
-    process exits with 128 + the signal's number, and the stream ends unfinished."""
+    process exits with 128 + the signal's number, and the stream ends unfinished, told so by an
+    error event (then [DONE]), not cut without a word."""
     with drain_server() as (proc, base):
         out = []
         thread = _stream_in_thread(base, {"prompt": "abc", "max_tokens": 240, "speculative": {"draft": "none"}}, out)
@@ -97,8 +98,10 @@ def test_a_second_signal_exits_at_once_with_its_code(sig):
         proc.send_signal(sig)
         assert proc.wait(20) == 128 + sig
         thread.join(20)
-        assert out[-1] != ("end", 200)
-        assert sum(kind == "chunk" for kind, _ in out) < 240
+        assert out[-1] == ("end", 200), out[-3:]  # the stream ended in order, with [DONE]
+        kind, last = out[-2]
+        assert kind == "chunk" and last["error"]["code"] == "shutting_down", out[-3:]
+        assert sum("choices" in chunk for kind, chunk in out if kind == "chunk") < 240
 
 
 def test_serve_flags_are_checked_before_loading():

@@ -4,8 +4,8 @@ The rules: a bounded number of requests in the house (rows + queue; past it, 429
 Retry-After); every request has a time limit; a client that goes away has its row cancelled
 within one step; `--api-key` guards /v1/*; SIGTERM (or Ctrl-C) drains -- new requests get 503,
 the ones in flight finish, then the process exits 0 (a second signal exits at once, with 128 + its
-number: 130 for Ctrl-C). Nothing a request sends can end the server: every failure is an
-OpenAI-style error body.
+number: 130 for Ctrl-C, and tells the requests it cuts so: an error event, or a 503). Nothing a
+request sends can end the server: every failure is an OpenAI-style error body.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ log = logging.getLogger("specdec.server")
 
 MAX_BODY = 8 << 20  # bytes of a request body; a prompt that needs more exceeds any context
 RETRY_AFTER = 1  # seconds a 429 / 503 asks the client to wait
+CUT_GRACE = 1.0  # seconds a second signal waits for the requests it cut to be told so
 
 
 class Service:
@@ -480,11 +481,20 @@ def _draining_server_class():
             super().__init__(config)
             self.service = service
             self.forced_by = 0  # the signal that cut the drain short
+            self.cut_at = 0.0  # when the requests it cut were told so
 
         def handle_exit(self, sig, frame) -> None:
-            if self.service.draining or sig not in (signal.SIGTERM, signal.SIGINT):
+            if self.forced_by:  # a third signal: no more waiting for anything
                 self.should_exit = self.force_exit = True
+                return
+            if self.service.draining or sig not in (signal.SIGTERM, signal.SIGINT):
+                # a second signal: every request still running ends with an error event (a 503
+                # if nothing was sent yet), and the process exits as soon as they are told, at
+                # most CUT_GRACE seconds from now
                 self.forced_by = int(sig)
+                self.cut_at = time.monotonic()
+                self.service.draining = True
+                self.service.worker.abort()
                 return
             log.warning("draining: %d request(s) in flight; new requests get 503", self.service.inflight)
             self.service.draining = True
@@ -492,6 +502,8 @@ def _draining_server_class():
         async def on_tick(self, counter: int) -> bool:
             if self.service.draining and self.service.idle:
                 self.should_exit = True
+            if self.forced_by and (self.service.idle or time.monotonic() - self.cut_at > CUT_GRACE):
+                self.should_exit = self.force_exit = True
             return await super().on_tick(counter)
 
     return _DrainingServer

@@ -78,6 +78,10 @@ class Worker:
     def cancel(self, handle: Handle) -> None:
         self.inbox.put(("cancel", handle))
 
+    def abort(self) -> None:
+        """End every request now with an error its client is told (a second signal cut the drain)."""
+        self.inbox.put(("abort", None))
+
     def stop(self, timeout: float = 30.0) -> None:
         self.inbox.put(("stop", None))
         self.thread.join(timeout)
@@ -103,6 +107,15 @@ class Worker:
                         self._add(handle)
                     elif kind == "cancel":
                         self._cancel(handle, "")
+                    elif kind == "abort":
+                        self._end_all(
+                            RequestError(
+                                "the server was stopped before this request finished; retry on another replica",
+                                code="shutting_down",
+                                status=503,
+                                type="unavailable_error",
+                            )
+                        )
                 self._expire()
                 if self.engine.busy:
                     self.engine.step()
@@ -148,7 +161,11 @@ class Worker:
         """A step raised: every request in the engine is ended with an error (a 500 or an error
         event), their rows freed, and the server goes on."""
         log.error("engine step failed; ending the %d request(s) in it:\n%s", len(self.handles), traceback.format_exc())
-        error = RequestError(f"internal error during generation: {exc}", status=500, type="server_error")
+        self._end_all(RequestError(f"internal error during generation: {exc}", status=500, type="server_error"))
+
+    def _end_all(self, error: RequestError) -> None:
+        """Every request in the engine ends with `error` (a response of its status, or an error
+        event on a stream), its row freed."""
         for handle in list(self.handles.values()):
             try:
                 self._cancel(handle, "cancelled")
