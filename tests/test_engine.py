@@ -338,3 +338,34 @@ def test_abandoned_stream_is_cancelled(target):
     next(it)
     it.close()
     assert decoder.engine.rows == {} and not decoder.engine.queue
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_logprobs_are_the_targets_log_probabilities(target, temperature):
+    """Each generated token's log-probability (and its top alternatives) is the target's own, at
+    its position, from a plain forward over everything before it, however many tokens the step
+    that emitted it verified; streamed, they come in order and add up to the whole."""
+    draft = ToyLM(vocab_size=32, seed=2, noise_from=target, noise=0.3)
+    decoder = SpeculativeDecoder(target, draft, k=4)
+    config = GenerationConfig(max_new_tokens=30, temperature=temperature, seed=7, logprobs=3)
+    result = decoder.generate(PROMPT, config)
+    assert result.stats.accepted > 0 and len(result.logprobs) == len(result.tokens) == 30
+    reference = ToyLM(vocab_size=32, seed=1)
+    for i, entry in enumerate(result.logprobs):
+        reference.reset()
+        logits = reference.forward(list(PROMPT) + result.tokens[:i])[-1].astype(np.float64)
+        logp = logits - np.log(np.sum(np.exp(logits - logits.max()))) - logits.max()
+        assert entry.token == result.tokens[i]
+        assert entry.logprob == pytest.approx(logp[entry.token], abs=1e-9)
+        top = np.argsort(-logp, kind="stable")[:3]
+        assert [t for t, _ in entry.top] == list(top)
+        assert [lp for _, lp in entry.top] == pytest.approx(list(logp[top]), abs=1e-9)
+    stream = decoder.stream(PROMPT, config)
+    pieces = []
+    for _ in stream:
+        pieces += stream.request.read_logprobs()
+    pieces += stream.request.read_logprobs()
+    assert pieces == result.logprobs
+    assert decoder.generate(PROMPT, max_new_tokens=5).logprobs is None  # off unless asked
+    with pytest.raises(SpecdecError, match="logprobs"):
+        GenerationConfig(logprobs=21)

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from .errors import SpecdecError
 from .sampling import SamplingParams
 
+MAX_LOGPROBS = 20  # the most likely tokens a generated token's log-probability may come with (OpenAI's bound)
+
 
 @dataclass(frozen=True)
 class GenerationConfig:
@@ -20,6 +22,9 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()  # stop strings; the text ends before the first one found
     chat: bool | None = None  # apply the chat template; None = when the target is instruct
     system: str | None = None  # system message for the chat template
+    # log-probabilities of each generated token under the target (None = off), with this many of
+    # the most likely tokens beside it (0 = the chosen token's alone): sampling.TokenLogprob
+    logprobs: int | None = None
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -27,6 +32,8 @@ class GenerationConfig:
         if self.seed is not None:  # numpy's generators take 0 <= seed < 2**64
             if not isinstance(self.seed, numbers.Integral) or not 0 <= self.seed < 2**64:
                 raise SpecdecError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise SpecdecError(f"logprobs must be in 0..{MAX_LOGPROBS}, got {self.logprobs}")
         if any(not s for s in self.stop):
             raise SpecdecError("an empty stop string would end every generation at once; drop it")
         object.__setattr__(self, "stop", tuple(self.stop))

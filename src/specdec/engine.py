@@ -22,7 +22,7 @@ from .drafters.base import MAX_DRAFT_TOKENS, Drafter, DraftModel
 from .errors import SpecdecError
 from .models.base import RowModel
 from .request import prepare
-from .sampling import verify
+from .sampling import TokenLogprob, token_logprob, verify
 from .spec import DEFAULT_K, GRAMMAR, DraftSpec, auto_drafters, make_drafter, parse
 from .stats import GenerationStats
 from .text import Detokenizer
@@ -41,14 +41,18 @@ class GenerationResult:
     tokens: list[int]  # generated tokens (the stop string's tokens included)
     prompt_tokens: list[int]
     stats: GenerationStats = field(default_factory=GenerationStats)
+    logprobs: list[TokenLogprob] | None = None  # one per generated token, when the config asked
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "text": self.text,
             "tokens": self.tokens,
             "prompt_tokens": len(self.prompt_tokens),
             "stats": self.stats.to_dict(),
         }
+        if self.logprobs is not None:
+            out["logprobs"] = [{"token": e.token, "logprob": e.logprob, "top": e.top} for e in self.logprobs]
+        return out
 
 
 class Request:
@@ -68,7 +72,9 @@ class Request:
         self.row: int | None = None  # the target's row, once admitted
         self.prefilled = 0  # prompt tokens in the row's cache
         self.result: GenerationResult | None = None
+        self.logprobs: list[TokenLogprob] | None = [] if config.logprobs is not None else None
         self._pieces: list[str] = []
+        self._logprobs_read = 0
         self._t_decode = 0.0
 
     @property
@@ -78,6 +84,13 @@ class Request:
     def read(self) -> str:
         pieces, self._pieces = self._pieces, []
         return "".join(pieces)
+
+    def read_logprobs(self) -> list[TokenLogprob]:
+        """The generated tokens' log-probabilities since the last call (none unless asked for)."""
+        if self.logprobs is None:
+            return []
+        new, self._logprobs_read = self.logprobs[self._logprobs_read :], len(self.logprobs)
+        return new
 
 
 class Engine:
@@ -207,6 +220,8 @@ class Engine:
             )
             r.context += emitted
             s.generated_tokens += len(emitted)
+            if r.logprobs is not None:  # emitted token i is what logits row i scored
+                r.logprobs += [token_logprob(logits[row][i], t, r.config.logprobs) for i, t in enumerate(emitted)]
             s.decode_seconds = now - r._t_decode
             outcomes[row] = Outcome(drafter, draft, n, emitted)
             if r.text.add(emitted):
@@ -287,6 +302,7 @@ class Engine:
                 tokens=request.text.tokens,
                 prompt_tokens=request.prompt_tokens,
                 stats=request.stats,
+                logprobs=request.logprobs[: len(request.text.tokens)] if request.logprobs is not None else None,
             )
 
 

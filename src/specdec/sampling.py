@@ -234,3 +234,26 @@ def draft_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gener
         return int(np.argmax(logits)), None
     q = logits_to_probs(logits, params)  # [vocab]
     return sample(q, rng), q
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the target's own distribution at its position
+    (the raw logits: before temperature, top-k, top-p or min-p, as vLLM's default and OpenAI's),
+    and the `top` most likely tokens there, most likely first, as (token, log-probability)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprob(logits: np.ndarray, token: int, top: int = 0) -> TokenLogprob:
+    """TokenLogprob of `token` from one position's logits [vocab]."""
+    shifted = logits.astype(np.float64) - float(np.max(logits))
+    logp = shifted - np.log(np.sum(np.exp(shifted)))
+    best = ()
+    if top:
+        ids = np.argpartition(-logp, top - 1)[:top] if top < len(logp) else np.arange(len(logp))
+        ids = ids[np.lexsort((ids, -logp[ids]))]  # most likely first; ties by id
+        best = tuple((int(i), float(logp[i])) for i in ids)
+    return TokenLogprob(int(token), float(logp[token]), best)

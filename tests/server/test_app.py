@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from .helpers import (
     _toy_models,
     client,
@@ -130,3 +132,59 @@ def test_what_sdks_and_probes_call():
         assert r.status_code == 200, r.text
         body = r.json()
         assert 0 < body["usage"]["completion_tokens"] < 16 and body["choices"][0]["finish_reason"] == "length"
+
+
+def test_logprobs_are_the_targets_as_openai_shows_them():
+    """chat's logprobs + top_logprobs and completions' logprobs: N, whole and streamed, equal the
+    target's own log-probabilities (plain decoding's, computed one token at a time)."""
+    from specdec import GenerationConfig, SpeculativeDecoder
+
+    with toy_server() as (base, _):
+        c = client(base)
+        plain_target, _ = _toy_models()
+        plain = SpeculativeDecoder(plain_target, None)
+        want_chat = plain.generate("abc abc abc", GenerationConfig(max_new_tokens=12, chat=True, logprobs=2))
+        want_text = plain.generate("hello world hello", GenerationConfig(max_new_tokens=12, chat=False, logprobs=2))
+
+        r = c.chat.completions.create(
+            model="toy",
+            messages=[{"role": "user", "content": "abc abc abc"}],
+            max_tokens=12,
+            logprobs=True,
+            top_logprobs=2,
+        )
+        content = r.choices[0].logprobs.content
+        assert len(content) == 12 and r.model_extra["speculative"]["accepted"] > 0
+        for got, want in zip(content, want_chat.logprobs):
+            assert bytes(got.bytes) == plain_target.tokenizer.token_bytes(want.token)
+            assert got.logprob == pytest.approx(want.logprob, abs=1e-6)
+            assert [t.logprob for t in got.top_logprobs] == pytest.approx([lp for _, lp in want.top], abs=1e-6)
+        streamed = [
+            item
+            for chunk in c.chat.completions.create(
+                model="toy",
+                messages=[{"role": "user", "content": "abc abc abc"}],
+                max_tokens=12,
+                logprobs=True,
+                top_logprobs=2,
+                stream=True,
+            )
+            if chunk.choices and chunk.choices[0].logprobs
+            for item in chunk.choices[0].logprobs.content
+        ]
+        assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+
+        r = c.completions.create(model="toy", prompt="hello world hello", max_tokens=12, logprobs=2)
+        lp = r.choices[0].logprobs
+        assert lp.token_logprobs == pytest.approx([e.logprob for e in want_text.logprobs], abs=1e-6)
+        # keyed by text, as OpenAI's: two tokens of one text (parts of a character) share a key
+        for top, want in zip(lp.top_logprobs, want_text.logprobs):
+            assert 1 <= len(top) <= 2 and max(top.values()) == pytest.approx(want.top[0][1], abs=1e-6)
+        assert "".join(lp.tokens) == r.choices[0].text and lp.text_offset[0] == 0
+
+        r = httpx.post(
+            base + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
+        r = httpx.post(base + "/v1/completions", json={"prompt": "a", "logprobs": 21})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"

@@ -18,7 +18,6 @@ BAD = [
     (b'{"prompt": "a\\ud800b"}', "lone UTF-16 surrogate"),
     (b'{"prompt": "x", "\\ud800": 1}', "lone UTF-16 surrogate"),
     ({"prompt": "x", "n": 2}, "only n = 1"),
-    ({"prompt": "x", "logprobs": 3}, "logprobs are not supported"),
     ({"prompt": "x", "echo": True}, "echo"),
     ({"prompt": "x", "best_of": 3}, "best_of"),
     ({"prompt": "x", "model": "gpt-4o"}, "model 'gpt-4o' is not served here"),

@@ -213,6 +213,7 @@ class _EventStream(StreamingResponse):
 def create_app(service: Service) -> FastAPI:
     app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = service.metrics
+    token_bytes = service.worker.target.tokenizer.token_bytes
 
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, exc: RequestError):
@@ -403,7 +404,16 @@ def create_app(service: Service) -> FastAPI:
         _, result, finish = event
         job = handle.job
         return response_body(
-            job, new_id(job.kind), now(), result.text, result.tokens, finish, result.stats, handle.policy
+            job,
+            new_id(job.kind),
+            now(),
+            result.text,
+            result.tokens,
+            finish,
+            result.stats,
+            handle.policy,
+            result.logprobs,
+            token_bytes,
         )
 
     async def _stream(handle: Handle):
@@ -414,7 +424,7 @@ def create_app(service: Service) -> FastAPI:
         while True:
             event = await handle.events.get()
             if event[0] == "text":
-                yield _sse(chunk_body(job, id, created, text=event[1]))
+                yield _sse(chunk_body(job, id, created, text=event[1], logprobs=event[2], token_bytes=token_bytes))
             elif event[0] == "done":
                 _, result, finish = event
                 last = chunk_body(job, id, created, finish=finish, tokens=result.tokens if job.return_tokens else None)

@@ -11,12 +11,14 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Callable
 
-from ..config import GenerationConfig
+from ..config import MAX_LOGPROBS, GenerationConfig
 from ..drafters.base import MAX_DRAFT_TOKENS
 from ..errors import SpecdecError
 from ..request import Limit, finish_reason
+from ..sampling import TokenLogprob
 from ..spec import DEFAULT_K, DraftSpec
 from ..stats import GenerationStats
 
@@ -123,8 +125,6 @@ def _no_op(v) -> bool:
 _UNSUPPORTED = {
     "n": (lambda v: v is None or v == 1, "only n = 1 is supported (one choice per request)"),
     "best_of": (lambda v: v is None or v == 1, "only best_of = 1 is supported"),
-    "logprobs": (_no_op, "logprobs are not supported"),
-    "top_logprobs": (_no_op, "logprobs are not supported"),
     "echo": (_no_op, "echo is not supported"),
     "suffix": (lambda v: v is None or v == "", "suffix (insertion) is not supported"),
     "tools": (_no_op, "tools (function calling) are not supported"),
@@ -169,11 +169,15 @@ _SAMPLING = {
     "store",  # SDKs and proxies send these; they change nothing here (nothing is stored)
     "metadata",
 }
-CHAT_FIELDS = _SAMPLING | {"messages", "max_completion_tokens"} | (set(_UNSUPPORTED) - {"best_of", "echo", "suffix"})
+CHAT_FIELDS = (
+    _SAMPLING
+    | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
+    | (set(_UNSUPPORTED) - {"best_of", "echo", "suffix"})
+)
 COMPLETION_FIELDS = (
     _SAMPLING
-    | {"prompt"}
-    | {"n", "best_of", "logprobs", "echo", "suffix", "frequency_penalty", "presence_penalty", "logit_bias"}
+    | {"prompt", "logprobs"}
+    | {"n", "best_of", "echo", "suffix", "frequency_penalty", "presence_penalty", "logit_bias"}
 )
 
 
@@ -318,6 +322,11 @@ def parse_chat(body, model_names: tuple[str, ...], draft_names: dict[str, str]) 
         raise RequestError("the request body must be a JSON object")
     _check_fields(body, CHAT_FIELDS)
     job = _common(body, "chat", model_names, draft_names, ("max_tokens", "max_completion_tokens"))
+    top = _int(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if _bool(body, "logprobs"):
+        job.config = replace(job.config, logprobs=top or 0)
+    elif top:
+        raise RequestError("'top_logprobs' needs \"logprobs\": true", "top_logprobs")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError('\'messages\' must be a non-empty list of {"role", "content"} objects', "messages")
@@ -384,6 +393,9 @@ def parse_completion(body, model_names: tuple[str, ...], draft_names: dict[str, 
     else:
         raise RequestError("'prompt' must be a non-empty string or a list of token ids", "prompt")
     job.prompt = prompt
+    n = _int(body, "logprobs", 0, MAX_LOGPROBS)
+    if n is not None:
+        job.config = replace(job.config, logprobs=n)
     return job
 
 
@@ -428,17 +440,21 @@ def response_body(
     finish: str,
     stats: GenerationStats,
     policy: DraftSpec,
+    logprobs: list[TokenLogprob] | None = None,
+    token_bytes: Callable[[int], bytes] | None = None,
 ) -> dict:
-    """The whole (non-streaming) response."""
+    """The whole (non-streaming) response. `logprobs` (when asked for) are shown with
+    `token_bytes`, the tokenizer's."""
+    lp = logprobs_body(job.kind, logprobs, token_bytes) if logprobs is not None else None
     if job.kind == "chat":
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": text},
-            "logprobs": None,
+            "logprobs": lp,
             "finish_reason": finish_reason(finish),
         }
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(finish)}
+        choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish_reason(finish)}
     if job.return_tokens:
         choice["tokens"] = list(tokens)
     return {
@@ -461,14 +477,18 @@ def chunk_body(
     finish: str | None = None,
     role: bool = False,
     tokens: list[int] | None = None,
+    logprobs: list[TokenLogprob] | None = None,
+    token_bytes: Callable[[int], bytes] | None = None,
 ) -> dict:
-    """One streamed chunk: a piece of text, the first (role) chunk, or the last (finish_reason)."""
+    """One streamed chunk: a piece of text, the first (role) chunk, or the last (finish_reason);
+    `logprobs`: those of the tokens generated since the last chunk."""
+    lp = logprobs_body(job.kind, logprobs, token_bytes) if logprobs else None
     if job.kind == "chat":
         delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
         choice = {
             "index": 0,
             "delta": delta,
-            "logprobs": None,
+            "logprobs": lp,
             "finish_reason": finish_reason(finish) if finish else None,
         }
         obj = "chat.completion.chunk"
@@ -476,7 +496,7 @@ def chunk_body(
         choice = {
             "index": 0,
             "text": text or "",
-            "logprobs": None,
+            "logprobs": lp,
             "finish_reason": finish_reason(finish) if finish else None,
         }
         obj = "text_completion"
@@ -489,6 +509,43 @@ def chunk_body(
         "model": job.model,
         "system_fingerprint": None,
         "choices": [choice],
+    }
+
+
+LOGPROB_FLOOR = -9999.0  # OpenAI's stand-in for a log-probability of -inf (JSON has no infinity)
+
+
+def logprobs_body(kind: str, entries: list[TokenLogprob], token_bytes: Callable[[int], bytes]) -> dict:
+    """Log-probabilities as OpenAI shows them: chat's {"content": [{token, logprob, bytes,
+    top_logprobs}]}; completions' {tokens, token_logprobs, top_logprobs, text_offset}. A token's
+    text is its bytes as UTF-8 (a token holding part of a character shows U+FFFD; `bytes` has it whole)."""
+
+    def text(token: int) -> str:
+        return token_bytes(token).decode("utf-8", "replace")
+
+    def value(lp: float) -> float:
+        return max(lp, LOGPROB_FLOOR)
+
+    if kind == "chat":
+
+        def item(token: int, lp: float) -> dict:
+            return {"token": text(token), "logprob": value(lp), "bytes": list(token_bytes(token))}
+
+        content = [{**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]} for e in entries]
+        return {"content": content, "refusal": None}
+    tokens = [text(e.token) for e in entries]
+    offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    tops = []
+    for e in entries:  # keyed by text: where two tokens show one text, the likelier one's (first)
+        top: dict[str, float] = {}
+        for t, lp in e.top:
+            top.setdefault(text(t), value(lp))
+        tops.append(top)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [value(e.logprob) for e in entries],
+        "top_logprobs": tops,
+        "text_offset": offsets,
     }
 
 

@@ -31,7 +31,8 @@ log = logging.getLogger("specdec.server")
 @dataclass
 class Handle:
     """One request, as both sides see it. The worker writes events to `events` (on the HTTP side's
-    loop): ("admitted",), ("text", piece), ("done", result, finish_reason), ("error", RequestError)."""
+    loop): ("admitted",), ("text", piece, logprobs), ("done", result, finish_reason), ("error", RequestError);
+    logprobs: those of the tokens behind the piece (empty unless asked for)."""
 
     job: Job
     policy: DraftSpec
@@ -212,9 +213,9 @@ class Worker:
                     m.itl.labels(m.model_name).observe(now - handle.last_token)
                 handle.last_token = now
                 handle.seen_tokens = s.generated_tokens
-            piece = request.read()
-            if piece and not handle.finish == "cancelled":
-                handle.send("text", piece)
+            piece, logprobs = request.read(), request.read_logprobs()
+            if (piece or logprobs) and not handle.finish == "cancelled":
+                handle.send("text", piece, logprobs)
             if request.done:
                 finish = handle.finish or s.finish_reason
                 n = s.generated_tokens
