@@ -22,7 +22,7 @@ class ToyTokenizer:
         for t in eog:
             self._bytes[t] = b""
 
-    def encode(self, text: str, add_special: bool = True) -> list[int]:
+    def encode(self, text: str, add_special: bool = True, special: bool = True) -> list[int]:
         return [3 + (b % 20) for b in text.encode()]
 
     def token_bytes(self, token: int) -> bytes:
@@ -139,15 +139,15 @@ class PieceTokenizer:
             if piece:
                 self._index.setdefault(piece, i)  # a duplicate piece is never produced by encode
 
-    def encode(self, text: str, add_special: bool = True) -> list[int]:
+    def encode(self, text: str, add_special: bool = True, special: bool = True) -> list[int]:
         data = text.encode("utf-8")
         ids = [self.bos] if add_special and self.bos is not None else []
         i = 0
-        special = {name.encode(): token for token, name in self.names.items()}
+        names = {name.encode(): token for token, name in self.names.items()} if special else {}
         while i < len(data):
-            name = next((name for name in special if data.startswith(name, i)), None)
+            name = next((name for name in names if data.startswith(name, i)), None)
             if name is not None:
-                ids.append(special[name])
+                ids.append(names[name])
                 i += len(name)
                 continue
             for n in range(min(self._longest, len(data) - i), 0, -1):

@@ -25,6 +25,9 @@ class GenerationConfig:
     # log-probabilities of each generated token under the target (None = off), with this many of
     # the most likely tokens beside it (0 = the chosen token's alone): sampling.TokenLogprob
     logprobs: int | None = None
+    # a chat turn's text may spell the model's special tokens ("<|im_end|>") and become them: off,
+    # they stay text (special tokens come from the template alone); on, the old behaviour
+    special_in_turns: bool = False
 
     def __post_init__(self):
         if self.max_new_tokens < 1:

@@ -16,6 +16,8 @@ word), and kept as raw text.
 
 from __future__ import annotations
 
+import re
+import secrets
 from dataclasses import replace
 from typing import Literal, Sequence
 
@@ -63,6 +65,34 @@ def check_text(text: str, chat: bool) -> None:
         raise PromptError("the prompt is empty (whitespace only); give some text, or --no-chat to send it as raw text")
 
 
+def _turns(
+    model, prompt: str | None, messages: Sequence[dict] | None, chat: bool | None, system: str | None
+) -> list[dict] | None:
+    """The chat turns a prompt is templated as, or None for raw text: turns (`messages`) where
+    `chat` is not False, or a text as one user turn after `system` where `chat` says so (None: when
+    the model is an instruct model). A template engine hands a turn on as a C string, which ends at
+    the first NUL: the rest would be dropped without a word, so a NUL is refused."""
+    chat = model.is_instruct if chat is None else chat
+    if messages is not None and chat:
+        turns, field = list(messages), "messages"
+    elif prompt is None:
+        raise PromptError("give a prompt or chat messages")
+    else:
+        check_text(prompt, chat)
+        if not chat:
+            return None
+        turns = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        field = "prompt"
+    for turn in turns:
+        if "\0" in turn["content"]:
+            raise PromptError(
+                f"a {turn['role']} turn holds a NUL character (\\u0000), where the chat template would cut "
+                "it short; remove it",
+                field,
+            )
+    return turns
+
+
 def text(
     model,
     prompt: str | None = None,
@@ -71,32 +101,31 @@ def text(
     chat: bool | None = None,
     system: str | None = None,
 ) -> str:
-    """What `model` reads for a prompt: chat turns (`messages`) or a text, chat-templated when
-    `chat` says so (None: when the model is an instruct model), else the raw text. Turns are always
-    templated (where `chat` is not False); a text becomes one user turn after `system`."""
-    chat = model.is_instruct if chat is None else chat
-    if messages is not None and chat:
-        return _template(model, list(messages), "messages")
-    if prompt is None:
-        raise PromptError("give a prompt or chat messages")
-    check_text(prompt, chat)
-    if not chat:
-        return prompt
-    turns = [{"role": "system", "content": system}] if system else []
-    return _template(model, turns + [{"role": "user", "content": prompt}], "prompt")
+    """What `model` reads for a prompt (as text, for a peer that tokenizes it itself): the chat
+    template over its turns (_turns), or the raw text."""
+    turns = _turns(model, prompt, messages, chat, system)
+    return prompt if turns is None else model.tokenizer.apply_chat_template(turns)
 
 
-def _template(model, turns: list[dict], field: str) -> str:
-    """The chat template over `turns`. A template engine hands the text on as a C string, which
-    ends at the first NUL: the rest of the turn would be dropped without a word, so a NUL is refused."""
-    for turn in turns:
-        if "\0" in turn["content"]:
-            raise PromptError(
-                f"a {turn['role']} turn holds a NUL character (\\u0000), where the chat template would cut "
-                "it short; remove it",
-                field,
-            )
-    return model.tokenizer.apply_chat_template(turns)
+def _template_tokens(tokenizer, turns: list[dict], special_in_turns: bool) -> list[int]:
+    """The chat template over `turns`, tokenized so that special tokens come from the template
+    alone: each turn's content is tokenized as text, so a user who writes "<|im_end|>" sends those
+    characters, never the control token that ends the turn (a prompt injection). Each content is
+    rendered as a marker no text holds (a fresh nonce), and the template's text between markers is
+    tokenized with its special tokens. `special_in_turns` tokenizes the whole text at once, the
+    contents' special tokens included (the old behaviour, for those who want it)."""
+    if special_in_turns:
+        return tokenizer.encode(tokenizer.apply_chat_template(turns), add_special=True)
+    nonce = secrets.token_hex(8)
+    marked = [{**turn, "content": f"\ue000{nonce}:{i}\ue001"} for i, turn in enumerate(turns)]
+    rendered = tokenizer.apply_chat_template(marked)
+    ids: list[int] = []
+    start = 0  # the BOS (if the model adds one) opens the first piece of template text
+    for match in re.finditer("\ue000" + nonce + ":(\\d+)\ue001", rendered):
+        ids += tokenizer.encode(rendered[start : match.start()], add_special=start == 0)
+        ids += tokenizer.encode(turns[int(match.group(1))]["content"], add_special=False, special=False)
+        start = match.end()
+    return ids + tokenizer.encode(rendered[start:], add_special=start == 0)
 
 
 def tokens(
@@ -106,12 +135,19 @@ def tokens(
     messages: Sequence[dict] | None = None,
     chat: bool | None = None,
     system: str | None = None,
+    special_in_turns: bool = False,
 ) -> list[int]:
-    """The prompt's token ids: a text (or turns) through `text` and the tokenizer, or token ids
-    checked against the vocabulary."""
+    """The prompt's token ids: chat turns through the template (_template_tokens), raw text
+    through the tokenizer (its special tokens parsed: who writes a raw prompt writes the template
+    too, as with llama-server's and vLLM's completions), or token ids checked against the
+    vocabulary."""
     field = "messages" if messages is not None else "prompt"
     if prompt is None or isinstance(prompt, str):
-        ids = model.tokenizer.encode(text(model, prompt, messages=messages, chat=chat, system=system), add_special=True)
+        turns = _turns(model, prompt, messages, chat, system)
+        if turns is None:
+            ids = model.tokenizer.encode(prompt, add_special=True)
+        else:
+            ids = _template_tokens(model.tokenizer, turns, special_in_turns)
     else:
         ids = [int(t) for t in prompt]
         bad = next((t for t in ids if not 0 <= t < model.vocab_size), None)
@@ -133,7 +169,14 @@ def prepare(
     """(prompt token ids, the config to generate with): the prompt as `tokens` makes it (the
     config's chat and system say how a text is templated), checked against the context, and the
     token budget settled by `limit`."""
-    ids = tokens(model, prompt, messages=messages, chat=config.chat, system=config.system)
+    ids = tokens(
+        model,
+        prompt,
+        messages=messages,
+        chat=config.chat,
+        system=config.system,
+        special_in_turns=config.special_in_turns,
+    )
     room = model.n_ctx - len(ids)
     if room < 1:
         raise ContextOverflowError(

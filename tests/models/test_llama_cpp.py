@@ -80,6 +80,10 @@ def test_tokenizer_round_trip_and_end_tokens(target_model):
     chat = tok.apply_chat_template([{"role": "user", "content": "hi"}])
     assert "<|im_start|>user\nhi<|im_end|>" in chat and chat.endswith("<|im_start|>assistant\n")
     assert target_model.is_instruct
+    end = tok.encode("<|im_end|>", add_special=False)  # a special token's text: the token ...
+    assert len(end) == 1 and end[0] in tok.eog_ids
+    as_text = tok.encode("<|im_end|>", add_special=False, special=False)  # ... or, as text, characters
+    assert len(as_text) > 1 and not set(as_text) & tok.eog_ids and tok.decode(as_text) == "<|im_end|>"
 
 
 def test_context_overflow_is_a_clear_error(target_model):

@@ -191,6 +191,7 @@ def test_tiny_tokenizer_merges_specials_and_bytes(tiny):
     assert tok.encode("the in") == [ids["t"], ids["he"], ids["Ġ"], ids["in"]]
     eot = ids["<|endoftext|>"]
     assert tok.encode("a<|endoftext|>b") == [ids["a"], eot, ids["b"]]
+    assert eot not in tok.encode("a<|endoftext|>b", special=False)  # as text, where asked
     assert tok.eog_ids == {eot}
     text = "naïve 東京 \t\n x²"
     assert tok.decode(tok.encode(text)) == text

@@ -148,6 +148,8 @@ def test_tokenizer_bytes_round_trip(tokenizer):
     assert tok.decode(ids) == text
     assert tokenizer.eos_token_id in tok.eog_ids
     assert tok.token_bytes(tokenizer.eos_token_id) == b"<|end|>"
+    assert tok.encode("<|end|>", add_special=False) == [tokenizer.eos_token_id]  # a special token's text ...
+    assert tokenizer.eos_token_id not in tok.encode("<|end|>", add_special=False, special=False)  # ... as text
     assert tok.token_text(ids[0]) == tokenizer.convert_ids_to_tokens(ids[0])
 
 

@@ -30,7 +30,9 @@ import numpy as np
 class Tokenizer(Protocol):
     eog_ids: frozenset[int]  # every end-of-generation token the model declares
 
-    def encode(self, text: str, add_special: bool = True) -> list[int]: ...
+    # add_special: the BOS (EOS) the model's encoding adds; special: text spelling a special token
+    # (<|im_end|>) becomes it (False: it stays text, as a chat turn's content does)
+    def encode(self, text: str, add_special: bool = True, special: bool = True) -> list[int]: ...
     def decode(self, tokens: Sequence[int]) -> str: ...
     def token_bytes(self, token: int) -> bytes: ...  # raw bytes of one token (UTF-8 may be split)
     def token_text(self, token: int) -> str: ...  # the vocabulary entry, for compatibility checks

@@ -61,12 +61,12 @@ class LlamaTokenizer:
         self.eog_ids = frozenset(t for t in range(self.n_vocab) if self._lib.llama_vocab_is_eog(vocab, t))
         self._bytes: dict[int, bytes] = {}
 
-    def encode(self, text: str, add_special: bool = True) -> list[int]:
+    def encode(self, text: str, add_special: bool = True, special: bool = True) -> list[int]:
         data = text.encode("utf-8")
         size = len(data) + 16
         while True:
             buf = (self._lib.llama_token * size)()
-            n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, True)
+            n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, special)
             if n >= 0:
                 return list(buf[:n])
             size = -n

@@ -696,10 +696,10 @@ class NumpyTokenizer:
                     ids.extend(self.ids[c] for c in part)
         return ids
 
-    def encode(self, text: str, add_special: bool = True) -> list[int]:
+    def encode(self, text: str, add_special: bool = True, special: bool = True) -> list[int]:
         ids = [self.bos_id] if add_special and self.add_bos else []
         start = 0
-        for match in self.special.finditer(text) if self.special else ():
+        for match in self.special.finditer(text) if self.special and special else ():
             ids += self._encode_text(text[start : match.start()])
             ids.append(self.ids[match.group()])
             start = match.end()

@@ -116,8 +116,8 @@ class HFTokenizer:
         self._byte_level = "ByteLevel" in repr(decoder)
         self._bytes: dict[int, bytes] = {}
 
-    def encode(self, text: str, add_special: bool = True) -> list[int]:
-        return list(self.hf.encode(text, add_special_tokens=add_special))
+    def encode(self, text: str, add_special: bool = True, special: bool = True) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=add_special, split_special_tokens=not special))
 
     def token_text(self, token: int) -> str:
         return self.hf.convert_ids_to_tokens(int(token)) or ""
@@ -626,7 +626,7 @@ class ByteTokenizer:
         self.vocab_size = vocab_size
         self.eog_ids = frozenset([] if eos_token_id is None else [int(eos_token_id)])
 
-    def encode(self, text: str, add_special: bool = True) -> list[int]:
+    def encode(self, text: str, add_special: bool = True, special: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
 
     def token_text(self, token: int) -> str:
