@@ -26,6 +26,22 @@ class Comparison:
     greedy: bool
     first_difference: int | None = None  # index into the generated tokens; None = identical
     logit_gap: float | None = None  # target's top-1 minus top-2 logit there
+    plain_again: GenerationResult | None = None  # plain decoding once more, after the speculative run
+
+    @property
+    def plain_tokens_per_second(self) -> float:
+        """Plain decoding's tokens/s: the mean of its runs."""
+        runs = [r for r in (self.plain, self.plain_again) if r is not None]
+        return sum(r.stats.tokens_per_second for r in runs) / len(runs)
+
+    @property
+    def noise(self) -> float | None:
+        """How far plain decoding's two runs (before and after the speculative one) differ, as a
+        share of their mean; None with one run. A speedup inside it is not a measured win."""
+        if self.plain_again is None:
+            return None
+        a, b = self.plain.stats.tokens_per_second, self.plain_again.stats.tokens_per_second
+        return abs(a - b) / ((a + b) / 2) if a + b else 0.0
 
     @property
     def identical(self) -> bool:
@@ -33,7 +49,7 @@ class Comparison:
 
     @property
     def speedup(self) -> float:
-        plain = self.plain.stats.tokens_per_second
+        plain = self.plain_tokens_per_second
         return self.speculative.stats.tokens_per_second / plain if plain else 0.0
 
     def verdict(self) -> str:
@@ -81,15 +97,20 @@ def top2_gap(target: RowModel, tokens: Sequence[int]) -> float:
     return float(top2[1] - top2[0])
 
 
-def compare(speculative: SpeculativeDecoder, prompt, config: GenerationConfig, warmup: bool = True) -> Comparison:
-    """Plain decoding, then `speculative`, on the same request and the same loaded target."""
+def compare(
+    speculative: SpeculativeDecoder, prompt, config: GenerationConfig, warmup: bool = True, repeat_plain: bool = False
+) -> Comparison:
+    """Plain decoding, then `speculative`, on the same request and the same loaded target; with
+    `repeat_plain`, plain decoding once more after it, so that the machine's drift between runs
+    is measured (Comparison.noise) and the speedup reads the two plain runs' mean."""
     target = speculative.target
     plain = SpeculativeDecoder(target, None)
     if warmup:  # touch every weight page of both models so that neither run pays for it
         speculative.generate(prompt, replace(config, max_new_tokens=min(8, config.max_new_tokens)))
     plain_result = plain.generate(prompt, config)
     spec_result = speculative.generate(prompt, config)
-    result = Comparison(plain_result, spec_result, greedy=config.sampling.greedy)
+    again = plain.generate(prompt, config) if repeat_plain else None
+    result = Comparison(plain_result, spec_result, greedy=config.sampling.greedy, plain_again=again)
     if not result.identical:
         a, b = plain_result.tokens, spec_result.tokens
         i = result.first_difference = first_difference(a, b)
