@@ -18,6 +18,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .paths import specdec_home, write_cache_file
+
 EMA = 0.15  # weight of a new observation in the live cost ratios
 NARROW = 16  # widths 1..NARROW are all timed: a draft model's drafts (k + 1 <= 9) live here
 # and these: a batch's drafts, and one row's long free drafts inside a verbatim copy (on this CPU a
@@ -48,8 +50,6 @@ CACHE_VERSION = 2  # curves cached before the checks above are not trusted
 
 
 def _cache_file(model, tag: str) -> Path | None:
-    from .catalog import specdec_home
-
     path = getattr(model, "path", None)
     if path is None:
         return None
@@ -126,8 +126,6 @@ def measure_forward_costs(
             flush=True,
         )
     elif cache is not None:
-        from .catalog import write_cache_file
-
         write_cache_file(cache, json.dumps({str(w): s for w, s in costs.items()}))
     return costs
 
