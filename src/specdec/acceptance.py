@@ -105,14 +105,10 @@ class Acceptance:
 # to 6, then roughly doubling (a choice; the fitted rates change little within a bucket)
 MATCH_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
 # Before any evidence, per bucket and kind of first guess (see MatchAcceptance.evidence), and
-# "later" for the guesses after an accepted one: fitted on the greedy outputs of the 1.5B target for
-# the outside development suite (benchmarks/dev-greedy-1.5b-0.5b.jsonl, all 56 prompts of
-# benchmarks/dev-prompts.jsonl; `scripts/replay_controller.py loo --fit`): the share of guesses that
-# were right, with two guesses' worth of 0.5 added, made non-decreasing in the match length. Never
-# fitted on benchmarks/prompts.jsonl, which we report on. A guess from a 1-token match the earlier
-# occurrences disagree on was right 12% of the time, one they all agreed on 40%; past 16 matched
-# tokens a guess is right 95% of the time or more. Leaving each category out of the fit changes the
-# replayed speedup of `auto` on it by under 1%, except code: 1.54x held out, 1.59x fitted on all.
+# "later" for the guesses after an accepted one: the share of guesses that were right on the outside
+# dev suite's recording (`scripts/replay_controller.py loo --fit`), never on benchmarks/prompts.jsonl.
+# why: a guess's odds depend on its match length and on whether earlier occurrences agree;
+# history: docs/provenance.md#match_prior
 MATCH_PRIOR = {
     "split": (0.12, 0.26, 0.27, 0.27, 0.43, 0.43, 0.43, 0.77, 0.77, 0.8, 0.91, 0.97, 0.99),
     "single": (0.32, 0.53, 0.62, 0.66, 0.72, 0.72, 0.85, 0.91, 0.95, 0.99, 0.99, 0.99, 0.99),
@@ -120,10 +116,10 @@ MATCH_PRIOR = {
     "later": (0.53, 0.53, 0.63, 0.65, 0.74, 0.75, 0.83, 0.91, 0.96, 0.99, 0.99, 0.99, 0.99),
 }
 
-# The draft model's P(position i accepted | the ones before were), before any evidence: the
-# 0.5B's greedy agreement with the 1.5B's greedy output, per draft position, on the same recording
-# (`loo --fit`; it was a flat 0.7 guess before). Another draft model starts from these, and its
-# overlay and the shared table move to its own rates.
+# The draft model's P(position i accepted | the ones before were), before any evidence. Another
+# draft model starts from these, and its overlay and the shared table move to its own rates.
+# why: the default pair's own agreement, per draft position (the 0.5B drafting for the 1.5B);
+# history: docs/provenance.md#draft_prior
 DRAFT_PRIOR = (0.84, 0.86, 0.89, 0.9, 0.92, 0.93, 0.94, 0.95, 0.95, 0.96, 0.96, 0.96, 0.97, 0.97, 0.97)
 
 

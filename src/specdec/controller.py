@@ -38,50 +38,37 @@ from .acceptance import OVERLAY_LONG as OVERLAY_LONG
 from .costs import EMA, CostTable, step_depth
 from .drafters.base import Draft, Drafter, DraftModel
 
-# A speculative step must promise 10% more tokens per second than a plain step: the estimates it
-# wins on are picked for being the highest, so they err high (and step costs vary by about that).
-# Set on our own suite (issue 4); swept on the outside dev suite's leave-one-category-out replay
-# (0, 0.05, 0.1, 0.2): 0.1 gave the best worst prompts, so it stays.
+# A speculative step must promise 10% more tokens per second than a plain step.
+# why: the estimates it wins on are picked for being the highest, so they err high (and step costs
+# vary by about that); history: docs/provenance.md#margin
 MARGIN = 0.1
 # Prompt lookup drafts at most REACH x its match length: a copy that has held for m tokens is
-# trusted for m / 2 more. A failed 16-row draft costs six plain steps here, and the long drafts that
-# failed were the ones from short matches; replayed on our suite this cap removed every prompt that
-# fell below 0.97x without lowering the medians (scripts/replay_controller.py). On the outside dev
-# suite's leave-one-category-out replay 0.25, 0.5 and 1 are within 1% of each other.
+# trusted for m / 2 more.
+# why: the long drafts that failed were the ones from short matches; history: docs/provenance.md#reach
 REACH = 0.5
 # A request's own evidence weighs as much as OVERLAY_WEIGHT guesses from the shared table (Overlay):
-# after 3 x OVERLAY_WEIGHT guesses of a kind its own rate has 3/4 of the say. Swept on the dev
-# suite's leave-one-category-out replay (4, 8, 16, 32, no overlay): 8 was best on code and RAG, the
-# categories where requests differ most.
+# after 3 x OVERLAY_WEIGHT guesses of a kind its own rate has 3/4 of the say.
+# why: best on code and RAG, the categories where requests differ most; history: docs/provenance.md#overlay_weight
 OVERLAY_WEIGHT = 8.0
-# The shared tables learn across requests at this rate per observation, the cost curve's EMA (the
-# overlay does the fast, per-request learning). 0.02 and 0.05 replayed no better on the dev suite.
+# The shared tables learn across requests at this rate per observation, the cost curve's EMA.
+# why: the overlay does the fast, per-request learning; history: docs/provenance.md#shared_rate
 SHARED_RATE = EMA
 # A response that has been a verbatim copy of its context nearly since its first token (a match of
 # at least WHOLE_COPY_MIN tokens spanning at least WHOLE_COPY_SHARE of the tokens generated) is a
 # copy task: a rewrite of given code, an extract from a passage. REACH does not bound its drafts.
-# On the outside dev suite's recording such positions (code and RAG, 942 of them) had the next 63
-# guesses all right 86% of the time (404 positions with 63 tokens left), while a REACH-capped ramp
-# spends 6-8 steps getting there. Every long match on our own suite spans less of the response
-# (summaries quoting a phrase, code reusing a line) and only 2% of them went on for 32 more tokens
-# (65 positions), so a long match alone is no licence; on the dev suite the few such partial
-# matches ran long too (97% of 39): the rule is narrower than the dev data asks for, on purpose
-# (`scripts/replay_controller.py copies --recording ...` prints both tables). Both values were
-# chosen on the dev suite's leave-one-category-out replay (share 0.5/0.8/0.9, length 8/12/16):
-# 16 and 0.8 raised code from 1.44x to 1.54x and RAG from 1.07x to 1.08x and left every
-# category's worst prompt and every result on our suite unchanged; 8 and 12 let a multi-turn
-# answer fall to 0.70-0.85x; a share of 0.5 lowered our suite's code-generation to 0.95x (so our
-# suite was a check on this choice, not wholly held out).
+# why: inside such a copy the next 63 guesses are mostly all right, and a REACH-capped ramp spends 6-8
+# steps getting there; a long match alone is no licence;
+# history: docs/provenance.md#whole_copy_min, docs/provenance.md#whole_copy_share
 WHOLE_COPY_MIN = 16
 WHOLE_COPY_SHARE = 0.8
 # The gap between a request's draft-model probes grows by this factor after each probe (probes at
-# steps 32, 96, 224, ... with explore_every = 32); 1.0 is a fixed period. A choice, not a fit: on
-# this CPU the 0.5B never pays, and the dev suite's replay is the same with 1.0 and 2.0.
+# steps 32, 96, 224, ... with explore_every = 32); 1.0 is a fixed period.
+# why: a request whose probes keep failing should not pay for one every explore_every steps (a
+# choice, not a fit); history: docs/provenance.md#explore_growth
 EXPLORE_GROWTH = 2.0
-# A request's first draft-model probe comes after this many steps. A choice, not a fit (issue 4): on
-# this CPU the 0.5B never pays, and the dev suite's leave-one-category-out replay is the same with
-# 16, 32, 64 and 1000 (`loo --set explore_every=N`); where the draft model pays (a GPU) its own
-# acceptance, not the probes, decides.
+# A request's first draft-model probe comes after this many steps.
+# why: a choice, not a fit: where the draft model pays, its own acceptance, not the probes, decides;
+# history: docs/provenance.md#explore_every
 EXPLORE_EVERY = 32
 
 
