@@ -162,13 +162,16 @@ def loo(args) -> None:
         if all("draft_agrees" in r for r in records):
             print(f"DRAFT_PRIOR fitted on every category: {fit_draft_prior(records)}")
         print()
+    import specdec.acceptance as acceptance
     import specdec.controller as controller
 
     extra = {}
     for setting in args.set or []:  # NAME=VALUE: a module constant (REACH, MARGIN) or a controller argument
         name, value = setting.split("=", 1)
-        if name.isupper():
-            setattr(controller, name, float(value))
+        if name.isupper():  # set where it is read: the controller's, or the acceptance tables' (OVERLAY_LONG)
+            for module in (controller, acceptance):
+                if hasattr(module, name):
+                    setattr(module, name, float(value))
         else:
             extra[name] = float(value)
     result = leave_one_category_out(records, costs, draft_costs, stops(header), **extra)

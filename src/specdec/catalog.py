@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ModelNotFoundError, SpecdecError
+from .paths import reason as _reason
+from .paths import specdec_home, write_cache_file
 
 try:
     import fcntl
@@ -177,14 +179,6 @@ DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
 
 
-def specdec_home() -> Path:
-    """$SPECDEC_HOME, else the user's cache dir (~/.cache/specdec)."""
-    if os.environ.get("SPECDEC_HOME"):
-        return Path(os.environ["SPECDEC_HOME"]).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "specdec"
-
-
 def model_path(spec: ModelSpec) -> Path:
     return specdec_home() / "models" / spec.filename
 
@@ -212,38 +206,6 @@ def is_assembled(spec: ModelSpec) -> bool:
 
 
 # -- writing into the cache folder -----------------------------------------------------------------
-
-_warned: set[str] = set()  # folders already warned about, so a run says it once
-
-
-def write_cache_file(path: str | os.PathLike, text: str, fallback: str = "costs are kept in memory") -> bool:
-    """Write `text` to `path` whole or not at all: into a temporary file in the same folder, then
-    os.replace. A cache that cannot be written (read-only SPECDEC_HOME, full disk) costs time, not
-    correctness: one warning line on stderr per folder, saying `fallback`, and False."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-        return True
-    except OSError as exc:
-        if str(path.parent) not in _warned:
-            _warned.add(str(path.parent))
-            print(
-                f"specdec: warning: cannot write {path.parent} ({_reason(exc)}); {fallback}",
-                file=sys.stderr,
-                flush=True,
-            )
-        return False
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()  # left only when writing or renaming failed (or was interrupted)
-
-
-def _reason(exc: OSError) -> str:
-    return exc.strerror or str(exc)
 
 
 def _models_folder() -> Path:

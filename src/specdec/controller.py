@@ -23,59 +23,53 @@ speculation steps aside when it cannot pay.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from .acceptance import DRAFT_PRIOR, K_MAX, Acceptance, MatchAcceptance, Overlay, agreement
+
+# the acceptance tables and priors moved to acceptance.py; these names stay importable from here
+from .acceptance import MATCH_BUCKETS as MATCH_BUCKETS
+from .acceptance import MATCH_PRIOR as MATCH_PRIOR
+from .acceptance import OVERLAY_LONG as OVERLAY_LONG
 from .costs import EMA, CostTable, step_depth
 from .drafters.base import Draft, Drafter, DraftModel
 
-K_MAX = 15  # the draft model's acceptance table, and the fitted priors' longest draft
-# A free drafter (prompt lookup, the suffix cache) may draft as far as the widest forward the cost
-# curve has timed (costs.WIDE): inside a verbatim copy its guesses keep landing, and on this CPU a
-# forward's cost per token keeps falling past 16 tokens (REACH still bounds it by the match).
-# A speculative step must promise 10% more tokens per second than a plain step: the estimates it
-# wins on are picked for being the highest, so they err high (and step costs vary by about that).
-# Set on our own suite (issue 4); swept on the outside dev suite's leave-one-category-out replay
-# (0, 0.05, 0.1, 0.2): 0.1 gave the best worst prompts, so it stays.
+# A speculative step must promise 10% more tokens per second than a plain step.
+# why: the estimates it wins on are picked for being the highest, so they err high (and step costs
+# vary by about that); history: docs/provenance.md#margin
 MARGIN = 0.1
 # Prompt lookup drafts at most REACH x its match length: a copy that has held for m tokens is
-# trusted for m / 2 more. A failed 16-row draft costs six plain steps here, and the long drafts that
-# failed were the ones from short matches; replayed on our suite this cap removed every prompt that
-# fell below 0.97x without lowering the medians (scripts/replay_controller.py). On the outside dev
-# suite's leave-one-category-out replay 0.25, 0.5 and 1 are within 1% of each other.
+# trusted for m / 2 more.
+# why: the long drafts that failed were the ones from short matches; history: docs/provenance.md#reach
 REACH = 0.5
 # A request's own evidence weighs as much as OVERLAY_WEIGHT guesses from the shared table (Overlay):
-# after 3 x OVERLAY_WEIGHT guesses of a kind its own rate has 3/4 of the say. Swept on the dev
-# suite's leave-one-category-out replay (4, 8, 16, 32, no overlay): 8 was best on code and RAG, the
-# categories where requests differ most.
+# after 3 x OVERLAY_WEIGHT guesses of a kind its own rate has 3/4 of the say.
+# why: best on code and RAG, the categories where requests differ most; history: docs/provenance.md#overlay_weight
 OVERLAY_WEIGHT = 8.0
-# The overlay pools prompt lookup's guesses per kind, separately below and from this match length
-# (the bucket edge where the fitted MATCH_PRIOR rises past the 0.75 of short matches).
-OVERLAY_LONG = 8
-# The shared tables learn across requests at this rate per observation, the cost curve's EMA (the
-# overlay does the fast, per-request learning). 0.02 and 0.05 replayed no better on the dev suite.
+# The shared tables learn across requests at this rate per observation, the cost curve's EMA.
+# why: the overlay does the fast, per-request learning; history: docs/provenance.md#shared_rate
 SHARED_RATE = EMA
 # A response that has been a verbatim copy of its context nearly since its first token (a match of
 # at least WHOLE_COPY_MIN tokens spanning at least WHOLE_COPY_SHARE of the tokens generated) is a
 # copy task: a rewrite of given code, an extract from a passage. REACH does not bound its drafts.
-# On the outside dev suite's recording such positions (code and RAG, 942 of them) had the next 63
-# guesses all right 86% of the time (404 positions with 63 tokens left), while a REACH-capped ramp
-# spends 6-8 steps getting there. Every long match on our own suite spans less of the response
-# (summaries quoting a phrase, code reusing a line) and only 2% of them went on for 32 more tokens
-# (65 positions), so a long match alone is no licence; on the dev suite the few such partial
-# matches ran long too (97% of 39): the rule is narrower than the dev data asks for, on purpose
-# (`scripts/replay_controller.py copies --recording ...` prints both tables). Both values were
-# chosen on the dev suite's leave-one-category-out replay (share 0.5/0.8/0.9, length 8/12/16):
-# 16 and 0.8 raised code from 1.44x to 1.54x and RAG from 1.07x to 1.08x and left every
-# category's worst prompt and every result on our suite unchanged; 8 and 12 let a multi-turn
-# answer fall to 0.70-0.85x; a share of 0.5 lowered our suite's code-generation to 0.95x (so our
-# suite was a check on this choice, not wholly held out).
+# why: inside such a copy the next 63 guesses are mostly all right, and a REACH-capped ramp spends 6-8
+# steps getting there; a long match alone is no licence;
+# history: docs/provenance.md#whole_copy_min, docs/provenance.md#whole_copy_share
 WHOLE_COPY_MIN = 16
 WHOLE_COPY_SHARE = 0.8
+# The gap between a request's draft-model probes grows by this factor after each probe (probes at
+# steps 32, 96, 224, ... with explore_every = 32); 1.0 is a fixed period.
+# why: a request whose probes keep failing should not pay for one every explore_every steps (a
+# choice, not a fit); history: docs/provenance.md#explore_growth
+EXPLORE_GROWTH = 2.0
+# A request's first draft-model probe comes after this many steps.
+# why: a choice, not a fit: where the draft model pays, its own acceptance, not the probes, decides;
+# history: docs/provenance.md#explore_every
+EXPLORE_EVERY = 32
 
 
 def whole_copy(match: int, generated: int) -> bool:
@@ -155,182 +149,6 @@ class Outcome:
     emitted: Sequence[int]
 
 
-# -- acceptance ---------------------------------------------------------------------------------
-
-
-def _logit(p):
-    p = np.clip(p, 0.01, 0.99)
-    return np.log(p / (1.0 - p))
-
-
-class Overlay:
-    """One request's own evidence on top of a shared acceptance table. Per group of cells (a kind
-    of guess, or the draft model's positions) it counts the guesses checked (n), the right ones (r)
-    and what the shared table predicted for them (p, summed), and shifts every cell of the group by
-    the same amount in log-odds:
-
-        delta = logit((r + weight * p / n) / (n + weight)) - logit(p / n)
-
-    Pooling a group's cells is what makes it fast: a RAG answer that starts copying its passage shows
-    one guess per match length, and a per-cell count would need dozens in each. With weight 8, eight
-    right guesses where the table said 0.75 lift it to 0.875 (and a 0.9 cell to 0.955); 24 lift it to
-    0.94; a request whose guesses keep failing sinks likewise. Zero evidence: the shared table."""
-
-    def __init__(self, groups: int, weight: float):
-        self.n = np.zeros(groups)
-        self.r = np.zeros(groups)
-        self.p = np.zeros(groups)
-        self.weight = weight
-
-    def delta(self, group: int) -> float:
-        n = self.n[group]
-        if n == 0:
-            return 0.0
-        mean = self.p[group] / n
-        return float(_logit((self.r[group] + self.weight * mean) / (n + self.weight)) - _logit(mean))
-
-    def blend(self, shared, group: int):
-        """This request's estimate of cells of `group` whose shared values are `shared`."""
-        d = self.delta(group)
-        return shared if d == 0.0 else 1.0 / (1.0 + np.exp(-(_logit(shared) + d)))
-
-    def observe(self, group: int, right: bool, shared: float) -> None:
-        self.n[group] += 1
-        self.r[group] += right
-        self.p[group] += shared
-
-
-@dataclass
-class Acceptance:
-    """a[i] = P(draft position i accepted | positions before it were), as moving averages."""
-
-    prior: float | Sequence[float]
-    a: np.ndarray = field(default=None)  # [K_MAX]
-    rate: float = EMA  # weight of one observation in the shared table
-
-    def __post_init__(self):
-        if self.a is None:
-            self.a = np.broadcast_to(np.asarray(self.prior, dtype=float), (K_MAX,)).copy()
-
-    def expected_tokens(self, k_max: int, overlay: Overlay | None = None) -> np.ndarray:
-        """[k_max + 1] E[emitted tokens | k] for k = 0..k_max: the accepted prefix plus one
-        (this request's estimate when its overlay is given)."""
-        a = self.a[:k_max] if overlay is None else overlay.blend(self.a[:k_max], 0)
-        survive = np.cumprod(a)  # [k_max] P(first i+1 positions accepted)
-        return 1.0 + np.concatenate([[0.0], np.cumsum(survive)])
-
-    def observe(self, n_drafted: int, n_accepted: int, overlay: Overlay | None = None) -> None:
-        # positions 0..n_accepted were examined: the first n_accepted passed, the next one failed
-        for i in range(min(n_accepted + 1, n_drafted)):
-            if overlay is not None:
-                overlay.observe(0, i < n_accepted, self.a[i])
-            self.a[i] += self.rate * ((1.0 if i < n_accepted else 0.0) - self.a[i])
-
-
-# lower edges of the match-length buckets prompt lookup's acceptance is tracked in: every length up
-# to 6, then roughly doubling (a choice; the fitted rates change little within a bucket)
-MATCH_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
-# Before any evidence, per bucket and kind of first guess (see MatchAcceptance.evidence), and
-# "later" for the guesses after an accepted one: fitted on the greedy outputs of the 1.5B target for
-# the outside development suite (benchmarks/dev-greedy-1.5b-0.5b.jsonl, all 56 prompts of
-# benchmarks/dev-prompts.jsonl; `scripts/replay_controller.py loo --fit`): the share of guesses that
-# were right, with two guesses' worth of 0.5 added, made non-decreasing in the match length. Never
-# fitted on benchmarks/prompts.jsonl, which we report on. A guess from a 1-token match the earlier
-# occurrences disagree on was right 12% of the time, one they all agreed on 40%; past 16 matched
-# tokens a guess is right 95% of the time or more. Leaving each category out of the fit changes the
-# replayed speedup of `auto` on it by under 1%, except code: 1.54x held out, 1.59x fitted on all.
-MATCH_PRIOR = {
-    "split": (0.12, 0.26, 0.27, 0.27, 0.43, 0.43, 0.43, 0.77, 0.77, 0.8, 0.91, 0.97, 0.99),
-    "single": (0.32, 0.53, 0.62, 0.66, 0.72, 0.72, 0.85, 0.91, 0.95, 0.99, 0.99, 0.99, 0.99),
-    "agreed": (0.4, 0.78, 0.78, 0.82, 0.82, 0.82, 0.82, 0.82, 0.82, 0.82, 0.93, 0.95, 0.99),
-    "later": (0.53, 0.53, 0.63, 0.65, 0.74, 0.75, 0.83, 0.91, 0.96, 0.99, 0.99, 0.99, 0.99),
-}
-
-# The draft model's P(position i accepted | the ones before were), before any evidence: the
-# 0.5B's greedy agreement with the 1.5B's greedy output, per draft position, on the same recording
-# (`loo --fit`; it was a flat 0.7 guess before). Another draft model starts from these, and its
-# overlay and the shared table move to its own rates.
-DRAFT_PRIOR = (0.84, 0.86, 0.89, 0.9, 0.92, 0.93, 0.94, 0.95, 0.95, 0.96, 0.96, 0.96, 0.97, 0.97, 0.97)
-
-# The gap between a request's draft-model probes grows by this factor after each probe (probes at
-# steps 32, 96, 224, ... with explore_every = 32); 1.0 is a fixed period. A choice, not a fit: on
-# this CPU the 0.5B never pays, and the dev suite's replay is the same with 1.0 and 2.0.
-EXPLORE_GROWTH = 2.0
-# A request's first draft-model probe comes after this many steps. A choice, not a fit (issue 4): on
-# this CPU the 0.5B never pays, and the dev suite's leave-one-category-out replay is the same with
-# 16, 32, 64 and 1000 (`loo --set explore_every=N`); where the draft model pays (a GPU) its own
-# acceptance, not the probes, decides.
-EXPLORE_EVERY = 32
-
-
-class MatchAcceptance:
-    """Prompt lookup's acceptance as a function of its match length: h[b] = P(the next guess is
-    right | the match so far spans m tokens, m in bucket b), a moving average per bucket.
-
-    A draft from a match of m tokens is one guess at length m, and, if that one is accepted, a
-    guess at m + 1, and so on: P(first i guesses accepted) = h(m) h(m + 1) ... h(m + i - 1). So a
-    long copy earns a long draft and the first guess after an edit, from a short match, does not.
-    The first guess has its own tables by the evidence behind it: earlier occurrences of the
-    matched n-gram that disagree on what comes next make it a coin toss even after a long match."""
-
-    KINDS = ("split", "single", "agreed", "later")
-
-    def __init__(self, prior: Mapping[str, Sequence[float]] | None = None, rate: float = EMA):
-        prior = MATCH_PRIOR if prior is None else prior
-        self.tables = {kind: np.array(prior[kind], dtype=float) for kind in self.KINDS}
-        self.rate = rate
-
-    def overlay(self, weight: float) -> Overlay:
-        """A request's own evidence, two groups per kind: matches shorter than OVERLAY_LONG tokens
-        and the rest (a request whose 1-token matches keep failing may still copy long runs)."""
-        return Overlay(2 * len(self.KINDS), weight)
-
-    def _group(self, kind: str, b: int) -> int:
-        return 2 * self.KINDS.index(kind) + (MATCH_BUCKETS[b] >= OVERLAY_LONG)
-
-    @staticmethod
-    def evidence(votes: tuple[int, int]) -> str:
-        """(occurrences continuing with the guess, occurrences) -> the kind of first guess."""
-        agree, total = votes
-        return "split" if agree < total else "single" if total <= 1 else "agreed"
-
-    @staticmethod
-    def bucket(m: int) -> int:
-        return max(0, bisect.bisect_right(MATCH_BUCKETS, m) - 1)
-
-    def _kind(self, i: int, kind: str) -> str:
-        return kind if i == 0 else "later"
-
-    def _estimate(self, kind: str, b: int, overlay: Overlay | None) -> float:
-        shared = self.tables[kind][b]
-        return shared if overlay is None else float(overlay.blend(shared, self._group(kind, b)))
-
-    def expected_tokens(self, m: int, k_max: int, kind: str = "single", overlay: Overlay | None = None) -> np.ndarray:
-        """[k_max + 1] E[emitted tokens | k] for k = 0..k_max, the match spanning m tokens now
-        (this request's estimate when its overlay is given)."""
-        a = np.array([self._estimate(self._kind(i, kind), self.bucket(m + i), overlay) for i in range(k_max)])
-        return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(a))])
-
-    def observe(self, m: int, checked: int, matched: int, kind: str = "single", overlay: Overlay | None = None) -> None:
-        """`checked` guesses of a proposal from a match of m tokens were compared with what the
-        target emitted; the first `matched` were right."""
-        for i in range(checked):
-            name, b = self._kind(i, kind), self.bucket(m + i)
-            h = self.tables[name]
-            if overlay is not None:
-                overlay.observe(self._group(name, b), i < matched, h[b])
-            h[b] += self.rate * ((1.0 if i < matched else 0.0) - h[b])
-
-
-def _agreement(proposal: Sequence[int], emitted: Sequence[int]) -> tuple[int, int]:
-    """(positions checked, positions that matched) of a draft against the tokens the target emitted."""
-    n = min(len(proposal), len(emitted))
-    matched = 0
-    while matched < n and proposal[matched] == emitted[matched]:
-        matched += 1
-    return (min(matched + 1, n), matched)
-
-
 @dataclass
 class _RowState:
     steps: int = 0
@@ -398,8 +216,11 @@ class CostAwareController:
     ):
         # a CostTable (with a deep curve, costs.measure_cost_table), or a curve at one depth
         self.target_cost = CostTable.of(target_costs)
-        self.stops = stops  # end-of-generation tokens: a free proposal is valued up to its first
+        # A free drafter (prompt lookup, the suffix cache) may draft as far as the widest forward the cost
+        # curve has timed (costs.WIDE): inside a verbatim copy its guesses keep landing, and on this CPU a
+        # forward's cost per token keeps falling past 16 tokens (REACH still bounds it by the match).
         self.k_free = max(K_MAX, self.target_cost.widths[-1] - 1)
+        self.stops = stops  # end-of-generation tokens: a free proposal is valued up to its first
         if free is None:
             free = []
         self.free: list[Drafter] = [free] if isinstance(free, Drafter) else list(free)
@@ -607,7 +428,7 @@ class CostAwareController:
         for name, (tokens, match, kind) in state.shadow.items():
             # A free drafter costs nothing to check after the fact: score its proposal against
             # what the target emitted, whether or not it was used, so its estimate never goes stale.
-            checked, matched = _agreement(tokens, out.emitted)
+            checked, matched = agreement(tokens, out.emitted)
             self.match_accept[name].observe(match, checked, matched, kind, state.overlays[name])
             if not n_drafted and name not in state.tracker and matched == checked == 1 and len(tokens) > 1:
                 # A plain step only reveals the first guess. Follow the rest of the proposal over

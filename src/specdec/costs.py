@@ -18,38 +18,33 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .paths import specdec_home, write_cache_file
+
 EMA = 0.15  # weight of a new observation in the live cost ratios
 NARROW = 16  # widths 1..NARROW are all timed: a draft model's drafts (k + 1 <= 9) live here
-# and these: a batch's drafts, and one row's long free drafts inside a verbatim copy (on this CPU a
-# forward's cost per token keeps falling past 16 tokens: 16/32 tokens cost 10-13x/18x one token)
+# and these: a batch's drafts, and one row's long free drafts inside a verbatim copy
+# why: on a CPU a forward's cost per token keeps falling past 16 tokens; history: docs/provenance.md#wide
 WIDE = (24, 32, 48, 64)
 WIDTHS = tuple(range(1, NARROW + 1)) + WIDE
 # A forward's cost grows with the depth of the cache it attends over, and not alike for every
 # width: each query row reads the whole cache, so the added cost is roughly proportional to the
-# width. On this CPU (llama.cpp, the 1.5B, quiet, 7 repeats, 2026-11-25) one token costs 30.8 ms at
-# depth 128 and 35.9 ms at 1024 (+17%), 4 tokens 91 and 113 ms (+24%), 32 tokens 402 and 553 ms
-# (+37%): relative to a plain step, width is dearer deep in a long prompt (32 tokens: 13.0x one
-# token at depth 128, 15.4x at 1024), which one live ratio learned on plain steps cannot know. The
-# curve is timed at SHALLOW for every width and at DEEP for DEEP_WIDTHS; between and beyond them a
-# forward's cost is linear in the depth. Checked against forwards timed at depths 1536, 2048 and
-# 3072 (5 repeats): within 0-8% up to 2048 (high, for 16-64 tokens), within 0-13% at 3072.
+# width. The curve is timed at SHALLOW for every width and at DEEP for DEEP_WIDTHS; between and
+# beyond them a forward's cost is linear in the depth.
+# why: width is dearer deep in a long prompt, which one live ratio learned on plain steps cannot know;
+# history: docs/provenance.md#shallow, docs/provenance.md#deep, docs/provenance.md#deep_widths
 SHALLOW = 128
 DEEP = 1024
 DEEP_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
-# A curve is cached only if it looks like a quiet machine's. Repeats of one width on a quiet CPU
-# agree within a few percent; with another process on a core the median repeat runs 1.3-3x the
-# fastest (seen here with a test suite beside a timing). And a forward of W tokens never costs more
-# than W one-token forwards, so a curve that says so was timed while the machine was busy. (One
-# such curve, its one-token forward at 82 ms where a quiet one takes 39, was cached and read by
-# every later run until this check.)
+# A curve is cached only if it looks like a quiet machine's: repeats of one width on a quiet CPU
+# agree within a few percent, and a forward of W tokens never costs more than W one-token forwards.
+# why: a curve timed on a busy machine, once cached, is read by every later run;
+# history: docs/provenance.md#busy_spread, docs/provenance.md#superlinear
 BUSY_SPREAD = 1.25  # median / fastest repeat, the median over widths, above which: busy
 SUPERLINEAR = 1.1  # cost(W) > this x W x cost(1): busy
 CACHE_VERSION = 2  # curves cached before the checks above are not trusted
 
 
 def _cache_file(model, tag: str) -> Path | None:
-    from .catalog import specdec_home
-
     path = getattr(model, "path", None)
     if path is None:
         return None
@@ -126,8 +121,6 @@ def measure_forward_costs(
             flush=True,
         )
     elif cache is not None:
-        from .catalog import write_cache_file
-
         write_cache_file(cache, json.dumps({str(w): s for w, s in costs.items()}))
     return costs
 

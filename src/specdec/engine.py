@@ -29,9 +29,8 @@ from .text import Detokenizer
 
 # Prompt tokens a joining row prefills per step while other rows are decoding: a long prompt is
 # cut into chunks so that the running rows wait one chunk, not the whole prompt (alone, a row
-# prefills at once). What a chunk costs depends on the machine: on the 2-core EPYC without
-# AVX-512 (llama.cpp's AVX2 kernels) the 1.5B prefills at ~65 tokens/s, so a 256-token chunk stalls
-# the running rows for ~4 s (about 60 single steps; `specdec serve` measured, 2026-11-23).
+# prefills at once).
+# why: it bounds the running rows' stall, which depends on the machine; history: docs/provenance.md#prefill_chunk
 PREFILL_CHUNK = 256
 
 

@@ -31,7 +31,8 @@ from __future__ import annotations
 import copy
 from typing import Mapping, Sequence
 
-from .controller import K_MAX, Outcome, _agreement
+from .acceptance import K_MAX, MATCH_BUCKETS, MatchAcceptance, agreement
+from .controller import Outcome
 from .costs import CostTable
 from .drafters.base import Draft
 from .drafters.ngram import NgramDrafter
@@ -62,7 +63,7 @@ def _best_time(lengths: Sequence[int], curves: Sequence[Sequence[float]]) -> flo
 
 def _accepted(proposal: Sequence[int], output: Sequence[int], pos: int) -> int:
     """How many of `proposal`'s tokens the target keeps at `pos`: the prefix `output` agrees with."""
-    return _agreement(proposal, output[pos : pos + len(proposal)])[1]
+    return agreement(proposal, output[pos : pos + len(proposal)])[1]
 
 
 def oracle_speedup(
@@ -271,8 +272,6 @@ def match_statistics(records: Sequence[Mapping]) -> dict[str, tuple[list[int], l
     after an accepted one) -> (right, checked) per match-length bucket (MATCH_BUCKETS). At every
     position the drafter proposes from the true context; the guesses are checked against the
     target's tokens until the first wrong one (what a draft of K_MAX tokens would have shown)."""
-    from .controller import MATCH_BUCKETS, MatchAcceptance
-
     counts = {kind: ([0] * len(MATCH_BUCKETS), [0] * len(MATCH_BUCKETS)) for kind in MatchAcceptance.KINDS}
     for r in records:
         drafter, context, output = NgramDrafter(), list(r["prompt"]), r["output"]

@@ -30,9 +30,8 @@ GRAMMAR = (
     "auto | none | ngram | suffix | early-exit:L | a built-in model name or a .gguf path, for a "
     "model of another vocabulary optionally prefixed string: or intersect:"
 )
-# whether auto consults the suffix cache when not told (DraftSpec.suffix None). The bar it had to
-# clear: a fresh process, its cache empty, is never more than 3% below auto without it (README,
-# "The suffix cache").
+# whether auto consults the suffix cache when not told (DraftSpec.suffix None)
+# why: a fresh process, its cache empty, stays within 3% of auto without it; history: docs/provenance.md#auto_suffix
 AUTO_SUFFIX = True
 METHODS = "plain, auto, auto:suffix, auto:nosuffix, draft:K, ngram:K, suffix:K, early-exit:L:K (--backend numpy)"
 

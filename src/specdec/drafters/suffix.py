@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +36,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import SpecdecError
+from ..paths import write_atomically
 from ..sampling import SamplingParams
 from .base import Draft
 
@@ -291,13 +290,7 @@ class SuffixCacheDrafter:
         buffer = io.BytesIO()
         np.savez_compressed(buffer, header=header, lengths=lengths, tokens=flat)
         try:
-            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
-            with os.fdopen(fd, "wb") as f:
-                f.write(buffer.getvalue())
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
-            os.replace(tmp, path)
+            write_atomically(path, buffer.getvalue())
         except OSError as exc:
             raise SpecdecError(f"cannot write --suffix-cache {path}: {exc.strerror}") from None
 

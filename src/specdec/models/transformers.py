@@ -42,7 +42,7 @@ import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
 from .base import SingleRow
-from .numpy_ref import CHAR_TO_BYTE  # GPT-2's byte-level table (numpy_ref imports only numpy)
+from .bpe import CHAR_TO_BYTE  # GPT-2's byte-level table (bpe.py needs only the standard library)
 
 INSTALL_HINT = (
     "install PyTorch and transformers: `make torch-deps`, or "

@@ -1,0 +1,191 @@
+"""How far a drafter's guesses are trusted: acceptance tables, their priors, and one request's overlay.
+
+The target keeps a draft up to its first rejected token, so a draft of k tokens is worth
+E[k] = 1 + sum_{j<=k} prod_{l<=j} a_l emitted tokens, a_l being the probability that position l is
+accepted given the ones before it were. The tables here hold those probabilities as moving averages:
+
+- `Acceptance`: the draft model's, one rate per draft position;
+- `MatchAcceptance`: a free drafter's (prompt lookup, the suffix cache), per match length and kind of
+  first guess, since inside a long copy guesses keep landing;
+- `Overlay`: one request's own evidence on top of a shared table, so a request learns fast while the
+  shared tables learn slowly across requests.
+
+The tables start from priors fitted on recorded greedy outputs (MATCH_PRIOR, DRAFT_PRIOR;
+replay.fit_match_prior and replay.fit_draft_prior refit them). The controller (controller.py)
+reads them to choose drafts; replay.py counts recorded guesses the way they count them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .costs import EMA
+
+K_MAX = 15  # the draft model's acceptance table, and the fitted priors' longest draft
+
+# The overlay pools prompt lookup's guesses per kind, separately below and from this match length
+# (the bucket edge where the fitted MATCH_PRIOR rises past the 0.75 of short matches).
+OVERLAY_LONG = 8
+
+
+def _logit(p):
+    p = np.clip(p, 0.01, 0.99)
+    return np.log(p / (1.0 - p))
+
+
+class Overlay:
+    """One request's own evidence on top of a shared acceptance table. Per group of cells (a kind
+    of guess, or the draft model's positions) it counts the guesses checked (n), the right ones (r)
+    and what the shared table predicted for them (p, summed), and shifts every cell of the group by
+    the same amount in log-odds:
+
+        delta = logit((r + weight * p / n) / (n + weight)) - logit(p / n)
+
+    Pooling a group's cells is what makes it fast: a RAG answer that starts copying its passage shows
+    one guess per match length, and a per-cell count would need dozens in each. With weight 8, eight
+    right guesses where the table said 0.75 lift it to 0.875 (and a 0.9 cell to 0.955); 24 lift it to
+    0.94; a request whose guesses keep failing sinks likewise. Zero evidence: the shared table."""
+
+    def __init__(self, groups: int, weight: float):
+        self.n = np.zeros(groups)
+        self.r = np.zeros(groups)
+        self.p = np.zeros(groups)
+        self.weight = weight
+
+    def delta(self, group: int) -> float:
+        n = self.n[group]
+        if n == 0:
+            return 0.0
+        mean = self.p[group] / n
+        return float(_logit((self.r[group] + self.weight * mean) / (n + self.weight)) - _logit(mean))
+
+    def blend(self, shared, group: int):
+        """This request's estimate of cells of `group` whose shared values are `shared`."""
+        d = self.delta(group)
+        return shared if d == 0.0 else 1.0 / (1.0 + np.exp(-(_logit(shared) + d)))
+
+    def observe(self, group: int, right: bool, shared: float) -> None:
+        self.n[group] += 1
+        self.r[group] += right
+        self.p[group] += shared
+
+
+@dataclass
+class Acceptance:
+    """a[i] = P(draft position i accepted | positions before it were), as moving averages."""
+
+    prior: float | Sequence[float]
+    a: np.ndarray = field(default=None)  # [K_MAX]
+    rate: float = EMA  # weight of one observation in the shared table
+
+    def __post_init__(self):
+        if self.a is None:
+            self.a = np.broadcast_to(np.asarray(self.prior, dtype=float), (K_MAX,)).copy()
+
+    def expected_tokens(self, k_max: int, overlay: Overlay | None = None) -> np.ndarray:
+        """[k_max + 1] E[emitted tokens | k] for k = 0..k_max: the accepted prefix plus one
+        (this request's estimate when its overlay is given)."""
+        a = self.a[:k_max] if overlay is None else overlay.blend(self.a[:k_max], 0)
+        survive = np.cumprod(a)  # [k_max] P(first i+1 positions accepted)
+        return 1.0 + np.concatenate([[0.0], np.cumsum(survive)])
+
+    def observe(self, n_drafted: int, n_accepted: int, overlay: Overlay | None = None) -> None:
+        # positions 0..n_accepted were examined: the first n_accepted passed, the next one failed
+        for i in range(min(n_accepted + 1, n_drafted)):
+            if overlay is not None:
+                overlay.observe(0, i < n_accepted, self.a[i])
+            self.a[i] += self.rate * ((1.0 if i < n_accepted else 0.0) - self.a[i])
+
+
+# lower edges of the match-length buckets prompt lookup's acceptance is tracked in: every length up
+# to 6, then roughly doubling (a choice; the fitted rates change little within a bucket)
+MATCH_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
+# Before any evidence, per bucket and kind of first guess (see MatchAcceptance.evidence), and
+# "later" for the guesses after an accepted one: the share of guesses that were right on the outside
+# dev suite's recording (`scripts/replay_controller.py loo --fit`), never on benchmarks/prompts.jsonl.
+# why: a guess's odds depend on its match length and on whether earlier occurrences agree;
+# history: docs/provenance.md#match_prior
+MATCH_PRIOR = {
+    "split": (0.12, 0.26, 0.27, 0.27, 0.43, 0.43, 0.43, 0.77, 0.77, 0.8, 0.91, 0.97, 0.99),
+    "single": (0.32, 0.53, 0.62, 0.66, 0.72, 0.72, 0.85, 0.91, 0.95, 0.99, 0.99, 0.99, 0.99),
+    "agreed": (0.4, 0.78, 0.78, 0.82, 0.82, 0.82, 0.82, 0.82, 0.82, 0.82, 0.93, 0.95, 0.99),
+    "later": (0.53, 0.53, 0.63, 0.65, 0.74, 0.75, 0.83, 0.91, 0.96, 0.99, 0.99, 0.99, 0.99),
+}
+
+# The draft model's P(position i accepted | the ones before were), before any evidence. Another
+# draft model starts from these, and its overlay and the shared table move to its own rates.
+# why: the default pair's own agreement, per draft position (the 0.5B drafting for the 1.5B);
+# history: docs/provenance.md#draft_prior
+DRAFT_PRIOR = (0.84, 0.86, 0.89, 0.9, 0.92, 0.93, 0.94, 0.95, 0.95, 0.96, 0.96, 0.96, 0.97, 0.97, 0.97)
+
+
+class MatchAcceptance:
+    """Prompt lookup's acceptance as a function of its match length: h[b] = P(the next guess is
+    right | the match so far spans m tokens, m in bucket b), a moving average per bucket.
+
+    A draft from a match of m tokens is one guess at length m, and, if that one is accepted, a
+    guess at m + 1, and so on: P(first i guesses accepted) = h(m) h(m + 1) ... h(m + i - 1). So a
+    long copy earns a long draft and the first guess after an edit, from a short match, does not.
+    The first guess has its own tables by the evidence behind it: earlier occurrences of the
+    matched n-gram that disagree on what comes next make it a coin toss even after a long match."""
+
+    KINDS = ("split", "single", "agreed", "later")
+
+    def __init__(self, prior: Mapping[str, Sequence[float]] | None = None, rate: float = EMA):
+        prior = MATCH_PRIOR if prior is None else prior
+        self.tables = {kind: np.array(prior[kind], dtype=float) for kind in self.KINDS}
+        self.rate = rate
+
+    def overlay(self, weight: float) -> Overlay:
+        """A request's own evidence, two groups per kind: matches shorter than OVERLAY_LONG tokens
+        and the rest (a request whose 1-token matches keep failing may still copy long runs)."""
+        return Overlay(2 * len(self.KINDS), weight)
+
+    def _group(self, kind: str, b: int) -> int:
+        return 2 * self.KINDS.index(kind) + (MATCH_BUCKETS[b] >= OVERLAY_LONG)
+
+    @staticmethod
+    def evidence(votes: tuple[int, int]) -> str:
+        """(occurrences continuing with the guess, occurrences) -> the kind of first guess."""
+        agree, total = votes
+        return "split" if agree < total else "single" if total <= 1 else "agreed"
+
+    @staticmethod
+    def bucket(m: int) -> int:
+        return max(0, bisect.bisect_right(MATCH_BUCKETS, m) - 1)
+
+    def _kind(self, i: int, kind: str) -> str:
+        return kind if i == 0 else "later"
+
+    def _estimate(self, kind: str, b: int, overlay: Overlay | None) -> float:
+        shared = self.tables[kind][b]
+        return shared if overlay is None else float(overlay.blend(shared, self._group(kind, b)))
+
+    def expected_tokens(self, m: int, k_max: int, kind: str = "single", overlay: Overlay | None = None) -> np.ndarray:
+        """[k_max + 1] E[emitted tokens | k] for k = 0..k_max, the match spanning m tokens now
+        (this request's estimate when its overlay is given)."""
+        a = np.array([self._estimate(self._kind(i, kind), self.bucket(m + i), overlay) for i in range(k_max)])
+        return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(a))])
+
+    def observe(self, m: int, checked: int, matched: int, kind: str = "single", overlay: Overlay | None = None) -> None:
+        """`checked` guesses of a proposal from a match of m tokens were compared with what the
+        target emitted; the first `matched` were right."""
+        for i in range(checked):
+            name, b = self._kind(i, kind), self.bucket(m + i)
+            h = self.tables[name]
+            if overlay is not None:
+                overlay.observe(self._group(name, b), i < matched, h[b])
+            h[b] += self.rate * ((1.0 if i < matched else 0.0) - h[b])
+
+
+def agreement(proposal: Sequence[int], emitted: Sequence[int]) -> tuple[int, int]:
+    """(positions checked, positions that matched) of a draft against the tokens the target emitted."""
+    n = min(len(proposal), len(emitted))
+    matched = 0
+    while matched < n and proposal[matched] == emitted[matched]:
+        matched += 1
+    return (min(matched + 1, n), matched)

@@ -1,0 +1,71 @@
+"""Where specdec keeps files ($SPECDEC_HOME) and how it writes them: whole or not at all.
+
+Imports nothing of specdec's: the catalog (models), the cost curves and the suffix cache all write
+through here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+
+def specdec_home() -> Path:
+    """$SPECDEC_HOME, else the user's cache dir (~/.cache/specdec)."""
+    if os.environ.get("SPECDEC_HOME"):
+        return Path(os.environ["SPECDEC_HOME"]).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "specdec"
+
+
+def reason(exc: OSError) -> str:
+    """An OSError's reason in a few words ("Permission denied"), without the errno and file name."""
+    return exc.strerror or str(exc)
+
+
+def write_atomically(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path` whole or not at all: into a temporary file in the same folder (a
+    unique name, so two processes never share one), then os.replace, so a reader or a crash sees
+    the old file or the new one, never half. The file gets the mode open() would give it (0o666
+    less the umask, not mkstemp's 0600). The temporary file goes on any failure or interrupt;
+    OSError is the caller's to report."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+_warned: set[str] = set()  # folders already warned about, so a run says it once
+
+
+def write_cache_file(path: str | os.PathLike, text: str, fallback: str = "costs are kept in memory") -> bool:
+    """Write `text` to `path` atomically (write_atomically), creating its folder. A cache that
+    cannot be written (read-only SPECDEC_HOME, full disk) costs time, not correctness: one warning
+    line on stderr per folder, saying `fallback`, and False."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, text.encode("utf-8"))
+        return True
+    except OSError as exc:
+        if str(path.parent) not in _warned:
+            _warned.add(str(path.parent))
+            print(
+                f"specdec: warning: cannot write {path.parent} ({reason(exc)}); {fallback}",
+                file=sys.stderr,
+                flush=True,
+            )
+        return False
