@@ -306,3 +306,34 @@ def test_greedy_equals_plain_on_the_real_target(target_model):
         result = decoder.generate(prompt, config)
         assert_greedy_lossless(target_model, plain.prompt_tokens, plain.tokens, result.tokens)
     assert result.stats.accepted >= 0.8 * result.stats.drafted > 0
+
+
+@pytest.mark.parametrize("tokens", [[1, 2, 32], [1, -2, 3], [1, 2, 10**9]], ids=["vocab-size", "negative", "huge"])
+def test_a_cache_file_of_ids_outside_the_vocabulary_is_a_user_error(tmp_path, tokens):
+    """A valid header and this tokenizer's fingerprint, but ids the target has not: refused when
+    loaded (before, generate printed part of its answer and died in llama_decode)."""
+    target = ToyLM(vocab_size=32, seed=1)
+    path = tmp_path / "cache.npz"
+    _write_cache(path, f"{FORMAT}\n{new_suffix_cache(target).fingerprint}", [3], tokens)
+    cache = new_suffix_cache(target)
+    with pytest.raises(SpecdecError, match="outside the vocabulary"):
+        cache.load(path)
+    assert cache.tokens_stored == 0
+
+
+def test_a_cache_file_of_damaged_compressed_data_is_a_user_error(tmp_path):
+    """The zip's structure is whole but its deflated data is not (zlib.error, once a traceback)."""
+    path = tmp_path / "cache.npz"
+    cache = SuffixCacheDrafter()
+    cache.add([int(t) for t in np.random.default_rng(0).integers(0, 1000, 20_000)])
+    cache.save(path)
+    data = bytearray(path.read_bytes())
+    header = data.index(b"PK\x03\x04", data.index(b"lengths.npy"))  # the tokens member's local header
+    name, extra = (
+        int.from_bytes(data[header + 26 : header + 28], "little"),
+        int.from_bytes(data[header + 28 : header + 30], "little"),
+    )
+    data[header + 30 + name + extra] = 0xFF  # its first deflate block: a block type that does not exist
+    path.write_bytes(bytes(data))
+    with pytest.raises(SpecdecError, match="damaged"):
+        SuffixCacheDrafter().load(path)

@@ -29,5 +29,7 @@ def new_suffix_cache(target, cap: int | None = None):
     from .suffix import DEFAULT_CAP, SuffixCacheDrafter, tokenizer_fingerprint
 
     return SuffixCacheDrafter(
-        DEFAULT_CAP if cap is None else cap, fingerprint=tokenizer_fingerprint(target.tokenizer, target.vocab_size)
+        DEFAULT_CAP if cap is None else cap,
+        fingerprint=tokenizer_fingerprint(target.tokenizer, target.vocab_size),
+        vocab_size=target.vocab_size,
     )

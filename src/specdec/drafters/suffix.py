@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import io
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -139,12 +140,15 @@ class SuffixCacheDrafter:
     """Proposes the most frequent continuation of the longest suffix match in everything this
     process has seen (module docstring). One instance serves every row and every request."""
 
-    def __init__(self, cap: int = DEFAULT_CAP, candidates: int = CANDIDATES, fingerprint: str = ""):
+    def __init__(
+        self, cap: int = DEFAULT_CAP, candidates: int = CANDIDATES, fingerprint: str = "", vocab_size: int = 0
+    ):
         if cap < 1 or candidates < 1:
             raise ValueError(f"need cap >= 1 and candidates >= 1, got {cap}, {candidates}")
         self.name = self.kind = "suffix"
         self.cap, self.limit = cap, candidates
         self.fingerprint = fingerprint  # the tokenizer's, checked when a cache is loaded
+        self.vocab_size = vocab_size  # a loaded cache's ids must lie in [0, vocab_size) (0: unchecked)
         self._static: list[list[int]] = []  # corpus sequences: never evicted, never saved
         self._seqs: list[list[int]] = []  # sequences seen, oldest first
         self._store = _Store()
@@ -308,7 +312,7 @@ class SuffixCacheDrafter:
                 lengths, flat = data["lengths"], data["tokens"]
         except OSError as exc:
             raise SpecdecError(f"cannot read --suffix-cache {path}: {exc.strerror}") from None
-        except (ValueError, KeyError, EOFError, UnicodeDecodeError, zipfile.BadZipFile):
+        except (ValueError, KeyError, EOFError, UnicodeDecodeError, zipfile.BadZipFile, zlib.error):
             raise SpecdecError(bad) from None
         fmt, _, fingerprint = header.partition("\n")
         if (
@@ -322,6 +326,11 @@ class SuffixCacheDrafter:
         if self.fingerprint and fingerprint != self.fingerprint:
             raise SpecdecError(
                 f"--suffix-cache {path} was written for another tokenizer; delete it or give another file"
+            )
+        if len(flat) and (flat.min() < 0 or (self.vocab_size and flat.max() >= self.vocab_size)):
+            raise SpecdecError(
+                f"--suffix-cache {path} holds token ids outside the vocabulary (0..{self.vocab_size - 1}), so it is "
+                "damaged; delete it or give another file"
             )
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         for a, b in zip(offsets[:-1], offsets[1:]):
