@@ -188,3 +188,16 @@ def test_logprobs_are_the_targets_as_openai_shows_them():
         assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
         r = httpx.post(base + "/v1/completions", json={"prompt": "a", "logprobs": 21})
         assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
+
+
+def test_what_a_seed_promises():
+    """README, "seed": the same seeded sampled request, alone, gives the same text again under a
+    drafter whose drafts depend on the request alone (none, ngram, the draft model); it is the
+    target's distribution either way, but auto and the suffix cache draft from what earlier
+    requests left, so their repeats may differ."""
+    with toy_server() as (base, _):
+        for draft in ("none", "ngram", "toy-draft"):
+            body = {"prompt": "abc abd abc", "max_tokens": 24, "temperature": 0.9, "seed": 11}
+            body["speculative"] = {"draft": draft}
+            texts = {httpx.post(base + "/v1/completions", json=body).json()["choices"][0]["text"] for _ in range(2)}
+            assert len(texts) == 1, (draft, texts)
