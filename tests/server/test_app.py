@@ -201,3 +201,24 @@ def test_what_a_seed_promises():
             body["speculative"] = {"draft": draft}
             texts = {httpx.post(base + "/v1/completions", json=body).json()["choices"][0]["text"] for _ in range(2)}
             assert len(texts) == 1, (draft, texts)
+
+
+def test_a_body_that_trickles_in_is_timed_out():
+    """A client sending its body a byte at a time holds a socket, not the server: past the body
+    timeout it gets a 408 and the connection is closed."""
+    import socket
+    import time
+
+    with toy_server() as (base, service):
+        service.body_timeout = 0.5
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100\r\n\r\n{"
+            )
+            started = time.monotonic()
+            reply = sock.recv(4096)
+            assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+            assert time.monotonic() - started < 5
+        assert httpx.get(base + "/health").status_code == 200

@@ -49,6 +49,8 @@ log = logging.getLogger("specdec.server")
 MAX_BODY = 8 << 20  # bytes of a request body; a prompt that needs more exceeds any context
 RETRY_AFTER = 1  # seconds a 429 / 503 asks the client to wait
 CUT_GRACE = 1.0  # seconds a second signal waits for the requests it cut to be told so
+MAX_CONNECTIONS = 256  # the least number of open connections served at once (4 x rows + queue where more)
+BODY_TIMEOUT = 30.0  # seconds a request body may take to arrive (a slow client holds no row, but a socket)
 
 
 class Service:
@@ -76,6 +78,7 @@ class Service:
         self.worker = Worker(engine, router, self.metrics)
         self.inflight = 0  # requests accepted and not yet answered
         self.preparing = anyio.CapacityLimiter(1)  # requests being tokenized at once
+        self.body_timeout = BODY_TIMEOUT
         self.draining = False
         self.started = int(time.time())
 
@@ -249,10 +252,15 @@ def create_app(service: Service) -> FastAPI:
         if size is not None and size.isdigit() and int(size) > MAX_BODY:
             raise RequestError(f"the request body is larger than {MAX_BODY} bytes", status=413)
         body = b""
-        async for part in request.stream():
-            body += part
-            if len(body) > MAX_BODY:
-                raise RequestError(f"the request body is larger than {MAX_BODY} bytes", status=413)
+        with anyio.move_on_after(service.body_timeout) as scope:
+            async for part in request.stream():
+                body += part
+                if len(body) > MAX_BODY:
+                    raise RequestError(f"the request body is larger than {MAX_BODY} bytes", status=413)
+        if scope.cancelled_caught:
+            raise RequestError(
+                f"the request body took more than {service.body_timeout:g} s to arrive", code="timeout", status=408
+            )
         try:
             value = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -466,8 +474,16 @@ def serve(
     import uvicorn
 
     app = create_app(service)
+    # connections at once: past it uvicorn answers 503 at once, so that clients that hold sockets
+    # open (sending a byte at a time) cannot take every file descriptor
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5, timeout_keep_alive=5
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=5,
+        limit_concurrency=max(MAX_CONNECTIONS, 4 * service.capacity),
     )
     server = DrainingServer(config, service)
     if on_ready is not None:
