@@ -7,11 +7,11 @@ import json
 import os
 import sys
 
-from . import catalog
-from .costs import DEEP, SHALLOW
-from .drafters.base import MAX_DRAFT_TOKENS
-from .drafters.suffix import DEFAULT_CAP as SUFFIX_CAP
-from .errors import SpecdecError, VocabMismatchError
+from .. import catalog
+from ..costs import DEEP, SHALLOW
+from ..drafters.base import MAX_DRAFT_TOKENS
+from ..drafters.suffix import DEFAULT_CAP as SUFFIX_CAP
+from ..errors import SpecdecError, VocabMismatchError
 
 DEFAULT_PROMPT = (
     "Write a Python function `merge_intervals(intervals)` that merges overlapping "
@@ -271,7 +271,7 @@ def _check_draft_corpus(args) -> None:
 def _suffix_cache(args, target):
     """The suffix cache the flags ask for, loaded (corpus and saved cache); False: none (auto
     without it)."""
-    from .drafters import new_suffix_cache
+    from ..drafters import new_suffix_cache
 
     if args.suffix_cap == 0:
         return False
@@ -555,7 +555,7 @@ def _utf8(data: bytes, source: str) -> str:
 def _check_threads(args) -> None:
     """--threads above the cores this process may use only slows every step down (the threads
     wait on each other): use them all, and say so."""
-    from .models.llama_cpp import default_threads
+    from ..models.llama_cpp import default_threads
 
     cores = default_threads()
     if args.threads is not None and args.threads > cores:
@@ -569,9 +569,9 @@ def _check_threads(args) -> None:
 
 def _decoder(args):
     """The SpeculativeDecoder the flags ask for."""
-    from . import load_model
-    from .engine import SpeculativeDecoder
-    from .spec import parse
+    from .. import load_model
+    from ..engine import SpeculativeDecoder
+    from ..spec import parse
 
     rows = getattr(args, "batch_size", None) or 1
 
@@ -591,7 +591,7 @@ def _decoder(args):
     spec = parse(args.draft, args.backend, args.draft_tokens, draft_model=draft_model or "none")
     _check_suffix_flags(args, spec.kind)  # so do bad suffix cache flags
     if "torch" in (args.backend, args.draft_backend):  # and a bad --device
-        from .models.transformers import pick_device
+        from ..models.transformers import pick_device
 
         pick_device(args.device)
     target = load(args.target)
@@ -611,7 +611,7 @@ def _decoder(args):
 
 
 def _config(args):
-    from .config import GenerationConfig
+    from ..config import GenerationConfig
 
     return GenerationConfig(
         max_new_tokens=args.max_tokens,
@@ -756,7 +756,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .compare import compare
+    from ..compare import compare
 
     prompt = _read_prompt(args, demo=DEFAULT_PROMPT)
     config = _config(args)
@@ -810,7 +810,7 @@ def cmd_compare(args) -> int:
 def cmd_bench(args) -> int:
     from pathlib import Path
 
-    from . import bench
+    from .. import bench
 
     methods = list(args.methods or (bench.FULL_METHODS if args.full else bench.DEFAULT_METHODS))
     if not args.methods:
@@ -863,7 +863,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .demo import run_demo
+    from ..demo import run_demo
 
     return run_demo(_decoder(args), stats=args.stats)
 
@@ -969,8 +969,8 @@ def _add_costs_parser(sub) -> None:
 
 def _costs_models(args):
     """(target, draft or None) as the costs flags ask; every flag is checked before a load."""
-    from . import load_model
-    from .costs import WIDE
+    from .. import load_model
+    from ..costs import WIDE
 
     if args.backend != "torch":
         for flag, value in (
@@ -996,13 +996,13 @@ def _costs_models(args):
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise SpecdecError(f"--out {args.out}: no such folder")
     if args.backend == "torch":
-        from .models.transformers import pick_device
+        from ..models.transformers import pick_device
 
         pick_device(args.device)
 
     def load(name, config):
         if config:
-            from .models.transformers import load_random_weights
+            from ..models.transformers import load_random_weights
 
             return load_random_weights(
                 config,
@@ -1024,7 +1024,7 @@ def _costs_models(args):
             max_rows=max(args.rows),
         )
         if args.cache == "static":  # a loaded torch model: rebuild it over the static cache
-            from .models.transformers import TransformersModel
+            from ..models.transformers import TransformersModel
 
             model = TransformersModel(
                 model.model,
@@ -1070,7 +1070,7 @@ def _model_facts(model, backend: str) -> dict:
 def cmd_costs(args) -> int:
     import platform
 
-    from .costs import cost_report, format_curves
+    from ..costs import cost_report, format_curves
 
     target, draft = _costs_models(args)
     report = {
@@ -1210,8 +1210,8 @@ def _port(text: str) -> int:
 
 
 def cmd_serve(args) -> int:
-    from . import load_model
-    from .errors import BackendUnavailableError
+    from .. import load_model
+    from ..errors import BackendUnavailableError
 
     try:
         import fastapi  # noqa: F401
@@ -1219,8 +1219,8 @@ def cmd_serve(args) -> int:
         import uvicorn  # noqa: F401
     except ImportError as exc:
         raise BackendUnavailableError(f"specdec serve needs {exc.name}: pip install 'specdec[serve]'") from None
-    from .server.app import build_service, serve
-    from .spec import DraftSpec, parse
+    from ..server.app import build_service, serve
+    from ..spec import DraftSpec, parse
 
     spec = parse(args.draft, args.backend, args.draft_tokens, draft_model=args.draft_model)
     if spec.kind == "early-exit":
@@ -1228,7 +1228,7 @@ def cmd_serve(args) -> int:
     # any request may ask for auto or suffix, whatever the default: the flags hold for every --draft
     _check_suffix_flags(args, "suffix" if spec.kind == "suffix" else "auto")
     if "torch" in (args.backend, args.draft_backend):
-        from .models.transformers import pick_device
+        from ..models.transformers import pick_device
 
         pick_device(args.device)
     draft_spec = spec if spec.kind == "model" else parse(args.draft_model)
@@ -1248,7 +1248,7 @@ def cmd_serve(args) -> int:
     target = load(args.target, args.backend)
     draft = load(draft_spec.model, args.draft_backend or args.backend) if draft_name else None
     if draft is not None and draft_spec.vocab:  # string: / intersect: across tokenizers
-        from .drafters import model_drafter
+        from ..drafters import model_drafter
 
         draft = model_drafter(draft, target, draft_spec.vocab)
     # the server's default policy: a kind and its k ('model': the draft model loaded here)
@@ -1332,7 +1332,3 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `specdec generate ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
