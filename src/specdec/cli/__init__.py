@@ -9,151 +9,29 @@ import sys
 
 from .. import catalog
 from ..costs import DEEP, SHALLOW
-from ..drafters.base import MAX_DRAFT_TOKENS
 from ..drafters.suffix import DEFAULT_CAP as SUFFIX_CAP
 from ..errors import SpecdecError, VocabMismatchError
+from .flags import (
+    CTX_HELP,
+    _add_model_flags,
+    _add_request_flags,
+    _add_suffix_flags,
+    _add_threads_flag,
+)
 from .options import (
     SEED,
     TEMPERATURE_HELP,
     _float_in,
-    _int_in,
     _non_negative_int,
     _Parser,
     _port,
     _positive,
-    _text,
 )
 
 DEFAULT_PROMPT = (
     "Write a Python function `merge_intervals(intervals)` that merges overlapping "
     "intervals, with a docstring and a short example."
 )
-
-
-def _draft_model_help() -> str:
-    pairs = ", ".join(f"{spec.draft} for {spec.name}" for spec in catalog.CATALOG.values() if spec.draft)
-    return (
-        f"the draft model --draft auto may use, or 'none' for prompt lookup only (default: the "
-        f"target's built-in draft of the same vocabulary, {pairs}; none for any other target); a "
-        f"model of another vocabulary drafts across tokenizers, as with --draft"
-    )
-
-
-def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
-    g = p.add_argument_group("models")
-    g.add_argument("--target", default=catalog.DEFAULT_TARGET, help="built-in name or .gguf path")
-    g.add_argument(
-        "--draft",
-        default="auto",
-        help="'auto' (a cost-aware controller picks prompt lookup, the draft model or a "
-        "plain step, and k, every step), a built-in name or .gguf path (a draft model, "
-        "k tokens a step; one of another vocabulary drafts across tokenizers: its text "
-        "re-encoded by the target's tokenizer, or with 'intersect:NAME' its probabilities "
-        "on the tokens both vocabularies share; 'string:NAME' is the first way, as NAME alone), "
-        "'ngram' (prompt lookup, k tokens a step), "
-        "'suffix' (the suffix cache: continues what followed the same tokens in earlier "
-        "requests, the corpus or this prompt, k tokens a step), "
-        "'early-exit:L' (the target's first L layers draft; --backend numpy) or "
-        "'none'",
-    )
-    g.add_argument("--draft-model", default=None, help=_draft_model_help())
-    _add_suffix_flags(g)
-    g.add_argument(
-        "-k",
-        "--draft-tokens",
-        type=_int_in(0, MAX_DRAFT_TOKENS),
-        default=4,
-        metavar="K",
-        help=f"draft tokens per step with a fixed drafter (--draft ngram, a model or "
-        f"early-exit), 0..{MAX_DRAFT_TOKENS}; 0 = plain decoding; ignored under "
-        f"--draft auto, which picks k every step",
-    )
-    g.add_argument(
-        "--backend",
-        choices=("llama", "numpy", "torch"),
-        default="llama",
-        help="llama: GGUF through llama.cpp; numpy: the pure-NumPy reference; "
-        "torch: transformers on PyTorch (a GGUF file, dequantised, or a transformers "
-        "model folder); for target and draft alike unless --draft-backend",
-    )
-    g.add_argument(
-        "--draft-backend",
-        choices=("llama", "numpy", "torch"),
-        default=None,
-        help="backend of the draft model (default: --backend); e.g. a llama.cpp draft "
-        "for a torch target, when the vocabularies match",
-    )
-    _add_torch_flags(g)
-    g.add_argument(
-        "--threads",
-        type=_positive(int),
-        default=None,
-        help="CPU threads, at most the cores this process may use (default: all of them)",
-    )
-    g.add_argument("--ctx", type=_positive(int), default=4096, help="context window in tokens")
-    g = p.add_argument_group("prompt")
-    src = g.add_mutually_exclusive_group()
-    src.add_argument("--prompt", "-p", type=_text(), help=_PROMPT_HELP[p.prog.split()[-1]])
-    src.add_argument("--prompt-file", "-f", help="read the prompt from this UTF-8 file (default: --prompt, else stdin)")
-    chat = g.add_mutually_exclusive_group()
-    chat.add_argument(
-        "--chat",
-        dest="chat",
-        action="store_true",
-        default=None,
-        help="apply the model's chat template (default for instruct models)",
-    )
-    chat.add_argument("--no-chat", dest="chat", action="store_false", help="send the prompt as raw text")
-    g.add_argument("--system", type=_text(), help="system message for the chat template (default: none)")
-    g = p.add_argument_group("sampling")
-    g.add_argument("--max-tokens", "-n", type=_positive(int), default=max_tokens, help="tokens to generate at most")
-    g.add_argument("--temperature", "-t", type=_float_in(0, float("inf"), False), default=0.0, help=TEMPERATURE_HELP)
-    g.add_argument("--top-k", type=_non_negative_int, default=0, help="0 = off")
-    g.add_argument("--top-p", type=_float_in(0, 1, True), default=1.0, help="in (0, 1]; 1 = off")
-    g.add_argument("--min-p", type=_float_in(0, 1, False), default=0.0, help="in [0, 1]; 0 = off")
-    g.add_argument(
-        "--seed",
-        type=SEED,
-        default=None,
-        help="in 0..2**64-1; makes sampled runs repeatable (default: a fresh seed each run)",
-    )
-    g.add_argument(
-        "--stop",
-        type=_text("an empty stop string would end every generation at once"),
-        action="append",
-        default=[],
-        help="stop string (repeatable; default: none)",
-    )
-
-
-def _add_suffix_flags(g, cache_file: bool = True) -> None:
-    """The suffix cache's flags (--draft suffix, and auto, which consults it)."""
-    g.add_argument(
-        "--suffix-cap",
-        type=_non_negative_int,
-        default=SUFFIX_CAP,
-        metavar="TOKENS",
-        help=f"tokens the suffix cache holds at most, corpus included (default: {SUFFIX_CAP}, "
-        f"about 400 bytes of memory a token); past it the oldest requests are forgotten "
-        f"first, down to 80%% of the cap. 0: --draft auto goes without the suffix cache",
-    )
-    g.add_argument(
-        "--draft-corpus",
-        metavar="FILE",
-        default=None,
-        help="a UTF-8 text file the suffix cache drafts from too, tokenized by the target's "
-        "tokenizer; never forgotten (default: none)",
-    )
-    if cache_file:
-        g.add_argument(
-            "--suffix-cache",
-            metavar="FILE",
-            default=None,
-            help="load the suffix cache from FILE at start (if it exists) and save it there "
-            "at exit, atomically (default: none; the cache lives as long as the process)",
-        )
-    else:
-        g.set_defaults(suffix_cache=None)  # one shape of args for the suffix helpers below
 
 
 def _check_suffix_flags(args, kind: str) -> None:
@@ -202,23 +80,6 @@ def _save_suffix(args, decoder) -> None:
     cache = decoder.suffix_cache()
     if args.suffix_cache and cache is not None:
         cache.save(args.suffix_cache)
-
-
-_PROMPT_HELP = {
-    "generate": "the prompt text (default: read stdin)",
-    "compare": "the prompt text (default: read stdin; when stdin is a terminal, closed or empty, "
-    "a built-in demo prompt, said on stderr)",
-}
-
-
-def _add_torch_flags(g) -> None:
-    g.add_argument("--device", default="auto", help="torch backend: cuda, cuda:N, cpu, or auto (CUDA when present)")
-    g.add_argument(
-        "--dtype",
-        choices=("auto", "float32", "bfloat16", "float16"),
-        default="auto",
-        help="torch backend: weights and activations (auto: bfloat16 on CUDA, float32 on CPU)",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -272,12 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         "generation (auto steps aside). Each ends with the reason auto "
         "gives: its predicted gain and the costs it measured.",
     )
-    p.add_argument(
-        "--threads",
-        type=_positive(int),
-        default=None,
-        help="CPU threads, at most the cores this process may use (default: all of them)",
-    )
+    _add_threads_flag(p)
     p.add_argument("--stats", action="store_true", help="also print the full statistics of each run")
     p.set_defaults(
         target=catalog.DEFAULT_TARGET,
@@ -356,30 +212,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder with llama.cpp's llama-speculative-simple: adds the llama.cpp peer (default: without it)",
     )
     p.add_argument("--hf", action="store_true", help="add the Hugging Face transformers peer")
-    p.add_argument("--target", default=catalog.DEFAULT_TARGET, help="built-in name or .gguf path")
-    p.add_argument(
-        "--draft",
-        default=catalog.DEFAULT_DRAFT,
-        help="the draft model for draft:K methods (one of another "
+    _add_model_flags(
+        p,
+        draft_default=catalog.DEFAULT_DRAFT,
+        draft_help="the draft model for draft:K methods (one of another "
         "vocabulary drafts across tokenizers; string:NAME or intersect:NAME as for generate --draft)",
+        backend_help="as for generate",
+        ctx=(8192, CTX_HELP),
+        after={
+            "--dtype": lambda: p.add_argument(
+                "--batch-sizes",
+                type=_positive(int),
+                nargs="+",
+                default=[1],
+                metavar="B",
+                help="also run our methods on batches of B prompts and report tokens/s summed over the batch "
+                "(default: 1)",
+            )
+        },
     )
-    p.add_argument("--backend", choices=("llama", "numpy", "torch"), default="llama", help="as for generate")
-    _add_torch_flags(p)
-    p.add_argument(
-        "--batch-sizes",
-        type=_positive(int),
-        nargs="+",
-        default=[1],
-        metavar="B",
-        help="also run our methods on batches of B prompts and report tokens/s summed over the batch (default: 1)",
-    )
-    p.add_argument(
-        "--threads",
-        type=_positive(int),
-        default=None,
-        help="CPU threads, at most the cores this process may use (default: all of them)",
-    )
-    p.add_argument("--ctx", type=_positive(int), default=8192, help="context window in tokens")
     p.add_argument("--temperature", "-t", type=_float_in(0, float("inf"), False), default=0.0, help=TEMPERATURE_HELP)
     p.add_argument(
         "--seed",
@@ -821,14 +672,21 @@ def _add_costs_parser(sub) -> None:
         "`scripts/replay_controller.py replay --curve FILE` predicts speedups "
         "from it.",
     )
-    p.add_argument(
-        "--target",
-        default=catalog.DEFAULT_TARGET,
-        help=f"built-in name, .gguf path or (torch) model folder (default: {catalog.DEFAULT_TARGET})",
+    _add_model_flags(
+        p,
+        target_help=f"built-in name, .gguf path or (torch) model folder (default: {catalog.DEFAULT_TARGET})",
+        draft_default=None,
+        draft_help="also time this draft model (default: none)",
+        backend_help=None,
+        threads_help=None,
+        ctx=(4096, "context window in tokens (default: 4096)"),
+        after={"--dtype": lambda: _add_costs_flags(p)},
     )
-    p.add_argument("--draft", default=None, help="also time this draft model (default: none)")
-    p.add_argument("--backend", choices=("llama", "numpy", "torch"), default="llama")
-    _add_torch_flags(p)
+    p.add_argument("--out", default=None, metavar="FILE.json", help="save the curves here")
+
+
+def _add_costs_flags(p) -> None:
+    """costs' own flags: what to build, and where and how to time it."""
     p.add_argument(
         "--random-weights",
         metavar="CONFIG.json",
@@ -876,9 +734,6 @@ def _add_costs_parser(sub) -> None:
     p.add_argument(
         "--repeats", type=_positive(int), default=5, help="timings per point; the fastest counts (default: 5)"
     )
-    p.add_argument("--threads", type=_positive(int), default=None)
-    p.add_argument("--ctx", type=_positive(int), default=4096, help="context window in tokens (default: 4096)")
-    p.add_argument("--out", default=None, metavar="FILE.json", help="save the curves here")
 
 
 def _costs_models(args):
@@ -1031,51 +886,27 @@ def _add_serve_parser(sub) -> None:
         "pip install 'specdec[serve]'.",
     )
     g = p.add_argument_group("models")
-    g.add_argument(
-        "--target",
-        default=catalog.DEFAULT_TARGET,
-        help=f"built-in name or .gguf path (default: {catalog.DEFAULT_TARGET})",
-    )
-    g.add_argument(
-        "--draft",
-        default="auto",
-        help="the default speculation of a request: 'auto', 'ngram', 'suffix', 'none' or a draft model "
+    _add_model_flags(
+        g,
+        target_help=f"built-in name or .gguf path (default: {catalog.DEFAULT_TARGET})",
+        draft_help="the default speculation of a request: 'auto', 'ngram', 'suffix', 'none' or a draft model "
         "(built-in name or .gguf path); a request may pick another in its body "
         '("speculative": {"draft": ..., "k": ...}) (default: auto)',
-    )
-    g.add_argument(
-        "--draft-model",
-        default=catalog.DEFAULT_DRAFT,
-        help=f"the draft model 'auto' may use, loaded once; 'none' for prompt lookup only "
-        f"(default: {catalog.DEFAULT_DRAFT})",
-    )
-    g.add_argument(
-        "-k",
-        "--draft-tokens",
-        type=_int_in(1, MAX_DRAFT_TOKENS),
-        default=4,
-        metavar="K",
-        help="draft tokens per step when the default is a fixed drafter (default: 4)",
-    )
-    _add_suffix_flags(p.add_argument_group("suffix cache (one for all requests; auto and 'suffix' draft from it)"))
-    g.add_argument(
-        "--backend",
-        choices=("llama", "numpy", "torch"),
-        default="llama",
-        help="llama (default), numpy or torch, as for generate",
-    )
-    g.add_argument(
-        "--draft-backend",
-        choices=("llama", "numpy", "torch"),
-        default=None,
-        help="backend of the draft model (default: --backend)",
-    )
-    _add_torch_flags(g)
-    g.add_argument(
-        "--threads", type=_positive(int), default=None, help="CPU threads (default: all cores this process may use)"
-    )
-    g.add_argument(
-        "--ctx", type=_positive(int), default=4096, help="context window of each request, in tokens (default: 4096)"
+        draft_model=(
+            catalog.DEFAULT_DRAFT,
+            f"the draft model 'auto' may use, loaded once; 'none' for prompt lookup only "
+            f"(default: {catalog.DEFAULT_DRAFT})",
+        ),
+        draft_tokens=(1, "draft tokens per step when the default is a fixed drafter (default: 4)"),
+        backend_help="llama (default), numpy or torch, as for generate",
+        draft_backend_help="backend of the draft model (default: --backend)",
+        threads_help="CPU threads (default: all cores this process may use)",
+        ctx=(4096, "context window of each request, in tokens (default: 4096)"),
+        after={
+            "--draft-tokens": lambda: _add_suffix_flags(
+                p.add_argument_group("suffix cache (one for all requests; auto and 'suffix' draft from it)")
+            )
+        },
     )
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
