@@ -10,13 +10,23 @@ import sys
 from .. import catalog
 from ..costs import DEEP, SHALLOW
 from ..drafters.suffix import DEFAULT_CAP as SUFFIX_CAP
-from ..errors import SpecdecError, VocabMismatchError
+from ..errors import SpecdecError
 from .flags import (
     CTX_HELP,
     _add_model_flags,
     _add_request_flags,
     _add_suffix_flags,
     _add_threads_flag,
+)
+from .loading import (
+    _check_device,
+    _check_draft_corpus,
+    _check_suffix_flags,
+    _check_threads,
+    _decoder,
+    _model_loader,
+    _save_suffix,
+    _suffix_cache,
 )
 from .options import (
     SEED,
@@ -32,54 +42,6 @@ DEFAULT_PROMPT = (
     "Write a Python function `merge_intervals(intervals)` that merges overlapping "
     "intervals, with a docstring and a short example."
 )
-
-
-def _check_suffix_flags(args, kind: str) -> None:
-    """The suffix flags agree with --draft (kind: its DraftSpec.kind); checked before a load."""
-    from pathlib import Path
-
-    given = [
-        flag for flag, value in (("--draft-corpus", args.draft_corpus), ("--suffix-cache", args.suffix_cache)) if value
-    ]
-    if kind == "suffix" and args.suffix_cap == 0:
-        raise SpecdecError("--draft suffix needs a cache: give --suffix-cap >= 1")
-    if given and kind not in ("suffix", "auto"):
-        raise SpecdecError(f"{given[0]} is for the suffix cache: give --draft suffix or auto")
-    if given and args.suffix_cap == 0:
-        raise SpecdecError(f"{given[0]} needs the suffix cache, which --suffix-cap 0 turns off")
-    _check_draft_corpus(args)
-    cache = args.suffix_cache
-    if cache and (Path(cache).is_dir() or not Path(cache).resolve().parent.is_dir()):
-        raise SpecdecError(f"--suffix-cache {cache}: not a file in an existing folder")
-
-
-def _check_draft_corpus(args) -> None:
-    from pathlib import Path
-
-    if args.draft_corpus and not Path(args.draft_corpus).is_file():
-        raise SpecdecError(f"--draft-corpus {args.draft_corpus}: no such file")
-
-
-def _suffix_cache(args, target):
-    """The suffix cache the flags ask for, loaded (corpus and saved cache); False: none (auto
-    without it)."""
-    from ..drafters import new_suffix_cache
-
-    if args.suffix_cap == 0:
-        return False
-    cache = new_suffix_cache(target, args.suffix_cap)
-    if args.draft_corpus:
-        cache.load_corpus(args.draft_corpus, target.tokenizer)
-    if args.suffix_cache:
-        cache.load(args.suffix_cache)
-    return cache
-
-
-def _save_suffix(args, decoder) -> None:
-    """--suffix-cache: what this run added to the cache, saved for the next."""
-    cache = decoder.suffix_cache()
-    if args.suffix_cache and cache is not None:
-        cache.save(args.suffix_cache)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -315,64 +277,6 @@ def _utf8(data: bytes, source: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecdecError(f"{source} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
-
-
-def _check_threads(args) -> None:
-    """--threads above the cores this process may use only slows every step down (the threads
-    wait on each other): use them all, and say so."""
-    from ..models.llama_cpp import default_threads
-
-    cores = default_threads()
-    if args.threads is not None and args.threads > cores:
-        print(
-            f"specdec: warning: --threads {args.threads} is more than the {cores} cores this process "
-            f"may use; using {cores}",
-            file=sys.stderr,
-        )
-        args.threads = cores
-
-
-def _decoder(args):
-    """The SpeculativeDecoder the flags ask for."""
-    from .. import load_model
-    from ..engine import SpeculativeDecoder
-    from ..spec import parse
-
-    rows = getattr(args, "batch_size", None) or 1
-
-    def load(name, backend=args.backend):
-        return load_model(
-            name,
-            backend=backend,
-            n_ctx=args.ctx,
-            threads=args.threads,
-            device=args.device,
-            dtype=args.dtype,
-            max_rows=rows,
-        )
-
-    draft_model = args.draft_model if args.draft_model is not None else catalog.default_draft(args.target)
-    # a bad --draft fails before a long load
-    spec = parse(args.draft, args.backend, args.draft_tokens, draft_model=draft_model or "none")
-    _check_suffix_flags(args, spec.kind)  # so do bad suffix cache flags
-    if "torch" in (args.backend, args.draft_backend):  # and a bad --device
-        from ..models.transformers import pick_device
-
-        pick_device(args.device)
-    target = load(args.target)
-    suffix = _suffix_cache(args, target) if spec.kind in ("suffix", "auto") else False
-    # a draft model of another vocabulary drafts across tokenizers (drafters.model_drafter)
-    try:
-        return SpeculativeDecoder.from_spec(
-            target, spec, lambda name: load(name, args.draft_backend or args.backend), max_rows=rows, suffix=suffix
-        )
-    except VocabMismatchError as exc:
-        if not spec.is_auto:
-            raise
-        raise VocabMismatchError(
-            f"--draft-model {draft_model}: {exc.reason}; give --draft-model none (prompt "
-            f"lookup only) or a draft model of the target's family"
-        ) from None
 
 
 def _config(args):
@@ -738,7 +642,6 @@ def _add_costs_flags(p) -> None:
 
 def _costs_models(args):
     """(target, draft or None) as the costs flags ask; every flag is checked before a load."""
-    from .. import load_model
     from ..costs import WIDE
 
     if args.backend != "torch":
@@ -768,6 +671,7 @@ def _costs_models(args):
         from ..models.transformers import pick_device
 
         pick_device(args.device)
+    load_model = _model_loader(args, max(args.rows))
 
     def load(name, config):
         if config:
@@ -783,15 +687,7 @@ def _costs_models(args):
                 graphs=args.graphs,
                 compile=args.compile,
             )
-        model = load_model(
-            name,
-            backend=args.backend,
-            n_ctx=args.ctx,
-            threads=args.threads,
-            device=args.device,
-            dtype=args.dtype,
-            max_rows=max(args.rows),
-        )
+        model = load_model(name)
         if args.cache == "static":  # a loaded torch model: rebuild it over the static cache
             from ..models.transformers import TransformersModel
 
@@ -945,7 +841,6 @@ def _add_serve_parser(sub) -> None:
 
 
 def cmd_serve(args) -> int:
-    from .. import load_model
     from ..errors import BackendUnavailableError
 
     try:
@@ -962,25 +857,11 @@ def cmd_serve(args) -> int:
         raise SpecdecError("specdec serve takes --draft auto, ngram, suffix, none or a draft model")
     # any request may ask for auto or suffix, whatever the default: the flags hold for every --draft
     _check_suffix_flags(args, "suffix" if spec.kind == "suffix" else "auto")
-    if "torch" in (args.backend, args.draft_backend):
-        from ..models.transformers import pick_device
-
-        pick_device(args.device)
+    _check_device(args)
     draft_spec = spec if spec.kind == "model" else parse(args.draft_model)
     draft_name = args.draft if spec.kind == "model" else (None if draft_spec.kind == "none" else args.draft_model)
-
-    def load(name, backend):
-        return load_model(
-            name,
-            backend=backend,
-            n_ctx=args.ctx,
-            threads=args.threads,
-            device=args.device,
-            dtype=args.dtype,
-            max_rows=args.max_batch,
-        )
-
-    target = load(args.target, args.backend)
+    load = _model_loader(args, args.max_batch)
+    target = load(args.target)
     draft = load(draft_spec.model, args.draft_backend or args.backend) if draft_name else None
     if draft is not None and draft_spec.vocab:  # string: / intersect: across tokenizers
         from ..drafters import model_drafter
