@@ -1,0 +1,196 @@
+"""The flags more than one command takes: the model flags (target, draft, backend, device, threads,
+context), defined once here for generate, compare, serve, bench and costs, each with its own
+wording where it has one; the suffix cache's flags; and a request's prompt and sampling flags."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+from .. import catalog
+from ..drafters.base import MAX_DRAFT_TOKENS
+from ..drafters.suffix import DEFAULT_CAP as SUFFIX_CAP
+from .options import SEED, TEMPERATURE_HELP, _float_in, _int_in, _non_negative_int, _positive, _text
+
+BACKENDS = ("llama", "numpy", "torch")
+TARGET_HELP = "built-in name or .gguf path"
+DRAFT_HELP = (
+    "'auto' (a cost-aware controller picks prompt lookup, the draft model or a "
+    "plain step, and k, every step), a built-in name or .gguf path (a draft model, "
+    "k tokens a step; one of another vocabulary drafts across tokenizers: its text "
+    "re-encoded by the target's tokenizer, or with 'intersect:NAME' its probabilities "
+    "on the tokens both vocabularies share; 'string:NAME' is the first way, as NAME alone), "
+    "'ngram' (prompt lookup, k tokens a step), "
+    "'suffix' (the suffix cache: continues what followed the same tokens in earlier "
+    "requests, the corpus or this prompt, k tokens a step), "
+    "'early-exit:L' (the target's first L layers draft; --backend numpy) or "
+    "'none'"
+)
+BACKEND_HELP = (
+    "llama: GGUF through llama.cpp; numpy: the pure-NumPy reference; "
+    "torch: transformers on PyTorch (a GGUF file, dequantised, or a transformers "
+    "model folder); for target and draft alike unless --draft-backend"
+)
+THREADS_HELP = "CPU threads, at most the cores this process may use (default: all of them)"
+CTX_HELP = "context window in tokens"
+
+_PROMPT_HELP = {
+    "generate": "the prompt text (default: read stdin)",
+    "compare": "the prompt text (default: read stdin; when stdin is a terminal, closed or empty, "
+    "a built-in demo prompt, said on stderr)",
+}
+
+
+def _draft_model_help() -> str:
+    pairs = ", ".join(f"{spec.draft} for {spec.name}" for spec in catalog.CATALOG.values() if spec.draft)
+    return (
+        f"the draft model --draft auto may use, or 'none' for prompt lookup only (default: the "
+        f"target's built-in draft of the same vocabulary, {pairs}; none for any other target); a "
+        f"model of another vocabulary drafts across tokenizers, as with --draft"
+    )
+
+
+def _add_model_flags(
+    g,
+    *,
+    target_help: str = TARGET_HELP,
+    draft_default: str | None = "auto",
+    draft_help: str = DRAFT_HELP,
+    draft_model: tuple[str | None, str] | None = None,
+    draft_tokens: tuple[int, str] | None = None,
+    backend_help: str | None = BACKEND_HELP,
+    draft_backend_help: str | None = None,
+    threads_help: str | None = THREADS_HELP,
+    ctx: tuple[int, str] = (4096, CTX_HELP),
+    after: dict[str, Callable[[], object]] | None = None,
+) -> None:
+    """The model flags, in this order: --target, --draft, --draft-model (when `draft_model` gives
+    its default and help), -k/--draft-tokens (when `draft_tokens` gives its lowest value and help),
+    --backend, --draft-backend (when its help is given), --device, --dtype, --threads, --ctx (its
+    default and help). `after` adds a command's own flags right after the one it names (its long
+    form); a help of None shows none, as in argparse."""
+    after = dict(after or {})
+
+    def then(flag: str) -> None:
+        if flag in after:
+            after.pop(flag)()
+
+    g.add_argument("--target", default=catalog.DEFAULT_TARGET, help=target_help)
+    g.add_argument("--draft", default=draft_default, help=draft_help)
+    if draft_model is not None:
+        g.add_argument("--draft-model", default=draft_model[0], help=draft_model[1])
+        then("--draft-model")
+    if draft_tokens is not None:
+        g.add_argument(
+            "-k",
+            "--draft-tokens",
+            type=_int_in(draft_tokens[0], MAX_DRAFT_TOKENS),
+            default=4,
+            metavar="K",
+            help=draft_tokens[1],
+        )
+        then("--draft-tokens")
+    g.add_argument("--backend", choices=BACKENDS, default="llama", help=backend_help)
+    if draft_backend_help is not None:
+        g.add_argument("--draft-backend", choices=BACKENDS, default=None, help=draft_backend_help)
+    _add_torch_flags(g)
+    then("--dtype")
+    _add_threads_flag(g, threads_help)
+    g.add_argument("--ctx", type=_positive(int), default=ctx[0], help=ctx[1])
+    if after:
+        raise ValueError(f"no model flag {', '.join(after)} to add flags after")
+
+
+def _add_torch_flags(g) -> None:
+    g.add_argument("--device", default="auto", help="torch backend: cuda, cuda:N, cpu, or auto (CUDA when present)")
+    g.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="auto",
+        help="torch backend: weights and activations (auto: bfloat16 on CUDA, float32 on CPU)",
+    )
+
+
+def _add_threads_flag(g, help_text: str | None = THREADS_HELP) -> None:
+    g.add_argument("--threads", type=_positive(int), default=None, help=help_text)
+
+
+def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    """generate's and compare's flags: the models, the prompt and the sampling."""
+    g = p.add_argument_group("models")
+    _add_model_flags(
+        g,
+        draft_model=(None, _draft_model_help()),
+        draft_tokens=(
+            0,
+            f"draft tokens per step with a fixed drafter (--draft ngram, a model or "
+            f"early-exit), 0..{MAX_DRAFT_TOKENS}; 0 = plain decoding; ignored under "
+            f"--draft auto, which picks k every step",
+        ),
+        draft_backend_help="backend of the draft model (default: --backend); e.g. a llama.cpp draft "
+        "for a torch target, when the vocabularies match",
+        after={"--draft-model": lambda: _add_suffix_flags(g)},
+    )
+    g = p.add_argument_group("prompt")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("--prompt", "-p", type=_text(), help=_PROMPT_HELP[p.prog.split()[-1]])
+    src.add_argument("--prompt-file", "-f", help="read the prompt from this UTF-8 file (default: --prompt, else stdin)")
+    chat = g.add_mutually_exclusive_group()
+    chat.add_argument(
+        "--chat",
+        dest="chat",
+        action="store_true",
+        default=None,
+        help="apply the model's chat template (default for instruct models)",
+    )
+    chat.add_argument("--no-chat", dest="chat", action="store_false", help="send the prompt as raw text")
+    g.add_argument("--system", type=_text(), help="system message for the chat template (default: none)")
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", "-n", type=_positive(int), default=max_tokens, help="tokens to generate at most")
+    g.add_argument("--temperature", "-t", type=_float_in(0, float("inf"), False), default=0.0, help=TEMPERATURE_HELP)
+    g.add_argument("--top-k", type=_non_negative_int, default=0, help="0 = off")
+    g.add_argument("--top-p", type=_float_in(0, 1, True), default=1.0, help="in (0, 1]; 1 = off")
+    g.add_argument("--min-p", type=_float_in(0, 1, False), default=0.0, help="in [0, 1]; 0 = off")
+    g.add_argument(
+        "--seed",
+        type=SEED,
+        default=None,
+        help="in 0..2**64-1; makes sampled runs repeatable (default: a fresh seed each run)",
+    )
+    g.add_argument(
+        "--stop",
+        type=_text("an empty stop string would end every generation at once"),
+        action="append",
+        default=[],
+        help="stop string (repeatable; default: none)",
+    )
+
+
+def _add_suffix_flags(g, cache_file: bool = True) -> None:
+    """The suffix cache's flags (--draft suffix, and auto, which consults it)."""
+    g.add_argument(
+        "--suffix-cap",
+        type=_non_negative_int,
+        default=SUFFIX_CAP,
+        metavar="TOKENS",
+        help=f"tokens the suffix cache holds at most, corpus included (default: {SUFFIX_CAP}, "
+        f"about 400 bytes of memory a token); past it the oldest requests are forgotten "
+        f"first, down to 80%% of the cap. 0: --draft auto goes without the suffix cache",
+    )
+    g.add_argument(
+        "--draft-corpus",
+        metavar="FILE",
+        default=None,
+        help="a UTF-8 text file the suffix cache drafts from too, tokenized by the target's "
+        "tokenizer; never forgotten (default: none)",
+    )
+    if cache_file:
+        g.add_argument(
+            "--suffix-cache",
+            metavar="FILE",
+            default=None,
+            help="load the suffix cache from FILE at start (if it exists) and save it there "
+            "at exit, atomically (default: none; the cache lives as long as the process)",
+        )
+    else:
+        g.set_defaults(suffix_cache=None)  # one shape of args for the suffix helpers

@@ -1,0 +1,247 @@
+"""`specdec generate` (one prompt streamed, or a batch of them), `specdec compare` (plain against
+speculative decoding on the same models) and `specdec demo` (two comparisons), and what they print."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from .. import catalog
+from ..drafters.suffix import DEFAULT_CAP as SUFFIX_CAP
+from .flags import _add_request_flags, _add_threads_flag
+from .loading import _decoder, _save_suffix
+from .options import _positive
+from .prompt import _batch_prompts, _config, _read_prompt
+
+DEFAULT_PROMPT = (
+    "Write a Python function `merge_intervals(intervals)` that merges overlapping "
+    "intervals, with a docstring and a short example."
+)
+
+
+def _add_generate_parsers(sub) -> None:
+    p = sub.add_parser(
+        "generate", help="stream speculative output to stdout", description="Stream the speculative output to stdout."
+    )
+    _add_request_flags(p, max_tokens=256)
+    p.add_argument(
+        "--batch-size",
+        "-b",
+        type=_positive(int),
+        default=None,
+        metavar="B",
+        help="batch mode: every line of --prompt-file (or stdin) is a prompt (in a .jsonl "
+        'file: {"prompt": ...} per line), B rows generate together, each drafting '
+        "and accepting on its own; a waiting prompt joins as soon as a row finishes. "
+        "Row i is seeded with --seed + i (default: off, one prompt)",
+    )
+    p.add_argument("--stats", action="store_true", help="print statistics to stderr")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (text, tokens, statistics); in batch mode one per prompt, a line each",
+    )
+
+    p = sub.add_parser(
+        "compare",
+        help="plain vs speculative decoding, side by side",
+        description="Run the same request with plain and with speculative decoding on "
+        "the same loaded models and print both, with the speedup and "
+        "acceptance statistics.",
+    )
+    _add_request_flags(p, max_tokens=128)
+    p.add_argument("--stats", action="store_true", help="also print the controller's decisions")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+
+    p = sub.add_parser(
+        "demo",
+        help="two short comparisons: where --draft auto pays and where it steps aside",
+        description="Load the default models once and compare plain decoding with "
+        "--draft auto on two requests: a code edit, whose answer copies "
+        "most of the prompt (auto drafts by prompt lookup), and open "
+        "generation (auto steps aside). Each ends with the reason auto "
+        "gives: its predicted gain and the costs it measured.",
+    )
+    _add_threads_flag(p)
+    p.add_argument("--stats", action="store_true", help="also print the full statistics of each run")
+    p.set_defaults(
+        target=catalog.DEFAULT_TARGET,
+        draft="auto",
+        draft_model=None,
+        draft_tokens=4,
+        backend="llama",
+        draft_backend=None,
+        device="auto",
+        dtype="auto",
+        ctx=4096,
+        # auto with an empty suffix cache of the default size, as generate has by default
+        suffix_cap=SUFFIX_CAP,
+        draft_corpus=None,
+        suffix_cache=None,
+    )
+
+
+def cmd_generate_batch(args) -> int:
+    import time
+    from dataclasses import replace
+
+    prompts = _batch_prompts(args)
+    config = _config(args)
+    decoder = _decoder(args)
+    B = args.batch_size
+    started, results = time.perf_counter(), []
+    # every prompt joins the engine's queue; B rows run at once and a waiting prompt takes the row
+    # of one that finishes (continuous batching). Results print in order, each as soon as it can.
+    engine = decoder.engine
+    requests = [
+        engine.add(
+            decoder.prompt_tokens(p, config), config if config.seed is None else replace(config, seed=config.seed + i)
+        )
+        for i, p in enumerate(prompts)
+    ]
+    for i, request in enumerate(requests):
+        engine.run([request])
+        result = request.result
+        results.append(result)
+        if args.json:
+            print(json.dumps({"index": i, **result.to_dict()}, ensure_ascii=False), flush=True)
+        else:
+            print(f"--- {i} ---\n{result.text}", flush=True)
+    seconds = time.perf_counter() - started
+    if args.stats:
+        tokens = sum(r.stats.generated_tokens for r in results)
+        drafted = sum(r.stats.drafted for r in results)
+        accepted = sum(r.stats.accepted for r in results)
+        steps = sum(r.stats.steps for r in results)
+        print(
+            f"prompts           {len(prompts)} in batches of {B} ({decoder.target.name}, "
+            f"draft {_drafter_name(decoder)})\n"
+            f"tokens            {tokens} in {seconds:.2f} s: {tokens / seconds:.2f} tokens/s summed over "
+            f"the batch (prefill included)\n"
+            f"acceptance rate   {accepted / drafted if drafted else 0:.1%} ({accepted}/{drafted})\n"
+            f"mean accepted len {tokens / steps if steps else 0:.2f} tokens/step per row",
+            file=sys.stderr,
+        )
+    _save_suffix(args, decoder)
+    return 0
+
+
+def cmd_generate(args) -> int:
+    if args.batch_size is not None:
+        return cmd_generate_batch(args)
+    prompt = _read_prompt(args)
+    config = _config(args)
+    decoder = _decoder(args)
+    target = decoder.target
+    stream = decoder.stream(prompt, config)
+    if args.json:
+        for _ in stream:
+            pass
+        out = stream.result.to_dict()
+        out.update(target=target.name, draft=_drafter_name(decoder), k=None if decoder.auto else decoder.k)
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        for piece in stream:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+    if args.stats:
+        print("\n".join(_stats_lines(stream.result.stats)), file=sys.stderr)
+    _save_suffix(args, decoder)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from ..compare import compare
+
+    prompt = _read_prompt(args, demo=DEFAULT_PROMPT)
+    config = _config(args)
+    decoder = _decoder(args)
+    target = decoder.target
+    k = "auto" if decoder.auto else decoder.k
+    result = compare(decoder, prompt, config)
+    _save_suffix(args, decoder)
+    if args.json:
+        out = result.to_dict()
+        out.update(target=target.name, draft=_drafter_name(decoder), k=k, verdict=result.verdict())
+        print(json.dumps(out, ensure_ascii=False))
+        return 0
+    p, s = result.plain.stats, result.speculative.stats
+    mode = "greedy" if config.sampling.greedy else f"temperature {config.temperature}"
+    threads = getattr(target, "n_threads", None)
+    print(
+        f"target {target.name} | draft {_drafter_name(decoder)} | k={k} | {mode} | "
+        f"{f'threads {threads}' if threads else f'backend {args.backend}'} | prompt {p.prompt_tokens} tokens"
+    )
+    print()
+    print(f"{'':22}{'plain':>12}{'speculative':>14}")
+    rows = [
+        ("wall time (s)", f"{p.seconds:.2f}", f"{s.seconds:.2f}"),
+        ("tokens", str(p.generated_tokens), str(s.generated_tokens)),
+        ("tokens/s (decode)", f"{p.tokens_per_second:.2f}", f"{s.tokens_per_second:.2f}"),
+        ("target steps", str(p.steps), str(s.steps)),
+    ]
+    for name, a, b in rows:
+        print(f"{name:22}{a:>12}{b:>14}")
+    for label, r in (("plain", result.plain), ("speculative", result.speculative)):
+        print(f"\n--- {label} text ---\n{r.text}")
+    print()
+    by_pos = " ".join(f"{a:.2f}" for a in s.acceptance_by_position) or "-"
+    print(f"speedup               {result.speedup:.2f}x")
+    print(f"acceptance rate       {s.acceptance_rate:.1%} ({s.accepted}/{s.drafted})")
+    print(f"mean accepted length  {s.mean_accepted_length:.2f} tokens/step")
+    print(f"acceptance by position {by_pos}")
+    print(f"drafter vs target     {s.draft_seconds:.2f} s vs {s.target_seconds:.2f} s")
+    print(f"outputs               {result.verdict()}")
+    if args.stats:
+        print(f"decisions             {_decisions(s)}")
+        if s.predicted_speedup:
+            print(
+                f"controller speedup    predicted {s.predicted_speedup:.2f}x, measured "
+                f"{s.measured_speedup:.2f}x (against its plain-step cost)"
+            )
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from ..demo import run_demo
+
+    return run_demo(_decoder(args), stats=args.stats)
+
+
+def _drafter_name(decoder) -> str:
+    if decoder.auto:
+        model = decoder.model_drafter
+        return "auto (ngram" + (f" + {model.model.name})" if model is not None else ")")
+    if decoder.drafter is None:
+        return "none"
+    model = getattr(decoder.drafter, "model", None)
+    return decoder.drafter.name if model is None or model is decoder.target else model.name
+
+
+def _stats_lines(stats) -> list[str]:
+    by_pos = " ".join(f"{a:.2f}" for a in stats.acceptance_by_position) or "-"
+    return [
+        f"tokens            {stats.generated_tokens} in {stats.steps} steps ({stats.finish_reason})",
+        f"time              {stats.seconds:.2f} s "
+        f"(prefill {stats.prefill_seconds:.2f} s of {stats.prompt_tokens} tokens)",
+        f"tokens/s          {stats.tokens_per_second:.2f}",
+        f"acceptance rate   {stats.acceptance_rate:.1%} ({stats.accepted}/{stats.drafted})",
+        f"mean accepted len {stats.mean_accepted_length:.2f} tokens/step",
+        f"by draft position {by_pos}",
+        f"drafter / target  {stats.draft_seconds:.2f} s / {stats.target_seconds:.2f} s",
+        f"decisions         {_decisions(stats)}",
+    ] + (
+        [
+            f"speedup predicted {stats.predicted_speedup:.2f}x, measured {stats.measured_speedup:.2f}x "
+            f"(against the controller's plain-step cost)"
+        ]
+        if stats.predicted_speedup
+        else []
+    )
+
+
+def _decisions(stats) -> str:
+    """Steps per (drafter, k), most used first."""
+    items = sorted(stats.decisions.items(), key=lambda kv: -kv[1])
+    return " ".join(f"{key}={n}" for key, n in items) or "-"

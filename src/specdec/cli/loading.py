@@ -1,0 +1,129 @@
+"""What the model flags ask for, loaded: the --threads check, the one model loader generate, compare,
+demo, serve and costs load through, the decoder of generate, compare and demo, and the suffix cache
+(its flags checked before a load, loaded, and saved at exit)."""
+
+from __future__ import annotations
+
+import sys
+
+from .. import catalog
+from ..errors import SpecdecError, VocabMismatchError
+
+
+def _check_threads(args) -> None:
+    """--threads above the cores this process may use only slows every step down (the threads
+    wait on each other): use them all, and say so."""
+    from ..models.llama_cpp import default_threads
+
+    cores = default_threads()
+    if args.threads is not None and args.threads > cores:
+        print(
+            f"specdec: warning: --threads {args.threads} is more than the {cores} cores this process "
+            f"may use; using {cores}",
+            file=sys.stderr,
+        )
+        args.threads = cores
+
+
+def _model_loader(args, rows: int):
+    """load(name, backend=--backend): a model as the model flags ask (--ctx, --threads, --device,
+    --dtype), with room for `rows` sequences at once; every command that loads models through the
+    model flags loads them here."""
+    from .. import load_model
+
+    def load(name, backend=args.backend):
+        return load_model(
+            name,
+            backend=backend,
+            n_ctx=args.ctx,
+            threads=args.threads,
+            device=args.device,
+            dtype=args.dtype,
+            max_rows=rows,
+        )
+
+    return load
+
+
+def _check_device(args) -> None:
+    """A bad --device fails before a long load, when the target or the draft runs on torch."""
+    if "torch" in (args.backend, args.draft_backend):
+        from ..models.transformers import pick_device
+
+        pick_device(args.device)
+
+
+def _decoder(args):
+    """The SpeculativeDecoder the flags ask for."""
+    from ..engine import SpeculativeDecoder
+    from ..spec import parse
+
+    rows = getattr(args, "batch_size", None) or 1
+    load = _model_loader(args, rows)
+    draft_model = args.draft_model if args.draft_model is not None else catalog.default_draft(args.target)
+    # a bad --draft fails before a long load
+    spec = parse(args.draft, args.backend, args.draft_tokens, draft_model=draft_model or "none")
+    _check_suffix_flags(args, spec.kind)  # so do bad suffix cache flags
+    _check_device(args)  # and a bad --device
+    target = load(args.target)
+    suffix = _suffix_cache(args, target) if spec.kind in ("suffix", "auto") else False
+    # a draft model of another vocabulary drafts across tokenizers (drafters.model_drafter)
+    try:
+        return SpeculativeDecoder.from_spec(
+            target, spec, lambda name: load(name, args.draft_backend or args.backend), max_rows=rows, suffix=suffix
+        )
+    except VocabMismatchError as exc:
+        if not spec.is_auto:
+            raise
+        raise VocabMismatchError(
+            f"--draft-model {draft_model}: {exc.reason}; give --draft-model none (prompt "
+            f"lookup only) or a draft model of the target's family"
+        ) from None
+
+
+def _check_suffix_flags(args, kind: str) -> None:
+    """The suffix flags agree with --draft (kind: its DraftSpec.kind); checked before a load."""
+    from pathlib import Path
+
+    given = [
+        flag for flag, value in (("--draft-corpus", args.draft_corpus), ("--suffix-cache", args.suffix_cache)) if value
+    ]
+    if kind == "suffix" and args.suffix_cap == 0:
+        raise SpecdecError("--draft suffix needs a cache: give --suffix-cap >= 1")
+    if given and kind not in ("suffix", "auto"):
+        raise SpecdecError(f"{given[0]} is for the suffix cache: give --draft suffix or auto")
+    if given and args.suffix_cap == 0:
+        raise SpecdecError(f"{given[0]} needs the suffix cache, which --suffix-cap 0 turns off")
+    _check_draft_corpus(args)
+    cache = args.suffix_cache
+    if cache and (Path(cache).is_dir() or not Path(cache).resolve().parent.is_dir()):
+        raise SpecdecError(f"--suffix-cache {cache}: not a file in an existing folder")
+
+
+def _check_draft_corpus(args) -> None:
+    from pathlib import Path
+
+    if args.draft_corpus and not Path(args.draft_corpus).is_file():
+        raise SpecdecError(f"--draft-corpus {args.draft_corpus}: no such file")
+
+
+def _suffix_cache(args, target):
+    """The suffix cache the flags ask for, loaded (corpus and saved cache); False: none (auto
+    without it)."""
+    from ..drafters import new_suffix_cache
+
+    if args.suffix_cap == 0:
+        return False
+    cache = new_suffix_cache(target, args.suffix_cap)
+    if args.draft_corpus:
+        cache.load_corpus(args.draft_corpus, target.tokenizer)
+    if args.suffix_cache:
+        cache.load(args.suffix_cache)
+    return cache
+
+
+def _save_suffix(args, decoder) -> None:
+    """--suffix-cache: what this run added to the cache, saved for the next."""
+    cache = decoder.suffix_cache()
+    if args.suffix_cache and cache is not None:
+        cache.save(args.suffix_cache)

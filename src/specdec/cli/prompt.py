@@ -1,0 +1,94 @@
+"""What a request's flags ask for: its prompt (--prompt, --prompt-file or stdin; in batch mode
+a prompt a line) and its GenerationConfig."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ..errors import SpecdecError
+
+
+def _read_prompt(args, demo: str | None = None) -> str:
+    """The prompt from --prompt, --prompt-file or stdin. `demo` (compare's built-in prompt) stands in
+    when none is given and stdin is a terminal, closed or empty, and says so on stderr."""
+    if args.prompt is not None:
+        text = args.prompt
+    elif args.prompt_file is not None:
+        try:
+            with open(args.prompt_file, "rb") as f:
+                text = _utf8(f.read(), f"--prompt-file {args.prompt_file}")
+        except OSError as exc:
+            raise SpecdecError(f"cannot read --prompt-file {args.prompt_file}: {exc.strerror}") from None
+    else:
+        stdin = sys.stdin
+        data = b"" if stdin is None or stdin.closed or stdin.isatty() else _read_stdin(stdin)
+        if not data:
+            if demo is not None:
+                print(
+                    "specdec: using the built-in demo prompt (give --prompt, --prompt-file or pipe one on stdin)",
+                    file=sys.stderr,
+                )
+                return demo
+            raise SpecdecError("no prompt: give --prompt, --prompt-file, or pipe it on stdin")
+        text = _utf8(data, "stdin")
+    if not text or (not text.strip() and args.chat is not False):
+        # With the chat template an empty user turn would be sent without a word.
+        raise SpecdecError(
+            "the prompt is empty"
+            + (
+                " (whitespace only); give some text, or --no-chat to send it as raw text"
+                if text
+                else "; give some text"
+            )
+        )
+    return text
+
+
+def _read_stdin(stdin) -> bytes:
+    buffer = getattr(stdin, "buffer", None)
+    return buffer.read() if buffer is not None else stdin.read().encode("utf-8", "surrogateescape")
+
+
+def _utf8(data: bytes, source: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecdecError(f"{source} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
+
+
+def _batch_prompts(args) -> list[str]:
+    """Batch mode: a prompt per non-empty line; in a .jsonl file, the "prompt" field of each line."""
+    text = _read_prompt(args)
+    if args.prompt_file and args.prompt_file.endswith(".jsonl"):
+        prompts = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                prompts.append(str(json.loads(line)["prompt"]))
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise SpecdecError(
+                    f'{args.prompt_file}:{n}: each line needs a JSON object with a "prompt" field'
+                ) from None
+    else:
+        prompts = [line for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise SpecdecError("no prompts: every line is empty")
+    return prompts
+
+
+def _config(args):
+    from ..config import GenerationConfig
+
+    return GenerationConfig(
+        max_new_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        seed=args.seed,
+        stop=tuple(args.stop),
+        chat=args.chat,
+        system=args.system,
+    )

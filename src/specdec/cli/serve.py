@@ -1,0 +1,140 @@
+"""`specdec serve`: the OpenAI API over HTTP, over one loaded target (the server is specdec.server's)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .. import catalog
+from ..errors import SpecdecError
+from .flags import _add_model_flags, _add_suffix_flags
+from .loading import _check_device, _check_suffix_flags, _model_loader, _suffix_cache
+from .options import _non_negative_int, _port, _positive
+
+
+def _add_serve_parser(sub) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server with continuous batching",
+        description="Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, "
+        "/health, /metrics) over one loaded target: requests join the running "
+        "batch between steps and leave when done. Needs the serve extra: "
+        "pip install 'specdec[serve]'.",
+    )
+    g = p.add_argument_group("models")
+    _add_model_flags(
+        g,
+        target_help=f"built-in name or .gguf path (default: {catalog.DEFAULT_TARGET})",
+        draft_help="the default speculation of a request: 'auto', 'ngram', 'suffix', 'none' or a draft model "
+        "(built-in name or .gguf path); a request may pick another in its body "
+        '("speculative": {"draft": ..., "k": ...}) (default: auto)',
+        draft_model=(
+            catalog.DEFAULT_DRAFT,
+            f"the draft model 'auto' may use, loaded once; 'none' for prompt lookup only "
+            f"(default: {catalog.DEFAULT_DRAFT})",
+        ),
+        draft_tokens=(1, "draft tokens per step when the default is a fixed drafter (default: 4)"),
+        backend_help="llama (default), numpy or torch, as for generate",
+        draft_backend_help="backend of the draft model (default: --backend)",
+        threads_help="CPU threads (default: all cores this process may use)",
+        ctx=(4096, "context window of each request, in tokens (default: 4096)"),
+        after={
+            "--draft-tokens": lambda: _add_suffix_flags(
+                p.add_argument_group("suffix cache (one for all requests; auto and 'suffix' draft from it)")
+            )
+        },
+    )
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    g.add_argument("--port", type=_port, default=8000, help="TCP port (default: 8000; 0 picks a free one)")
+    g.add_argument(
+        "--max-batch",
+        type=_positive(int),
+        default=4,
+        metavar="B",
+        help="requests generated together (rows of the KV cache; llama-server's -np, "
+        "vLLM's --max-num-seqs) (default: 4)",
+    )
+    g.add_argument(
+        "--max-queue",
+        type=_non_negative_int,
+        default=64,
+        metavar="N",
+        help="requests waiting for a row; past it a request gets 429 (default: 64)",
+    )
+    g.add_argument(
+        "--request-timeout",
+        type=_positive(float),
+        default=600.0,
+        metavar="SECONDS",
+        help="a request still running after this ends with finish_reason time_limit (default: 600)",
+    )
+    g.add_argument(
+        "--api-key",
+        default=os.environ.get("SPECDEC_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECDEC_API_KEY; none)",
+    )
+    g.add_argument(
+        "--served-model-name", default=None, help="the model id clients send and /v1/models lists (default: --target)"
+    )
+    g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info")
+
+
+def cmd_serve(args) -> int:
+    from ..errors import BackendUnavailableError
+
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise BackendUnavailableError(f"specdec serve needs {exc.name}: pip install 'specdec[serve]'") from None
+    from ..server.app import build_service, serve
+    from ..spec import DraftSpec, parse
+
+    spec = parse(args.draft, args.backend, args.draft_tokens, draft_model=args.draft_model)
+    if spec.kind == "early-exit":
+        raise SpecdecError("specdec serve takes --draft auto, ngram, suffix, none or a draft model")
+    # any request may ask for auto or suffix, whatever the default: the flags hold for every --draft
+    _check_suffix_flags(args, "suffix" if spec.kind == "suffix" else "auto")
+    _check_device(args)
+    draft_spec = spec if spec.kind == "model" else parse(args.draft_model)
+    draft_name = args.draft if spec.kind == "model" else (None if draft_spec.kind == "none" else args.draft_model)
+    load = _model_loader(args, args.max_batch)
+    target = load(args.target)
+    draft = load(draft_spec.model, args.draft_backend or args.backend) if draft_name else None
+    if draft is not None and draft_spec.vocab:  # string: / intersect: across tokenizers
+        from ..drafters import model_drafter
+
+        draft = model_drafter(draft, target, draft_spec.vocab)
+    # the server's default policy: a kind and its k ('model': the draft model loaded here)
+    policy = DraftSpec(spec.kind, k=spec.k if spec.kind in ("ngram", "suffix", "model") else 0)
+    names = tuple(dict.fromkeys(n for n in (args.served_model_name or args.target, target.name) if n))
+    suffix = _suffix_cache(args, target)
+    service = build_service(
+        target,
+        draft,
+        policy,
+        args.max_batch,
+        names,
+        draft_name,
+        suffix=suffix,
+        max_queue=args.max_queue,
+        request_timeout=args.request_timeout,
+        api_key=args.api_key,
+    )
+
+    def ready(server):
+        print(
+            f"specdec serve: {names[0]} | draft {policy.label}"
+            f"{f' (model {draft_name})' if draft_name else ''} | {args.max_batch} rows, queue {args.max_queue} | "
+            f"ctx {target.n_ctx} | http://{args.host}:{args.port}/v1"
+            f"{' | API key required' if args.api_key else ''}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    code = serve(service, args.host, args.port, log_level=args.log_level, on_ready=ready)
+    if args.suffix_cache and suffix:  # the worker has stopped: the cache is ours to read
+        suffix.save(args.suffix_cache)
+    return code
