@@ -150,6 +150,18 @@ USER_ERRORS = [
         "--suffix-cache",
         "existing folder",
     ),
+    # issue 28: found at start, not at exit after the work (/proc refuses new files even to root)
+    _row(
+        "suffix-cache-unwritable",
+        ["generate", "-p", "x", "--draft", "suffix", "--suffix-cache", "/proc/c.npz"],
+        "--suffix-cache /proc/c.npz cannot be written",
+        "cannot create files in /proc",
+    ),
+    _row("costs-out-unwritable", ["costs", "--out", "/proc/curves.json"], "--out", "cannot be written"),
+    _row("serve-api-key-empty", ["serve", "--api-key", ""], "--api-key", "is empty"),
+    _row("serve-api-key-empty-env", ["serve"], "is empty", env={"SPECDEC_API_KEY": " "}),
+    _row("serve-timeout-nan", ["serve", "--request-timeout", "nan"], "--request-timeout", "finite"),
+    _row("serve-timeout-inf", ["serve", "--request-timeout", "inf"], "--request-timeout", "finite"),
     _row(
         "bench-suffix-without-a-cache",
         ["bench", "--methods", "suffix:4", "--suffix-cap", "0"],

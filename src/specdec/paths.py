@@ -48,6 +48,28 @@ def write_atomically(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
+def writable_reason(path: str | os.PathLike) -> str | None:
+    """Why a file could not be written at `path` later (None: it could), found now by creating
+    and removing a temporary file beside it, so that a run whose result goes there learns it
+    before the work, not after. A folder that exists but refuses new files says so (under /proc
+    the system answers "No such file or directory")."""
+    path = Path(path)
+    folder = path.resolve().parent
+    if path.is_dir():
+        return "it is a folder"
+    if not folder.is_dir():
+        return f"no such folder {folder}"
+    if path.exists() and not os.access(path, os.W_OK):
+        return "the file is not writable"
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        return f"cannot create files in {folder} ({reason(exc)})"
+    os.close(fd)
+    os.unlink(tmp)
+    return None
+
+
 _warned: set[str] = set()  # folders already warned about, so a run says it once
 
 

@@ -111,3 +111,30 @@ def test_serve_flags_are_checked_before_loading():
     assert_user_error(specdec("serve", "--max-batch", "0"), "--max-batch")
     assert_user_error(specdec("serve", "--draft", "early-exit:3"), "needs --backend numpy")
     assert_user_error(specdec("serve", "--target", "gpt-17"), "unknown model 'gpt-17'")
+
+
+def test_port_0_reports_the_port_it_bound():
+    """`--port 0` picks a free port; the banner (on_listening) names that port, not 0."""
+    import threading
+
+    from specdec.server.app import build_service, serve
+
+    from .helpers import _toy_models
+
+    target, draft = _toy_models()
+    service = build_service(target, draft, model_names=("toy",))
+    ports, servers = [], []
+    thread = threading.Thread(
+        target=serve,
+        args=(service, "127.0.0.1", 0),
+        kwargs=dict(log_level="warning", on_ready=servers.append, on_listening=ports.append),
+        daemon=True,
+    )
+    thread.start()
+    _wait(lambda: bool(ports), 30, "the server to listen")
+    try:
+        assert ports[0] != 0
+        assert httpx.get(f"http://127.0.0.1:{ports[0]}/health").status_code == 200
+    finally:
+        servers[0].should_exit = True
+        thread.join(15)

@@ -13,6 +13,8 @@ from .options import SEED, TEMPERATURE_HELP, _float_in, _positive
 
 
 def _add_bench_parser(sub) -> None:
+    from ..bench.methods import DEFAULT_METHODS
+
     p = sub.add_parser(
         "bench",
         help="benchmark methods and peers on a prompt suite",
@@ -42,7 +44,9 @@ def _add_bench_parser(sub) -> None:
         "draft:K, ngram:K, suffix:K, early-exit:L:K (--backend numpy), "
         "llama.cpp:plain, llama.cpp:draft:K, "
         "llama.cpp:ngram-simple:K (or another llama.cpp n-gram type), hf:plain, "
-        "hf:assisted:K, hf:prompt-lookup:K (default: the informative ones; --full: all)",
+        "hf:assisted:K, hf:prompt-lookup:K (default: the informative ones, "
+        + " ".join(DEFAULT_METHODS)
+        + "; --full: all of ours)",
     )
     p.add_argument("--max-tokens", "-n", type=_positive(int), default=256, help="per run")
     p.add_argument(
@@ -60,7 +64,9 @@ def _add_bench_parser(sub) -> None:
         "suffix:K: one decoder and suffix cache per method) keeps what it saw, so pass 2 "
         "is the exact-repeat workload; pass p reports as '<category> (pass p)' (default: 1)",
     )
-    _add_suffix_flags(p.add_argument_group("suffix cache (auto, suffix:K)"), cache_file=False)
+    _add_suffix_flags(
+        p.add_argument_group("suffix cache (auto, suffix:K)"), cache_file=False, off="auto goes without it"
+    )
     p.add_argument(
         "--per-category", type=_positive(int), default=2, help="prompts per category (default: 2; --full: all)"
     )

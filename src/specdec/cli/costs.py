@@ -10,6 +10,7 @@ import sys
 from .. import catalog
 from ..costs import DEEP, SHALLOW
 from ..errors import SpecdecError
+from ..paths import writable_reason
 from .flags import _add_model_flags
 from .loading import _model_loader
 from .options import _positive
@@ -116,6 +117,9 @@ def _costs_models(args):
         )
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise SpecdecError(f"--out {args.out}: no such folder")
+    why = writable_reason(args.out) if args.out else None
+    if why:  # found now, not after the timing
+        raise SpecdecError(f"--out {args.out} cannot be written: {why}")
     if args.backend == "torch":
         from ..models.transformers import pick_device
 

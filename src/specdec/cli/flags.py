@@ -166,8 +166,9 @@ def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
     )
 
 
-def _add_suffix_flags(g, cache_file: bool = True) -> None:
-    """The suffix cache's flags (--draft suffix, and auto, which consults it)."""
+def _add_suffix_flags(g, cache_file: bool = True, off: str = "--draft auto goes without the suffix cache") -> None:
+    """The suffix cache's flags (--draft suffix, and auto, which consults it); `off` says what
+    --suffix-cap 0 does in this command."""
     g.add_argument(
         "--suffix-cap",
         type=_non_negative_int,
@@ -175,7 +176,7 @@ def _add_suffix_flags(g, cache_file: bool = True) -> None:
         metavar="TOKENS",
         help=f"tokens the suffix cache holds at most, corpus included (default: {SUFFIX_CAP}, "
         f"about 400 bytes of memory a token); past it the oldest requests are forgotten "
-        f"first, down to 80%% of the cap. 0: --draft auto goes without the suffix cache",
+        f"first, down to 80%% of the cap. 0: {off}",
     )
     g.add_argument(
         "--draft-corpus",

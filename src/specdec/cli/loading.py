@@ -8,6 +8,7 @@ import sys
 
 from .. import catalog
 from ..errors import SpecdecError, VocabMismatchError
+from ..paths import writable_reason
 
 
 def _check_threads(args) -> None:
@@ -98,6 +99,9 @@ def _check_suffix_flags(args, kind: str) -> None:
     cache = args.suffix_cache
     if cache and (Path(cache).is_dir() or not Path(cache).resolve().parent.is_dir()):
         raise SpecdecError(f"--suffix-cache {cache}: not a file in an existing folder")
+    why = writable_reason(cache) if cache else None
+    if why:  # found now, not at exit after the work
+        raise SpecdecError(f"--suffix-cache {cache} cannot be written: {why}")
 
 
 def _check_draft_corpus(args) -> None:

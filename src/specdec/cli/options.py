@@ -4,6 +4,7 @@ a flag's value, and help texts more than one command shows."""
 from __future__ import annotations
 
 import argparse
+import math
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -47,8 +48,8 @@ def _positive(kind):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
         return value
 
     return parse

@@ -92,6 +92,9 @@ def cmd_serve(args) -> int:
     from ..server.app import build_service, serve
     from ..spec import DraftSpec, parse
 
+    if args.api_key is not None and not args.api_key.strip():
+        # an empty key would print "no key needed" yet refuse requests without a header
+        raise SpecdecError("--api-key (or $SPECDEC_API_KEY) is empty: give a key, or unset it to serve without one")
     spec = parse(args.draft, args.backend, args.draft_tokens, draft_model=args.draft_model)
     if spec.kind == "early-exit":
         raise SpecdecError("specdec serve takes --draft auto, ngram, suffix, none or a draft model")
@@ -124,17 +127,17 @@ def cmd_serve(args) -> int:
         api_key=args.api_key,
     )
 
-    def ready(server):
+    def listening(port: int) -> None:  # the port bound (--port 0 picks one)
         print(
             f"specdec serve: {names[0]} | draft {policy.label}"
             f"{f' (model {draft_name})' if draft_name else ''} | {args.max_batch} rows, queue {args.max_queue} | "
-            f"ctx {target.n_ctx} | http://{args.host}:{args.port}/v1"
+            f"ctx {target.n_ctx} | http://{args.host}:{port}/v1"
             f"{' | API key required' if args.api_key else ''}",
             file=sys.stderr,
             flush=True,
         )
 
-    code = serve(service, args.host, args.port, log_level=args.log_level, on_ready=ready)
+    code = serve(service, args.host, args.port, log_level=args.log_level, on_listening=listening)
     if args.suffix_cache and suffix:  # the worker has stopped: the cache is ours to read
         suffix.save(args.suffix_cache)
     return code

@@ -466,11 +466,18 @@ def create_app(service: Service) -> FastAPI:
 
 
 def serve(
-    service: Service, host: str = "127.0.0.1", port: int = 8000, sockets=None, log_level: str = "info", on_ready=None
+    service: Service,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    sockets=None,
+    log_level: str = "info",
+    on_ready=None,
+    on_listening=None,
 ) -> int:
     """Run the HTTP server until a signal drains it (or, in a thread, until `.should_exit`). The
     process's exit code: 0 when it drained, 128 + the signal's number when a second signal cut it
-    short (130 for a second Ctrl-C)."""
+    short (130 for a second Ctrl-C). `on_ready(server)` runs before it starts; `on_listening(port)`
+    once it listens, with the port it bound (port 0 picks a free one)."""
     import uvicorn
 
     app = create_app(service)
@@ -485,7 +492,7 @@ def serve(
         timeout_keep_alive=5,
         limit_concurrency=max(MAX_CONNECTIONS, 4 * service.capacity),
     )
-    server = DrainingServer(config, service)
+    server = DrainingServer(config, service, on_listening)
     if on_ready is not None:
         on_ready(server)
     try:
@@ -503,9 +510,9 @@ def _draining_server_class():
         requests get 503 while the ones in flight finish; then it exits (code 0). A second
         signal exits at once."""
 
-        def __init__(self, config, service: Service):
+        def __init__(self, config, service: Service, on_listening=None):
             super().__init__(config)
-            self.service = service
+            self.service, self.on_listening = service, on_listening
             self.forced_by = 0  # the signal that cut the drain short
             self.cut_at = 0.0  # when the requests it cut were told so
 
@@ -525,6 +532,12 @@ def _draining_server_class():
             log.warning("draining: %d request(s) in flight; new requests get 503", self.service.inflight)
             self.service.draining = True
 
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if self.on_listening is not None and self.started:
+                bound = [s.getsockname() for server in self.servers for s in server.sockets]
+                self.on_listening(bound[0][1] if bound else self.config.port)
+
         async def on_tick(self, counter: int) -> bool:
             if self.service.draining and self.service.idle:
                 self.should_exit = True
@@ -535,5 +548,5 @@ def _draining_server_class():
     return _DrainingServer
 
 
-def DrainingServer(config, service: Service):
-    return _draining_server_class()(config, service)
+def DrainingServer(config, service: Service, on_listening=None):
+    return _draining_server_class()(config, service, on_listening)
