@@ -7,6 +7,7 @@ import json
 import sys
 
 from ..errors import SpecdecError
+from ..request import check_text
 
 
 def _read_prompt(args, demo: str | None = None) -> str:
@@ -32,16 +33,7 @@ def _read_prompt(args, demo: str | None = None) -> str:
                 return demo
             raise SpecdecError("no prompt: give --prompt, --prompt-file, or pipe it on stdin")
         text = _utf8(data, "stdin")
-    if not text or (not text.strip() and args.chat is not False):
-        # With the chat template an empty user turn would be sent without a word.
-        raise SpecdecError(
-            "the prompt is empty"
-            + (
-                " (whitespace only); give some text, or --no-chat to send it as raw text"
-                if text
-                else "; give some text"
-            )
-        )
+    check_text(text, chat=args.chat is not False)  # request.py's rule, before any model loads
     return text
 
 
