@@ -72,7 +72,7 @@ def _suite_prompts(n: int) -> list[str]:
 
 
 def _generate(prompt: str, *flags) -> dict:
-    from .test_user_errors import specdec as run_cli
+    from ..test_user_errors import specdec as run_cli
 
     proc = run_cli("generate", "--json", "-n", str(REAL_TOKENS), "--ctx", "2048", "--prompt", prompt, *flags)
     assert proc.returncode == 0, proc.stderr

@@ -155,7 +155,9 @@ def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
         "--seed",
         type=SEED,
         default=None,
-        help="in 0..2**64-1; makes sampled runs repeatable (default: a fresh seed each run)",
+        help="in 0..2**64-1; the same seed repeats a sampled run whose drafts repeat: --draft none, "
+        "ngram or a draft model (auto and suffix also draft from earlier requests) (default: a fresh "
+        "seed each run)",
     )
     g.add_argument(
         "--stop",
