@@ -152,6 +152,8 @@ def test_logprobs_are_the_targets_as_openai_shows_them():
             max_tokens=12,
             logprobs=True,
             top_logprobs=2,
+            # a fixed drafter: auto may step aside on its live timing, and this test needs drafts kept
+            extra_body={"speculative": {"draft": "toy-draft", "k": 4}},
         )
         content = r.choices[0].logprobs.content
         assert len(content) == 12 and r.model_extra["speculative"]["accepted"] > 0
