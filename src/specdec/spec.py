@@ -6,7 +6,7 @@ DraftSpec, and every drafter is made from one (`make_drafter`; a whole decoder:
 engine.SpeculativeDecoder.from_spec). A new drafter kind is one member of Kind, one branch of
 `parse` and one of `make_drafter`.
 
-    auto | none | ngram | suffix | early-exit:L | [string: | intersect:]<built-in model name or path>
+    auto | none | ngram | suffix | early-exit:L | head:FILE | [string: | intersect:]<model name or path>
 
 `auto` is not a drafter but a policy (the cost-aware controller over prompt lookup, the suffix
 cache and a draft model); the engine builds it. A draft model of the target's vocabulary drafts
@@ -23,16 +23,18 @@ from typing import Callable, Literal, get_args
 from .drafters.cross_vocab import MODES as CROSS_VOCAB_MODES
 from .errors import SpecdecError
 
-Kind = Literal["auto", "none", "ngram", "suffix", "early-exit", "model"]
+Kind = Literal["auto", "none", "ngram", "suffix", "early-exit", "head", "model"]
 KINDS: tuple[str, ...] = get_args(Kind)
 DEFAULT_K = 4  # draft tokens a step of a fixed drafter when none is given
 GRAMMAR = (
-    "auto | none | ngram | suffix | early-exit:L | a built-in model name or a .gguf path, for a "
+    "auto | none | ngram | suffix | early-exit:L | head:FILE (a head from `specdec train`) | a built-in "
+    "model name or a .gguf path, for a "
     "model of another vocabulary optionally prefixed string: or intersect:"
 )
 # whether auto consults the suffix cache when not told (DraftSpec.suffix None)
 # why: a fresh process, its cache empty, stays within 3% of auto without it; history: docs/provenance.md#auto_suffix
 AUTO_SUFFIX = True
+HEAD_BACKENDS = ("llama", "numpy")  # the backends that give a head the target's hidden states
 METHODS = "plain, auto, auto:suffix, auto:nosuffix, draft:K, ngram:K, suffix:K, early-exit:L:K (--backend numpy)"
 
 
@@ -46,6 +48,7 @@ class DraftSpec:
     model: str = ""
     vocab: str = ""  # a model's: "string" / "intersect" (across tokenizers); "": by vocabulary
     suffix: bool | None = None  # auto: consult the suffix cache (None: AUTO_SUFFIX)
+    head: str = ""  # head: the head file (specdec train)
 
     @property
     def is_auto(self) -> bool:
@@ -93,6 +96,13 @@ def parse(
         if backend is not None and backend != "numpy":
             raise SpecdecError(f"draft {text}: early exit needs --backend numpy")
         return DraftSpec("early-exit", k=k, layers=layers)
+    if text.startswith("head:") or text == "head":
+        path = text[5:].strip()
+        if not path:
+            raise SpecdecError(f"draft {text!r}: write head:FILE with FILE a head from `specdec train`")
+        if backend is not None and backend not in HEAD_BACKENDS:
+            raise SpecdecError(f"draft {text}: a trained head needs --backend {' or '.join(HEAD_BACKENDS)}")
+        return DraftSpec("head", k=k, head=path)
     mode, sep, name = text.partition(":")
     if sep and mode in CROSS_VOCAB_MODES:
         if not name.strip():
@@ -154,6 +164,10 @@ def make_drafter(spec: DraftSpec | str, target, load: Callable[[str], object] | 
         return suffix if suffix is not None else new_suffix_cache(target)
     if spec.kind == "early-exit":
         return EarlyExitDrafter(target, spec.layers)
+    if spec.kind == "head":
+        from .drafters.head import HeadDrafter
+
+        return HeadDrafter(target, spec.head)
     if spec.kind == "model":
         if not spec.model and draft is not None:
             return draft if isinstance(draft, Drafter) else model_drafter(draft, target, spec.vocab)

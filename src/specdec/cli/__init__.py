@@ -1,4 +1,4 @@
-"""The `specdec` command: generate, compare, demo, bench, models, fetch, serve, costs."""
+"""The `specdec` command: generate, compare, demo, bench, models, fetch, serve, costs, train."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from .loading import _check_threads
 from .models import _add_models_parsers, cmd_fetch, cmd_models
 from .options import _Parser
 from .serve import _add_serve_parser, cmd_serve
+from .train import _add_train_parser, cmd_train
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_models_parsers(sub)  # models, fetch
     _add_serve_parser(sub)
     _add_costs_parser(sub)
+    _add_train_parser(sub)
     return parser
 
 
@@ -41,6 +43,7 @@ COMMANDS = {
     "fetch": cmd_fetch,
     "serve": cmd_serve,
     "costs": cmd_costs,
+    "train": cmd_train,
 }
 
 

@@ -78,6 +78,58 @@ class RowModel(Protocol):
         ...
 
 
+@runtime_checkable
+class HiddenStates(Protocol):
+    """What a trained head drafts from (drafters.head): the target's final hidden state, after the
+    final norm (the vector its output head turns into logits), kept for the tokens a forward
+    returns logits for. A backend keeps them only once asked (`keep_hidden`): a plain run pays
+    nothing. Implemented by llama.cpp (its embeddings output) and the NumPy reference."""
+
+    n_embd: int  # width of a hidden state
+    identity: str  # what a head file names its target by: the GGUF's sha256
+
+    def keep_hidden(self) -> None:
+        """From now on, keep the hidden states of every token a forward returns logits for."""
+        ...
+
+    def hidden_rows(self, rows: Iterable[int]) -> dict[int, tuple[int, np.ndarray]]:
+        """Per row, (first position, [n, n_embd] float32): the kept hidden states of its last
+        forward that returned logits, less any a rollback cut since (n may be 0)."""
+        ...
+
+    def head_weights(self, name: str, tokens: np.ndarray) -> np.ndarray:
+        """Rows `tokens` of the output head ("output") or the input embedding ("embedding"),
+        [len(tokens), n_embd] float32."""
+        ...
+
+
+def file_sha256(path) -> str:
+    """The sha256 of a model file (what a head file names its target by), hashed once a process."""
+    import hashlib
+    import os
+
+    stat = os.stat(path)
+    key = (os.fspath(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _SHA256:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(8 << 20):
+                digest.update(block)
+        _SHA256[key] = digest.hexdigest()
+    return _SHA256[key]
+
+
+_SHA256: dict[tuple, str] = {}
+
+
+def trim_hidden(kept: tuple[int, np.ndarray] | None, length: int, n_embd: int) -> tuple[int, np.ndarray]:
+    """A row's kept hidden states (first position, [n, n_embd]) cut to a cache of `length` tokens."""
+    if kept is None:
+        return length, np.zeros((0, n_embd), np.float32)
+    first, states = kept
+    return first, states[: max(0, length - first)]
+
+
 class SingleRow:
     """The one-sequence calls on top of the row protocol: a row made on first use.
 

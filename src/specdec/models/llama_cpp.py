@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
-from .base import SingleRow
+from .base import SingleRow, file_sha256, trim_hidden
 
 INSTALL_HINT = "install it built for this CPU with `python scripts/install_llama_cpp.py` (or `make setup`)"
 
@@ -144,6 +144,7 @@ class LlamaCppModel(SingleRow):
         cparams.n_seq_max = max_rows + 1  # + the one-sequence calls' own (models.base.SingleRow)
         cparams.kv_unified = True  # one pool of cells: a row is not limited to n_ctx / max_rows
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
+        cparams.pooling_type = lib.LLAMA_POOLING_TYPE_NONE  # hidden states (keep_hidden) per token
         cparams.swa_full = True  # sliding-window layers (Gemma 3) must keep what rollback returns to
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -162,6 +163,8 @@ class LlamaCppModel(SingleRow):
         self.vocab_size = self.tokenizer.n_vocab
         self._free = list(range(max_rows - 1, -1, -1))  # seq ids not in use, next one last
         self._len: dict[int, int] = {}  # row (seq id) -> tokens in its cache
+        self.n_embd = lib.llama_model_n_embd(self._model)
+        self._hidden: dict[int, tuple[int, np.ndarray]] | None = None  # row -> kept (keep_hidden)
         general_name = self.metadata("general.name") or self.name
         self.description = general_name
         self.is_instruct = any(w in general_name.lower() for w in ("instruct", "-it", " it", "chat"))
@@ -190,6 +193,8 @@ class LlamaCppModel(SingleRow):
 
     def drop_rows(self, rows) -> None:
         for row in rows:
+            if self._hidden is not None:
+                self._hidden.pop(row, None)
             if self._len.pop(row, None) is not None:
                 _lib().llama_memory_seq_rm(self._mem, row, -1, -1)
                 if row != self.max_rows:  # the reserved one-sequence row is not lent
@@ -215,6 +220,7 @@ class LlamaCppModel(SingleRow):
             first_out = len(row_tokens) - min(n_logits.get(row, 0), len(row_tokens))
             items += [(row, past + i, token, i >= first_out) for i, token in enumerate(row_tokens)]
         outputs: list[np.ndarray] = []
+        hidden: list[np.ndarray] = []
         batch = self._batch
         for start in range(0, len(items), self.n_batch):
             chunk = items[start : start + self.n_batch]
@@ -233,20 +239,58 @@ class LlamaCppModel(SingleRow):
                 )
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed with code {rc} ({len(chunk)} tokens, {len(self._len)} rows)")
-            n_out = sum(wants for *_, wants in chunk)
-            if n_out:
+            wanted = np.array([wants for *_, wants in chunk], dtype=bool)
+            if not wanted.any():
+                continue
+            if self._hidden is None:
                 ptr = lib.llama_get_logits(self._ctx)
-                outputs.append(np.ctypeslib.as_array(ptr, shape=(n_out, self.vocab_size)).copy())
+                outputs.append(np.ctypeslib.as_array(ptr, shape=(int(wanted.sum()), self.vocab_size)).copy())
+            else:
+                # with embeddings on, llama.cpp outputs every token of the batch (its output_all),
+                # whatever batch.logits says: keep the rows asked for
+                ptr = lib.llama_get_logits(self._ctx)
+                outputs.append(np.ctypeslib.as_array(ptr, shape=(len(chunk), self.vocab_size))[wanted])
+                ptr = lib.llama_get_embeddings(self._ctx)  # the final norm's output, per token
+                hidden.append(np.ctypeslib.as_array(ptr, shape=(len(chunk), self.n_embd))[wanted])
         for row, row_tokens in tokens.items():
             self._len[row] += len(row_tokens)
         flat = (np.concatenate(outputs) if len(outputs) > 1 else outputs[0]) if outputs else None
+        states = np.concatenate(hidden) if hidden else None
         result, at = {}, 0
         for row, row_tokens in tokens.items():  # outputs come in batch order: row after row
             n = min(n_logits.get(row, 0), len(row_tokens))
             if row in n_logits:
                 result[row] = flat[at : at + n] if n else np.empty((0, self.vocab_size), np.float32)
+            if n and states is not None:
+                self._hidden[row] = (self._len[row] - n, states[at : at + n])
             at += n
         return result
+
+    # -- hidden states (models.base.HiddenStates), for trained heads ------------------------
+
+    @property
+    def identity(self) -> str:
+        return file_sha256(self.path)
+
+    def keep_hidden(self) -> None:
+        if self._hidden is None:
+            lib = _lib()
+            lib.llama_set_embeddings(self._ctx, True)  # pooling none: one vector per output token
+            self._hidden = {}
+
+    def hidden_rows(self, rows) -> dict[int, tuple[int, np.ndarray]]:
+        kept = self._hidden or {}
+        return {row: kept.get(row) or trim_hidden(None, self._len[row], self.n_embd) for row in rows}
+
+    def head_weights(self, name: str, tokens: np.ndarray) -> np.ndarray:
+        import gguf
+
+        tensors = {t.name: t for t in gguf.GGUFReader(self.path).tensors}
+        # a model whose output head is tied to its embedding has no output.weight
+        key = "output.weight" if name == "output" and "output.weight" in tensors else "token_embd.weight"
+        tensor = tensors[key]
+        rows = np.asarray(tensor.data)[np.asarray(tokens)]  # [n, bytes or n_embd]: quantised rows stay packed
+        return gguf.quants.dequantize(rows, tensor.tensor_type).astype(np.float32).reshape(len(tokens), self.n_embd)
 
     def rollback_rows(self, keep) -> None:
         for row, n_keep in keep.items():
@@ -255,6 +299,8 @@ class LlamaCppModel(SingleRow):
             if not _lib().llama_memory_seq_rm(self._mem, row, n_keep, -1):
                 raise RuntimeError(f"llama.cpp could not cut row {row}'s KV cache to {n_keep} tokens")
             self._len[row] = n_keep
+            if self._hidden:  # the cut positions' states go too: new tokens may take those positions
+                self._hidden[row] = trim_hidden(self._hidden.get(row), n_keep, self.n_embd)
 
     def close(self) -> None:
         lib = _lib()

@@ -52,7 +52,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, ModelNotFoundError, SpecdecError
-from .base import SequentialRows
+from .base import SequentialRows, file_sha256, trim_hidden
 
 # the tokenizer moved to bpe.py; its names stay importable from here
 from .bpe import BYTE as BYTE
@@ -285,6 +285,9 @@ class NumpyModel(SequentialRows):
         self.n_layer = config.n_layer
         self.is_instruct = is_instruct
         self.load_seconds = 0.0  # set by load_numpy_model
+        self.path: Path | None = None  # set by load_numpy_model
+        self.n_embd = config.n_embd
+        self._hidden: dict | None = None  # row (None: the solo sequence) -> kept states (keep_hidden)
         self._set_state(self._new_state())
 
     # -- the cache of one row (models.base.SequentialRows swaps these per row) -----------
@@ -350,6 +353,8 @@ class NumpyModel(SequentialRows):
         if n_rows == 0:
             return np.empty((0, self.vocab_size), dtype=np.float32)
         x = self.norm(np.concatenate(hidden), self.weights, "output_norm")  # [n_rows, n_embd]
+        if self._hidden is not None and n_layers == self.n_layer:
+            self._hidden[self.__dict__.get("_current")] = (self.n_past - n_rows, x)
         return matmul(x, self.weights["output.weight"])  # [n_rows, vocab]
 
     def rollback(self, n_keep: int) -> None:
@@ -358,9 +363,44 @@ class NumpyModel(SequentialRows):
             raise ValueError(f"n_keep must be >= 0, got {n_keep}")
         self.n_past = min(self.n_past, n_keep)
         self.layer_len = [min(length, n_keep) for length in self.layer_len]
+        if self._hidden:  # the cut positions' states go too: new tokens may take those positions
+            row = self.__dict__.get("_current")
+            self._hidden[row] = trim_hidden(self._hidden.get(row), n_keep, self.n_embd)
 
     def reset(self) -> None:
         self.rollback(0)
+
+    # -- hidden states (models.base.HiddenStates), for trained heads ----------------------
+
+    @property
+    def identity(self) -> str:
+        if self.path is None:
+            raise SpecdecError(f"{self.name} was not loaded from a file: it has no identity for a head")
+        return file_sha256(self.path)
+
+    def keep_hidden(self) -> None:
+        if self._hidden is None:
+            self._hidden = {}
+
+    def drop_rows(self, rows) -> None:
+        rows = list(rows)
+        for row in rows:
+            (self._hidden or {}).pop(row, None)
+        super().drop_rows(rows)
+
+    def hidden_rows(self, rows) -> dict:
+        kept = self._hidden or {}
+        return {row: kept.get(row) or trim_hidden(None, self.row_length(row), self.n_embd) for row in rows}
+
+    def head_weights(self, name: str, tokens: np.ndarray) -> np.ndarray:
+        tokens = np.asarray(tokens)
+        if name == "embedding":
+            import gguf
+
+            rows = self.weights["token_embd.weight"][tokens]  # [n, bytes per row]: quantised rows
+            return gguf.quants.dequantize(rows, self.token_embd_type).astype(np.float32)
+        w = self.weights["output.weight"][tokens]
+        return (w.astype(np.uint32) << 16).view(np.float32) if w.dtype == np.uint16 else w.astype(np.float32)
 
     # -- the pieces of a forward pass ----------------------------------------------------
 
@@ -548,4 +588,5 @@ def load_numpy_model(path: str | os.PathLike, n_ctx: int = 4096, dtype: str = "a
     )
     model.description = general_name
     model.load_seconds = time.perf_counter() - t0
+    model.path = path
     return model

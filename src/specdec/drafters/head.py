@@ -1,0 +1,148 @@
+"""A trained head drafts from the target's own hidden state (train/ makes one: `specdec train`).
+
+Between steps the target's cache holds the context but its last token; the hidden state of the
+last cached token (position len(context) - 2, after the final norm) is the vector the target
+turned into the logits that chose context[-1]. Both kinds start from it:
+
+- medusa (Cai et al. 2401.10774): head i is a residual block h + SiLU(W_i h + b_i) followed by the
+  target's output head, and guesses the token i + 1 places after context[-1]. The heads do not
+  see each other's guesses: each token is drawn from its own head's q.
+- prophet (EAGLE-style, Li et al. 2401.15077): one small transformer layer over (a feature, the
+  embedding of the next token) predicts the next feature, which the target's output head turns
+  into a token; then it runs again on its own prediction and the token it drew. Its attention
+  spans the chain of this proposal (the target's feature already sums up the context), so it
+  keeps no cache between steps.
+
+Both draft from a reduced vocabulary (the tokens the target predicted most in training): q is zero
+outside it, which the rejection rule handles exactly (such a token is never drafted). The math is
+NumPy here, mirrored by train.modules in torch (a test holds them equal).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..errors import SpecdecError
+from ..models.base import HiddenStates
+from ..sampling import SamplingParams, draft_token
+from .base import Draft
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def medusa_features(w: dict, h: np.ndarray, n: int) -> np.ndarray:
+    """The first n medusa heads on hidden state h [d] -> [n, d] (each then goes through lm_head)."""
+    return np.stack([h + silu(w[f"medusa.{i}.weight"] @ h + w[f"medusa.{i}.bias"]) for i in range(n)])
+
+
+class ProphetChain:
+    """One proposal's run of the prophet layer: `step(feature, token)` -> the next feature [d];
+    its attention spans the steps taken so far."""
+
+    def __init__(self, w: dict, n_head: int):
+        self.w, self.n_head = w, n_head
+        self.keys: list[np.ndarray] = []  # per step [n_head, head_dim]
+        self.values: list[np.ndarray] = []
+
+    def step(self, feature: np.ndarray, token_index: int) -> np.ndarray:
+        w, H = self.w, self.n_head
+        i = len(self.keys)
+        x = w["fuse.weight"] @ np.concatenate([feature, w["embed"][token_index]]) + w["step"][i]  # [d]
+        h = rms_norm(x, w["attn_norm"])
+        d = x.shape[0]
+        q, k, v = ((w[name] @ h).reshape(H, d // H) for name in ("wq", "wk", "wv"))  # [H, hd]
+        self.keys.append(k)
+        self.values.append(v)
+        keys, values = np.stack(self.keys, 1), np.stack(self.values, 1)  # [H, i + 1, hd]
+        scores = np.einsum("hd,hsd->hs", q, keys) / np.sqrt(d // H)  # [H, i + 1]
+        scores = np.exp(scores - scores.max(-1, keepdims=True))
+        attn = np.einsum("hs,hsd->hd", scores / scores.sum(-1, keepdims=True), values).reshape(d)
+        x = x + w["wo"] @ attn
+        h = rms_norm(x, w["ffn_norm"])
+        return x + w["w_down"] @ (silu(w["w_gate"] @ h) * (w["w_up"] @ h))  # [d]
+
+
+class HeadDrafter:
+    """Drafts for the target's own rows (the engine's row ids are the target's)."""
+
+    def __init__(self, target, path):
+        from ..train import headfile
+
+        if not isinstance(target, HiddenStates):
+            raise SpecdecError(
+                f"a trained head drafts from the target's hidden states, which {type(target).__name__} "
+                f"does not give: use --backend llama or --backend numpy"
+            )
+        self.info, self.w = headfile.load(path)
+        headfile.check_target(self.info, target, path)
+        if self.info.vocab_size != target.vocab_size or self.info.n_embd != target.n_embd:
+            raise SpecdecError(f"head {path} does not fit {target.name}'s shape; train it again")
+        self.target = target
+        target.keep_hidden()
+        self.vocab = self.w["vocab"].astype(np.int64)  # [V] target ids
+        # target id -> the head's embedding row (the last one: any token outside the vocabulary)
+        self.index = np.full(target.vocab_size, len(self.vocab), np.int64)
+        self.index[self.vocab] = np.arange(len(self.vocab))
+        self.kind = "head"
+        self.name = f"head:{self.info.kind}"
+        self._rows: dict[int, tuple[SamplingParams, np.random.Generator]] = {}
+
+    @property
+    def max_k(self) -> int:
+        """Medusa drafts at most one token per head; the prophet's learned step positions end at
+        the chain it was trained on."""
+        return self.info.steps
+
+    def begin(self, row: int, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
+        self._rows[row] = (params, rng)
+
+    def end(self, rows: Sequence[int]) -> None:
+        for row in rows:
+            self._rows.pop(row, None)
+
+    def accept(self, n_accepted: Mapping[int, int]) -> None:
+        pass  # nothing kept: the next proposal starts from the target's new hidden state
+
+    def _token(self, feature: np.ndarray, params: SamplingParams, rng: np.random.Generator):
+        """A token drawn from the output head on `feature`, and q over the target's whole vocabulary."""
+        logits = np.full(self.target.vocab_size, -np.inf, np.float32)  # [vocab]: q is 0 outside the head's
+        logits[self.vocab] = self.w["lm_head"] @ feature
+        return draft_token(logits, params, rng)
+
+    def propose(self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int]) -> dict[int, Draft]:
+        kept = self.target.hidden_rows([row for row, k in ks.items() if k > 0])
+        drafts = {}
+        for row, k in ks.items():
+            first, states = kept.get(row, (0, np.zeros((0, 1))))
+            k = min(k, self.max_k, self.target.n_ctx - len(contexts[row]))
+            # the last cached token's state, if the target kept it (not after a prefill without logits)
+            if k <= 0 or len(states) == 0 or first + len(states) != len(contexts[row]) - 1:
+                drafts[row] = Draft([])
+                continue
+            drafts[row] = self._draft(states[-1], contexts[row][-1], k, *self._rows[row])
+        return drafts
+
+    def _draft(self, h: np.ndarray, last: int, k: int, params, rng) -> Draft:
+        tokens, q = [], []
+        if self.info.kind == "medusa":
+            for feature in medusa_features(self.w, h, k):
+                token, row_q = self._token(feature, params, rng)
+                tokens.append(token)
+                q.append(row_q)
+        else:
+            chain = ProphetChain(self.w, self.info.n_head)
+            feature, token = h, last
+            for _ in range(k):
+                feature = chain.step(feature, self.index[token])
+                token, row_q = self._token(feature, params, rng)
+                tokens.append(token)
+                q.append(row_q)
+        return Draft(tokens, None if q[0] is None else np.stack(q))

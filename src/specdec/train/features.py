@@ -1,0 +1,218 @@
+"""Training data for a head: text the machine already has, run once through the target.
+
+For every window of training text the target gives, per token: its id, its hidden state after the
+final norm (float16) and its own greedy next token (the label a head learns: what the target would
+say, not what the text says; teacher forcing over the text, as Medusa and EAGLE train). Windows are
+written one file each, whole or not at all, into a folder named by the target and the data, so an
+interrupted run resumes where it stopped and a second training run on the same data computes
+nothing again.
+
+The default text is what ships with this Python: the standard library's sources and the Markdown
+and reStructuredText documentation of the installed packages. Never our evaluation prompts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SpecdecError
+from ..paths import specdec_home, write_atomically
+
+WINDOW = 512  # tokens per forward (and per feature file): one llama.cpp batch
+MIN_WINDOW = 32  # shorter tails of a file are skipped
+HELD_OUT = 0.05  # the share of windows kept out of training, for the held-out agreement
+DOC_SUFFIXES = (".md", ".rst")
+MAX_FILE_BYTES = 200_000  # a longer file contributes its first part only
+
+
+def default_sources() -> list[Path]:
+    """The standard library's .py files and the installed packages' Markdown/reST documentation."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    site = Path(sysconfig.get_paths()["purelib"])
+    code = [p for p in stdlib.rglob("*.py") if "test" not in p.parts and "site-packages" not in p.parts]
+    docs = [p for p in site.rglob("*") if p.suffix in DOC_SUFFIXES and p.is_file()]
+    return sorted(code) + sorted(docs)
+
+
+def expand(paths: list[str]) -> list[Path]:
+    """--data: files, or folders (their .py .md .rst .txt files, recursively)."""
+    files = []
+    for text in paths:
+        path = Path(text).expanduser()
+        if path.is_dir():
+            files += sorted(p for p in path.rglob("*") if p.suffix in (".py", ".md", ".rst", ".txt") and p.is_file())
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise SpecdecError(f"--data {text}: no such file or folder")
+    if not files:
+        raise SpecdecError(f"--data {' '.join(paths)}: no .py, .md, .rst or .txt files there")
+    return files
+
+
+@dataclass(frozen=True)
+class Corpus:
+    files: list[Path]
+    max_tokens: int
+
+    @property
+    def key(self) -> str:
+        """Names the data: the files (path and size) and the token budget."""
+        digest = hashlib.sha256(str(self.max_tokens).encode())
+        for path in self.files:
+            digest.update(f"{path}\0{path.stat().st_size}\0".encode())
+        return digest.hexdigest()
+
+    def provenance(self) -> dict:
+        roots: dict[str, int] = {}
+        for path in self.files:
+            root = str(path.parent if len(path.parts) < 4 else Path(*path.parts[:4]))
+            roots[root] = roots.get(root, 0) + 1
+        return {
+            "files": len(self.files),
+            "bytes": sum(p.stat().st_size for p in self.files),
+            "roots": dict(sorted(roots.items(), key=lambda kv: -kv[1])[:12]),
+            "key": self.key[:16],
+        }
+
+
+def windows(corpus: Corpus, tokenizer):
+    """(index, tokens) of every window, files in a seeded shuffle (code and docs mixed), up to the
+    token budget."""
+    files = list(corpus.files)
+    random.Random(0).shuffle(files)
+    total, index = 0, 0
+    for path in files:
+        try:
+            text = path.read_bytes()[:MAX_FILE_BYTES].decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        tokens = tokenizer.encode(text, add_special=False, special=False)
+        for start in range(0, len(tokens), WINDOW):
+            chunk = tokens[start : start + WINDOW]
+            if len(chunk) < MIN_WINDOW:
+                continue
+            chunk = chunk[: corpus.max_tokens - total]
+            yield index, chunk
+            index, total = index + 1, total + len(chunk)
+            if total >= corpus.max_tokens:
+                return
+
+
+class Progress:
+    """One stderr line: done/total, rate, ETA."""
+
+    def __init__(self, label: str, total: int, unit: str, enabled: bool = True):
+        self.label, self.total, self.unit, self.enabled = label, total, unit, enabled
+        self.started, self.last, self.base = time.perf_counter(), 0.0, None
+
+    def update(self, done: int, extra: str = "", force: bool = False) -> None:
+        now = time.perf_counter()
+        if self.base is None:
+            self.base = (done, now)  # a resumed run's rate counts this run's work only
+        if not self.enabled or (now - self.last < 0.5 and not force):
+            return
+        self.last = now
+        rate = (done - self.base[0]) / max(now - self.base[1], 1e-9)
+        eta = (self.total - done) / rate if rate > 0 else float("inf")
+        eta_text = f"{eta / 60:.0f} min" if eta != float("inf") else "?"
+        bar = "#" * int(30 * done / max(self.total, 1))
+        counts = f"{done}/{self.total} {self.unit} {rate:.0f} {self.unit}/s"
+        sys.stderr.write(f"\r{self.label} [{bar:<30}] {counts} ETA {eta_text} {extra}  ")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def features_folder(target, corpus: Corpus) -> Path:
+    return specdec_home() / "features" / f"{target.identity[:16]}-{corpus.key[:16]}"
+
+
+def collect(target, corpus: Corpus, progress: bool = True) -> Path:
+    """Run the corpus through the target once (skipping windows already on disk); the folder."""
+    folder = features_folder(target, corpus)
+    folder.mkdir(parents=True, exist_ok=True)
+    target.keep_hidden()
+    row = target.add_rows(1)[0]
+    bar = Progress("features", corpus.max_tokens, "tok", progress)
+    done = 0
+    try:
+        for index, tokens in windows(corpus, target.tokenizer):
+            path = folder / f"window-{index:06d}.npz"
+            if not path.exists():
+                target.rollback_rows({row: 0})
+                logits = target.forward_rows({row: tokens}, {row: len(tokens)})[row]  # [n, vocab]
+                _, hidden = target.hidden_rows([row])[row]  # [n, d]
+                buf = io.BytesIO()
+                np.savez(
+                    buf,
+                    tokens=np.asarray(tokens, np.int32),
+                    labels=logits.argmax(-1).astype(np.int32),  # the target's greedy next token
+                    hidden=hidden.astype(np.float16),
+                )
+                write_atomically(path, buf.getvalue())
+            done += len(tokens)
+            bar.update(done)
+    finally:
+        target.drop_rows([row])
+        bar.update(done, force=True)
+        bar.close()
+    write_atomically(
+        folder / "data.json",
+        json.dumps({"tokens": done, **corpus.provenance(), "target": target.name}, indent=1).encode(),
+    )
+    return folder
+
+
+@dataclass
+class Features:
+    tokens: np.ndarray  # [N] int32, windows one after another
+    labels: np.ndarray  # [N] int32: the target's greedy token after each
+    hidden: np.ndarray  # [N, d] float16
+    starts: np.ndarray  # [n_windows + 1]: window w is rows starts[w] .. starts[w + 1] - 1
+
+    @property
+    def n_windows(self) -> int:
+        return len(self.starts) - 1
+
+    def split(self, held_out: float = HELD_OUT) -> tuple["Features", "Features"]:
+        """(training, held-out): the last windows are held out."""
+        n_held = max(1, round(self.n_windows * held_out)) if self.n_windows > 1 else 0
+        cut = self.n_windows - n_held
+        return self._windows(0, cut), self._windows(cut, self.n_windows)
+
+    def _windows(self, a: int, b: int) -> "Features":
+        lo, hi = self.starts[a], self.starts[b]
+        return Features(self.tokens[lo:hi], self.labels[lo:hi], self.hidden[lo:hi], self.starts[a : b + 1] - lo)
+
+
+def load_features(folder: Path) -> Features:
+    files = sorted(folder.glob("window-*.npz"))
+    if not files:
+        raise SpecdecError(f"no features in {folder}")
+    parts = [np.load(f) for f in files]
+    lengths = [len(p["tokens"]) for p in parts]
+    return Features(
+        np.concatenate([p["tokens"] for p in parts]),
+        np.concatenate([p["labels"] for p in parts]),
+        np.concatenate([p["hidden"] for p in parts]),
+        np.concatenate([[0], np.cumsum(lengths)]),
+    )
+
+
+def clear(folder: Path) -> None:
+    for f in folder.glob("window-*.npz"):
+        os.unlink(f)

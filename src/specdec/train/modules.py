@@ -1,0 +1,102 @@
+"""The heads in torch, for training: the same math as drafters.head's NumPy, on batches.
+
+Parameter names are the head file's tensor names (train.headfile), so a state dict saves as is.
+The output head (`lm_head`, the target's own rows for the draft vocabulary) is a frozen buffer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class Medusa(nn.Module):
+    """n residual blocks on the target's hidden state; block i guesses the token i + 2 places on."""
+
+    def __init__(self, lm_head: torch.Tensor, n_heads: int):
+        super().__init__()
+        d = lm_head.shape[1]
+        self.register_buffer("lm_head", lm_head)
+        self.blocks = nn.ModuleList(nn.Linear(d, d) for _ in range(n_heads))
+        for block in self.blocks:  # start as the target's own head: h + SiLU(0) = h
+            nn.init.zeros_(block.weight)
+            nn.init.zeros_(block.bias)
+
+    def forward(self, h: torch.Tensor) -> list[torch.Tensor]:
+        """h [B, d] -> per head the logits [B, V] over the draft vocabulary."""
+        return [(h + F.silu(block(h))) @ self.lm_head.T for block in self.blocks]
+
+    def head_tensors(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for i, block in enumerate(self.blocks):
+            out[f"medusa.{i}.weight"], out[f"medusa.{i}.bias"] = block.weight, block.bias
+        return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+class Prophet(nn.Module):
+    """One transformer layer over (feature, next token's embedding) -> the next feature; run as a
+    chain, each step attending to the chain's earlier steps."""
+
+    def __init__(self, lm_head: torch.Tensor, embed: torch.Tensor, steps: int, n_head: int, n_ff: int):
+        super().__init__()
+        d = lm_head.shape[1]
+        self.n_head, self.steps = n_head, steps
+        self.register_buffer("lm_head", lm_head)
+        # the target's embeddings of the draft vocabulary, and one learned row for every other token
+        self.embed = nn.Parameter(torch.cat([embed, embed.mean(0, keepdim=True)]))
+        self.fuse = nn.Linear(2 * d, d, bias=False)
+        self.step = nn.Parameter(torch.zeros(steps, d))
+        self.attn_norm = nn.Parameter(torch.ones(d))
+        self.ffn_norm = nn.Parameter(torch.ones(d))
+        self.wq, self.wk, self.wv, self.wo = (nn.Parameter(torch.empty(d, d)) for _ in range(4))
+        self.w_gate, self.w_up = nn.Parameter(torch.empty(n_ff, d)), nn.Parameter(torch.empty(n_ff, d))
+        self.w_down = nn.Parameter(torch.zeros(d, n_ff))
+        for w in (self.wq, self.wk, self.wv, self.w_gate, self.w_up):
+            nn.init.normal_(w, std=1 / math.sqrt(d))
+        nn.init.zeros_(self.wo)  # the residual path starts as the fused input alone
+        with torch.no_grad():  # start by passing the feature through: fuse = [I, 0]
+            self.fuse.weight.zero_()
+            self.fuse.weight[:, :d] = torch.eye(d)
+
+    def forward(self, feature: torch.Tensor, tokens: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """feature [B, d] (the target's, at the chain's start); tokens [B, n] (embedding rows: the
+        token after each step's feature). -> per step the predicted feature [B, d] and logits [B, V];
+        each step's feature is the previous step's prediction (the chain runs as it will draft)."""
+        B, n = tokens.shape
+        d = feature.shape[1]
+        H, hd = self.n_head, d // self.n_head
+        keys, values, features, logits = [], [], [], []
+        for i in range(n):
+            x = self.fuse(torch.cat([feature, self.embed[tokens[:, i]]], -1)) + self.step[i]  # [B, d]
+            h = rms_norm(x, self.attn_norm)
+            q = (h @ self.wq.T).view(B, H, hd)
+            keys.append((h @ self.wk.T).view(B, H, hd))
+            values.append((h @ self.wv.T).view(B, H, hd))
+            k, v = torch.stack(keys, 2), torch.stack(values, 2)  # [B, H, i + 1, hd]
+            scores = torch.einsum("bhd,bhsd->bhs", q, k) / math.sqrt(hd)
+            attn = torch.einsum("bhs,bhsd->bhd", scores.softmax(-1), v).reshape(B, d)
+            x = x + attn @ self.wo.T
+            h = rms_norm(x, self.ffn_norm)
+            x = x + (F.silu(h @ self.w_gate.T) * (h @ self.w_up.T)) @ self.w_down.T
+            features.append(x)
+            logits.append(x @ self.lm_head.T)
+            feature = x
+        return features, logits
+
+    def head_tensors(self) -> dict[str, torch.Tensor]:
+        names = ("embed", "step", "attn_norm", "ffn_norm", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+        return {"fuse.weight": self.fuse.weight, **{name: getattr(self, name) for name in names}}
+
+
+def load_head(module: nn.Module, tensors: dict) -> None:
+    """Set a module's weights from a head file's tensors (train.headfile.load)."""
+    with torch.no_grad():
+        for name, param in module.head_tensors().items():
+            param.copy_(torch.from_numpy(tensors[name]))
