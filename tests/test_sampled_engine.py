@@ -289,3 +289,39 @@ def test_early_exit_samples_the_target_on_the_numpy_backend(tmp_path):
         patch.setattr(specdec.sampling, "residual", broken_residual)
         chi2, chi2_max, tv, tv_max = distance(run(), expected, rows=EARLY_ROWS)
     assert chi2 > 3 * chi2_max and tv > tv_max, (chi2, chi2_max, tv, tv_max)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "prophet"])
+def test_a_trained_head_samples_the_target(tmp_path, kind):
+    """A head drafts from the target's hidden states with its own q over a draft vocabulary (q is 0
+    outside it): the same tiny GPT-2 and harness as early exit above, with a random head file of
+    each kind. Power: the broken residual fails it."""
+    import specdec.sampling
+    from specdec.models.numpy_ref import load_numpy_model
+    from specdec.spec import parse
+
+    from .drafters.test_head import random_head
+    from .models.test_numpy_ref import write_tiny_gguf
+
+    path = tmp_path / "tiny-gpt2-4.gguf"
+    write_tiny_gguf(path, "gpt2", seed=3, n_layer=4)
+    target = load_numpy_model(path)
+    head = random_head(target, kind, tmp_path / f"{kind}.head", vocab=200)
+    prompt = target.tokenizer.encode("the cat in a hat", add_special=False)
+    config = GenerationConfig(max_new_tokens=TORCH_N, chat=False, temperature=3.0, top_k=3)
+    expected = exact_outcomes(target, prompt, config.sampling, TORCH_N)
+
+    def run() -> Counter:
+        decoder = SpeculativeDecoder.from_spec(target, parse(f"head:{head}", k=TORCH_N - 1))
+        return sampled_outcomes(decoder, prompt, config, EARLY_ROWS, per_batch=500, seed=0)
+
+    kept = SpeculativeDecoder.from_spec(target, parse(f"head:{head}", k=3)).generate_batch([prompt] * 50, config)
+    assert sum(r.stats.accepted for r in kept) > 0  # its drafts are kept, not only rejected
+    counts = run()
+    chi2, chi2_max, tv, tv_max = distance(counts, expected, rows=EARLY_ROWS)
+    assert chi2 < chi2_max and tv < tv_max, (chi2, chi2_max, tv, tv_max)
+    if kind == "medusa":
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(specdec.sampling, "residual", broken_residual)
+            chi2, chi2_max, tv, tv_max = distance(run(), expected, rows=EARLY_ROWS)
+        assert chi2 > 3 * chi2_max and tv > tv_max, (chi2, chi2_max, tv, tv_max)

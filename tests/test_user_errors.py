@@ -114,6 +114,16 @@ USER_ERRORS = [
     _row(
         "early-exit-without-L", ["generate", "-p", "x", "--draft", "early-exit:x", "--backend", "numpy"], "early-exit:L"
     ),
+    _row("head-file-missing", ["generate", "-p", "x", "--draft", "head:/nonexistent.head"], "head file not found"),
+    _row("head-without-file", ["generate", "-p", "x", "--draft", "head:"], "head:FILE"),
+    _row(
+        "head-on-torch", ["generate", "-p", "x", "--draft", "head:x", "--backend", "torch"], "--backend llama or numpy"
+    ),
+    _row("train-unknown-kind", ["train", "hydra:3", "--out", "x.head"], "the kinds are medusa:N"),
+    _row("train-too-many-heads", ["train", "medusa:9", "--out", "x.head"], "N from 1 to 8"),
+    _row("train-out-unwritable", ["train", "medusa:2", "--out", "/proc/x.head"], "cannot be written"),
+    _row("train-no-data", ["train", "medusa:2", "--out", "x.head", "--data", "/nonexistent"], "no such file or folder"),
+    _row("serve-head", ["serve", "--draft", "head:{tmp}/bad.gguf"], "specdec serve takes --draft auto"),
     _row("unknown-backend", ["generate", "-p", "x", "--backend", "cuda"], "invalid choice"),
     _row("no-such-gpu", ["generate", "-p", "x", "--backend", "torch", "--device", "cuda:7"], "no CUDA GPU"),
     _row("unknown-dtype", ["generate", "-p", "x", "--dtype", "float8"], "invalid choice"),

@@ -17,6 +17,7 @@ tokenizers (drafters.cross_vocab.CrossVocabDrafter), string-level unless the nam
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable, Literal, get_args
 
@@ -35,7 +36,9 @@ GRAMMAR = (
 # why: a fresh process, its cache empty, stays within 3% of auto without it; history: docs/provenance.md#auto_suffix
 AUTO_SUFFIX = True
 HEAD_BACKENDS = ("llama", "numpy")  # the backends that give a head the target's hidden states
-METHODS = "plain, auto, auto:suffix, auto:nosuffix, draft:K, ngram:K, suffix:K, early-exit:L:K (--backend numpy)"
+METHODS = (
+    "plain, auto, auto:suffix, auto:nosuffix, draft:K, ngram:K, suffix:K, early-exit:L:K (--backend numpy), head:K:FILE"
+)
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,8 @@ def parse(
             raise SpecdecError(f"draft {text!r}: write head:FILE with FILE a head from `specdec train`")
         if backend is not None and backend not in HEAD_BACKENDS:
             raise SpecdecError(f"draft {text}: a trained head needs --backend {' or '.join(HEAD_BACKENDS)}")
+        if not os.path.isfile(path):  # before a model is loaded
+            raise SpecdecError(f"head file not found: {path} (make one with `specdec train`)")
         return DraftSpec("head", k=k, head=path)
     mode, sep, name = text.partition(":")
     if sep and mode in CROSS_VOCAB_MODES:
@@ -124,6 +129,10 @@ def parse_method(method: str) -> DraftSpec | None:
             layers, _, k = rest.partition(":")
             if int(layers) >= 1 and int(k) >= 1:
                 return DraftSpec("early-exit", k=int(k), layers=int(layers))
+        elif head == "head":
+            k, _, path = rest.partition(":")
+            if int(k) >= 1 and path:
+                return DraftSpec("head", k=int(k), head=path)
         elif head in ("draft", "ngram", "suffix") and rest.isdigit() and int(rest) >= 1:
             return DraftSpec("model" if head == "draft" else head, k=int(rest))
     except ValueError:

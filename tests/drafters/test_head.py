@@ -13,7 +13,7 @@ from specdec import GenerationConfig, SpeculativeDecoder
 from specdec.drafters.head import HeadDrafter, ProphetChain, medusa_features
 from specdec.errors import SpecdecError
 from specdec.models.numpy_ref import load_numpy_model
-from specdec.spec import parse
+from specdec.spec import DraftSpec, parse
 from specdec.train import headfile
 
 from ..models.test_numpy_ref import write_tiny_gguf
@@ -29,10 +29,12 @@ def tiny(tmp_path_factory):
     return load_numpy_model(path)
 
 
-def random_head(model, kind: str, path, steps: int = 3, seed: int = 0, scale: float = 0.05):
-    """A head file of random weights for `model` (what training starts from, plus noise)."""
+def random_head(model, kind: str, path, steps: int = 3, seed: int = 0, scale: float = 0.05, vocab: int = 0):
+    """A head file of random weights for `model` (what training starts from, plus noise), drafting
+    from `vocab` of its tokens (0: all of them)."""
     rng = np.random.default_rng(seed)
-    d, vocab = model.n_embd, np.arange(model.vocab_size, dtype=np.int32)[::-1].copy()  # every token
+    d = model.n_embd
+    vocab = rng.permutation(model.vocab_size)[: vocab or model.vocab_size].astype(np.int32)
 
     def rand(*shape):
         return (rng.normal(size=shape) * scale).astype(np.float16)
@@ -188,11 +190,19 @@ def test_broken_head_files_are_refused(tiny, tmp_path):
 
 
 def test_the_spec_names_a_head(tmp_path):
-    assert parse("head:/x/y.head").head == "/x/y.head" and parse("head:a.head", k=2).k == 2
+    path = tmp_path / "y.head"
+    path.write_bytes(b"")
+    assert parse(f"head:{path}").head == str(path) and parse(f"head:{path}", k=2).k == 2
     with pytest.raises(SpecdecError, match="head:FILE"):
         parse("head:")
     with pytest.raises(SpecdecError, match="needs --backend llama or numpy"):
-        parse("head:a.head", backend="torch")
+        parse(f"head:{path}", backend="torch")
+    with pytest.raises(SpecdecError, match="head file not found"):
+        parse(f"head:{tmp_path / 'missing.head'}")
+    from specdec.spec import parse_method
+
+    assert parse_method(f"head:3:{path}") == DraftSpec("head", k=3, head=str(path))
+    assert parse_method("head:x:y") is None
 
 
 def test_the_head_file_says_what_it_is(tiny, tmp_path):

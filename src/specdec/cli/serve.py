@@ -96,7 +96,7 @@ def cmd_serve(args) -> int:
         # an empty key would print "no key needed" yet refuse requests without a header
         raise SpecdecError("--api-key (or $SPECDEC_API_KEY) is empty: give a key, or unset it to serve without one")
     spec = parse(args.draft, args.backend, args.draft_tokens, draft_model=args.draft_model)
-    if spec.kind == "early-exit":
+    if spec.kind in ("early-exit", "head"):  # heads in the server: issue 29's next step
         raise SpecdecError("specdec serve takes --draft auto, ngram, suffix, none or a draft model")
     # any request may ask for auto or suffix, whatever the default: the flags hold for every --draft
     _check_suffix_flags(args, "suffix" if spec.kind == "suffix" else "auto")

@@ -202,7 +202,7 @@ class Features:
 def load_features(folder: Path) -> Features:
     files = sorted(folder.glob("window-*.npz"))
     if not files:
-        raise SpecdecError(f"no features in {folder}")
+        raise SpecdecError(f"no training text: the data gave no window of {MIN_WINDOW} tokens or more")
     parts = [np.load(f) for f in files]
     lengths = [len(p["tokens"]) for p in parts]
     return Features(

@@ -163,7 +163,6 @@ def train(target, f: Features, config: TrainConfig, out: Path, data: dict, progr
     if len(positions) == 0:
         raise SpecdecError("not enough training text for one chain: give more with --data or --tokens")
     total = max(1, int(config.epochs * len(positions) / config.batch))
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: max(0.05, 1.0 - u / total))
 
     checkpoint = Path(str(out) + ".ckpt")
     update = 0
@@ -173,20 +172,19 @@ def train(target, f: Features, config: TrainConfig, out: Path, data: dict, progr
             model.load_state_dict(saved["model"])
             optimizer.load_state_dict(saved["optimizer"])
             update = saved["update"]
-            for _ in range(update):
-                schedule.step()
     rng = np.random.default_rng([config.seed, update])
     batches = _Batches(training, index, config.steps)
     bar = Progress(f"train {config.kind}", total, "updates", progress)
     started = saved_at = time.perf_counter()
     try:
         while update < total:
+            for group in optimizer.param_groups:  # linear decay to 5%
+                group["lr"] = config.lr * max(0.05, 1.0 - update / total)
             t = rng.choice(positions, size=min(config.batch, len(positions)), replace=False)
             loss, agree = _losses(model, config, batches(t), outside)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            schedule.step()
             update += 1
             bar.update(update, f"loss {loss.item():.3f} agree@1 {agree[:, 0].mean().item():.2f}")
             if time.perf_counter() - saved_at > CHECKPOINT_SECONDS:

@@ -1,0 +1,200 @@
+"""`specdec train` (train/): features computed once and resumed, training that learns, a checkpoint
+that survives Ctrl-C, and the head file it writes, drafting through the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from specdec.errors import SpecdecError
+from specdec.models.numpy_ref import load_numpy_model
+from specdec.train import features, headfile
+
+from .conftest import require_module
+from .models.test_numpy_ref import write_tiny_gguf
+
+torch = require_module("torch", "the train extra: pip install 'specdec[train]'")
+
+from specdec.train.trainer import TrainConfig, train  # noqa: E402
+
+# a text with structure a head can learn (the target is random: what it says next is a function of
+# the text, and repeating phrases make the next-but-one token predictable from the hidden state)
+TEXT = " ".join(
+    f"the cat {w} in a hat, the {w} then a cat" for w in ("sat", "ran", "hid", "ate", "saw", "dug", "won") * 12
+)
+
+
+@pytest.fixture()
+def setup(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    path = tmp_path / "tiny-qwen2.gguf"
+    write_tiny_gguf(path, "qwen2", seed=3, n_layer=3, n_ctx=1024)
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(6):
+        (data / f"part{i}.txt").write_text(TEXT[i * 300 :] + TEXT[: i * 300])
+    model = load_numpy_model(path, n_ctx=features.WINDOW)
+    corpus = features.Corpus(features.expand([str(data)]), 4000)
+    return model, corpus, path, data
+
+
+def test_features_are_the_targets_and_resume(setup, monkeypatch):
+    model, corpus, _, _ = setup
+    calls, interrupt = [], [3]
+    forward = type(model).forward_rows
+
+    def counted(self, tokens, n_logits=None):
+        calls.append(1)
+        if len(calls) == interrupt[0]:
+            raise KeyboardInterrupt
+        return forward(self, tokens, n_logits)
+
+    monkeypatch.setattr(type(model), "forward_rows", counted)
+    with pytest.raises(KeyboardInterrupt):
+        features.collect(model, corpus, progress=False)
+    folder = features.features_folder(model, corpus)
+    assert len(list(folder.glob("window-*.npz"))) == 2  # the finished windows stay
+    calls.clear()
+    interrupt[0] = 0
+    features.collect(model, corpus, progress=False)
+    windows = list(features.windows(corpus, model.tokenizer))
+    assert len(calls) == len(windows) - 2  # resumed: the two are not computed again
+    monkeypatch.undo()
+    f = features.load_features(folder)
+    assert len(f.tokens) == sum(len(t) for _, t in windows) <= 4000
+    first = windows[0][1]
+    assert f.tokens[: len(first)].tolist() == first
+    # the labels are the target's greedy tokens, the states its final-norm hidden states
+    row = model.add_rows(1)[0]
+    logits = model.forward_rows({row: first}, {row: len(first)})[row]
+    assert f.labels[: len(first)].tolist() == logits.argmax(-1).tolist()
+    output = model.head_weights("output", np.arange(model.vocab_size))
+    np.testing.assert_allclose(f.hidden[:4].astype(np.float32) @ output.T, logits[:4], atol=0.05)
+    model.drop_rows([row])
+    assert json.loads((folder / "data.json").read_text())["files"] == 6
+
+
+@pytest.mark.parametrize("kind", ["medusa", "prophet"])
+def test_training_learns_and_a_checkpoint_resumes(setup, tmp_path, monkeypatch, kind):
+    """Held-out agreement beats the untrained head's; Ctrl-C mid-training leaves a checkpoint (and
+    no head file); the same call resumes from it and the head file replaces it."""
+    from specdec.train import trainer
+
+    model, corpus, _, _ = setup
+    f = features.load_features(features.collect(model, corpus, progress=False))
+    out = tmp_path / f"{kind}.head"
+    config = TrainConfig(kind=kind, steps=2, vocab=200, epochs=3, batch=64, lr=3e-3, n_head=4, n_ff=32)
+    untrained = train(model, f, TrainConfig(**{**config.__dict__, "epochs": 1e-9}), out, {}, progress=False)
+
+    steps = []
+    real_step = torch.optim.AdamW.step
+
+    def interrupt(self, *args, **kwargs):
+        steps.append(1)
+        if len(steps) == 5:
+            raise KeyboardInterrupt
+        return real_step(self, *args, **kwargs)
+
+    out.unlink()
+    monkeypatch.setattr(torch.optim.AdamW, "step", interrupt)
+    monkeypatch.setattr(trainer, "CHECKPOINT_SECONDS", 1e9)  # only Ctrl-C writes one
+    with pytest.raises(KeyboardInterrupt):
+        train(model, f, config, out, {"from": "test"}, progress=False)
+    monkeypatch.undo()
+    checkpoint = tmp_path / f"{kind}.head.ckpt"
+    assert checkpoint.exists() and not out.exists()
+    assert torch.load(checkpoint, weights_only=True)["update"] == 4
+    info = train(model, f, config, out, {"from": "test"}, progress=False)
+    assert not checkpoint.exists() and out.exists()
+    total = int(config.epochs * len(trainer.start_positions(f.split()[0], 2)) / config.batch)
+    assert info.training["updates"] == total
+    assert info.data == {"from": "test"} and info.target_sha256 == model.identity
+    before, after = untrained.held_out["agreement"], info.held_out["agreement"]
+    assert after[0] > before[0] + 0.1, (before, after)  # the token after next: learned
+    assert info.held_out["tokens_per_step"] > untrained.held_out["tokens_per_step"]
+    loaded, tensors = headfile.load(out)
+    assert loaded == info and len(tensors["vocab"]) <= 200
+
+
+def test_specdec_train_then_generate_with_the_head(setup, tmp_path):
+    """The two commands a user runs: a head trained, then drafting with it, greedy = plain."""
+    _, _, target, data = setup
+    env_home = str(tmp_path / "home")
+
+    def specdec(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "specdec.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**__import__("os").environ, "SPECDEC_HOME": env_home},
+        )
+
+    out = tmp_path / "m.head"
+    run = specdec(
+        "train", "medusa:2", "--backend", "numpy", "--target", str(target), "--data", str(data),
+        "--tokens", "3000", "--epochs", "2", "--batch", "32", "--vocab", "200", "--out", str(out), "--no-progress",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert f"wrote {out}: medusa head (2 steps)" in run.stdout and out.exists()
+    common = (
+        "generate",
+        "--backend",
+        "numpy",
+        "--target",
+        str(target),
+        "--no-chat",
+        "-n",
+        "24",
+        "--json",
+        "-p",
+        "the cat",
+    )
+    plain = specdec(*common, "--draft", "none")
+    spec = specdec(*common, "--draft", f"head:{out}", "-k", "2")
+    assert plain.returncode == spec.returncode == 0, spec.stderr
+    got = json.loads(spec.stdout)
+    assert got["tokens"] == json.loads(plain.stdout)["tokens"]
+    assert got["stats"]["drafted"] > 0
+    # a head for another model, and a head on a backend without hidden states: one line, exit 2
+    other = tmp_path / "other.gguf"
+    write_tiny_gguf(other, "qwen2", seed=5, n_layer=3)
+    for args in (
+        ("generate", "--backend", "numpy", "--target", str(other), "--draft", f"head:{out}", "-p", "x"),
+        ("generate", "--backend", "torch", "--target", str(other), "--draft", f"head:{out}", "-p", "x"),
+        ("generate", "--backend", "numpy", "--target", str(target), "--draft", "head:/nonexistent.head", "-p", "x"),
+        (
+            "train",
+            "medusa:2",
+            "--backend",
+            "numpy",
+            "--target",
+            str(target),
+            "--data",
+            "/nonexistent",
+            "--out",
+            "x.head",
+        ),
+    ):
+        run = specdec(*args)
+        errors = [line for line in run.stderr.splitlines() if line.startswith("specdec: error:")]
+        assert run.returncode == 2 and len(errors) == 1 and "Traceback" not in run.stderr, run.stderr
+
+
+def test_bad_training_input(setup, tmp_path):
+    model, _, _, data = setup
+    with pytest.raises(SpecdecError, match="no such file or folder"):
+        features.expand([str(tmp_path / "missing")])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SpecdecError, match="no .py, .md, .rst or .txt files"):
+        features.expand([str(empty)])
+    short = tmp_path / "short.txt"
+    short.write_text("the cat")  # under one window
+    folder = features.collect(model, features.Corpus([short], 4000), progress=False)
+    with pytest.raises(SpecdecError, match="no training text"):
+        features.load_features(folder)
