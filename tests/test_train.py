@@ -30,15 +30,16 @@ TEXT = " ".join(
 
 @pytest.fixture()
 def setup(tmp_path, monkeypatch):
+    """A tiny target and 24 text files (one window each: the 20th is held out)."""
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
     path = tmp_path / "tiny-qwen2.gguf"
     write_tiny_gguf(path, "qwen2", seed=3, n_layer=3, n_ctx=1024)
     data = tmp_path / "data"
     data.mkdir()
-    for i in range(6):
-        (data / f"part{i}.txt").write_text(TEXT[i * 300 :] + TEXT[: i * 300])
+    for i in range(24):
+        (data / f"part{i:02d}.txt").write_text(TEXT[i * 97 :][:300])
     model = load_numpy_model(path, n_ctx=features.WINDOW)
-    corpus = features.Corpus(features.expand([str(data)]), 4000)
+    corpus = features.Corpus(features.expand([str(data)]), 100_000)
     return model, corpus, path, data
 
 
@@ -65,7 +66,10 @@ def test_features_are_the_targets_and_resume(setup, monkeypatch):
     assert len(calls) == len(windows) - 2  # resumed: the two are not computed again
     monkeypatch.undo()
     f = features.load_features(folder)
-    assert len(f.tokens) == sum(len(t) for _, t in windows) <= 4000
+    assert len(f.tokens) == sum(len(t) for _, t in windows) and f.n_windows == 24
+    training, held = f.split()
+    assert held.index.tolist() == [19] and training.n_windows == 23
+    assert features.load_features(folder, max_tokens=1).n_windows == 1  # a smaller budget: the first windows
     first = windows[0][1]
     assert f.tokens[: len(first)].tolist() == first
     # the labels are the target's greedy tokens, the states its final-norm hidden states
@@ -75,7 +79,7 @@ def test_features_are_the_targets_and_resume(setup, monkeypatch):
     output = model.head_weights("output", np.arange(model.vocab_size))
     np.testing.assert_allclose(f.hidden[:4].astype(np.float32) @ output.T, logits[:4], atol=0.05)
     model.drop_rows([row])
-    assert json.loads((folder / "data.json").read_text())["files"] == 6
+    assert json.loads((folder / "data.json").read_text())["files"] == 24
 
 
 @pytest.mark.parametrize("kind", ["medusa", "prophet"])
@@ -87,7 +91,7 @@ def test_training_learns_and_a_checkpoint_resumes(setup, tmp_path, monkeypatch, 
     model, corpus, _, _ = setup
     f = features.load_features(features.collect(model, corpus, progress=False))
     out = tmp_path / f"{kind}.head"
-    config = TrainConfig(kind=kind, steps=2, vocab=200, epochs=3, batch=64, lr=3e-3, n_head=4, n_ff=32)
+    config = TrainConfig(kind=kind, steps=2, vocab=200, epochs=4, batch=64, lr=3e-3, n_head=4, n_ff=32)
     untrained = train(model, f, TrainConfig(**{**config.__dict__, "epochs": 1e-9}), out, {}, progress=False)
 
     steps = []
@@ -137,7 +141,7 @@ def test_specdec_train_then_generate_with_the_head(setup, tmp_path):
     out = tmp_path / "m.head"
     run = specdec(
         "train", "medusa:2", "--backend", "numpy", "--target", str(target), "--data", str(data),
-        "--tokens", "3000", "--epochs", "2", "--batch", "32", "--vocab", "200", "--out", str(out), "--no-progress",
+        "--epochs", "2", "--batch", "32", "--vocab", "200", "--out", str(out), "--no-progress",
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert f"wrote {out}: medusa head (2 steps)" in run.stdout and out.exists()

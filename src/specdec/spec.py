@@ -17,7 +17,6 @@ tokenizers (drafters.cross_vocab.CrossVocabDrafter), string-level unless the nam
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable, Literal, get_args
 
@@ -105,8 +104,9 @@ def parse(
             raise SpecdecError(f"draft {text!r}: write head:FILE with FILE a head from `specdec train`")
         if backend is not None and backend not in HEAD_BACKENDS:
             raise SpecdecError(f"draft {text}: a trained head needs --backend {' or '.join(HEAD_BACKENDS)}")
-        if not os.path.isfile(path):  # before a model is loaded
-            raise SpecdecError(f"head file not found: {path} (make one with `specdec train`)")
+        from .train.headfile import read_info
+
+        read_info(path)  # a missing or broken head file fails before any model is loaded
         return DraftSpec("head", k=k, head=path)
     mode, sep, name = text.partition(":")
     if sep and mode in CROSS_VOCAB_MODES:

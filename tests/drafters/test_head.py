@@ -189,9 +189,8 @@ def test_broken_head_files_are_refused(tiny, tmp_path):
         HeadDrafter(tiny, truncated)
 
 
-def test_the_spec_names_a_head(tmp_path):
-    path = tmp_path / "y.head"
-    path.write_bytes(b"")
+def test_the_spec_names_a_head(tiny, tmp_path):
+    path = random_head(tiny, "medusa", tmp_path / "y.head")
     assert parse(f"head:{path}").head == str(path) and parse(f"head:{path}", k=2).k == 2
     with pytest.raises(SpecdecError, match="head:FILE"):
         parse("head:")

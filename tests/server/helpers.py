@@ -62,6 +62,13 @@ def toy_server(delay: float = 0.0, policy: DraftSpec = AUTO, max_batch: int = 4,
     """An in-process server on an ephemeral 127.0.0.1 port; yields (base URL, service)."""
     target, draft = _toy_models(delay)
     service = build_service(target, draft, policy, max_batch, ("toy",), "toy-draft", **limits)
+    with serving(service) as base:
+        yield base, service
+
+
+@contextlib.contextmanager
+def serving(service):
+    """`service` served in-process on an ephemeral 127.0.0.1 port; yields the base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -75,7 +82,7 @@ def toy_server(delay: float = 0.0, policy: DraftSpec = AUTO, max_batch: int = 4,
     thread.start()
     _wait_healthy(base, 30)
     try:
-        yield base, service
+        yield base
     finally:
         servers[0].should_exit = True
         thread.join(15)

@@ -8,10 +8,14 @@ import json
 import pytest
 
 from .helpers import (
+    GenerationConfig,
+    SpeculativeDecoder,
     _toy_models,
+    build_service,
     client,
     httpx,
     reference,
+    serving,
     toy_server,
 )
 
@@ -224,3 +228,31 @@ def test_a_body_that_trickles_in_is_timed_out():
             assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
             assert time.monotonic() - started < 5
         assert httpx.get(base + "/health").status_code == 200
+
+
+def test_a_trained_head_per_request(tmp_path, monkeypatch):
+    """`specdec serve --draft head:FILE`: requests ask for the head by name ('head') with their own
+    k, beside plain rows in the same steps, and get the target's own greedy text."""
+    from specdec.drafters.head import HeadDrafter
+    from specdec.models.numpy_ref import load_numpy_model
+    from specdec.spec import DraftSpec
+
+    from ..drafters.test_head import random_head
+    from ..models.test_numpy_ref import write_tiny_gguf
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))  # auto's cost curve is timed and cached there
+    path = tmp_path / "tiny-qwen2.gguf"
+    write_tiny_gguf(path, "qwen2", seed=3, n_layer=3, n_ctx=2048)
+    target = load_numpy_model(path, n_ctx=2048)
+    head = HeadDrafter(target, random_head(target, "medusa", tmp_path / "m.head"))
+    want = SpeculativeDecoder(load_numpy_model(path)).generate(
+        "the cat", GenerationConfig(max_new_tokens=20, chat=False)
+    )
+    service = build_service(target, None, DraftSpec("head", k=3), 4, ("tiny",), head=head)
+    with serving(service) as base:
+        c = client(base)
+        for extra in ({}, {"speculative": {"draft": "head", "k": 2}}, {"speculative": {"draft": "none"}}):
+            r = c.completions.create(model="tiny", prompt="the cat", max_tokens=20, extra_body=extra)
+            assert r.choices[0].text == want.text
+            spec = r.model_extra["speculative"]
+            assert (spec["drafted"] > 0) == (extra.get("speculative", {}).get("draft") != "none"), spec

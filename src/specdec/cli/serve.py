@@ -96,12 +96,13 @@ def cmd_serve(args) -> int:
         # an empty key would print "no key needed" yet refuse requests without a header
         raise SpecdecError("--api-key (or $SPECDEC_API_KEY) is empty: give a key, or unset it to serve without one")
     spec = parse(args.draft, args.backend, args.draft_tokens, draft_model=args.draft_model)
-    if spec.kind in ("early-exit", "head"):  # heads in the server: issue 29's next step
-        raise SpecdecError("specdec serve takes --draft auto, ngram, suffix, none or a draft model")
+    if spec.kind == "early-exit":
+        raise SpecdecError("specdec serve takes --draft auto, ngram, suffix, none, a draft model or head:FILE")
     # any request may ask for auto or suffix, whatever the default: the flags hold for every --draft
     _check_suffix_flags(args, "suffix" if spec.kind == "suffix" else "auto")
     _check_device(args)
     draft_spec = spec if spec.kind == "model" else parse(args.draft_model)
+    head = None
     draft_name = args.draft if spec.kind == "model" else (None if draft_spec.kind == "none" else args.draft_model)
     load = _model_loader(args, args.max_batch)
     target = load(args.target)
@@ -110,8 +111,12 @@ def cmd_serve(args) -> int:
         from ..drafters import model_drafter
 
         draft = model_drafter(draft, target, draft_spec.vocab)
+    if spec.kind == "head":  # requests may then ask for it by name ('head')
+        from ..spec import make_drafter
+
+        head = make_drafter(spec, target)
     # the server's default policy: a kind and its k ('model': the draft model loaded here)
-    policy = DraftSpec(spec.kind, k=spec.k if spec.kind in ("ngram", "suffix", "model") else 0)
+    policy = DraftSpec(spec.kind, k=spec.k if spec.kind in ("ngram", "suffix", "model", "head") else 0)
     names = tuple(dict.fromkeys(n for n in (args.served_model_name or args.target, target.name) if n))
     suffix = _suffix_cache(args, target)
     service = build_service(
@@ -122,6 +127,7 @@ def cmd_serve(args) -> int:
         names,
         draft_name,
         suffix=suffix,
+        head=head,
         max_queue=args.max_queue,
         request_timeout=args.request_timeout,
         api_key=args.api_key,

@@ -93,7 +93,7 @@ def cmd_train(args) -> int:
     try:
         folder = features.collect(target, corpus, progress=progress)
         data = json.loads((folder / "data.json").read_text())
-        info = train(target, features.load_features(folder), config, args.out, data, progress=progress)
+        info = train(target, features.load_features(folder, args.tokens), config, args.out, data, progress=progress)
     except KeyboardInterrupt:
         print("specdec: interrupted; what was done is kept: run the same command to resume", file=sys.stderr)
         raise

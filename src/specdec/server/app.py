@@ -116,6 +116,7 @@ def build_service(
     model_names: tuple[str, ...] = (),
     draft_name: str | None = None,
     suffix=None,
+    head=None,
     **limits,
 ) -> Service:
     """A service over loaded models: `target`, and `draft_model` (a RowModel, of another vocabulary
@@ -124,24 +125,29 @@ def build_service(
     The cost-aware controller is built (its cost curves measured, or read from the cache) even
     when the default policy is fixed, since any request may ask for 'auto'. `suffix` is the suffix
     cache (as SpeculativeDecoder takes it): ONE for every request, whatever its policy, so each
-    request drafts from all the requests before it."""
+    request drafts from all the requests before it. `head` is a trained head's drafter
+    (drafters.head), which requests name as 'head'."""
     from ..controller import auto_controller
     from ..spec import auto_drafters
 
     ngram, suffix, model = auto_drafters(target, draft_model, suffix)
     free = [d for d in (ngram, suffix) if d is not None]
-    router = RoutingController(auto_controller(target, free, model), ngram, model, suffix)
-    engine = Engine(target, router, [d for d in (*free, model) if d is not None], max_rows=max_batch)
+    router = RoutingController(auto_controller(target, free, model), ngram, model, suffix, head)
+    engine = Engine(target, router, [d for d in (*free, model, head) if d is not None], max_rows=max_batch)
     router.engine = engine
     draft_names = {"auto": "auto", "ngram": "ngram", "none": "none"}
     if suffix is not None:
         draft_names["suffix"] = "suffix"
+    if head is not None:
+        draft_names["head"] = "head"
     if draft_model is not None:
         for name in (draft_name, draft_model.name):
             if name:
                 draft_names[name] = "model"
     if default_policy.kind == "model" and draft_model is None:
         raise ValueError("a 'model' default policy needs a draft model")
+    if default_policy.kind == "head" and head is None:
+        raise ValueError("a 'head' default policy needs a head")
     return Service(engine, router, model_names or (target.name,), draft_names, default_policy, **limits)
 
 

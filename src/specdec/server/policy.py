@@ -28,9 +28,16 @@ from ..spec import DraftSpec
 
 
 class RoutingController:
-    def __init__(self, auto, ngram: Drafter | None, model: Drafter | None, suffix: Drafter | None = None):
+    def __init__(
+        self,
+        auto,
+        ngram: Drafter | None,
+        model: Drafter | None,
+        suffix: Drafter | None = None,
+        head: Drafter | None = None,
+    ):
         self.auto = auto  # CostAwareController (over `ngram`, `suffix` and `model`)
-        self.drafters = {"ngram": ngram, "model": model, "suffix": suffix}
+        self.drafters = {"ngram": ngram, "model": model, "suffix": suffix, "head": head}
         self.engine = None  # set once the engine exists: rows -> requests
         self.policies: dict[int, DraftSpec] = {}  # request id -> policy, set by the worker on add
         self._rows: dict[int, DraftSpec] = {}  # row -> policy, while the row lives

@@ -236,11 +236,11 @@ def _policy(body: dict, draft_names: dict[str, str]) -> DraftSpec | None:
         raise RequestError("'speculative.k' must be an integer", "speculative.k")
     if kind in ("auto", "none") and k is not None:
         raise RequestError(
-            f"'speculative.k' applies to a fixed drafter (ngram, suffix or a draft model); "
+            f"'speculative.k' applies to a fixed drafter (ngram, suffix, a draft model or a head); "
             f"{draft!r} {'chooses k itself' if kind == 'auto' else 'drafts nothing'}",
             "speculative.k",
         )
-    if kind in ("ngram", "suffix", "model"):
+    if kind in ("ngram", "suffix", "model", "head"):
         return DraftSpec(kind, k=k if k is not None else DEFAULT_K)
     return DraftSpec(kind, k=0)
 

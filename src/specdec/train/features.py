@@ -30,8 +30,13 @@ from ..errors import SpecdecError
 from ..paths import specdec_home, write_atomically
 
 WINDOW = 512  # tokens per forward (and per feature file): one llama.cpp batch
-MIN_WINDOW = 32  # shorter tails of a file are skipped
-HELD_OUT = 0.05  # the share of windows kept out of training, for the held-out agreement
+MIN_WINDOW = 32  # shorter windows are skipped
+# every HELD_OUT_EVERY-th window (a whole file's: one window a file) is held out of training, for the
+# held-out agreement; the same windows whatever the token budget, so a learning curve compares alike
+HELD_OUT_EVERY = 20
+# one window a file, from a seeded place in it: a long file (a codec table in the standard library
+# is 16 000 tokens of hex) must not fill the budget, and many files teach more than a few
+MIN_DISTINCT = 0.2  # a window of fewer distinct tokens per token is a data table, not text: skipped
 DOC_SUFFIXES = (".md", ".rst")
 MAX_FILE_BYTES = 200_000  # a longer file contributes its first part only
 
@@ -68,8 +73,9 @@ class Corpus:
 
     @property
     def key(self) -> str:
-        """Names the data: the files (path and size) and the token budget."""
-        digest = hashlib.sha256(str(self.max_tokens).encode())
+        """Names the data: the files (path and size) and how windows are cut (not the budget: a
+        smaller budget's windows are the first of a larger one's)."""
+        digest = hashlib.sha256(f"window {WINDOW} one a file, distinct {MIN_DISTINCT}".encode())
         for path in self.files:
             digest.update(f"{path}\0{path.stat().st_size}\0".encode())
         return digest.hexdigest()
@@ -88,8 +94,8 @@ class Corpus:
 
 
 def windows(corpus: Corpus, tokenizer):
-    """(index, tokens) of every window, files in a seeded shuffle (code and docs mixed), up to the
-    token budget."""
+    """(index, tokens) of one window a file, files in a seeded shuffle (code and docs mixed), up
+    to the token budget."""
     files = list(corpus.files)
     random.Random(0).shuffle(files)
     total, index = 0, 0
@@ -99,15 +105,15 @@ def windows(corpus: Corpus, tokenizer):
         except (OSError, UnicodeDecodeError):
             continue
         tokens = tokenizer.encode(text, add_special=False, special=False)
-        for start in range(0, len(tokens), WINDOW):
-            chunk = tokens[start : start + WINDOW]
-            if len(chunk) < MIN_WINDOW:
-                continue
-            chunk = chunk[: corpus.max_tokens - total]
-            yield index, chunk
-            index, total = index + 1, total + len(chunk)
-            if total >= corpus.max_tokens:
-                return
+        n = max(1, len(tokens) // WINDOW)
+        start = WINDOW * random.Random(str(path)).randrange(n)
+        chunk = tokens[start : start + WINDOW][: corpus.max_tokens - total]
+        if len(chunk) < MIN_WINDOW or len(set(chunk)) < MIN_DISTINCT * len(chunk):
+            continue
+        yield index, chunk
+        index, total = index + 1, total + len(chunk)
+        if total >= corpus.max_tokens:
+            return
 
 
 class Progress:
@@ -148,7 +154,7 @@ def collect(target, corpus: Corpus, progress: bool = True) -> Path:
     target.keep_hidden()
     row = target.add_rows(1)[0]
     bar = Progress("features", corpus.max_tokens, "tok", progress)
-    done = 0
+    done = index = 0
     try:
         for index, tokens in windows(corpus, target.tokenizer):
             path = folder / f"window-{index:06d}.npz"
@@ -172,7 +178,7 @@ def collect(target, corpus: Corpus, progress: bool = True) -> Path:
         bar.close()
     write_atomically(
         folder / "data.json",
-        json.dumps({"tokens": done, **corpus.provenance(), "target": target.name}, indent=1).encode(),
+        json.dumps({"tokens": done, "windows": index + 1 if done else 0, **corpus.provenance()}, indent=1).encode(),
     )
     return folder
 
@@ -183,33 +189,51 @@ class Features:
     labels: np.ndarray  # [N] int32: the target's greedy token after each
     hidden: np.ndarray  # [N, d] float16
     starts: np.ndarray  # [n_windows + 1]: window w is rows starts[w] .. starts[w + 1] - 1
+    index: np.ndarray  # [n_windows]: each window's index in the corpus
 
     @property
     def n_windows(self) -> int:
         return len(self.starts) - 1
 
-    def split(self, held_out: float = HELD_OUT) -> tuple["Features", "Features"]:
-        """(training, held-out): the last windows are held out."""
-        n_held = max(1, round(self.n_windows * held_out)) if self.n_windows > 1 else 0
-        cut = self.n_windows - n_held
-        return self._windows(0, cut), self._windows(cut, self.n_windows)
+    def split(self) -> tuple["Features", "Features"]:
+        """(training, held-out): every HELD_OUT_EVERY-th window of the corpus is held out."""
+        held = self.index % HELD_OUT_EVERY == HELD_OUT_EVERY - 1
+        return self._select(~held), self._select(held)
 
-    def _windows(self, a: int, b: int) -> "Features":
-        lo, hi = self.starts[a], self.starts[b]
-        return Features(self.tokens[lo:hi], self.labels[lo:hi], self.hidden[lo:hi], self.starts[a : b + 1] - lo)
+    def _select(self, keep: np.ndarray) -> "Features":
+        rows = np.concatenate(
+            [np.arange(a, b) for a, b, k in zip(self.starts[:-1], self.starts[1:], keep) if k] or [[]]
+        )
+        rows = rows.astype(np.int64)
+        lengths = np.diff(self.starts)[keep]
+        return Features(
+            self.tokens[rows],
+            self.labels[rows],
+            self.hidden[rows],
+            np.concatenate([[0], np.cumsum(lengths)]),
+            self.index[keep],
+        )
 
 
-def load_features(folder: Path) -> Features:
+def load_features(folder: Path, max_tokens: int | None = None) -> Features:
+    """The cached windows, in corpus order, up to `max_tokens` (the first windows of the budget)."""
     files = sorted(folder.glob("window-*.npz"))
-    if not files:
+    parts, total = [], 0
+    for f in files:
+        if max_tokens is not None and total >= max_tokens:
+            break
+        part = np.load(f)
+        parts.append((int(f.stem.split("-")[1]), part))
+        total += len(part["tokens"])
+    if not parts:
         raise SpecdecError(f"no training text: the data gave no window of {MIN_WINDOW} tokens or more")
-    parts = [np.load(f) for f in files]
-    lengths = [len(p["tokens"]) for p in parts]
+    lengths = [len(p["tokens"]) for _, p in parts]
     return Features(
-        np.concatenate([p["tokens"] for p in parts]),
-        np.concatenate([p["labels"] for p in parts]),
-        np.concatenate([p["hidden"] for p in parts]),
+        np.concatenate([p["tokens"] for _, p in parts]),
+        np.concatenate([p["labels"] for _, p in parts]),
+        np.concatenate([p["hidden"] for _, p in parts]),
         np.concatenate([[0], np.cumsum(lengths)]),
+        np.array([i for i, _ in parts]),
     )
 
 

@@ -60,7 +60,12 @@ def save(path: str | os.PathLike, info: HeadInfo, tensors: dict[str, np.ndarray]
     write_atomically(path, to_bytes(tensors, metadata={"format": FORMAT, "specdec": json.dumps(asdict(info))}))
 
 
-def load(path: str | os.PathLike) -> tuple[HeadInfo, dict[str, np.ndarray]]:
+def read_info(path: str | os.PathLike) -> HeadInfo:
+    """A head file's info alone (its header: no weights read), or the error `load` would give."""
+    return load(path, tensors=False)[0]
+
+
+def load(path: str | os.PathLike, tensors: bool = True) -> tuple[HeadInfo, dict[str, np.ndarray]]:
     """(info, float32 weights and the int32 vocab) of a head file; a clear error for anything else."""
     try:
         from safetensors import safe_open
@@ -75,14 +80,14 @@ def load(path: str | os.PathLike) -> tuple[HeadInfo, dict[str, np.ndarray]]:
             if meta.get("format") != FORMAT:
                 raise SpecdecError(f"{path} is not a specdec head file (make one with `specdec train`)")
             info = HeadInfo(**json.loads(meta["specdec"]))
-            tensors = {name: f.get_tensor(name) for name in f.keys()}
+            arrays = {name: f.get_tensor(name) for name in f.keys()} if tensors else {}
     except SpecdecError:
         raise
     except OSError as exc:
         raise SpecdecError(f"cannot read head file {path}: {reason(exc)}") from None
     except Exception as exc:  # safetensors' own errors for a damaged file, or metadata of another shape
         raise SpecdecError(f"{path} is not a readable head file ({exc}); train it again") from None
-    weights = {name: a if a.dtype == np.int32 else a.astype(np.float32) for name, a in tensors.items()}
+    weights = {name: a if a.dtype == np.int32 else a.astype(np.float32) for name, a in arrays.items()}
     return info, weights
 
 
