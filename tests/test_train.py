@@ -39,7 +39,7 @@ def setup(tmp_path, monkeypatch):
     for i in range(24):
         (data / f"part{i:02d}.txt").write_text(TEXT[i * 97 :][:300])
     model = load_numpy_model(path, n_ctx=features.WINDOW)
-    corpus = features.Corpus(features.expand([str(data)]), 100_000)
+    corpus = features.Corpus(features.expand([str(data)]), 100_000, min_distinct=0.0)  # a vocabulary of letters
     return model, corpus, path, data
 
 
@@ -69,7 +69,8 @@ def test_features_are_the_targets_and_resume(setup, monkeypatch):
     assert len(f.tokens) == sum(len(t) for _, t in windows) and f.n_windows == 24
     training, held = f.split()
     assert held.index.tolist() == [19] and training.n_windows == 23
-    assert features.load_features(folder, max_tokens=1).n_windows == 1  # a smaller budget: the first windows
+    small = features.load_features(folder, max_tokens=1)  # a smaller budget: the first windows, the same held-out
+    assert small.index.tolist() == [0, 19] and small.split()[1].index.tolist() == [19]
     first = windows[0][1]
     assert f.tokens[: len(first)].tolist() == first
     # the labels are the target's greedy tokens, the states its final-norm hidden states
@@ -199,6 +200,6 @@ def test_bad_training_input(setup, tmp_path):
         features.expand([str(empty)])
     short = tmp_path / "short.txt"
     short.write_text("the cat")  # under one window
-    folder = features.collect(model, features.Corpus([short], 4000), progress=False)
+    folder = features.collect(model, features.Corpus([short], 4000, min_distinct=0.0), progress=False)
     with pytest.raises(SpecdecError, match="no training text"):
         features.load_features(folder)

@@ -70,12 +70,13 @@ def expand(paths: list[str]) -> list[Path]:
 class Corpus:
     files: list[Path]
     max_tokens: int
+    min_distinct: float = MIN_DISTINCT  # (a tiny test vocabulary of letters needs 0)
 
     @property
     def key(self) -> str:
         """Names the data: the files (path and size) and how windows are cut (not the budget: a
         smaller budget's windows are the first of a larger one's)."""
-        digest = hashlib.sha256(f"window {WINDOW} one a file, distinct {MIN_DISTINCT}".encode())
+        digest = hashlib.sha256(f"window {WINDOW} one a file, distinct {self.min_distinct}".encode())
         for path in self.files:
             digest.update(f"{path}\0{path.stat().st_size}\0".encode())
         return digest.hexdigest()
@@ -108,7 +109,7 @@ def windows(corpus: Corpus, tokenizer):
         n = max(1, len(tokens) // WINDOW)
         start = WINDOW * random.Random(str(path)).randrange(n)
         chunk = tokens[start : start + WINDOW][: corpus.max_tokens - total]
-        if len(chunk) < MIN_WINDOW or len(set(chunk)) < MIN_DISTINCT * len(chunk):
+        if len(chunk) < MIN_WINDOW or len(set(chunk)) < corpus.min_distinct * len(chunk):
             continue
         yield index, chunk
         index, total = index + 1, total + len(chunk)
@@ -197,7 +198,7 @@ class Features:
 
     def split(self) -> tuple["Features", "Features"]:
         """(training, held-out): every HELD_OUT_EVERY-th window of the corpus is held out."""
-        held = self.index % HELD_OUT_EVERY == HELD_OUT_EVERY - 1
+        held = np.array([held_out(i) for i in self.index], dtype=bool)
         return self._select(~held), self._select(held)
 
     def _select(self, keep: np.ndarray) -> "Features":
@@ -215,16 +216,22 @@ class Features:
         )
 
 
+def held_out(index: int) -> bool:
+    return index % HELD_OUT_EVERY == HELD_OUT_EVERY - 1
+
+
 def load_features(folder: Path, max_tokens: int | None = None) -> Features:
-    """The cached windows, in corpus order, up to `max_tokens` (the first windows of the budget)."""
-    files = sorted(folder.glob("window-*.npz"))
+    """The cached windows in corpus order: every held-out one, and the training ones up to
+    `max_tokens` training tokens (the first of the corpus), so that budgets share one cache and
+    one held-out set."""
     parts, total = [], 0
-    for f in files:
-        if max_tokens is not None and total >= max_tokens:
-            break
+    for f in sorted(folder.glob("window-*.npz")):
+        index = int(f.stem.split("-")[1])
+        if not held_out(index) and max_tokens is not None and total >= max_tokens:
+            continue
         part = np.load(f)
-        parts.append((int(f.stem.split("-")[1]), part))
-        total += len(part["tokens"])
+        parts.append((index, part))
+        total += 0 if held_out(index) else len(part["tokens"])
     if not parts:
         raise SpecdecError(f"no training text: the data gave no window of {MIN_WINDOW} tokens or more")
     lengths = [len(p["tokens"]) for _, p in parts]

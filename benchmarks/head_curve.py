@@ -1,0 +1,74 @@
+"""The learning curve of a trained head: held-out agreement against training tokens.
+
+Trains each head kind on the first N tokens of one feature cache (computed once by `specdec train`
+or by this script: the budgets share it) for several N, and prints, per run, the held-out
+agreement by position, the chain's estimated tokens per target step at temperature 0, and the
+training time. The held-out windows are the same for every N (train/features.py: every 20th
+window), so the points compare alike.
+
+    python benchmarks/head_curve.py --tokens 3750 7500 15000 30000 --out benchmarks/cpu/head-curve.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from specdec import load_model
+from specdec.train import features
+from specdec.train.trainer import TrainConfig, train
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[3750, 7500, 15000, 30000])
+    parser.add_argument("--kinds", nargs="+", default=["medusa:3", "prophet:3"])
+    parser.add_argument("--epochs", type=float, default=2.0)
+    parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    parser.add_argument("--keep", default=None, metavar="DIR", help="keep each head file here (KIND-TOKENS.head)")
+    args = parser.parse_args()
+
+    target = load_model(args.target, n_ctx=features.WINDOW, progress=False)
+    corpus = features.Corpus(features.default_sources(), max(args.tokens))
+    started = time.perf_counter()
+    folder = features.collect(target, corpus)
+    feature_seconds = time.perf_counter() - started
+    data = json.loads((folder / "data.json").read_text())
+    rows = []
+    print(f"features: {data['tokens']} tokens of {data['files']} files in {feature_seconds:.0f} s (cached ones: 0 s)")
+    print(f"{'kind':<10} {'tokens':>7} {'seconds':>8}  agreement by position   chain            tokens/step")
+    for spec in args.kinds:
+        kind, _, steps = spec.partition(":")
+        for budget in args.tokens:
+            f = features.load_features(folder, budget)
+            config = TrainConfig(kind=kind, steps=int(steps or 3), epochs=args.epochs)
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(args.keep or tmp) / f"{kind}{steps}-{budget}.head"
+                t0 = time.perf_counter()
+                info = train(target, f, config, out, data, progress=False)
+                seconds = time.perf_counter() - t0
+            held = info.held_out
+            rows.append(
+                {
+                    "kind": spec,
+                    "tokens": info.training["tokens"],
+                    "seconds": round(seconds, 1),
+                    **held,
+                }
+            )
+            print(
+                f"{spec:<10} {info.training['tokens']:>7} {seconds:>8.0f}  "
+                f"{' '.join(f'{a:.3f}' for a in held['agreement']):<22} "
+                f"{' '.join(f'{c:.3f}' for c in held['chain']):<16} {held['tokens_per_step']:.2f}",
+                flush=True,
+            )
+    if args.out:
+        Path(args.out).write_text(json.dumps({"target": args.target, "epochs": args.epochs, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
