@@ -26,16 +26,11 @@ import numpy as np
 
 from ..errors import SpecdecError
 from ..models.base import HiddenStates
+from ..models.numpy_ref import rms_norm, silu
 from ..sampling import SamplingParams, draft_token
 from .base import Draft
 
-
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
-
-
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+NORM_EPS = 1e-6  # the prophet's RMS norms (train.modules.rms_norm's default)
 
 
 def medusa_features(w: dict, h: np.ndarray, n: int) -> np.ndarray:
@@ -56,7 +51,7 @@ class ProphetChain:
         w, H = self.w, self.n_head
         i = len(self.keys)
         x = w["fuse.weight"] @ np.concatenate([feature, w["embed"][token_index]]) + w["step"][i]  # [d]
-        h = rms_norm(x, w["attn_norm"])
+        h = rms_norm(x, w["attn_norm"], NORM_EPS)
         d = x.shape[0]
         q, k, v = ((w[name] @ h).reshape(H, d // H) for name in ("wq", "wk", "wv"))  # [H, hd]
         self.keys.append(k)
@@ -66,7 +61,7 @@ class ProphetChain:
         scores = np.exp(scores - scores.max(-1, keepdims=True))
         attn = np.einsum("hs,hsd->hd", scores / scores.sum(-1, keepdims=True), values).reshape(d)
         x = x + w["wo"] @ attn
-        h = rms_norm(x, w["ffn_norm"])
+        h = rms_norm(x, w["ffn_norm"], NORM_EPS)
         return x + w["w_down"] @ (silu(w["w_gate"] @ h) * (w["w_up"] @ h))  # [d]
 
 
