@@ -105,17 +105,15 @@ class HiddenStates(Protocol):
 
 def file_sha256(path) -> str:
     """The sha256 of a model file (what a head file names its target by), hashed once a process."""
-    import hashlib
     import os
+    from pathlib import Path
+
+    from ..catalog import file_sha256 as digest
 
     stat = os.stat(path)
     key = (os.fspath(path), stat.st_size, stat.st_mtime_ns)
     if key not in _SHA256:
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            while block := f.read(8 << 20):
-                digest.update(block)
-        _SHA256[key] = digest.hexdigest()
+        _SHA256[key] = digest(Path(path))
     return _SHA256[key]
 
 
