@@ -25,8 +25,9 @@ def _add_serve_parser(sub) -> None:
     _add_model_flags(
         g,
         target_help=f"built-in name or .gguf path (default: {catalog.DEFAULT_TARGET})",
-        draft_help="the default speculation of a request: 'auto', 'ngram', 'suffix', 'none' or a draft model "
-        "(built-in name or .gguf path); a request may pick another in its body "
+        draft_help="the default speculation of a request: 'auto', 'ngram', 'suffix', 'none', a draft model "
+        "(built-in name or .gguf path) or head:FILE (a trained head; requests name it 'head'); a request may "
+        "pick another in its body "
         '("speculative": {"draft": ..., "k": ...}) (default: auto)',
         draft_model=(
             catalog.DEFAULT_DRAFT,
