@@ -242,14 +242,13 @@ class LlamaCppModel(SingleRow):
             wanted = np.array([wants for *_, wants in chunk], dtype=bool)
             if not wanted.any():
                 continue
-            if self._hidden is None:
-                ptr = lib.llama_get_logits(self._ctx)
-                outputs.append(np.ctypeslib.as_array(ptr, shape=(int(wanted.sum()), self.vocab_size)).copy())
-            else:
-                # with embeddings on, llama.cpp outputs every token of the batch (its output_all),
-                # whatever batch.logits says: keep the rows asked for
-                ptr = lib.llama_get_logits(self._ctx)
-                outputs.append(np.ctypeslib.as_array(ptr, shape=(len(chunk), self.vocab_size))[wanted])
+            # with embeddings on (keep_hidden), llama.cpp outputs every token of the batch (its
+            # output_all) whatever batch.logits says: keep the rows asked for
+            every = self._hidden is not None
+            ptr = lib.llama_get_logits(self._ctx)
+            logits = np.ctypeslib.as_array(ptr, shape=(len(chunk) if every else int(wanted.sum()), self.vocab_size))
+            outputs.append(logits[wanted] if every else logits.copy())
+            if every:
                 ptr = lib.llama_get_embeddings(self._ctx)  # the final norm's output, per token
                 hidden.append(np.ctypeslib.as_array(ptr, shape=(len(chunk), self.n_embd))[wanted])
         for row, row_tokens in tokens.items():

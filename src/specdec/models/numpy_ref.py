@@ -228,6 +228,11 @@ def to_bfloat16(x: np.ndarray) -> np.ndarray:
     return (bits >> 16).astype(np.uint16)
 
 
+def from_bfloat16(w: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) -> float32 (exact: the bits become a float32's top half)."""
+    return (w.astype(np.uint32) << 16).view(np.float32)
+
+
 def matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """x [T, in] float32 times w [out, in] transposed -> [T, out] float32.
 
@@ -395,25 +400,26 @@ class NumpyModel(SequentialRows):
     def head_weights(self, name: str, tokens: np.ndarray) -> np.ndarray:
         tokens = np.asarray(tokens)
         if name == "embedding":
-            import gguf
-
-            rows = self.weights["token_embd.weight"][tokens]  # [n, bytes per row]: quantised rows
-            return gguf.quants.dequantize(rows, self.token_embd_type).astype(np.float32)
+            return self.token_embeddings(tokens)
         w = self.weights["output.weight"][tokens]
-        return (w.astype(np.uint32) << 16).view(np.float32) if w.dtype == np.uint16 else w.astype(np.float32)
+        return from_bfloat16(w) if w.dtype == np.uint16 else w.astype(np.float32)
 
     # -- the pieces of a forward pass ----------------------------------------------------
 
     def embed(self, tokens: np.ndarray, pos0: int) -> np.ndarray:
         """Token embeddings (+ learned position embeddings for gpt2) -> [T, n_embd]."""
-        import gguf
-
-        # dequantise only the rows we need: [T, bytes per row] -> [T, n_embd]
-        x = gguf.quants.dequantize(self.weights["token_embd.weight"][tokens], self.token_embd_type)
-        x = x.astype(np.float32)
+        x = self.token_embeddings(tokens)
         if self.config.positions == "learned":
             x = x + self.weights["position_embd.weight"][pos0 : pos0 + len(tokens)]
         return x
+
+    def token_embeddings(self, tokens: np.ndarray) -> np.ndarray:
+        """Rows of the token embedding, dequantising only those: [T, bytes per row] -> [T, n_embd]."""
+        import gguf
+
+        return gguf.quants.dequantize(self.weights["token_embd.weight"][tokens], self.token_embd_type).astype(
+            np.float32
+        )
 
     def norm(self, x: np.ndarray, w: dict, name: str) -> np.ndarray:
         if self.config.norm == "rms":
