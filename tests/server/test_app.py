@@ -230,6 +230,54 @@ def test_a_body_that_trickles_in_is_timed_out():
         assert httpx.get(base + "/health").status_code == 200
 
 
+def test_headers_that_trickle_in_are_timed_out():
+    """A client that never finishes its request headers (a byte at a time, or nothing at all) holds
+    a socket only until the header timeout: a partial request gets a 408 and the connection is
+    closed; a connection that sent nothing is closed; so is one that, after a response, starts the
+    next request and never finishes its headers. The recv timeout (10 s) is the bound: past the
+    header timeout (0.5 s) the server must have acted. The clock stops once the headers are in: a
+    request that runs for longer is answered whole."""
+    import socket
+
+    from .helpers import metric
+
+    with toy_server(delay=0.02) as (base, service):
+        service.header_timeout = 0.5
+        host, port = base.removeprefix("http://").split(":")
+        address = (host, int(port))
+
+        def read_all(sock) -> bytes:
+            data = b""
+            while chunk := sock.recv(4096):  # until the server closes the connection
+                data += chunk
+            return data
+
+        with socket.create_connection(address, timeout=10) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+            reply = read_all(sock)
+        assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+        assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "timeout"
+
+        with socket.create_connection(address, timeout=10) as sock:
+            assert read_all(sock) == b""  # nothing asked, nothing answered: closed
+
+        with socket.create_connection(address, timeout=10) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            first = b""
+            while not first.endswith(b'{"status":"ok"}'):  # the whole response, body included
+                first += sock.recv(4096)
+            assert first.startswith(b"HTTP/1.1 200"), first[:200]
+            sock.sendall(b"GET /health HTTP/1.1\r\nHo")  # the next request on the same connection
+            reply = read_all(sock)
+        assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+
+        assert metric(httpx.get(base + "/metrics").text, "specdec:request_rejected_total", status="408") == 2
+        body = {"prompt": "abc", "max_tokens": 40, "speculative": {"draft": "none"}}  # 40 forwards of 20 ms
+        r = httpx.post(base + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 40
+        assert httpx.get(base + "/health").status_code == 200  # and the server goes on
+
+
 def test_a_trained_head_per_request(tmp_path, monkeypatch):
     """`specdec serve --draft head:FILE`: requests ask for the head by name ('head') with their own
     k, beside plain rows in the same steps, and get the target's own greedy text."""

@@ -1,11 +1,13 @@
 """HTTP: the OpenAI API on FastAPI, and the service rules around it.
 
 The rules: a bounded number of requests in the house (rows + queue; past it, 429 with
-Retry-After); every request has a time limit; a client that goes away has its row cancelled
-within one step; `--api-key` guards /v1/*; SIGTERM (or Ctrl-C) drains -- new requests get 503,
-the ones in flight finish, then the process exits 0 (a second signal exits at once, with 128 + its
-number: 130 for Ctrl-C, and tells the requests it cuts so: an error event, or a 503). Nothing a
-request sends can end the server: every failure is an OpenAI-style error body.
+Retry-After); every request has a time limit, and so have its headers and its body on the wire
+(a client that trickles them holds a socket for a bounded time); a client that goes away has its
+row cancelled within one step; `--api-key` guards /v1/*; SIGTERM (or Ctrl-C) drains -- new
+requests get 503, the ones in flight finish, then the process exits 0 (a second signal exits at
+once, with 128 + its number: 130 for Ctrl-C, and tells the requests it cuts so: an error event,
+or a 503). Nothing a request sends can end the server: every failure is an OpenAI-style error
+body.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ RETRY_AFTER = 1  # seconds a 429 / 503 asks the client to wait
 CUT_GRACE = 1.0  # seconds a second signal waits for the requests it cut to be told so
 MAX_CONNECTIONS = 256  # the least number of open connections served at once (4 x rows + queue where more)
 BODY_TIMEOUT = 30.0  # seconds a request body may take to arrive (a slow client holds no row, but a socket)
+# seconds a request's headers may take to arrive, from the connection's start or the end of the
+# response before: headers are small (h11 refuses more than 16 KiB), so a third of the body's time
+HEADER_TIMEOUT = 10.0
 
 
 class Service:
@@ -79,6 +84,7 @@ class Service:
         self.inflight = 0  # requests accepted and not yet answered
         self.preparing = anyio.CapacityLimiter(1)  # requests being tokenized at once
         self.body_timeout = BODY_TIMEOUT
+        self.header_timeout = HEADER_TIMEOUT  # read by each connection as its clock starts
         self.draining = False
         self.started = int(time.time())
 
@@ -497,6 +503,7 @@ def serve(
         timeout_graceful_shutdown=5,
         timeout_keep_alive=5,
         limit_concurrency=max(MAX_CONNECTIONS, 4 * service.capacity),
+        http=_header_timeout_protocol(service),
     )
     server = DrainingServer(config, service, on_listening)
     if on_ready is not None:
@@ -506,6 +513,79 @@ def serve(
     finally:
         service.close()
     return 128 + server.forced_by if server.forced_by else 0
+
+
+def _header_timeout_protocol(service: Service):
+    """uvicorn's HTTP/1.1 protocol (h11) with a time limit on a request's headers: uvicorn closes
+    a keep-alive connection left idle and the app times out a body (BODY_TIMEOUT), but nothing
+    timed out headers, so a client sending them a byte at a time held its socket for good. The
+    clock starts when the connection opens and again when a response ends, and stops when a
+    request's headers are complete. Past `service.header_timeout` the connection is closed, with
+    a 408 if the client had sent part of a request (nothing was answered on it yet). Always h11,
+    even where httptools is installed, so that the limit holds whatever the environment."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class _HeaderTimeoutProtocol(H11Protocol):
+        header_clock: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._start_clock()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if not self._awaiting_headers():
+                self._stop_clock()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()  # may start a pipelined request already received
+            if not self.transport.is_closing() and self._awaiting_headers():
+                self._start_clock()
+
+        def connection_lost(self, exc) -> None:
+            self._stop_clock()
+            super().connection_lost(exc)
+
+        def _awaiting_headers(self) -> bool:
+            """No request under way: h11 leaves the client's state IDLE until its headers end."""
+            return self.conn.their_state is h11.IDLE and self.conn.our_state is h11.IDLE
+
+        def _start_clock(self) -> None:
+            self._stop_clock()
+            self.header_clock = self.loop.call_later(service.header_timeout, self._out_of_time)
+
+        def _stop_clock(self) -> None:
+            if self.header_clock is not None:
+                self.header_clock.cancel()
+                self.header_clock = None
+
+        def _out_of_time(self) -> None:
+            self.header_clock = None
+            if self.transport.is_closing() or not self._awaiting_headers():
+                return
+            if self.conn.trailing_data[0]:  # part of a request came: it gets an answer
+                error = RequestError(
+                    f"the request headers took more than {service.header_timeout:g} s to arrive",
+                    code="timeout",
+                    status=408,
+                )
+                service.metrics.rejected(408)
+                body = json.dumps(error.body()).encode()
+                headers = [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ]
+                for event in (
+                    h11.Response(status_code=408, headers=headers, reason=b"Request Timeout"),
+                    h11.Data(data=body),
+                    h11.EndOfMessage(),
+                ):
+                    self.transport.write(self.conn.send(event))
+            self.transport.close()
+
+    return _HeaderTimeoutProtocol
 
 
 def _draining_server_class():
