@@ -100,3 +100,54 @@ def test_one_finish_reason_table():
         "abort",
         "abort",
     ]
+
+
+def byte_model(n_ctx: int, every_byte: bool = True):
+    """What request.py reads of a model, over a PieceTokenizer of every byte (less 'z' unless
+    `every_byte`) and one piece of 4 bytes: no token stands for more than 4 bytes of text."""
+    from types import SimpleNamespace
+
+    from .toy import PieceTokenizer
+
+    pieces = [b""] + [bytes([b]) for b in range(256) if every_byte or b != ord("z")] + [b"abcd"]
+    tokenizer = PieceTokenizer(pieces)
+    encode, tokenizer.calls = tokenizer.encode, []
+
+    def counting(text, *args, **kwargs):
+        tokenizer.calls.append(len(text))
+        return encode(text, *args, **kwargs)
+
+    tokenizer.encode = counting
+    return SimpleNamespace(tokenizer=tokenizer, n_ctx=n_ctx, is_instruct=False, vocab_size=len(pieces))
+
+
+def test_a_text_that_cannot_fit_is_refused_before_tokenizing():
+    """No token stands for more than 4 bytes here, so 253 bytes are at least 64 tokens and cannot
+    leave a token of room in a context of 64: refused with the context error, the tokenizer never
+    called. 252 bytes (63 tokens at least) go on to the tokenizer, and fit."""
+    model = byte_model(n_ctx=64)
+    assert model.tokenizer.max_token_bytes() == 4
+    for prompt in ("abcd" * 64, "abcd" * 63 + "a"):
+        with pytest.raises(ContextOverflowError, match="at least 64 tokens") as error:
+            request.prepare(model, prompt, GenerationConfig(chat=False))
+        assert (error.value.param, error.value.code) == ("prompt", "context_length_exceeded")
+        assert "the context holds 64" in str(error.value) and "--ctx" in str(error.value)
+    assert model.tokenizer.calls == []
+    ids, _ = request.prepare(model, "abcd" * 63, GenerationConfig(chat=False))
+    assert len(ids) == 63 and model.tokenizer.calls == [252]
+    # a chat turn too: its content is counted, the template around it rendered but not tokenized
+    model.tokenizer.calls.clear()
+    with pytest.raises(ContextOverflowError, match="at least") as error:
+        request.prepare(model, None, GenerationConfig(chat=True), messages=[{"role": "user", "content": "ab" * 200}])
+    assert error.value.param == "messages" and model.tokenizer.calls == []
+
+
+def test_a_tokenizer_that_cannot_bound_its_tokens_is_not_checked_before_tokenizing():
+    """Where a byte has no piece (dropped by the tokenizer) bytes bound nothing: the text is
+    tokenized, and the count after it decides."""
+    model = byte_model(n_ctx=64, every_byte=False)
+    assert model.tokenizer.max_token_bytes() is None
+    ids, _ = request.prepare(model, "z" * 1000 + "abcd", GenerationConfig(chat=False))
+    assert len(ids) == 1 and model.tokenizer.calls == [1004]  # 1004 bytes, one token
+    with pytest.raises(ContextOverflowError, match="the prompt has 256 tokens"):
+        request.prepare(model, "abc " * 64, GenerationConfig(chat=False))

@@ -265,6 +265,15 @@ USER_ERRORS = [
         "--ctx",
         models=True,
     ),
+    # issue 28: megabytes that cannot fit are refused before the tokenizer spends seconds on them
+    _row(
+        "prompt-megabytes-refused-untokenized",
+        ["generate", "--target", "qwen2.5-coder-0.5b", "--draft", "none"],
+        "the prompt has at least",
+        "the context holds 4096",
+        stdin=b"word " * 400_000,
+        models=True,
+    ),
     # llama.cpp pads the context to a multiple of 256; what was asked is what holds
     _row(
         "ctx-32-is-honoured",

@@ -37,6 +37,9 @@ class ToyTokenizer:
     def apply_chat_template(self, messages):
         return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
 
+    def max_token_bytes(self) -> int:
+        return 1  # encode: a token a byte
+
 
 class ToyLM(SequentialRows):
     """Implements specdec.models.base.RowModel (rows in turn, each its own token list as cache)."""
@@ -171,6 +174,13 @@ class PieceTokenizer:
 
     def apply_chat_template(self, messages):
         return "".join(m["content"] for m in messages)
+
+    def max_token_bytes(self) -> int | None:
+        """The longest piece or special name, where every byte has a piece; else None: a byte no
+        piece covers is dropped, so a text's length bounds nothing."""
+        if any(bytes([b]) not in self._index for b in range(256)):
+            return None
+        return max([self._longest] + [len(name.encode()) for name in self.names.values()])
 
 
 def piece_lm(pieces: Sequence[bytes], seed: int, **kw) -> ToyLM:

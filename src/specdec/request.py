@@ -6,7 +6,8 @@ stream / generate_batch), the server's worker and bench (which gives peers the s
 
     text        what the model reads: the chat template applied (turns, or one user turn made of
                 the text, with the system message if any), or the raw text
-    tokens      text -> token ids, or token ids checked against the vocabulary
+    tokens      text -> token ids, or token ids checked against the vocabulary; a text whose bytes
+                cannot fit the context is refused before the tokenizer sees it
     prepare     tokens + the config whose token budget is settled against the context (Limit)
 
 The empty-prompt rule is one rule: an empty text is refused; a text of whitespace only is refused
@@ -107,25 +108,50 @@ def text(
     return prompt if turns is None else model.tokenizer.apply_chat_template(turns)
 
 
-def _template_tokens(tokenizer, turns: list[dict], special_in_turns: bool) -> list[int]:
-    """The chat template over `turns`, tokenized so that special tokens come from the template
-    alone: each turn's content is tokenized as text, so a user who writes "<|im_end|>" sends those
+# One call of the tokenizer: (text, add_special, special) as Tokenizer.encode takes them.
+Piece = tuple[str, bool, bool]
+
+
+def _template_pieces(tokenizer, turns: list[dict], special_in_turns: bool) -> list[Piece]:
+    """The chat template over `turns`, cut so that special tokens come from the template alone:
+    each turn's content is tokenized as text, so a user who writes "<|im_end|>" sends those
     characters, never the control token that ends the turn (a prompt injection). Each content is
     rendered as a marker no text holds (a fresh nonce), and the template's text between markers is
     tokenized with its special tokens. `special_in_turns` tokenizes the whole text at once, the
     contents' special tokens included (the old behaviour, for those who want it)."""
     if special_in_turns:
-        return tokenizer.encode(tokenizer.apply_chat_template(turns), add_special=True)
+        return [(tokenizer.apply_chat_template(turns), True, True)]
     nonce = secrets.token_hex(8)
     marked = [{**turn, "content": f"\ue000{nonce}:{i}\ue001"} for i, turn in enumerate(turns)]
     rendered = tokenizer.apply_chat_template(marked)
-    ids: list[int] = []
+    pieces: list[Piece] = []
     start = 0  # the BOS (if the model adds one) opens the first piece of template text
     for match in re.finditer("\ue000" + nonce + ":(\\d+)\ue001", rendered):
-        ids += tokenizer.encode(rendered[start : match.start()], add_special=start == 0)
-        ids += tokenizer.encode(turns[int(match.group(1))]["content"], add_special=False, special=False)
+        pieces.append((rendered[start : match.start()], start == 0, True))
+        pieces.append((turns[int(match.group(1))]["content"], False, False))
         start = match.end()
-    return ids + tokenizer.encode(rendered[start:], add_special=start == 0)
+    return pieces + [(rendered[start:], start == 0, True)]
+
+
+def _check_size(tokenizer, pieces: list[Piece], n_ctx: int, field: str) -> None:
+    """Refuse, before tokenizing, a text that cannot fit the context: no token stands for more
+    than M bytes (Tokenizer.max_token_bytes), so a piece of B bytes is at least ceil(B / M)
+    tokens. Tokenizing megabytes takes seconds of CPU; counting bytes, milliseconds. A tokenizer
+    that cannot bound M is not checked here (the count after tokenizing still is)."""
+    sizes = [len(text.encode("utf-8", "surrogatepass")) for text, _, _ in pieces]
+    if sum(sizes) < n_ctx:  # ceil(B / M) <= B: nothing to refuse, and M need not be worked out
+        return
+    longest = tokenizer.max_token_bytes()
+    if not longest:
+        return
+    least = sum(-(-size // longest) for size in sizes)
+    if least >= n_ctx:
+        raise ContextOverflowError(
+            f"the prompt has at least {least} tokens ({sum(sizes)} bytes, and no token of this model "
+            f"stands for more than {longest}) but the context holds {n_ctx}; shorten it or raise --ctx",
+            field,
+            "context_length_exceeded",
+        )
 
 
 def tokens(
@@ -136,18 +162,25 @@ def tokens(
     chat: bool | None = None,
     system: str | None = None,
     special_in_turns: bool = False,
+    n_ctx: int | None = None,
 ) -> list[int]:
-    """The prompt's token ids: chat turns through the template (_template_tokens), raw text
+    """The prompt's token ids: chat turns through the template (_template_pieces), raw text
     through the tokenizer (its special tokens parsed: who writes a raw prompt writes the template
     too, as with llama-server's and vLLM's completions), or token ids checked against the
-    vocabulary."""
+    vocabulary. With `n_ctx`, a text too long to leave a token of room in that context is refused
+    before it is tokenized (_check_size)."""
     field = "messages" if messages is not None else "prompt"
     if prompt is None or isinstance(prompt, str):
         turns = _turns(model, prompt, messages, chat, system)
         if turns is None:
-            ids = model.tokenizer.encode(prompt, add_special=True)
+            pieces: list[Piece] = [(prompt, True, True)]
         else:
-            ids = _template_tokens(model.tokenizer, turns, special_in_turns)
+            pieces = _template_pieces(model.tokenizer, turns, special_in_turns)
+        if n_ctx is not None:
+            _check_size(model.tokenizer, pieces, n_ctx, field)
+        ids = []
+        for text, add_special, special in pieces:
+            ids += model.tokenizer.encode(text, add_special=add_special, special=special)
     else:
         ids = [int(t) for t in prompt]
         bad = next((t for t in ids if not 0 <= t < model.vocab_size), None)
@@ -167,8 +200,8 @@ def prepare(
     limit: Limit = "end",
 ) -> tuple[list[int], GenerationConfig]:
     """(prompt token ids, the config to generate with): the prompt as `tokens` makes it (the
-    config's chat and system say how a text is templated), checked against the context, and the
-    token budget settled by `limit`."""
+    config's chat and system say how a text is templated), checked against the context (a text
+    far too long for it before it is tokenized), and the token budget settled by `limit`."""
     ids = tokens(
         model,
         prompt,
@@ -176,6 +209,7 @@ def prepare(
         chat=config.chat,
         system=config.system,
         special_in_turns=config.special_in_turns,
+        n_ctx=model.n_ctx,
     )
     room = model.n_ctx - len(ids)
     if room < 1:

@@ -86,6 +86,25 @@ def test_tokenizer_round_trip_and_end_tokens(target_model):
     assert len(as_text) > 1 and not set(as_text) & tok.eog_ids and tok.decode(as_text) == "<|im_end|>"
 
 
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "gemma-3-270m"])
+def test_no_token_stands_for_more_bytes_than_max_token_bytes(name):
+    """The bound request.py refuses a long text by before tokenizing it, for a byte-level BPE
+    (Qwen) and a SentencePiece vocabulary (Gemma): the longest token's print (their special
+    tokens' spellings are shorter), worked out without printing every token; no text comes to
+    fewer tokens than its bytes over it."""
+    from ..conftest import _real_model
+
+    model = _real_model(name)  # kept: the tokenizer reads the model's vocabulary
+    tok = model.tokenizer
+    longest = tok.max_token_bytes()
+    assert longest == max(len(tok.token_bytes(t)) for t in range(tok.n_vocab))
+    widest = max(range(tok.n_vocab), key=lambda t: len(tok.token_bytes(t)))
+    texts = [tok.token_bytes(widest).decode("utf-8", "replace") * 20, "<|im_end|><end_of_turn>" * 40]
+    texts += [" " * 3000, "naïve café: λx → x² 🚀 " * 50, "\n\n\t" * 300]
+    for text in texts:
+        assert len(tok.encode(text)) >= -(-len(text.encode()) // longest), text[:40]
+
+
 def test_context_overflow_is_a_clear_error(target_model):
     target_model.reset()
     with pytest.raises(ContextOverflowError, match="--ctx"):

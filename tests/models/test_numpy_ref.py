@@ -200,6 +200,16 @@ def test_tiny_tokenizer_merges_specials_and_bytes(tiny):
         tok.apply_chat_template([{"role": "user", "content": "hi"}])
 
 
+def test_no_token_stands_for_more_bytes_than_max_token_bytes(tiny):
+    """The bound request.py refuses a long text by before tokenizing it: the longest print, or a
+    special token's spelling (here "<|endoftext|>", 13 bytes, longer than any merge)."""
+    tok = load_numpy_model(tiny[0]).tokenizer
+    longest = tok.max_token_bytes()
+    assert longest == 13 > max(len(tok.token_bytes(t)) for t in range(len(tok.tokens)))
+    for text in ("<|endoftext|>" * 40, " then" * 40, TEXT * 10, "naïve 東京 \t\n x²" * 10):
+        assert len(tok.encode(text)) >= -(-len(text.encode()) // longest), text
+
+
 def test_tiny_rollback_and_rows(tiny):
     model = load_numpy_model(tiny[0])
     tok = model.tokenizer

@@ -153,6 +153,28 @@ def test_tokenizer_bytes_round_trip(tokenizer):
     assert tok.token_text(ids[0]) == tokenizer.convert_ids_to_tokens(ids[0])
 
 
+def test_max_token_bytes_where_the_tokenizer_keeps_every_byte(tokenizer):
+    """The bound request.py refuses a long text by before tokenizing it: for a byte-level BPE, the
+    longest token's bytes or a special token's spelling; None where the tokenizer may shrink the
+    text (Unicode normalization) or swallow whitespace (an added token that strips it)."""
+    import copy
+
+    from tokenizers import AddedToken, normalizers
+
+    tok = HFTokenizer(tokenizer)
+    longest = tok.max_token_bytes()
+    assert longest == max(len(tok.token_bytes(t)) for t in range(len(tokenizer)))  # "<|end|>", 7
+    for text in ("<|end|>" * 40, tiny_hf.TEXT, " " * 300, "é" * 100):
+        assert len(tok.encode(text)) >= -(-len(text.encode()) // longest), text
+
+    nfc = copy.deepcopy(tokenizer)
+    nfc.backend_tokenizer.normalizer = normalizers.NFC()  # "e" + U+0301 (3 bytes) becomes "é" (2)
+    assert HFTokenizer(nfc).max_token_bytes() is None
+    spaced = copy.deepcopy(tokenizer)
+    spaced.add_tokens([AddedToken("<sep>", lstrip=True, rstrip=True)])
+    assert HFTokenizer(spaced).max_token_bytes() is None
+
+
 def test_loads_a_saved_folder(tmp_path, tokenizer):
     target, _ = tiny_hf.pair("qwen2", len(tokenizer))
     target.save_pretrained(tmp_path)

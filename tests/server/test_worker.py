@@ -101,3 +101,29 @@ def test_prompts_are_tokenized_beside_the_engine_thread():
         tokenizer.encode = recording
         r = httpx.post(base + "/v1/completions", json={"prompt": "abc", "max_tokens": 2})
         assert r.status_code == 200 and threads and "specdec-engine" not in threads, threads
+
+
+def test_a_prompt_too_long_for_any_tokenization_is_refused_untokenized():
+    """A prompt of megabytes (under the 8 MiB body cap) is a 400 context_length_exceeded before
+    the tokenizer sees it: the toy's tokens stand for a byte each, and its context holds 256."""
+    with toy_server() as (base, service):
+        tokenizer = service.worker.target.tokenizer
+        encode, calls = tokenizer.encode, []
+
+        def counting(text, *args, **kwargs):
+            calls.append(len(text))
+            return encode(text, *args, **kwargs)
+
+        tokenizer.encode = counting
+        huge = "abc " * (1 << 20)  # 4 MiB
+        for path, body in (
+            ("/v1/completions", {"prompt": huge, "max_tokens": 2}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": huge}], "max_tokens": 2}),
+        ):
+            r = httpx.post(base + path, json=body, timeout=60)
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["code"] == "context_length_exceeded" and "at least" in error["message"], error
+        assert calls == []
+        r = httpx.post(base + "/v1/completions", json={"prompt": "abc " * 60, "max_tokens": 2})
+        assert r.status_code == 200 and calls == [240]  # one that fits: tokenized, served

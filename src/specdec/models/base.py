@@ -38,6 +38,12 @@ class Tokenizer(Protocol):
     def token_text(self, token: int) -> str: ...  # the vocabulary entry, for compatibility checks
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str: ...  # ends with the assistant turn
 
+    # The most bytes of UTF-8 text one token can stand for (a special token's spelling included),
+    # so that a text of B bytes is at least ceil(B / it) tokens, known before tokenizing it; None
+    # where no such bound holds (a normalizer that shrinks text, a token that swallows the
+    # whitespace beside it, text the tokenizer drops). Worked out on first use, then kept.
+    def max_token_bytes(self) -> int | None: ...
+
 
 @runtime_checkable
 class RowModel(Protocol):

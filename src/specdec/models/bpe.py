@@ -198,6 +198,19 @@ class NumpyTokenizer:
     def token_text(self, token: int) -> str:
         return self.tokens[token]
 
+    def max_token_bytes(self) -> int | None:
+        return self._longest_token
+
+    @functools.cached_property
+    def _longest_token(self) -> int:
+        """Tokenizer.max_token_bytes: no normalizer, every byte of the text reaches BPE (each
+        pre-tokenizer's regex ends in \\s+ and matches any character), a special token stands
+        for its spelling and any other for the bytes it prints."""
+        return max(
+            len(text.encode()) if kind in (CONTROL, USER_DEFINED) else len(self.token_bytes(token))
+            for token, (text, kind) in enumerate(zip(self.tokens, self.token_type))
+        )
+
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         """ChatML (Qwen and others): <|im_start|>role\\ncontent<|im_end|>\\n ... <|im_start|>assistant\\n.
         Like llama.cpp, no default system message is added."""

@@ -13,6 +13,7 @@ draw cells from one pool of max_rows x n_ctx), so a row may use the whole --ctx.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from pathlib import Path
 from typing import Sequence
@@ -87,6 +88,40 @@ class LlamaTokenizer:
 
     def token_text(self, token: int) -> str:
         return self._lib.llama_vocab_get_text(self._vocab, token).decode("utf-8", errors="replace")
+
+    def max_token_bytes(self) -> int | None:
+        return self._longest_token
+
+    @functools.cached_property
+    def _longest_token(self) -> int | None:
+        """Tokenizer.max_token_bytes. Byte-level BPE and SentencePiece only: llama.cpp's WordPiece
+        and Unigram vocabularies normalize the text first (lowercase, NFKC), and a token that
+        strips the whitespace beside it (LSTRIP / RSTRIP) swallows any amount of it. A special
+        token stands for its spelling (parsed in text); any other for the bytes it prints, at
+        most its vocabulary text's length (byte-level BPE writes a byte as one or two bytes,
+        SentencePiece a space as three), so only the tokens whose text is longer than the
+        longest print so far are printed: a few of 150 000, in about 0.2 s all told."""
+        lib, vocab = self._lib, self._vocab
+        if lib.llama_vocab_type(vocab) not in (lib.LLAMA_VOCAB_TYPE_BPE, lib.LLAMA_VOCAB_TYPE_SPM):
+            return None
+        strips = lib.LLAMA_TOKEN_ATTR_LSTRIP | lib.LLAMA_TOKEN_ATTR_RSTRIP
+        special = lib.LLAMA_TOKEN_ATTR_CONTROL | lib.LLAMA_TOKEN_ATTR_USER_DEFINED | lib.LLAMA_TOKEN_ATTR_UNKNOWN
+        longest, others = 0, []
+        for token in range(self.n_vocab):
+            attr = lib.llama_vocab_get_attr(vocab, token)
+            if attr & strips:
+                return None
+            size = len(lib.llama_vocab_get_text(vocab, token))
+            if attr & special:
+                longest = max(longest, size)
+            else:
+                others.append((size, token))
+        others.sort(reverse=True)
+        for size, token in others:
+            if size <= longest:
+                break
+            longest = max(longest, len(self.token_bytes(token)))
+        return longest
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         lib = self._lib

@@ -32,8 +32,10 @@ Two cache layouts (`cache=`):
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import io
+import json
 import os
 from pathlib import Path
 from typing import Sequence
@@ -42,7 +44,7 @@ import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
 from .base import SingleRow
-from .bpe import CHAR_TO_BYTE  # GPT-2's byte-level table (bpe.py needs only the standard library)
+from .bpe import BYTE_TO_CHAR, CHAR_TO_BYTE  # GPT-2's byte-level table (bpe.py needs only the standard library)
 
 INSTALL_HINT = (
     "install PyTorch and transformers: `make torch-deps`, or "
@@ -146,6 +148,71 @@ class HFTokenizer:
         if not getattr(self.hf, "chat_template", None):
             raise SpecdecError("this model has no chat template; pass --no-chat")
         return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def max_token_bytes(self) -> int | None:
+        return self._longest_token
+
+    @functools.cached_property
+    def _longest_token(self) -> int | None:
+        """Tokenizer.max_token_bytes, read from the fast tokenizer's own description (its JSON):
+        only a BPE model whose normalizer and pre-tokenizer keep every byte of the text
+        (_keeps_text), that has a token for every byte (byte-level or byte fallback: no unknown
+        token standing for a run of text, nothing dropped), and no added token that strips the
+        whitespace beside it. A token then stands for at most the bytes of its vocabulary text
+        (a byte-level text holds one character a byte; SentencePiece's "\u2581" is three bytes
+        for a space), an added token for its spelling. Anything else: None (a slow tokenizer,
+        Unicode normalization, WordPiece, Unigram)."""
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        if backend is None:
+            return None
+        spec = json.loads(backend.to_str())
+        model, steps = spec.get("model") or {}, (spec.get("normalizer"), spec.get("pre_tokenizer"))
+        added = spec.get("added_tokens") or []
+        if model.get("type") != "BPE" or not all(_keeps_text(step) for step in steps):
+            return None
+        if any(token.get("lstrip") or token.get("rstrip") for token in added):
+            return None
+        vocab = self.hf.get_vocab()  # added tokens included
+        byte_level = any(_has_step(step, "ByteLevel") for step in steps)
+        if model.get("byte_fallback"):
+            every_byte = all(f"<0x{b:02X}>" in vocab for b in range(256))
+        else:
+            every_byte = byte_level and all(c in vocab for c in BYTE_TO_CHAR.values())
+        if not every_byte:
+            return None
+        spelled = {token["content"] for token in added}
+        return max(
+            len(text)
+            if byte_level and text not in spelled and all(c in CHAR_TO_BYTE for c in text)
+            else len(text.encode())
+            for text in vocab
+        )
+
+
+def _keeps_text(step: dict | None) -> bool:
+    """A normalizer or pre-tokenizer (a tokenizers JSON node) that neither shrinks nor drops any of
+    the text: a Replace of a string by one no shorter, a Split or Punctuation that keeps what it
+    splits on, Prepend, ByteLevel, Metaspace, Digits, or a Sequence of them (NFC, Lowercase,
+    Strip, a regex Replace and the whitespace splitters may lose bytes)."""
+    if step is None:
+        return True
+    kind = step.get("type")
+    if kind == "Sequence":
+        return all(_keeps_text(s) for s in step.get("normalizers", step.get("pretokenizers", [])))
+    if kind == "Replace":
+        pattern = (step.get("pattern") or {}).get("String")
+        return pattern is not None and len(str(step.get("content", "")).encode()) >= len(pattern.encode())
+    if kind in ("Split", "Punctuation"):
+        return step.get("behavior") != "Removed"
+    return kind in ("Prepend", "ByteLevel", "Metaspace", "Digits")
+
+
+def _has_step(step: dict | None, kind: str) -> bool:
+    if step is None:
+        return False
+    return step.get("type") == kind or any(
+        _has_step(s, kind) for s in step.get("normalizers", step.get("pretokenizers", []))
+    )
 
 
 class TransformersModel(SingleRow):
@@ -640,6 +707,9 @@ class ByteTokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+
+    def max_token_bytes(self) -> int:
+        return 1  # encode: a token a byte
 
 
 def read_config(path: str | os.PathLike) -> dict:
