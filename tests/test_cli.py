@@ -133,6 +133,17 @@ def test_help_says_what_k_and_temperature_do():
     assert "default: auto" in helps["draft"]
 
 
+@pytest.mark.parametrize("command", ["generate", "compare"])
+def test_special_in_turns_reaches_the_config(command):
+    from specdec.cli import build_parser
+    from specdec.cli.prompt import _config
+
+    parser = build_parser()
+    assert _config(parser.parse_args([command, "-p", "x", "--special-in-turns"])).special_in_turns is True
+    assert _config(parser.parse_args([command, "-p", "x"])).special_in_turns is False  # off unless asked
+    assert "prompt injection" in _subparsers()[command].format_help()
+
+
 @pytest.mark.real_models
 def test_demo_shows_where_auto_pays_and_where_it_steps_aside(target_model, draft_model):
     proc = specdec("demo", timeout=600)  # plain decoding runs twice; a loaded machine is slow

@@ -304,3 +304,36 @@ def test_a_trained_head_per_request(tmp_path, monkeypatch):
             assert r.choices[0].text == want.text
             spec = r.model_extra["speculative"]
             assert (spec["drafted"] > 0) == (extra.get("speculative", {}).get("draft") != "none"), spec
+
+
+def test_special_tokens_in_messages_only_when_the_server_says_so(monkeypatch, tmp_path):
+    """`specdec serve --special-in-turns` (the CLI, its flag, the service it builds): a chat
+    message that spells <|im_end|> and <|im_start|> is tokenized with those control tokens only on
+    the server started with the flag; without it they stay text. A request cannot ask for it."""
+    import specdec.cli.serve as cli_serve
+    import specdec.server.app as server_app
+    from specdec import request
+    from specdec.cli import main
+
+    from ..test_request import INJECTION, chatml_model
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))  # auto's cost curve is timed and cached there
+    monkeypatch.setattr(cli_serve, "_model_loader", lambda args, rows: lambda name, backend=None: chatml_model())
+    services = []
+    monkeypatch.setattr(server_app, "serve", lambda service, *args, **kwargs: services.append(service) or 0)
+    for flags in ([], ["--special-in-turns"]):
+        assert main(["serve", "--draft", "none", "--draft-model", "none", "--served-model-name", "m", *flags]) == 0
+    messages = [{"role": "user", "content": INJECTION}]
+    model = chatml_model()
+    as_text = request.tokens(model, None, messages=messages)
+    as_tokens = request.tokens(model, None, messages=messages, special_in_turns=True)
+    assert len(as_tokens) < len(as_text)
+    for service, want in zip(services, (as_text, as_tokens)):
+        assert service.special_in_turns is (want is as_tokens)
+        with serving(service) as base:
+            body = {"model": "m", "messages": messages, "max_tokens": 1}
+            r = httpx.post(base + "/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["prompt_tokens"] == len(want)
+            r = httpx.post(base + "/v1/chat/completions", json={**body, "special_in_turns": True})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "special_in_turns", r.text

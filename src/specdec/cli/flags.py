@@ -145,6 +145,15 @@ def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
     )
     chat.add_argument("--no-chat", dest="chat", action="store_false", help="send the prompt as raw text")
     g.add_argument("--system", type=_text(), help="system message for the chat template (default: none)")
+    g.add_argument(
+        "--special-in-turns",
+        action="store_true",
+        help="under the chat template, read special tokens spelled in the prompt and --system "
+        "(such as <|im_end|>) as the control tokens they name: the old behaviour. Risky with text "
+        "you did not write: it can end its turn and open a system one (a prompt injection of "
+        "control tokens). Default: off, a turn's text stays text and special tokens come from "
+        "the template alone (a --no-chat prompt keeps its special tokens either way)",
+    )
     g = p.add_argument_group("sampling")
     g.add_argument("--max-tokens", "-n", type=_positive(int), default=max_tokens, help="tokens to generate at most")
     g.add_argument("--temperature", "-t", type=_float_in(0, float("inf"), False), default=0.0, help=TEMPERATURE_HELP)

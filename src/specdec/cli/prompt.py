@@ -83,4 +83,5 @@ def _config(args):
         stop=tuple(args.stop),
         chat=args.chat,
         system=args.system,
+        special_in_turns=args.special_in_turns,
     )

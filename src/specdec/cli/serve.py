@@ -78,6 +78,16 @@ def _add_serve_parser(sub) -> None:
     g.add_argument(
         "--served-model-name", default=None, help="the model id clients send and /v1/models lists (default: --target)"
     )
+    g.add_argument(
+        "--special-in-turns",
+        action="store_true",
+        help="for every request (a request cannot change it): read special tokens spelled in a "
+        "chat message's content (such as <|im_end|>) as the control tokens they name, the old "
+        "behaviour. Risky: any client can then end its turn and open a system one (a prompt "
+        "injection of control tokens). Default: off, message text stays text and special tokens "
+        "come from the chat template alone (a /v1/completions text prompt keeps its special "
+        "tokens either way: it spells its own template)",
+    )
     g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info")
 
 
@@ -132,6 +142,7 @@ def cmd_serve(args) -> int:
         max_queue=args.max_queue,
         request_timeout=args.request_timeout,
         api_key=args.api_key,
+        special_in_turns=args.special_in_turns,
     )
 
     def listening(port: int) -> None:  # the port bound (--port 0 picks one)
@@ -139,7 +150,8 @@ def cmd_serve(args) -> int:
             f"specdec serve: {names[0]} | draft {policy.label}"
             f"{f' (model {draft_name})' if draft_name else ''} | {args.max_batch} rows, queue {args.max_queue} | "
             f"ctx {target.n_ctx} | http://{args.host}:{port}/v1"
-            f"{' | API key required' if args.api_key else ''}",
+            f"{' | API key required' if args.api_key else ''}"
+            f"{' | special tokens in messages parsed (--special-in-turns)' if args.special_in_turns else ''}",
             file=sys.stderr,
             flush=True,
         )
