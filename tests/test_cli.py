@@ -106,6 +106,67 @@ def test_compare_and_generate_on_the_numpy_backend(tmp_path):
     assert json.loads(proc.stdout)["stats"]["generated_tokens"] >= 1
 
 
+def test_generate_logprobs_are_the_targets(tmp_path):
+    """`generate --logprobs N`: each generated token's log-probability and its N likeliest
+    alternatives equal the log-softmax of a plain forward of the target over everything before
+    it, though the tokens came from 4-token verification forwards (early-exit drafts, k 3): in
+    --json, with ids, texts and bytes; in the text mode, a table on stderr, a line a token, and
+    stdout the text alone."""
+    import ast
+    import re
+
+    import numpy as np
+
+    from specdec import request
+    from specdec.models.numpy_ref import load_numpy_model
+
+    from .models.test_numpy_ref import write_tiny_gguf
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    args = ["generate", "--backend", "numpy", "--target", str(path), "--no-chat", "-n", "10", "-p", "the cat"]
+    args += ["--draft", "early-exit:1", "-k", "3", "--logprobs", "3"]
+    proc = specdec(*args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["stats"]["drafted"] > 0 and len(out["logprobs"]) == len(out["tokens"]) == 10
+
+    model = load_numpy_model(path)
+    prompt = request.tokens(model, "the cat", chat=False)
+    want = []
+    for i in range(len(out["tokens"])):
+        model.reset()
+        logits = model.forward(prompt + out["tokens"][:i])[-1].astype(np.float64)
+        want.append(logits - logits.max() - np.log(np.exp(logits - logits.max()).sum()))
+    for entry, token, logp in zip(out["logprobs"], out["tokens"], want):
+        assert entry["id"] == token and bytes(entry["bytes"]) == model.tokenizer.token_bytes(token)
+        assert entry["logprob"] == pytest.approx(logp[token], abs=1e-4)
+        top = list(np.argsort(-logp, kind="stable")[:3])
+        assert [t["id"] for t in entry["top_logprobs"]] == top
+        assert [t["logprob"] for t in entry["top_logprobs"]] == pytest.approx(list(logp[top]), abs=1e-4)
+
+    proc = specdec(*args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == out["text"] + "\n"  # the text alone
+    lines = proc.stderr.splitlines()
+    table = lines[lines.index(next(line for line in lines if line.startswith("--- logprobs"))) + 2 :]
+    assert len(table) == 10
+    # a token: "its text", b'its bytes' (part of a character) or <its name> (it prints nothing)
+    shown = r"""("(?:[^"\\]|\\.)*"|b'(?:[^'\\]|\\.)*'|b"(?:[^"\\]|\\.)*"|<\S+>)\s+(-?\d+\.\d+)"""
+    for i, (line, token, logp) in enumerate(zip(table, out["tokens"], want, strict=True)):
+        index, rest = line.split(maxsplit=1)
+        (text, value), *alternatives = re.findall(shown, rest)
+        assert int(index) == i
+        if text.startswith("<"):
+            assert text == model.tokenizer.token_text(token) and not model.tokenizer.token_bytes(token)
+        else:
+            literal = ast.literal_eval(text)
+            assert (literal if isinstance(literal, bytes) else literal.encode()) == model.tokenizer.token_bytes(token)
+        assert float(value) == pytest.approx(logp[token], abs=2e-4)
+        top = sorted(logp, reverse=True)[:3]
+        assert [float(v) for _, v in alternatives] == pytest.approx(top, abs=2e-4)
+
+
 def _subparsers():
     from specdec.cli import build_parser
 

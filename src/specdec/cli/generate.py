@@ -7,10 +7,11 @@ import json
 import sys
 
 from .. import catalog
+from ..config import MAX_LOGPROBS
 from ..drafters.suffix import DEFAULT_CAP as SUFFIX_CAP
 from .flags import _add_request_flags, _add_threads_flag
 from .loading import _decoder, _save_suffix
-from .options import _positive
+from .options import _int_in, _positive
 from .prompt import _batch_prompts, _config, _read_prompt
 
 DEFAULT_PROMPT = (
@@ -41,6 +42,16 @@ def _add_generate_parsers(sub) -> None:
         action="store_true",
         help="print one JSON object (text, tokens, statistics); in batch mode one per prompt, a line each",
     )
+    p.add_argument(
+        "--logprobs",
+        type=_int_in(0, MAX_LOGPROBS),
+        default=None,
+        metavar="N",
+        help=f"each generated token's log-probability under the target (its raw logits, before "
+        f"temperature and the filters) and the N most likely tokens at its position, 0..{MAX_LOGPROBS}: "
+        f"a table on stderr after the text, a line a token (stdout keeps the text alone), or "
+        f'"logprobs" in --json (default: off)',
+    )
 
     p = sub.add_parser(
         "compare",
@@ -52,6 +63,7 @@ def _add_generate_parsers(sub) -> None:
     _add_request_flags(p, max_tokens=128)
     p.add_argument("--stats", action="store_true", help="also print the controller's decisions")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    p.set_defaults(logprobs=None)  # generate's alone; one shape of args for _config
 
     p = sub.add_parser(
         "demo",
@@ -99,14 +111,17 @@ def cmd_generate_batch(args) -> int:
         )
         for i, p in enumerate(prompts)
     ]
+    tokenizer = decoder.target.tokenizer
     for i, request in enumerate(requests):
         engine.run([request])
         result = request.result
         results.append(result)
         if args.json:
-            print(json.dumps({"index": i, **result.to_dict()}, ensure_ascii=False), flush=True)
+            print(json.dumps({"index": i, **_result_json(result, tokenizer)}, ensure_ascii=False), flush=True)
         else:
             print(f"--- {i} ---\n{result.text}", flush=True)
+            if result.logprobs is not None:
+                print("\n".join(_logprob_lines(result.logprobs, tokenizer, args.logprobs, f" of {i}")), file=sys.stderr)
     seconds = time.perf_counter() - started
     if args.stats:
         tokens = sum(r.stats.generated_tokens for r in results)
@@ -137,7 +152,7 @@ def cmd_generate(args) -> int:
     if args.json:
         for _ in stream:
             pass
-        out = stream.result.to_dict()
+        out = _result_json(stream.result, target.tokenizer)
         out.update(target=target.name, draft=_drafter_name(decoder), k=None if decoder.auto else decoder.k)
         print(json.dumps(out, ensure_ascii=False))
     else:
@@ -145,6 +160,9 @@ def cmd_generate(args) -> int:
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
+        sys.stdout.flush()
+        if stream.result.logprobs is not None:
+            print("\n".join(_logprob_lines(stream.result.logprobs, target.tokenizer, args.logprobs)), file=sys.stderr)
     if args.stats:
         print("\n".join(_stats_lines(stream.result.stats)), file=sys.stderr)
     _save_suffix(args, decoder)
@@ -207,6 +225,52 @@ def cmd_demo(args) -> int:
     from ..demo import run_demo
 
     return run_demo(_decoder(args), stats=args.stats)
+
+
+def _result_json(result, tokenizer) -> dict:
+    """GenerationResult.to_dict, its log-probabilities (when asked for) in OpenAI's chat shape with
+    the token ids beside: {"id", "token", "bytes", "logprob", "top_logprobs": [{"id", "token",
+    "bytes", "logprob"}]}, a token's text as UTF-8 (a token holding part of a character shows
+    U+FFFD; `bytes` has it whole)."""
+    out = result.to_dict()
+    if result.logprobs is not None:
+
+        def item(token: int, logprob: float) -> dict:
+            data = tokenizer.token_bytes(token)
+            return {"id": token, "token": data.decode("utf-8", "replace"), "bytes": list(data), "logprob": logprob}
+
+        out["logprobs"] = [
+            {**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]} for e in result.logprobs
+        ]
+    return out
+
+
+def _logprob_lines(entries, tokenizer, top: int, of: str = "") -> list[str]:
+    """The --logprobs table: a line per generated token, its text, its log-probability and the
+    `top` most likely tokens there with theirs. A text is shown quoted (spaces and newlines
+    visible); a token that prints nothing by its vocabulary name (<|im_end|>), one that holds part
+    of a character by its bytes (b'\\xe2')."""
+
+    def shown(token: int) -> str:
+        data = tokenizer.token_bytes(token)
+        if not data:
+            return tokenizer.token_text(token)
+        try:
+            return json.dumps(data.decode("utf-8"), ensure_ascii=False)
+        except UnicodeDecodeError:
+            return repr(data)
+
+    width = max([len("token")] + [len(shown(e.token)) for e in entries])
+    lines = [
+        f"--- logprobs{of}: the target's log-probability of each token"
+        + (f", and the {top} most likely there" if top else "")
+        + " ---",
+        f"{'#':>4}  {'token':<{width}}  {'logprob':>9}" + ("  top" if top else ""),
+    ]
+    for i, e in enumerate(entries):
+        best = "  ".join(f"{shown(t)} {lp:.4f}" for t, lp in e.top)
+        lines.append(f"{i:>4}  {shown(e.token):<{width}}  {e.logprob:>9.4f}" + (f"  {best}" if best else ""))
+    return lines
 
 
 def _drafter_name(decoder) -> str:

@@ -84,4 +84,5 @@ def _config(args):
         chat=args.chat,
         system=args.system,
         special_in_turns=args.special_in_turns,
+        logprobs=args.logprobs,
     )
