@@ -9,7 +9,7 @@ SPECDEC := $(VENV)/bin/specdec
 DEMO_MODELS := qwen2.5-coder-1.5b qwen2.5-coder-0.5b
 TEST_MODELS := $(DEMO_MODELS) gemma-3-270m
 
-.PHONY: setup demo test lint models test-models torch-deps llama-tools bench bench-plain hf-deps clean
+.PHONY: setup demo test lint models test-models torch-deps exact llama-tools bench bench-plain hf-deps clean
 
 # The venv, the package, and llama-cpp-python built for this CPU (once; the wheel is cached).
 $(VENV)/.ready: pyproject.toml scripts/install_llama_cpp.py
@@ -32,6 +32,11 @@ $(VENV)/.torch: $(VENV)/.ready
 
 torch-deps: $(VENV)/.torch
 
+# The exact mode's llama.cpp (--exact): the same version built without llamafile's sgemm, its
+# libraries only, into $$SPECDEC_HOME/llama-exact/ (about 5 minutes once; then nothing to do).
+exact: setup
+	$(PY) scripts/install_llama_cpp.py --exact
+
 models: setup
 	$(SPECDEC) fetch $(DEMO_MODELS)
 
@@ -44,7 +49,7 @@ test-models: setup
 demo: models
 	$(SPECDEC) demo
 
-test: test-models torch-deps
+test: test-models torch-deps exact
 	SPECDEC_REQUIRE_MODELS=1 $(PY) -m pytest -q
 
 lint: setup

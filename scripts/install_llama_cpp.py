@@ -10,7 +10,15 @@ pip caches built wheels without regard to CMAKE_ARGS, so we never let pip's cach
 wheel is built with --no-cache-dir into $SPECDEC_HOME/wheels/<version>-<hash of the flags>/ and
 installed from there; a second run (or CI on the same machine) skips the five-minute compile.
 
+The exact mode (`specdec generate --exact`) needs a second build of the same version without
+llamafile's sgemm (-DGGML_LLAMAFILE=OFF): for batches of 2 or more tokens that sgemm multiplies the
+f16 attention matrices in another order than the one-token kernels, so a verification forward's
+logits would differ from plain decoding's in the last bits. `--exact` builds it (cached the same way)
+and unpacks only its shared libraries into $SPECDEC_HOME/llama-exact/<version>/lib/, which
+models/llama_cpp.py loads through llama-cpp-python's LLAMA_CPP_LIB_PATH in an exact process.
+
     python scripts/install_llama_cpp.py                     # build once, install into this Python
+    python scripts/install_llama_cpp.py --exact             # the exact mode's libraries, once
     python scripts/install_llama_cpp.py --print-cmake-args  # just print the flags for this CPU
 """
 
@@ -19,8 +27,10 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 VERSION = os.environ.get("SPECDEC_LLAMA_CPP_VERSION", "0.3.36")
@@ -78,16 +88,46 @@ def run(cmd: list[str], env: dict | None = None) -> None:
     subprocess.run(cmd, check=True, env=env)
 
 
+EXACT_ARGS = "-DGGML_LLAMAFILE=OFF"
+
+
+def exact_lib_dir() -> Path:
+    """Where the exact build's libraries go (models/llama_cpp.exact_lib_dir reads the same place)."""
+    return specdec_home() / "llama-exact" / VERSION / "lib"
+
+
+def unpack_libs(wheel: Path, dest: Path) -> None:
+    """The wheel's llama_cpp/lib/ shared libraries into dest, whole or not at all."""
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            if name.startswith("llama_cpp/lib/") and not name.endswith("/"):
+                (tmp / Path(name).name).write_bytes(zf.read(name))
+    if not (tmp / "libllama.so").is_file():
+        raise SystemExit(f"{wheel} has no llama_cpp/lib/libllama.so")
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+
+
 def main() -> int:
     args = cmake_args()
+    exact = "--exact" in sys.argv[1:]
+    if exact:
+        args = f"{args} {EXACT_ARGS}".strip()
     if "--print-cmake-args" in sys.argv[1:]:
         print(args)
+        return 0
+    if exact and (exact_lib_dir() / "libllama.so").is_file():
+        print(f"the exact build is in {exact_lib_dir()}")
         return 0
     tag = hashlib.sha256(f"{VERSION} {args} {sys.version_info[:2]}".encode()).hexdigest()[:12]
     wheel_dir = specdec_home() / "wheels" / f"llama-cpp-python-{VERSION}-{tag}"
     wheels = sorted(wheel_dir.glob("llama_cpp_python-*.whl"))
     if not wheels:
-        print(f"building llama-cpp-python {VERSION} for this CPU (about 5 minutes, once)")
+        what = "the exact mode's build of llama-cpp-python" if exact else "llama-cpp-python"
+        print(f"building {what} {VERSION} for this CPU (about 5 minutes, once)")
         print(f"CMAKE_ARGS={args}", flush=True)
         env = dict(os.environ, CMAKE_ARGS=args, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
         tmp = wheel_dir.with_name(wheel_dir.name + ".tmp")
@@ -110,6 +150,10 @@ def main() -> int:
         wheels = sorted(wheel_dir.glob("llama_cpp_python-*.whl"))
     else:
         print(f"reusing {wheels[-1]}")
+    if exact:
+        unpack_libs(wheels[-1], exact_lib_dir())
+        print(f"the exact build is in {exact_lib_dir()}")
+        return 0
     run([sys.executable, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", str(wheels[-1])])
     run(
         [

@@ -42,12 +42,16 @@ def load_model(
     device: str = "auto",
     dtype: str = "auto",
     max_rows: int = 1,
+    exact: bool = False,
 ):
     """A built-in model name (see `specdec models`) or a path to a .gguf file, loaded on a backend:
     'llama' (llama.cpp, the default), 'numpy' (the pure-NumPy reference, models/numpy_ref.py) or
     'torch' (transformers on `device` in `dtype`; it also takes a transformers model folder).
     `max_rows`: sequences generated together (llama.cpp sizes its KV cache for them; the torch
     and NumPy backends grow as rows join).
+    `exact` (llama.cpp only): every row's logits from a forward of many tokens bit-identical to a
+    one-token forward's, so speculative greedy is plain greedy token for token (docs/exact.md);
+    a process is exact or not from its first llama.cpp model on.
     Built-in models are assembled from their installed packages on first use."""
     from pathlib import Path
 
@@ -59,6 +63,11 @@ def load_model(
         raise SpecdecError(f"the context must hold at least 16 tokens, got {n_ctx}")
     if threads is not None and threads < 1:
         raise SpecdecError(f"threads must be >= 1, got {threads}")
+    if exact and backend != "llama":
+        raise SpecdecError(
+            f"the exact mode is for the llama backend only: the {backend} backend's matrix products take "
+            f"other kernels for one row than for many (docs/exact.md)"
+        )
     if backend == "torch" and Path(name_or_path).is_dir():
         from .models.transformers import load_transformers_model
 
@@ -89,7 +98,7 @@ def load_model(
     else:
         from .models.llama_cpp import LlamaCppModel
 
-        model = LlamaCppModel(path, n_ctx=n_ctx, n_threads=threads, max_rows=max_rows)
+        model = LlamaCppModel(path, n_ctx=n_ctx, n_threads=threads, max_rows=max_rows, exact=exact)
     if str(name_or_path) in CATALOG:
         model.name = str(name_or_path)
         model.is_instruct = CATALOG[model.name].chat

@@ -75,6 +75,7 @@ class Bench:
         max_rows: int = 1,
         suffix_cap: int | None = None,
         draft_corpus: str | None = None,
+        exact: bool = False,
     ):
         from .. import load_model
         from ..catalog import resolve
@@ -86,12 +87,26 @@ class Bench:
         self.ctx, self.max_tokens, self.temperature, self.seed = ctx, max_tokens, temperature, seed
         self.backend = backend
         self.target = load_model(
-            target_name, backend=backend, n_ctx=ctx, threads=self.threads, device=device, dtype=dtype, max_rows=max_rows
+            target_name,
+            backend=backend,
+            n_ctx=ctx,
+            threads=self.threads,
+            device=device,
+            dtype=dtype,
+            max_rows=max_rows,
+            exact=exact,
         )
         spec = parse(draft_name)  # string:NAME / intersect:NAME: across tokenizers
         draft_name = spec.model
         self.draft_model = load_model(
-            draft_name, backend=backend, n_ctx=ctx, threads=self.threads, device=device, dtype=dtype, max_rows=max_rows
+            draft_name,
+            backend=backend,
+            n_ctx=ctx,
+            threads=self.threads,
+            device=device,
+            dtype=dtype,
+            max_rows=max_rows,
+            exact=exact,
         )
         self.drafter = model_drafter(self.draft_model, self.target, spec.vocab)
         # decoders that learn across prompts (auto, suffix:K), one per method, repeat and batch size

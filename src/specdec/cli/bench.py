@@ -145,6 +145,7 @@ def cmd_bench(args) -> int:
         max_rows=max(args.batch_sizes),
         suffix_cap=args.suffix_cap,
         draft_corpus=args.draft_corpus,
+        exact=args.exact,
     )
     if args.hf or any(m.startswith("hf:") for m in methods):
         runner.enable_hf()

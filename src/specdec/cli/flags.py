@@ -31,6 +31,11 @@ BACKEND_HELP = (
     "torch: transformers on PyTorch (a GGUF file, dequantised, or a transformers "
     "model folder); for target and draft alike unless --draft-backend"
 )
+EXACT_HELP = (
+    "exact mode (llama backend): every verified token's logits bit-identical to a one-token step's, so "
+    "speculative greedy output is plain greedy output token for token, alone or batched; slower, and "
+    "needs `python scripts/install_llama_cpp.py --exact` once (docs/exact.md)"
+)
 THREADS_HELP = "CPU threads, at most the cores this process may use (default: all of them)"
 CTX_HELP = "context window in tokens"
 
@@ -67,7 +72,7 @@ def _add_model_flags(
     """The model flags, in this order: --target, --draft, --draft-model (when `draft_model` gives
     its default and help), -k/--draft-tokens (when `draft_tokens` gives its lowest value and help),
     --backend, --draft-backend (when its help is given), --device, --dtype, --threads, --ctx (its
-    default and help). `after` adds a command's own flags right after the one it names (its long
+    default and help), --exact. `after` adds a command's own flags right after the one it names (its long
     form); a help of None shows none, as in argparse."""
     after = dict(after or {})
 
@@ -97,6 +102,7 @@ def _add_model_flags(
     then("--dtype")
     _add_threads_flag(g, threads_help)
     g.add_argument("--ctx", type=_positive(int), default=ctx[0], help=ctx[1])
+    g.add_argument("--exact", action="store_true", help=EXACT_HELP)
     if after:
         raise ValueError(f"no model flag {', '.join(after)} to add flags after")
 

@@ -86,6 +86,7 @@ def _add_generate_parsers(sub) -> None:
         device="auto",
         dtype="auto",
         ctx=4096,
+        exact=False,
         # auto with an empty suffix cache of the default size, as generate has by default
         suffix_cap=SUFFIX_CAP,
         draft_corpus=None,

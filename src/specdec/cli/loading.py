@@ -41,6 +41,7 @@ def _model_loader(args, rows: int):
             device=args.device,
             dtype=args.dtype,
             max_rows=rows,
+            exact=args.exact,
         )
 
     return load

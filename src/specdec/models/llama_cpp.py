@@ -8,6 +8,19 @@ Rows are llama.cpp sequences (seq_id 0 .. max_rows - 1) in one context, the way 
 slots share theirs: one `llama_batch` carries every row's tokens at the row's own positions with
 its seq_id, so a step over many rows is one `llama_decode`. The KV cache is unified (all rows
 draw cells from one pool of max_rows x n_ctx), so a row may use the whole --ctx.
+
+The exact mode (exact=True) makes every row's logits from a forward of W tokens bit-identical to a
+one-token forward's at the same position, alone or beside other rows, so speculative greedy IS plain
+greedy. What differs otherwise, found op by op with the eval callback (docs/exact.md):
+  - ggml's tiled K-quant matmul takes over at 8 or more rows: off (GGML_CPU_TILED_MM=0);
+  - llamafile's sgemm multiplies the f16 attention matrices for 2 or more rows and ggml's dot
+    products for one: a build without it (scripts/install_llama_cpp.py --exact), loaded through
+    llama-cpp-python's LLAMA_CPP_LIB_PATH, so a process is exact or not from its first model on;
+  - flash attention splits the cache across threads for one query row (deep contexts) and tiles
+    64 or more: off, attention is a plain product and softmax per row;
+  - the repacked weight buffers have their own one-row and many-row kernels: off;
+  - in a unified cache a row's cells interleave with other rows', which changes the order of the
+    attention sums: one cache stream per row instead (n_ctx cells each).
 """
 
 from __future__ import annotations
@@ -21,27 +34,74 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
+from ..paths import specdec_home
 from .base import SingleRow, file_sha256, trim_hidden
 
 INSTALL_HINT = "install it built for this CPU with `python scripts/install_llama_cpp.py` (or `make setup`)"
+EXACT_HINT = "build it once with `python scripts/install_llama_cpp.py --exact` (or `make exact`; about 5 minutes)"
 
 _llama = None  # the llama_cpp module, imported on first use
+_exact: bool | None = None  # whether this process loaded the exact build (decided on first use)
 _log_callback = None  # kept alive: llama.cpp holds a pointer to it
 
 
-def _lib():
-    global _llama, _log_callback
-    if _llama is None:
-        try:
-            import llama_cpp
-        except ImportError as exc:
-            raise BackendUnavailableError(f"llama-cpp-python is not installed: {INSTALL_HINT}") from exc
-        llama_cpp.llama_backend_init()
-        if not os.environ.get("SPECDEC_VERBOSE"):
-            # llama.cpp logs every tensor at load; keep stderr for our own messages.
-            _log_callback = llama_cpp.llama_log_callback(lambda level, text, data: None)
-            llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p())
-        _llama = llama_cpp
+def exact_lib_dir() -> Path:
+    """Where scripts/install_llama_cpp.py --exact puts the exact build of the installed version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("llama-cpp-python")
+    except PackageNotFoundError as exc:
+        raise BackendUnavailableError(f"llama-cpp-python is not installed: {INSTALL_HINT}") from exc
+    return specdec_home() / "llama-exact" / installed / "lib"
+
+
+def _maps_from(lib_dir: Path) -> bool:
+    """Whether this process runs ggml's CPU kernels from lib_dir (Linux: /proc/self/maps; True
+    where that cannot be read)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return True
+    mapped = {line.split()[-1] for line in maps.splitlines() if "libggml-cpu" in line}
+    return all(Path(m).parent == lib_dir for m in mapped)
+
+
+def _lib(exact: bool | None = None):
+    """llama_cpp, imported once per process: the exact build if the first caller asks for it.
+    `exact` None: whichever build is loaded (the default one if none is yet)."""
+    global _llama, _log_callback, _exact
+    if _llama is not None:
+        if exact is not None and exact != _exact:
+            loaded = "the exact mode's build" if _exact else "the default build"
+            raise SpecdecError(
+                f"this process already loaded {loaded} of llama.cpp; exact and default models "
+                f"cannot share a process: run the {'exact' if exact else 'default'} one in its own"
+            )
+        return _llama
+    if exact:
+        lib_dir = exact_lib_dir()
+        if not (lib_dir / "libllama.so").is_file():
+            raise BackendUnavailableError(
+                f"the exact mode needs llama.cpp built without llamafile's sgemm, and {lib_dir} has none: {EXACT_HINT}"
+            )
+        os.environ["LLAMA_CPP_LIB_PATH"] = str(lib_dir)
+        os.environ["GGML_CPU_TILED_MM"] = "0"  # read once, by the first matmul
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise BackendUnavailableError(f"llama-cpp-python is not installed: {INSTALL_HINT}") from exc
+    if exact and not _maps_from(lib_dir):
+        raise SpecdecError(
+            "llama.cpp was loaded in this process before the exact mode asked for its own build: "
+            "run the exact mode in a fresh process"
+        )
+    llama_cpp.llama_backend_init()
+    if not os.environ.get("SPECDEC_VERBOSE"):
+        # llama.cpp logs every tensor at load; keep stderr for our own messages.
+        _log_callback = llama_cpp.llama_log_callback(lambda level, text, data: None)
+        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p())
+    _llama, _exact = llama_cpp, bool(exact)
     return _llama
 
 
@@ -156,8 +216,10 @@ class LlamaCppModel(SingleRow):
         n_batch: int = 512,
         n_gpu_layers: int = 0,
         max_rows: int = 1,
+        exact: bool = False,
     ):
-        lib = _lib()
+        lib = _lib(exact)
+        self.exact = exact
         self.path = Path(path)
         _check_gguf_header(self.path)
         self.name = self.path.name
@@ -167,6 +229,8 @@ class LlamaCppModel(SingleRow):
 
         mparams = lib.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
+        if exact:
+            mparams.use_extra_bufts = False  # no repacked weights: one kernel for any number of rows
         self._model = lib.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise ModelLoadError(
@@ -174,10 +238,14 @@ class LlamaCppModel(SingleRow):
                 f"truncated or of an unsupported architecture"
             )
         cparams = lib.llama_context_default_params()
-        cparams.n_ctx = n_ctx * max_rows
+        streams = max_rows + 1  # + the one-sequence calls' own (models.base.SingleRow)
+        # exact: a stream of n_ctx cells per sequence, so a row's cells never interleave with another's
+        cparams.n_ctx = n_ctx * (streams if exact else max_rows)
         cparams.n_batch = cparams.n_ubatch = min(n_batch, n_ctx)
-        cparams.n_seq_max = max_rows + 1  # + the one-sequence calls' own (models.base.SingleRow)
-        cparams.kv_unified = True  # one pool of cells: a row is not limited to n_ctx / max_rows
+        cparams.n_seq_max = streams
+        cparams.kv_unified = not exact  # one pool of cells: a row is not limited to n_ctx / max_rows
+        if exact:
+            cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.pooling_type = lib.LLAMA_POOLING_TYPE_NONE  # hidden states (keep_hidden) per token
         cparams.swa_full = True  # sliding-window layers (Gemma 3) must keep what rollback returns to
@@ -189,7 +257,7 @@ class LlamaCppModel(SingleRow):
             )
         self._mem = lib.llama_get_memory(self._ctx)
         # llama.cpp pads the context to a multiple of 256 (--ctx 32 would hold 256): honour what was asked
-        self.n_ctx = min(n_ctx, lib.llama_n_ctx(self._ctx) // max_rows)
+        self.n_ctx = min(n_ctx, lib.llama_n_ctx(self._ctx) // (streams if exact else max_rows))
         self.max_rows = max_rows
         self.n_batch = cparams.n_batch
         self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
