@@ -131,6 +131,8 @@ USER_ERRORS = [
     _row("unknown-backend", ["generate", "-p", "x", "--backend", "cuda"], "invalid choice"),
     _row("no-such-gpu", ["generate", "-p", "x", "--backend", "torch", "--device", "cuda:7"], "no CUDA GPU"),
     _row("unknown-dtype", ["generate", "-p", "x", "--dtype", "float8"], "invalid choice"),
+    _row("exact-on-numpy", ["generate", "-p", "x", "--exact", "--backend", "numpy"], "exact mode is for the llama"),
+    _row("serve-exact-on-torch", ["serve", "--exact", "--backend", "torch"], "exact mode is for the llama"),
     _row("bench-unknown-method", ["bench", "--methods", "magic:3"], "unknown method"),
     # the suffix cache
     _row("suffix-cap-negative", ["generate", "-p", "x", "--suffix-cap", "-1"], "--suffix-cap"),

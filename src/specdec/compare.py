@@ -27,6 +27,7 @@ class Comparison:
     first_difference: int | None = None  # index into the generated tokens; None = identical
     logit_gap: float | None = None  # target's top-1 minus top-2 logit there
     plain_again: GenerationResult | None = None  # plain decoding once more, after the speculative run
+    exact: bool = False  # the target ran in the exact mode, where greedy runs may not part at all
 
     @property
     def plain_tokens_per_second(self) -> float:
@@ -57,6 +58,12 @@ class Comparison:
             return "identical"
         if not self.greedy:
             return "different (expected when sampling: both follow the target's distribution)"
+        if self.exact:
+            return (
+                f"different from token {self.first_difference} in the exact mode, where a verification "
+                f"forward scores every token as a one-token step does (top-2 logit gap there "
+                f"{self.logit_gap:.4f}): this is a bug, please report it"
+            )
         if self.logit_gap is not None and self.logit_gap < ROUNDING_GAP:
             return (
                 f"different from token {self.first_difference}: the target's top-2 logit gap there is "
@@ -76,6 +83,7 @@ class Comparison:
             "speedup": self.speedup,
             "first_difference": self.first_difference,
             "logit_gap": self.logit_gap,
+            "exact": self.exact,
         }
 
 
@@ -110,7 +118,13 @@ def compare(
     plain_result = plain.generate(prompt, config)
     spec_result = speculative.generate(prompt, config)
     again = plain.generate(prompt, config) if repeat_plain else None
-    result = Comparison(plain_result, spec_result, greedy=config.sampling.greedy, plain_again=again)
+    result = Comparison(
+        plain_result,
+        spec_result,
+        greedy=config.sampling.greedy,
+        plain_again=again,
+        exact=getattr(target, "exact", False),
+    )
     if not result.identical:
         a, b = plain_result.tokens, spec_result.tokens
         i = result.first_difference = first_difference(a, b)
