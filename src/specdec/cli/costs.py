@@ -182,6 +182,7 @@ def _model_facts(model, backend: str) -> dict:
             facts["gpu"] = torch.cuda.get_device_name(model.device)
     else:
         facts["threads"] = getattr(model, "n_threads", None)
+        facts["exact"] = getattr(model, "exact", False)  # the exact mode's kernels have their own curve
     return facts
 
 
