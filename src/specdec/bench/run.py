@@ -86,28 +86,13 @@ class Bench:
         self.threads = threads or default_threads()
         self.ctx, self.max_tokens, self.temperature, self.seed = ctx, max_tokens, temperature, seed
         self.backend = backend
-        self.target = load_model(
-            target_name,
-            backend=backend,
-            n_ctx=ctx,
-            threads=self.threads,
-            device=device,
-            dtype=dtype,
-            max_rows=max_rows,
-            exact=exact,
+        options = dict(
+            backend=backend, n_ctx=ctx, threads=self.threads, device=device, dtype=dtype, max_rows=max_rows, exact=exact
         )
+        self.target = load_model(target_name, **options)
         spec = parse(draft_name)  # string:NAME / intersect:NAME: across tokenizers
         draft_name = spec.model
-        self.draft_model = load_model(
-            draft_name,
-            backend=backend,
-            n_ctx=ctx,
-            threads=self.threads,
-            device=device,
-            dtype=dtype,
-            max_rows=max_rows,
-            exact=exact,
-        )
+        self.draft_model = load_model(draft_name, **options)
         self.drafter = model_drafter(self.draft_model, self.target, spec.vocab)
         # decoders that learn across prompts (auto, suffix:K), one per method, repeat and batch size
         self.learners: dict[tuple, object] = {}
