@@ -205,6 +205,18 @@ def test_special_in_turns_reaches_the_config(command):
     assert "prompt injection" in _subparsers()[command].format_help()
 
 
+@pytest.mark.parametrize("command", ["generate", "compare"])
+def test_reproducible_reaches_the_config(command):
+    from specdec.cli import build_parser
+    from specdec.cli.prompt import _config
+
+    parser = build_parser()
+    assert _config(parser.parse_args([command, "-p", "x", "--reproducible"])).reproducible is True
+    assert _config(parser.parse_args([command, "-p", "x"])).reproducible is False  # off unless asked
+    assert "sample by position" in _subparsers()[command].format_help()
+    assert "--reproducible" in _subparsers()["serve"].format_help()
+
+
 @pytest.mark.real_models
 def test_demo_shows_where_auto_pays_and_where_it_steps_aside(target_model, draft_model):
     proc = specdec("demo", timeout=600)  # plain decoding runs twice; a loaded machine is slow

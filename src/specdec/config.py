@@ -28,6 +28,10 @@ class GenerationConfig:
     # a chat turn's text may spell the model's special tokens ("<|im_end|>") and become them: off,
     # they stay text (special tokens come from the template alone); on, the old behaviour
     special_in_turns: bool = False
+    # sampling by position: the token at each position is drawn with noise fixed by (seed,
+    # position) (sampling.verify_at), so a seeded request gives the same text with any drafter,
+    # cache or batch (bit for bit in the exact mode; elsewhere rounding may flip a near-tie)
+    reproducible: bool = False
 
     def __post_init__(self):
         if self.max_new_tokens < 1:

@@ -22,7 +22,7 @@ from .drafters.base import MAX_DRAFT_TOKENS, Drafter, DraftModel
 from .errors import SpecdecError
 from .models.base import RowModel
 from .request import prepare
-from .sampling import TokenLogprob, token_logprob, verify
+from .sampling import TokenLogprob, logits_to_probs, token_logprob, verify, verify_at
 from .spec import DEFAULT_K, GRAMMAR, DraftSpec, auto_drafters, make_drafter, parse
 from .stats import GenerationStats
 from .text import Detokenizer
@@ -65,6 +65,8 @@ class Request:
         self.config = config
         self.params = config.sampling
         self.rng = np.random.default_rng(config.seed)  # this row's own stream: batch-independent
+        # config.reproducible: the seed that keys every position's noise (a fresh one if unseeded)
+        self.noise_seed = config.seed if config.seed is not None else int(np.random.SeedSequence().entropy % 2**64)
         self.stats = GenerationStats(prompt_tokens=len(prompt_tokens))
         self.text = Detokenizer(tokenizer, config.stop)
         self.context = list(prompt_tokens)
@@ -193,7 +195,11 @@ class Engine:
         for row, r in rows.items():
             drafter, draft = plan[row]
             q = draft.q if draft is not None else None
-            verdicts[row] = verify(logits[row], drafts[row], q, r.params, r.rng)  # [k + 1, vocab] in
+            if r.config.reproducible and not r.params.greedy:  # the token of (seed, position), whatever q
+                p = logits_to_probs(logits[row], r.params)
+                verdicts[row] = verify_at(p, drafts[row], r.noise_seed, r.stats.generated_tokens)
+            else:
+                verdicts[row] = verify(logits[row], drafts[row], q, r.params, r.rng)  # [k + 1, vocab] in
         # 5. roll every row back to what it kept; each drafter hears about the rows it drafted for
         t = self.clock()
         target.rollback_rows({row: len(contexts[row]) + verdicts[row][0] for row in rows})

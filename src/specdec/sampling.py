@@ -226,6 +226,39 @@ def verify(
     return verify_stochastic(logits_to_probs(logits, params), draft_tokens, q, rng)
 
 
+def position_noise(seed: int, position: int, vocab: int) -> np.ndarray:
+    """Gumbel noise [vocab] fixed by (seed, position): the same at a position of a generation
+    whatever was drafted, cached or batched before it."""
+    return np.random.default_rng([seed, position]).gumbel(size=vocab)
+
+
+def sample_at(p_row: np.ndarray, seed: int, position: int) -> int:
+    """A token of p_row [vocab] by the Gumbel-max trick, argmax(log p + g), with the noise g of
+    (seed, position): an exact sample of p_row when g is fresh, and the same token every time the
+    same (seed, position) meets the same p_row. Zero-probability tokens never win (log 0 = -inf)."""
+    with np.errstate(divide="ignore"):
+        return int(np.argmax(np.log(p_row) + position_noise(seed, position, p_row.size)))
+
+
+def verify_at(p: np.ndarray, draft_tokens: Sequence[int], seed: int, start: int) -> tuple[int, int]:
+    """Position-keyed verification: the token at generation position start + i is
+    sample_at(p[i], seed, start + i), what plain decoding with the same seed emits there, so the
+    output depends on the seed and the target's probabilities alone, never on the drafts. A draft
+    token is kept exactly when it is that token: for a one-hot draft (prompt lookup, the suffix
+    cache, a greedy head) with probability p(x), the standard rule's own acceptance; for a draft
+    sampled from a real q independently of the noise, with probability sum_x q(x) p(x), below the
+    standard rule's sum_x min(p(x), q(x)). Returns (n_accepted, next_token) like verify."""
+    p = np.asarray(p)
+    k = len(draft_tokens)
+    if p.ndim != 2 or p.shape[0] != k + 1:
+        raise ValueError(f"p must be [k + 1 = {k + 1}, vocab], got {p.shape}")
+    for i, x in enumerate(draft_tokens):
+        y = sample_at(p[i], seed, start + i)
+        if int(x) != y:
+            return i, y
+    return k, sample_at(p[k], seed, start + k)
+
+
 def draft_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> tuple[int, np.ndarray | None]:
     """How a model drafter picks its next token from its logits [vocab]: the argmax when greedy
     (no q needed: greedy verification compares tokens), else a sample from q, returned with q

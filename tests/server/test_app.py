@@ -209,6 +209,28 @@ def test_what_a_seed_promises():
             assert len(texts) == 1, (draft, texts)
 
 
+def test_a_reproducible_server_repeats_a_seed_under_every_policy():
+    """serve --reproducible: sampling by position, so the same seeded request gives one text under
+    every policy, auto and the suffix cache (which draft from earlier requests) included, and
+    beside other requests."""
+    import concurrent.futures
+
+    with toy_server(reproducible=True) as (base, _):
+
+        def ask(draft: str, seed: int = 11) -> str:
+            body = {"prompt": "abc abd abc", "max_tokens": 24, "temperature": 0.9, "seed": seed}
+            body["speculative"] = {"draft": draft}
+            return httpx.post(base + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+
+        drafts = ("none", "ngram", "toy-draft", "suffix", "auto") * 2
+        texts = {ask(draft) for draft in drafts}
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:  # and beside other seeded requests
+            texts |= set(pool.map(ask, drafts, [11] * len(drafts)))
+            others = set(pool.map(ask, ["none"] * 4, [12, 13, 14, 15]))
+        assert len(texts) == 1, texts
+        assert len(others | texts) > 1  # other seeds, other texts: the seed is what decides
+
+
 def test_a_body_that_trickles_in_is_timed_out():
     """A client sending its body a byte at a time holds a socket, not the server: past the body
     timeout it gets a 408 and the connection is closed."""

@@ -175,6 +175,14 @@ def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
         "seed each run)",
     )
     g.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="sample by position: each token is drawn with noise fixed by (--seed, its position), so "
+        "the same seed gives the same text with any drafter, cache or batch (bit for bit with "
+        "--exact; without it a rounding difference can flip a near-tie). Prompt lookup and the "
+        "suffix cache keep as many drafts as usual; a draft model's sampled drafts fewer",
+    )
+    g.add_argument(
         "--stop",
         type=_text("an empty stop string would end every generation at once"),
         action="append",

@@ -85,4 +85,5 @@ def _config(args):
         system=args.system,
         special_in_turns=args.special_in_turns,
         logprobs=args.logprobs,
+        reproducible=args.reproducible,
     )

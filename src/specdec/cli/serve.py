@@ -88,6 +88,14 @@ def _add_serve_parser(sub) -> None:
         "come from the chat template alone (a /v1/completions text prompt keeps its special "
         "tokens either way: it spells its own template)",
     )
+    g.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="for every sampled request: sample by position, each token drawn with noise fixed by "
+        "(the request's seed, its position), so the same seeded request gives the same text under "
+        "any policy, cache or load (bit for bit with --exact; without it a rounding difference can "
+        "flip a near-tie). Default: off, the drafts' random draws and the request's share one stream",
+    )
     g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info")
 
 
@@ -143,6 +151,7 @@ def cmd_serve(args) -> int:
         request_timeout=args.request_timeout,
         api_key=args.api_key,
         special_in_turns=args.special_in_turns,
+        reproducible=args.reproducible,
     )
 
     def listening(port: int) -> None:  # the port bound (--port 0 picks one)
@@ -151,7 +160,8 @@ def cmd_serve(args) -> int:
             f"{f' (model {draft_name})' if draft_name else ''} | {args.max_batch} rows, queue {args.max_queue} | "
             f"ctx {target.n_ctx} | http://{args.host}:{port}/v1"
             f"{' | API key required' if args.api_key else ''}"
-            f"{' | special tokens in messages parsed (--special-in-turns)' if args.special_in_turns else ''}",
+            f"{' | special tokens in messages parsed (--special-in-turns)' if args.special_in_turns else ''}"
+            f"{' | sampling by position (--reproducible)' if args.reproducible else ''}",
             file=sys.stderr,
             flush=True,
         )

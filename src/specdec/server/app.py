@@ -72,6 +72,7 @@ class Service:
         request_timeout: float = 600.0,
         api_key: str | None = None,
         special_in_turns: bool = False,
+        reproducible: bool = False,
     ):
         self.model_names, self.draft_names = model_names, draft_names
         self.default_policy = default_policy
@@ -82,6 +83,7 @@ class Service:
         # special tokens spelled in a chat message become control tokens (`--special-in-turns`):
         # the server's choice for every request, never a request's own
         self.special_in_turns = special_in_turns
+        self.reproducible = reproducible  # sampling by position (GenerationConfig.reproducible), server-wide
         self.n_ctx = engine.target.n_ctx
         self.metrics = Metrics(model_names[0])
         self.worker = Worker(engine, router, self.metrics)
@@ -101,7 +103,7 @@ class Service:
         chat template, a completion's text raw), checked against the context; called off the
         engine's thread, so that tokenizing a long prompt never stalls the running rows."""
         chat = job.kind == "chat"
-        config = replace(job.config, chat=chat, special_in_turns=self.special_in_turns)
+        config = replace(job.config, chat=chat, special_in_turns=self.special_in_turns, reproducible=self.reproducible)
         try:
             return prepare(
                 self.worker.target, job.prompt, config, messages=job.messages if chat else None, limit=job.limit
