@@ -5,7 +5,7 @@ Phases, each against a fresh `specdec serve` process (the model and flags given 
   soak      N requests from C client threads: chat and completions, streamed and not, every
             speculation policy, greedy and sampled, malformed bodies, and clients that drop the
             connection mid-stream; the server's RSS and open file descriptors before and after.
-  slow      clients that trickle a body a byte a second (each must get a 408 and go), while
+  slow      clients that trickle a body or their headers (each must get a 408 and go), while
             normal requests are answered.
   drain     SIGTERM with requests in flight and queued: every one answered whole, exit 0.
   kill      SIGKILL at random moments while the suffix cache is being saved at exit: the file
@@ -167,24 +167,54 @@ def soak(args) -> dict:
 
 
 def slow(args) -> dict:
+    """Half the slow clients send a body's first byte and stop (the body limit, 30 s, answers 408),
+    half send their request headers a byte a second (the header limit, 10 s, answers 408)."""
     proc, port = start(args)
-    socks = []
-    for _ in range(args.slow):
+    bodies, headers = [], []
+    for i in range(args.slow):
         s = socket.create_connection(("127.0.0.1", port))
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
-        socks.append(s)
+        if i % 2 == 0:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+            bodies.append(s)
+        else:
+            s.sendall(b"P")
+            headers.append(s)
+    trickle = b"OST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+    stop = threading.Event()
+
+    def drip() -> None:  # a byte a second on every header socket, until each is answered or closed
+        for byte in trickle:
+            if stop.wait(1.0):
+                return
+            for s in headers:
+                try:
+                    s.send(bytes([byte]))
+                except OSError:
+                    pass
+
+    dripper = threading.Thread(target=drip, daemon=True)
+    dripper.start()
     status, _ = request(port, "POST", "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 4}).encode())
-    timed_out = 0
-    for s in socks:  # the body timeout is 30 s
-        s.settimeout(60)
-        try:
-            timed_out += s.recv(64).startswith(b"HTTP/1.1 408")
-        except OSError:
-            pass
-        s.close()
+    answered = {"body": 0, "headers": 0}
+    for kind, socks in (("headers", headers), ("body", bodies)):
+        for s in socks:
+            s.settimeout(60)
+            try:
+                answered[kind] += s.recv(64).startswith(b"HTTP/1.1 408")
+            except OSError:
+                pass
+            s.close()
+    stop.set()
     proc.send_signal(signal.SIGTERM)
     code = proc.wait(60)
-    return {"slow clients": args.slow, "answered 408": timed_out, "others served": status == 200, "exit": code}
+    return {
+        "slow bodies": len(bodies),
+        "answered 408 (body)": answered["body"],
+        "slow headers": len(headers),
+        "answered 408 (headers)": answered["headers"],
+        "others served": status == 200,
+        "exit": code,
+    }
 
 
 def drain(args) -> dict:
@@ -238,7 +268,7 @@ def main() -> int:
     p.add_argument("--rows", type=int, default=4)
     p.add_argument("-n", type=int, default=300, help="requests in the soak")
     p.add_argument("-c", "--clients", type=int, default=6)
-    p.add_argument("--slow", type=int, default=50, help="clients trickling a body")
+    p.add_argument("--slow", type=int, default=50, help="slow clients: half trickle a body, half their headers")
     p.add_argument("--kills", type=int, default=10, help="SIGKILLs while the suffix cache is saved")
     p.add_argument("--phases", nargs="+", default=["soak", "slow", "drain", "kill"])
     args = p.parse_args()
