@@ -6,13 +6,15 @@ forwards: for cache depths on both sides of 512 (where flash attention's one-row
   cache across threads) and widths 2..16 (the tiled matmul takes over at 8), a forward of W tokens
   against W one-token forwards at the same positions, for one row and for two rows in one forward.
 greedy: the real target, plain decoding alone against speculative decoding (the draft model, prompt
-  lookup) alone and in a batch of 4 rows, on test_greedy_real's prompts.
+  lookup) alone and in a batch of 4 rows, on test_greedy_real's prompts; and sampled by position
+  (reproducible, temperature 0.8, top-p 0.95), the same seeds.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +71,16 @@ def greedy(exact: bool) -> dict:
         "ngram": [SpeculativeDecoder(target, "ngram", k=6).generate(p, config) for p in PROMPTS],
         "draft model, batch of 4": SpeculativeDecoder(target, draft, k=4).generate_batch(PROMPTS[:4], config),
     }
+    # sampled by position (reproducible): the same seed, the same text, whatever drafted it
+    sampled = replace(config, temperature=0.8, top_p=0.95, reproducible=True, max_new_tokens=32)
+    out["sampled plain"] = [SpeculativeDecoder(target, None).generate(p, sampled, seed=7).tokens for p in PROMPTS]
+    runs["sampled ngram"] = [SpeculativeDecoder(target, "ngram", k=6).generate(p, sampled, seed=7) for p in PROMPTS]
+    runs["sampled draft model"] = [SpeculativeDecoder(target, draft, k=4).generate(p, sampled, seed=7) for p in PROMPTS]
+    batch = SpeculativeDecoder(target, draft, k=4).generate_batch(PROMPTS[:4], replace(sampled, seed=7))
+    out["sampled plain, seeds 7.."] = [
+        SpeculativeDecoder(target, None).generate(p, sampled, seed=7 + i).tokens for i, p in enumerate(PROMPTS[:4])
+    ]
+    runs["sampled draft model, batch of 4"] = batch  # row i is seeded 7 + i
     for name, results in runs.items():
         out[name] = [r.tokens for r in results]
         out[name + " accepted"] = sum(r.stats.accepted for r in results)

@@ -54,7 +54,8 @@ def test_without_the_exact_mode_they_differ():
 
 def test_speculative_greedy_is_plain_greedy_token_for_token():
     """No tie rule here (tests/lossless.py allows one in the default mode): every prompt, every
-    drafter, alone and in a batch of 4 rows, equals plain decoding exactly."""
+    drafter, alone and in a batch of 4 rows, equals plain decoding exactly; and so does seeded
+    sampling by position (--reproducible)."""
     out = _exact_run("greedy", exact=True)
     plain = out["plain"]
     for name in ("draft model", "ngram"):
@@ -62,6 +63,11 @@ def test_speculative_greedy_is_plain_greedy_token_for_token():
         assert out[name + " accepted"] > 0, name
     assert out["draft model, batch of 4"] == plain[:4]
     assert out["draft model, batch of 4 accepted"] > 0
+    # sampled by position (--reproducible): a seed is one text, whatever drafted it, bit for bit here
+    for name in ("sampled ngram", "sampled draft model"):
+        assert out[name] == out["sampled plain"], name
+    assert out["sampled draft model, batch of 4"] == out["sampled plain, seeds 7.."]
+    assert out["sampled ngram accepted"] + out["sampled draft model accepted"] > 0
 
 
 def test_exact_and_default_builds_never_share_a_process():

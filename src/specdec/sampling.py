@@ -236,8 +236,12 @@ def sample_at(p_row: np.ndarray, seed: int, position: int) -> int:
     """A token of p_row [vocab] by the Gumbel-max trick, argmax(log p + g), with the noise g of
     (seed, position): an exact sample of p_row when g is fresh, and the same token every time the
     same (seed, position) meets the same p_row. Zero-probability tokens never win (log 0 = -inf)."""
+    noise = position_noise(seed, position, p_row.size)
+    kept = np.flatnonzero(p_row)
+    if 4 * kept.size < p_row.size:  # a filtered p (top-k, top-p) keeps few: log and compare only those
+        return int(kept[np.argmax(np.log(p_row[kept]) + noise[kept])])
     with np.errstate(divide="ignore"):
-        return int(np.argmax(np.log(p_row) + position_noise(seed, position, p_row.size)))
+        return int(np.argmax(np.log(p_row) + noise))
 
 
 def verify_at(p: np.ndarray, draft_tokens: Sequence[int], seed: int, start: int) -> tuple[int, int]:
