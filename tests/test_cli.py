@@ -195,26 +195,22 @@ def test_help_says_what_k_and_temperature_do():
 
 
 @pytest.mark.parametrize("command", ["generate", "compare"])
-def test_special_in_turns_reaches_the_config(command):
+@pytest.mark.parametrize(
+    "flag, field, help_phrase",
+    [
+        ("--special-in-turns", "special_in_turns", "prompt injection"),
+        ("--reproducible", "reproducible", "sample by position"),
+    ],
+)
+def test_a_request_switch_reaches_the_config(command, flag, field, help_phrase):
     from specdec.cli import build_parser
     from specdec.cli.prompt import _config
 
     parser = build_parser()
-    assert _config(parser.parse_args([command, "-p", "x", "--special-in-turns"])).special_in_turns is True
-    assert _config(parser.parse_args([command, "-p", "x"])).special_in_turns is False  # off unless asked
-    assert "prompt injection" in _subparsers()[command].format_help()
-
-
-@pytest.mark.parametrize("command", ["generate", "compare"])
-def test_reproducible_reaches_the_config(command):
-    from specdec.cli import build_parser
-    from specdec.cli.prompt import _config
-
-    parser = build_parser()
-    assert _config(parser.parse_args([command, "-p", "x", "--reproducible"])).reproducible is True
-    assert _config(parser.parse_args([command, "-p", "x"])).reproducible is False  # off unless asked
-    assert "sample by position" in _subparsers()[command].format_help()
-    assert "--reproducible" in _subparsers()["serve"].format_help()
+    assert getattr(_config(parser.parse_args([command, "-p", "x", flag])), field) is True
+    assert getattr(_config(parser.parse_args([command, "-p", "x"])), field) is False  # off unless asked
+    assert help_phrase in _subparsers()[command].format_help()
+    assert flag in _subparsers()["serve"].format_help()  # the server's own, for every request
 
 
 @pytest.mark.real_models
