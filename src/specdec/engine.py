@@ -66,7 +66,9 @@ class Request:
         self.params = config.sampling
         self.rng = np.random.default_rng(config.seed)  # this row's own stream: batch-independent
         # config.reproducible: the seed that keys every position's noise (a fresh one if unseeded)
-        self.noise_seed = config.seed if config.seed is not None else int(np.random.SeedSequence().entropy % 2**64)
+        self.noise_seed = None
+        if config.reproducible:
+            self.noise_seed = config.seed if config.seed is not None else int(np.random.SeedSequence().entropy % 2**64)
         self.stats = GenerationStats(prompt_tokens=len(prompt_tokens))
         self.text = Detokenizer(tokenizer, config.stop)
         self.context = list(prompt_tokens)
