@@ -229,20 +229,19 @@ def cmd_demo(args) -> int:
 
 
 def _result_json(result, tokenizer) -> dict:
-    """GenerationResult.to_dict, its log-probabilities (when asked for) in OpenAI's chat shape with
-    the token ids beside: {"id", "token", "bytes", "logprob", "top_logprobs": [{"id", "token",
-    "bytes", "logprob"}]}, a token's text as UTF-8 (a token holding part of a character shows
-    U+FFFD; `bytes` has it whole)."""
+    """GenerationResult.to_dict, its log-probabilities (when asked for) as the server's chat
+    logprobs show them (server.protocol.logprobs_body: token, logprob, bytes, top_logprobs; -inf
+    floored as OpenAI does, so the JSON stays JSON), with each token's id beside."""
+    from ..server.protocol import logprobs_body
+
     out = result.to_dict()
     if result.logprobs is not None:
-
-        def item(token: int, logprob: float) -> dict:
-            data = tokenizer.token_bytes(token)
-            return {"id": token, "token": data.decode("utf-8", "replace"), "bytes": list(data), "logprob": logprob}
-
-        out["logprobs"] = [
-            {**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]} for e in result.logprobs
-        ]
+        content = logprobs_body("chat", result.logprobs, tokenizer.token_bytes)["content"]
+        for entry, e in zip(content, result.logprobs):
+            entry["id"] = e.token
+            for top, (token, _) in zip(entry["top_logprobs"], e.top):
+                top["id"] = token
+        out["logprobs"] = content
     return out
 
 
