@@ -4,8 +4,11 @@ by benchmarks/serve_load.py the same way. Prints one markdown table (and appends
     python benchmarks/serve_compare.py --llama-bin "$(python scripts/build_llama_cpp_tools.py | tail -n 1)" \
         --servers specdec:auto specdec:none llama:plain llama:ngram-simple llama:draft -c 1 2 4 8
 
-Servers: specdec:<draft> (auto, none, ngram, or a draft model name) and llama:plain,
-llama:ngram-simple, llama:ngram-mod, llama:draft (the 0.5B draft model, 4 tokens).
+Servers: specdec:<draft> (auto, none, ngram, or a draft model name), optionally with
+",stall=X" (its --prefill-stall), and llama:plain, llama:ngram-simple, llama:ngram-mod, llama:draft
+(the 0.5B draft model, 4 tokens). With --repeats R every cell runs R times, the servers taking
+turns within each round (a drifting machine then moves every server alike), and a last table
+gives each cell's median and its spread (max / min tokens/s over the repeats).
 Take the CPU to yourself while it runs: timings on a shared CPU mean nothing.
 """
 
@@ -15,6 +18,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -48,8 +52,11 @@ def wait_healthy(url: str, proc, timeout: float) -> None:
 
 
 def command(server: str, c: int, port: int, args) -> list[str]:
-    kind, _, variant = server.partition(":")
+    name, *options = server.split(",")
+    kind, _, variant = name.partition(":")
+    options = dict(o.split("=", 1) for o in options)
     if kind == "specdec":
+        extra = ["--prefill-stall", options["stall"]] if "stall" in options else []
         return [
             sys.executable,
             "-m",
@@ -69,6 +76,7 @@ def command(server: str, c: int, port: int, args) -> list[str]:
             str(port),
             "--log-level",
             "warning",
+            *extra,
         ] + (["--threads", str(args.threads)] if args.threads else [])
     from specdec.catalog import resolve
 
@@ -100,6 +108,40 @@ def command(server: str, c: int, port: int, args) -> list[str]:
     return base + spec
 
 
+def run_cell(server: str, c: int, args) -> dict:
+    """Start `server` for C rows, load it with C clients, stop it; the run's row."""
+    port = free_port()
+    proc = subprocess.Popen(
+        command(server, c, port, args),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE if server.startswith("specdec") else subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, proc, 600)
+        load = ["--url", url + "/v1", "-c", str(c), "-n", str(args.prompts), "--max-tokens", str(args.max_tokens)]
+        load += ["--label", server]
+        if server.startswith("specdec"):
+            load += ["--model", args.target]
+        ns = serve_load.main_args(load)
+        prompts = serve_load.load_prompts(ns.suite, ns.prompts, ns.categories)
+        serve_load.one_request(serve_load.base_url(ns), prompts[0], argparse.Namespace(**{**vars(ns), "max_tokens": 8}))
+        row = serve_load.run_level(serve_load.base_url(ns), prompts, c, ns)
+        print(serve_load.fmt(row), flush=True)
+        for e in row["errors"][:3]:
+            print(f"  error: {e}", file=sys.stderr)
+        if args.json:
+            with args.json.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        return row
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--servers", nargs="+", default=["specdec:auto", "specdec:none", "llama:plain"])
@@ -112,53 +154,28 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--llama-bin", default=None)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--repeats", type=int, default=1, help="rounds; the servers take turns within each")
     args = p.parse_args(argv)
     print(serve_load.HEADER, flush=True)
-    for server in args.servers:
+    rows = []
+    for _ in range(args.repeats):
         for c in args.concurrency:
-            port = free_port()
-            proc = subprocess.Popen(
-                command(server, c, port, args),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE if server.startswith("specdec") else subprocess.DEVNULL,
-            )
-            try:
-                url = f"http://127.0.0.1:{port}"
-                wait_healthy(url, proc, 600)
-                load = [
-                    "--url",
-                    url + "/v1",
-                    "-c",
-                    str(c),
-                    "-n",
-                    str(args.prompts),
-                    "--max-tokens",
-                    str(args.max_tokens),
-                    "--label",
-                    server,
-                ]
-                if server.startswith("specdec"):
-                    load += ["--model", args.target]
-                if args.json:
-                    load += ["--json", str(args.json)]
-                ns = serve_load.main_args(load)
-                prompts = serve_load.load_prompts(ns.suite, ns.prompts, ns.categories)
-                serve_load.one_request(
-                    serve_load.base_url(ns), prompts[0], argparse.Namespace(**{**vars(ns), "max_tokens": 8})
-                )
-                row = serve_load.run_level(serve_load.base_url(ns), prompts, c, ns)
-                print(serve_load.fmt(row), flush=True)
-                for e in row["errors"][:3]:
-                    print(f"  error: {e}", file=sys.stderr)
-                if args.json:
-                    with args.json.open("a") as f:
-                        f.write(json.dumps(row) + "\n")
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            for server in args.servers:
+                rows.append(run_cell(server, c, args))
+    if args.repeats > 1:
+        print("\nmedian over the repeats (spread: max / min tokens/s)", flush=True)
+        print(serve_load.HEADER, flush=True)
+        for c in args.concurrency:
+            for server in args.servers:
+                cell = [r for r in rows if r["label"] == server and r["concurrency"] == c]
+                tps = [r["tokens_per_s"] for r in cell]
+                median = {
+                    key: statistics.median(r[key] for r in cell)
+                    for key, value in cell[0].items()
+                    if isinstance(value, (int, float)) and not isinstance(value, bool)
+                }
+                line = serve_load.fmt({**cell[0], **median})
+                print(f"{line} spread {max(tps) / min(tps):.2f}", flush=True)
     return 0
 
 

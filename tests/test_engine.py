@@ -369,3 +369,105 @@ def test_logprobs_are_the_targets_log_probabilities(target, temperature):
     assert decoder.generate(PROMPT, max_new_tokens=5).logprobs is None  # off unless asked
     with pytest.raises(SpecdecError, match="logprobs"):
         GenerationConfig(logprobs=21)
+
+
+class CountedRows:
+    """Records what each forward_rows call feeds, per row: the tokens, and whether logits came back."""
+
+    def __init__(self, model):
+        self.calls: list[dict[int, tuple[int, bool]]] = []
+        inner = model.forward_rows
+
+        def forward_rows(tokens, n_logits=None):
+            self.calls.append({row: (len(t), row in (n_logits or {})) for row, t in tokens.items()})
+            return inner(tokens, n_logits)
+
+        model.forward_rows = forward_rows
+
+
+def _join_while_decoding(target, costs, stall, prompt_len=40, steps=4):
+    """A row decodes; a second with a long prompt joins. The engine's forwards as CountedRows saw them."""
+    from specdec.controller import FixedController
+    from specdec.engine import Engine
+
+    counted = CountedRows(target)
+    engine = Engine(target, FixedController(None, 0), costs=costs, prefill_stall=stall)
+    first = engine.add([5, 6, 7], GenerationConfig(max_new_tokens=60))
+    engine.step()  # alone: its prompt at once
+    engine.step()
+    late = engine.add([(i * 5) % 31 + 1 for i in range(prompt_len)], GenerationConfig(max_new_tokens=10))
+    counted.calls.clear()
+    for _ in range(steps):
+        engine.step()
+    return engine, first, late, counted.calls
+
+
+def test_a_joining_prompt_rides_in_the_decoding_rows_forward(target):
+    """Mixed steps: while one row decodes, the joining row's prompt chunks go in the SAME forward
+    (no logits for them), one forward a step; on a steep curve (cost = width) at prefill_stall 3
+    the chunk is the 2 tokens that keep the step within 3 plain steps."""
+    engine, first, late, calls = _join_while_decoding(target, lambda w, depth=None: float(w), 3.0)
+    assert len(calls) == 4  # four steps, four forwards
+    for call in calls:
+        assert call[first.row] == (1, True)  # the decoding row's [last], with logits
+        assert call[late.row] == (2, False)  # a chunk within the budget, no logits
+    assert late.prefilled == 8 and first.stats.generated_tokens == 6
+
+
+def test_a_flat_curve_takes_the_whole_prompt_in_one_step(target):
+    """Where width costs nothing (a GPU's flat curve), the joining prompt rides whole in one step and
+    the row decodes from the next; its output is its solo run's."""
+    engine, first, late, calls = _join_while_decoding(target, lambda w, depth=None: 1.0, 2.0, steps=1)
+    assert calls == [{first.row: (1, True), late.row: (39, False)}]  # the last prompt token opens decoding
+    engine.run([first, late])
+    solo = SpeculativeDecoder(target, None, 0)
+    assert late.result.tokens == solo.generate(late.prompt_tokens, max_new_tokens=10).tokens
+    assert first.result.tokens == solo.generate([5, 6, 7], max_new_tokens=60).tokens
+
+
+def test_a_step_already_past_the_budget_still_moves_the_first_joiner(target):
+    """A curve on which no chunk fits (the decoding rows' own step is already at the limit) still
+    gives the first joining row one token a step, so it cannot starve; the second waits."""
+    from specdec.controller import FixedController
+    from specdec.engine import Engine
+
+    counted = CountedRows(target)
+    engine = Engine(target, FixedController(None, 0), costs=lambda w, depth=None: float(w) ** 3, prefill_stall=1.0)
+    first = engine.add([5, 6, 7], GenerationConfig(max_new_tokens=30))
+    engine.step()
+    a = engine.add(list(range(1, 12)), GenerationConfig(max_new_tokens=3))
+    b = engine.add(list(range(2, 13)), GenerationConfig(max_new_tokens=3))
+    counted.calls.clear()
+    engine.step()
+    assert counted.calls == [{first.row: (1, True), a.row: (1, False)}]
+    assert (a.prefilled, b.prefilled) == (1, 0)
+    engine.run([first, a, b])
+    solo = SpeculativeDecoder(target, None, 0)
+    assert b.result.tokens == solo.generate(b.prompt_tokens, max_new_tokens=3).tokens
+
+
+def test_joining_rows_under_auto_keep_their_solo_output(target):
+    """auto's engine sizes chunks by its own cost curve; rows joining a running batch of
+    speculating rows at a steep curve still give their solo runs' tokens."""
+    steep = {w: 0.05 * w for w in range(1, 65)}
+    decoder = SpeculativeDecoder(target, "auto", costs=(steep, None))
+    prompts = [list(PROMPT) * 3, [9, 9, 4, 3] * 5, [5, 6, 7] * 6]
+    solo = [decoder.generate(p, max_new_tokens=40).tokens for p in prompts]
+    engine = decoder.engine
+    assert engine.costs is engine.controller.target_cost
+    first = engine.add(prompts[0], GenerationConfig(max_new_tokens=40))
+    engine.step()
+    engine.step()
+    others = [engine.add(p, GenerationConfig(max_new_tokens=40)) for p in prompts[1:]]
+    engine.step()
+    assert 0 < others[0].prefilled < len(prompts[1]) - 1  # chunked behind the decoding row
+    engine.run([first, *others])
+    assert [r.result.tokens for r in (first, *others)] == solo
+
+
+def test_prefill_stall_below_one_is_refused(target):
+    from specdec.controller import FixedController
+    from specdec.engine import Engine
+
+    with pytest.raises(SpecdecError, match="prefill_stall must be at least 1"):
+        Engine(target, FixedController(None, 0), prefill_stall=0.5)

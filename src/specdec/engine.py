@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -27,11 +27,18 @@ from .spec import DEFAULT_K, GRAMMAR, DraftSpec, auto_drafters, make_drafter, pa
 from .stats import GenerationStats
 from .text import Detokenizer
 
-# Prompt tokens a joining row prefills per step while other rows are decoding: a long prompt is
-# cut into chunks so that the running rows wait one chunk, not the whole prompt (alone, a row
-# prefills at once).
+# Prompt tokens joining rows prefill per step while other rows are decoding, where the engine has
+# no cost curve to size the step by (prefill_stall): a long prompt is cut into chunks so that the
+# running rows wait one chunk, not the whole prompt (alone, a row prefills at once).
 # why: it bounds the running rows' stall, which depends on the machine; history: docs/provenance.md#prefill_chunk
 PREFILL_CHUNK = 256
+# A step that carries joining rows' prompt chunks along with the decoding rows' tokens may cost up
+# to this many times the decoding rows' own plain step (from the cost curve): the chunks get the
+# widest budget that keeps it so, at least one token a step.
+# why: a decoding row's inter-token gap stays within this factor of its plain step while others
+# join, on any curve (on a GPU's flat curve hundreds of prompt tokens ride along, on this CPU's steep
+# one a few); history: docs/provenance.md#prefill_stall
+PREFILL_STALL = 2.0
 
 
 @dataclass
@@ -100,9 +107,14 @@ class Engine:
     """Rows join (`add`), advance together (`step`) and leave when done or cancelled (`cancel`).
 
     Each step: 1-2. the controller chooses every live row's drafter and k and drafts; 3. ONE
-    target forward over every row's [last, *draft]; 4. each row is verified with its own random
-    stream; 5. every row is rolled back to what it kept and the drafters are told; 6. each row
-    emits (stop rules, text), finished rows leave, queued rows join and prefill."""
+    target forward over every row's [last, *draft] and the joining rows' next prompt chunks;
+    4. each row is verified with its own random stream; 5. every row is rolled back to what it
+    kept and the drafters are told; 6. each row emits (stop rules, text), finished rows leave,
+    queued rows take free rows. While nobody decodes, joining rows prefill whole prompts at once.
+
+    `costs` (a cost curve, cost(width, depth) -> seconds; the cost-aware controller's) sizes the
+    prompt chunks a step carries: the widest that keeps the step within `prefill_stall` times the
+    decoding rows' plain step. Without one, `prefill_chunk` tokens a step."""
 
     def __init__(
         self,
@@ -112,9 +124,14 @@ class Engine:
         max_rows: int | None = None,
         prefill_chunk: int = PREFILL_CHUNK,
         clock: Callable[[], float] = time.perf_counter,
+        costs: Callable[[int, float | None], float] | None = None,
+        prefill_stall: float = PREFILL_STALL,
     ):
+        if prefill_stall < 1.0:
+            raise SpecdecError(f"prefill_stall must be at least 1 (times a plain step), got {prefill_stall}")
         self.target, self.controller, self.drafters = target, controller, list(drafters)
         self.prefill_chunk = prefill_chunk
+        self.costs, self.prefill_stall = costs, prefill_stall
         # what the engine times its forwards with (the stats, and the costs the controller
         # learns): a test gives a virtual clock so that decisions never depend on machine load
         self.clock = clock
@@ -157,6 +174,9 @@ class Engine:
     def step(self) -> None:
         target = self.target
         self._admit()
+        joining = [r for r in self.rows.values() if r.prefilled < len(r.prompt_tokens) - 1]
+        if len(joining) == len(self.rows) and joining:  # nobody decodes: whole prompts, then a step
+            self._prefill(joining)
         live = [r for r in self.rows.values() if r.prefilled == len(r.prompt_tokens) - 1]
         full = [r for r in live if target.n_ctx - len(r.context) - 1 < 0]  # not even [last] fits
         for request in full:
@@ -164,6 +184,7 @@ class Engine:
         if full:
             self._finish(full)
         live = [r for r in live if not r.done]
+        joining = [r for r in self.rows.values() if r.prefilled < len(r.prompt_tokens) - 1]
         if not live:
             return
         rows = {r.row: r for r in live}
@@ -184,14 +205,19 @@ class Engine:
         }
         t_draft = self.clock() - t
         drafts = {row: (d.tokens if d is not None else []) for row, (_, d) in plan.items()}
-        # 3. ONE target forward: row r scores [last, *draft], k + 1 logits rows each
+        # 3. ONE target forward: row r scores [last, *draft], k + 1 logits rows each; the joining
+        # rows' prompt chunks ride along (no logits)
         inputs = {row: [contexts[row][-1], *drafts[row]] for row in rows}
+        chunks = self._chunks(joining, inputs, {row: len(c) for row, c in contexts.items()}) if joining else {}
+        fed = {**inputs, **chunks}
         depth = step_depth(
-            {row: len(tokens) for row, tokens in inputs.items()}, {row: len(contexts[row]) for row in rows}
+            {row: len(tokens) for row, tokens in fed.items()},
+            {**{row: len(contexts[row]) for row in rows}, **{row: self.rows[row].prefilled for row in chunks}},
         )  # before the contexts grow
         t = self.clock()
-        logits = target.forward_rows(inputs, {row: len(tokens) for row, tokens in inputs.items()})
+        logits = target.forward_rows(fed, {row: len(tokens) for row, tokens in inputs.items()})
         t_target = self.clock() - t
+        self._prefilled(chunks, t_target)
         # 4. verify each row with its own random stream: accepted count + the token after them
         verdicts = {}
         for row, r in rows.items():
@@ -236,7 +262,7 @@ class Engine:
             piece = r.text.ready()
             if piece:
                 r._pieces.append(piece)
-        width = target.width([len(tokens) for tokens in inputs.values()])
+        width = target.width([len(tokens) for tokens in fed.values()])
         self.controller.observe(outcomes, width, t_target, depth)
         for row, r in rows.items():
             r.stats.predicted_speedup, r.stats.measured_speedup = self.controller.speedups(
@@ -247,8 +273,7 @@ class Engine:
             self._finish(finished)
 
     def _admit(self) -> None:
-        """Queued requests take free rows; rows still prefilling get their next chunk, all in one
-        forward. Alone, a row prefills its whole prompt at once."""
+        """Queued requests take free rows (their prompts are prefilled by the steps that follow)."""
         n = min(len(self.queue), self.max_rows - len(self.rows))
         if n > 0:  # rows in one call: adding rows to a batched cache copies it
             admitted, self.queue = self.queue[:n], self.queue[n:]
@@ -259,33 +284,58 @@ class Engine:
                 for drafter in self.drafters:
                     drafter.begin(row, request.prompt_tokens, request.params, request.rng)
                 self.controller.begin(row, request.prompt_tokens)
-        joining = [r for r in self.rows.values() if r.prefilled < len(r.prompt_tokens) - 1]
-        if not joining:
-            return
-        decoding = len(joining) < len(self.rows)
-        budget = self.prefill_chunk if decoding else None
-        chunks = {}
-        for r in joining:  # the last prompt token opens the row's first step
-            end = len(r.prompt_tokens) - 1
-            n = end - r.prefilled if budget is None else min(end - r.prefilled, budget)
+
+    def _chunks(
+        self, joining: Sequence[Request], inputs: Mapping[int, Sequence[int]], depths: Mapping[int, int]
+    ) -> dict[int, list[int]]:
+        """The joining rows' next prompt chunks for a step whose decoding rows feed `inputs` (at
+        cache depths `depths`), in the order the rows joined: the most prompt tokens that keep the
+        step within prefill_stall times the decoding rows' plain step (the cost curve's estimate;
+        the first joiner gets at least one token), or prefill_chunk tokens without a curve."""
+        fed = {row: len(tokens) for row, tokens in inputs.items()}
+        depths = dict(depths)
+        if self.costs is not None:
+            limit = self.prefill_stall * self._seconds({row: 1 for row in inputs}, depths)
+        budget = self.prefill_chunk
+        chunks: dict[int, list[int]] = {}
+        for r in joining:
+            wanted = len(r.prompt_tokens) - 1 - r.prefilled  # the last prompt token opens decoding
+            depths[r.row] = r.prefilled
+            if self.costs is None:
+                n = min(wanted, budget)
+            else:  # the most tokens that fit (a step's cost only grows with its width)
+                lo, hi = 0, wanted
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    lo, hi = (mid, hi) if self._seconds({**fed, r.row: mid}, depths) <= limit else (lo, mid - 1)
+                n = lo if lo or chunks else min(1, wanted)
             if n <= 0:
                 break
             chunks[r.row] = r.prompt_tokens[r.prefilled : r.prefilled + n]
-            if budget is not None:
-                budget -= n
+            fed[r.row] = n
+            budget -= n
+        return chunks
+
+    def _seconds(self, fed: Mapping[int, int], depths: Mapping[int, int]) -> float:
+        """The cost curve's estimate of a forward feeding fed[row] tokens to each row."""
+        return self.costs(self.target.width(list(fed.values())), step_depth(fed, depths))
+
+    def _prefill(self, joining: Sequence[Request]) -> None:
+        """Nobody decodes: the joining rows prefill their whole prompts in one forward."""
+        chunks = {r.row: r.prompt_tokens[r.prefilled : len(r.prompt_tokens) - 1] for r in joining}
         t = self.clock()
         self.target.forward_rows(chunks)
-        seconds = self.clock() - t
+        self._prefilled(chunks, self.clock() - t)
+
+    def _prefilled(self, chunks: Mapping[int, Sequence[int]], seconds: float) -> None:
+        """These rows' chunks are in their caches, after a forward of `seconds`."""
         now = self.clock()
         for row, chunk in chunks.items():
             r = self.rows[row]
             r.prefilled += len(chunk)
             r.stats.prefill_seconds += seconds
             r.stats.target_seconds += seconds
-            r._t_decode = now
-        for r in joining:
-            if r.prefilled == len(r.prompt_tokens) - 1:
-                r._t_decode = now
+            r._t_decode = now  # its decoding starts after its prompt
 
     def _finish(self, requests: Sequence[Request]) -> None:
         """The requests leave: their rows are freed (in one call: dropping rows from a batched
@@ -467,11 +517,13 @@ class SpeculativeDecoder:
     @property
     def engine(self) -> Engine:
         if self._engine is None:
+            costs = None  # without a curve, joining rows prefill fixed chunks
             if self.auto:
                 controller = auto_controller(self.target, self.free_drafters(), self.model_drafter, self.costs)
+                costs = controller.target_cost
             else:
                 controller = FixedController(self.drafter, self.k if self.drafter else 0)
-            self._engine = Engine(self.target, controller, self.drafters(), self.max_rows)
+            self._engine = Engine(self.target, controller, self.drafters(), self.max_rows, costs=costs)
         return self._engine
 
     # -- public API -------------------------------------------------------------------------

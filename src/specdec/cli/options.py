@@ -55,6 +55,14 @@ def _positive(kind):
     return parse
 
 
+def _at_least_one(text: str) -> float:
+    """A factor that cannot shrink what it multiplies: a finite number >= 1."""
+    value = _positive(float)(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)

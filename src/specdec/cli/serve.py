@@ -6,10 +6,11 @@ import os
 import sys
 
 from .. import catalog
+from ..engine import PREFILL_STALL
 from ..errors import SpecdecError
 from .flags import _add_model_flags, _add_suffix_flags
 from .loading import _check_device, _check_suffix_flags, _model_loader, _suffix_cache
-from .options import _non_negative_int, _port, _positive
+from .options import _at_least_one, _non_negative_int, _port, _positive
 
 
 def _add_serve_parser(sub) -> None:
@@ -55,6 +56,16 @@ def _add_serve_parser(sub) -> None:
         metavar="B",
         help="requests generated together (rows of the KV cache; llama-server's -np, "
         "vLLM's --max-num-seqs) (default: 4)",
+    )
+    g.add_argument(
+        "--prefill-stall",
+        type=_at_least_one,
+        default=PREFILL_STALL,
+        metavar="X",
+        help="a new request's prompt is prefilled in chunks that ride in the running requests' "
+        "steps, each chunk as long as keeps such a step within X times their plain step (from the "
+        "cost curve): larger X, a sooner first token for the new request and longer pauses for "
+        f"the running ones; alone, a prompt is prefilled at once (default: {PREFILL_STALL:g})",
     )
     g.add_argument(
         "--max-queue",
@@ -152,6 +163,7 @@ def cmd_serve(args) -> int:
         api_key=args.api_key,
         special_in_turns=args.special_in_turns,
         reproducible=args.reproducible,
+        prefill_stall=args.prefill_stall,
     )
 
     def listening(port: int) -> None:  # the port bound (--port 0 picks one)

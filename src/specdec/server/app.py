@@ -25,7 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine import Engine
+from ..engine import PREFILL_STALL, Engine
 from ..errors import PromptError, SpecdecError
 from ..request import prepare
 from ..spec import DraftSpec
@@ -129,6 +129,7 @@ def build_service(
     draft_name: str | None = None,
     suffix=None,
     head=None,
+    prefill_stall: float = PREFILL_STALL,
     **limits,
 ) -> Service:
     """A service over loaded models: `target`, and `draft_model` (a RowModel, of another vocabulary
@@ -138,14 +139,22 @@ def build_service(
     when the default policy is fixed, since any request may ask for 'auto'. `suffix` is the suffix
     cache (as SpeculativeDecoder takes it): ONE for every request, whatever its policy, so each
     request drafts from all the requests before it. `head` is a trained head's drafter
-    (drafters.head), which requests name as 'head'."""
+    (drafters.head), which requests name as 'head'. `prefill_stall`: a step that carries joining
+    requests' prompt chunks costs at most this many plain steps of the decoding rows (Engine)."""
     from ..controller import auto_controller
     from ..spec import auto_drafters
 
     ngram, suffix, model = auto_drafters(target, draft_model, suffix)
     free = [d for d in (ngram, suffix) if d is not None]
     router = RoutingController(auto_controller(target, free, model), ngram, model, suffix, head)
-    engine = Engine(target, router, [d for d in (*free, model, head) if d is not None], max_rows=max_batch)
+    engine = Engine(
+        target,
+        router,
+        [d for d in (*free, model, head) if d is not None],
+        max_rows=max_batch,
+        costs=router.auto.target_cost,
+        prefill_stall=prefill_stall,
+    )
     router.engine = engine
     draft_names = {"auto": "auto", "ngram": "ngram", "none": "none"}
     if suffix is not None:
