@@ -3,6 +3,8 @@ row, a full queue is a 429, a time limit or an engine failure ends the request a
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from .helpers import (
@@ -127,3 +129,33 @@ def test_a_prompt_too_long_for_any_tokenization_is_refused_untokenized():
         assert calls == []
         r = httpx.post(base + "/v1/completions", json={"prompt": "abc " * 60, "max_tokens": 2})
         assert r.status_code == 200 and calls == [240]  # one that fits: tokenized, served
+
+
+def test_requests_arriving_together_start_together(monkeypatch):
+    """An idle server woken by a request waits GATHER for others: two requests sent 50 ms apart
+    (GATHER 0.5 s here, so that a slow machine cannot split them) prefill in ONE forward, so
+    neither is decoding while the other's prompt rides in its steps."""
+    from specdec.server import worker
+
+    monkeypatch.setattr(worker, "GATHER", 0.5)
+    with toy_server(delay=0.01) as (base, service):
+        target = service.worker.target
+        seen = []
+        inner = target.forward_rows
+
+        def forward_rows(tokens, n_logits=None):
+            seen.append({row: (len(t), row in (n_logits or {})) for row, t in tokens.items()})
+            return inner(tokens, n_logits)
+
+        target.forward_rows = forward_rows
+        outs = [[], []]
+        body = {"prompt": "abcdefgh", "max_tokens": 5, "speculative": {"draft": "none"}}
+        threads = []
+        for out in outs:
+            threads.append(_stream_in_thread(base, body, out))
+            time.sleep(0.05)
+        for thread in threads:
+            thread.join(30)
+        assert [out[-1] for out in outs] == [("end", 200)] * 2
+        first = seen[0]
+        assert len(first) == 2 and not any(logits for _, logits in first.values())  # both prompts, together

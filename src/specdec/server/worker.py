@@ -25,6 +25,13 @@ from ..spec import DraftSpec
 from .metrics import Metrics
 from .protocol import Job, RequestError
 
+# An idle engine woken by a request waits this long for others before its first step, so that
+# clients arriving together start together: their prompts prefill in one forward, and none of them
+# is already decoding while the others' prompts ride in its steps.
+# why: requests sent at once reach the engine a few milliseconds apart, and a first step
+# (a whole prompt's prefill) takes seconds; history: docs/provenance.md#gather
+GATHER = 0.02
+
 log = logging.getLogger("specdec.server")
 
 
@@ -95,6 +102,12 @@ class Worker:
             commands = []
             if not self.engine.busy and not stopping:
                 commands.append(self.inbox.get())  # idle: sleep until something arrives
+                deadline = time.monotonic() + GATHER
+                while commands[-1][0] == "add" and (left := deadline - time.monotonic()) > 0:
+                    try:
+                        commands.append(self.inbox.get(timeout=left))
+                    except queue.Empty:
+                        break
             while True:
                 try:
                     commands.append(self.inbox.get_nowait())
