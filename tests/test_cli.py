@@ -255,3 +255,30 @@ def test_the_suffix_cache_is_saved_at_exit_and_drafts_the_next_run(tmp_path, dra
     stats = again["stats"]  # the answer, drafted from the saved run
     assert stats["accepted"] >= 0.9 * stats["drafted"] and stats["accepted"] >= 16, stats
     assert SuffixCacheDrafter().load(cache) > saved.tokens_stored  # saved again, with both runs
+
+
+def test_serve_passes_the_scheduling_flags_to_the_service(monkeypatch):
+    """--prefill-stall and --objective reach build_service (its engine and auto's controller)."""
+    from specdec.cli import build_parser, serve
+    from specdec.server import app
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_build_service(*args, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(app, "build_service", fake_build_service)
+    monkeypatch.setattr(
+        serve,
+        "_model_loader",
+        lambda args, rows: lambda *a, **k: __import__("types").SimpleNamespace(name="t", n_ctx=64),
+    )
+    monkeypatch.setattr(serve, "_suffix_cache", lambda args, target: None)
+    args = build_parser().parse_args(["serve", "--draft", "none", "--prefill-stall", "3.5", "--objective", "latency"])
+    with pytest.raises(Stop):
+        serve.cmd_serve(args)
+    assert (seen["prefill_stall"], seen["objective"]) == (3.5, "latency")

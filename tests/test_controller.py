@@ -627,3 +627,31 @@ def test_each_row_of_a_batch_probes_the_draft_model_now_and_then():
         c.observe({row: Outcome(d, dr, 0, [7]) for row, (d, dr) in plan.items()}, 2, 0.03)
     assert probes[0] == probes[1] == [4, 12, 28], probes
     assert all(len(call) == 2 for call in model.calls)  # the rows' probes share one call
+
+
+def _copy_row_and_three_others(objective: str, rows: int = 4) -> dict[int, int]:
+    """Row 0 inside a long sure copy, the others with nothing to copy, on a steep-then-flat curve:
+    each row's k."""
+    c = CostAwareController(FixedProposals(range(40)), None, STEEP_THEN_FLAT, objective=objective)
+    for table in c.ngram_accept.tables.values():
+        table[:] = 0.99
+    for row in range(rows):
+        c.begin(row, [1, 2])
+    c.ngram.propose = lambda contexts, ks: {
+        row: Draft(list(range(40))[: ks[row]], evidence={"match": 40}) for row in ks if row == 0
+    }
+    plan = c.draft({row: [1, 2] for row in range(rows)}, {row: 63 for row in range(rows)})
+    return {row: len(draft.tokens) if draft else 0 for row, (_, draft) in plan.items()}
+
+
+def test_latency_first_keeps_one_rows_long_draft_from_slowing_the_others():
+    """Throughput first, the copying row drafts long: the batch's tokens per second rise though
+    the three other streams each get one token per much longer step. Latency first (the rows' own
+    speeds, geometric mean), that step is not worth it; alone, a row decides the same either way."""
+    throughput, latency = _copy_row_and_three_others("throughput"), _copy_row_and_three_others("latency")
+    assert throughput[0] >= 16 and set(throughput.values()) - {throughput[0]} == {0}, throughput
+    assert latency == {0: 0, 1: 0, 2: 0, 3: 0}, latency
+    assert _copy_row_and_three_others("throughput", rows=1) == _copy_row_and_three_others("latency", rows=1)
+    assert _copy_row_and_three_others("latency", rows=1)[0] >= 16
+    with pytest.raises(ValueError, match="objective must be one of throughput, latency"):
+        CostAwareController(None, None, CURVE, objective="fast")

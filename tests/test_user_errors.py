@@ -178,6 +178,8 @@ USER_ERRORS = [
     _row("serve-api-key-empty-env", ["serve"], "is empty", env={"SPECDEC_API_KEY": " "}),
     _row("serve-timeout-nan", ["serve", "--request-timeout", "nan"], "--request-timeout", "finite"),
     _row("serve-timeout-inf", ["serve", "--request-timeout", "inf"], "--request-timeout", "finite"),
+    _row("serve-prefill-stall-below-one", ["serve", "--prefill-stall", "0.5"], "--prefill-stall", "must be >= 1"),
+    _row("serve-objective-unknown", ["serve", "--objective", "fast"], "--objective", "invalid choice"),
     _row(
         "bench-suffix-without-a-cache",
         ["bench", "--methods", "suffix:4", "--suffix-cap", "0"],

@@ -38,6 +38,9 @@ from .acceptance import OVERLAY_LONG as OVERLAY_LONG
 from .costs import EMA, CostTable, step_depth
 from .drafters.base import Draft, Drafter, DraftModel
 
+# What a step maximises over its rows: the batch's tokens per second, or each row's own (the
+# geometric mean of the rows' tokens per second: a server that puts its streams' pace first).
+OBJECTIVES = ("throughput", "latency")
 # A speculative step must promise 10% more tokens per second than a plain step.
 # why: the estimates it wins on are picked for being the highest, so they err high (and step costs
 # vary by about that); history: docs/provenance.md#margin
@@ -179,16 +182,18 @@ class _Option:
 
 
 def auto_controller(
-    target, free: Sequence[Drafter], model: DraftModel | None, costs: tuple | None = None
+    target, free: Sequence[Drafter], model: DraftModel | None, costs: tuple | None = None, objective: str = "throughput"
 ) -> "CostAwareController":
     """`auto`'s controller for `target`, the one way it is built (a decoder's engine, the server's
     router). `costs`: (the target's curve, the draft model's or None); None: timed, and cached, at
-    first use (costs.measure_cost_table)."""
+    first use (costs.measure_cost_table). `objective`: OBJECTIVES."""
     if costs is None:
         from .costs import measure_cost_table
 
         costs = (measure_cost_table(target), measure_cost_table(model.model) if isinstance(model, DraftModel) else None)
-    return CostAwareController(free, model, *costs, width=target.width, stops=target.tokenizer.eog_ids)
+    return CostAwareController(
+        free, model, *costs, width=target.width, stops=target.tokenizer.eog_ids, objective=objective
+    )
 
 
 class CostAwareController:
@@ -213,7 +218,11 @@ class CostAwareController:
         shared_rate: float | None = None,
         explore_growth: float | None = None,
         stops: frozenset[int] = frozenset(),
+        objective: str = "throughput",
     ):
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+        self.objective = objective  # what a step maximises over the batch (_allocate)
         # a CostTable (with a deep curve, costs.measure_cost_table), or a curve at one depth
         self.target_cost = CostTable.of(target_costs)
         # A free drafter (prompt lookup, the suffix cache) may draft as far as the widest forward the cost
@@ -333,24 +342,36 @@ class CostAwareController:
         return seconds
 
     def _allocate(self, options: Mapping[int, _Option]) -> tuple[dict[int, int], float, float]:
-        """k per row, the promised tokens per second, and that of a plain step for every row."""
+        """k per row, the promised speed, and that of a plain step for every row. The speed is the
+        batch's tokens per second (objective "throughput"), or the geometric mean of the rows' own
+        tokens per second (objective "latency": a long draft for one row slows every other row's
+        stream, and the mean of logs counts that where a sum of tokens does not)."""
+        latency = self.objective == "latency"
+        # a row's gain from its next draft token: in expected tokens, or in their log
+        gain = (lambda e, k: np.log(e[k + 1] / e[k])) if latency else (lambda e, k: e[k + 1] - e[k])
         ks = {row: 0 for row in options}
-        tokens = float(len(ks))
-        plain = tokens / self._step_cost(ks, options)
+        n = len(ks)
+
+        def speed(total: float) -> float:  # total: the sum of the rows' expected tokens (of their logs)
+            seconds = self._step_cost(ks, options)
+            return float(np.exp(total / n)) / seconds if latency else total / seconds
+
+        total = 0.0 if latency else float(n)
+        plain = speed(total)
         best = (dict(ks), plain)
-        # every row's next draft token, by marginal gain (E is concave: a row's gains only shrink)
-        heap = [(-(o.expected[1] - o.expected[0]), row) for row, o in options.items() if len(o.expected) > 1]
+        # every row's next draft token, by marginal gain (E and log E are concave: a row's gains only shrink)
+        heap = [(-gain(o.expected, 0), row) for row, o in options.items() if len(o.expected) > 1]
         heapq.heapify(heap)
         while heap:
-            gain, row = heapq.heappop(heap)
+            g, row = heapq.heappop(heap)
             ks[row] += 1
-            tokens -= gain
-            value = tokens / self._step_cost(ks, options)
+            total -= g
+            value = speed(total)
             if value > best[1]:
                 best = (dict(ks), value)
             e, k = options[row].expected, ks[row]
             if k + 1 < len(e):
-                heapq.heappush(heap, (-(e[k + 1] - e[k]), row))
+                heapq.heappush(heap, (-gain(e, k), row))
         if best[1] <= plain * (1.0 + self.margin):  # what a speculative step must promise
             return {row: 0 for row in options}, plain, plain
         return best[0], best[1], plain

@@ -6,6 +6,7 @@ import os
 import sys
 
 from .. import catalog
+from ..controller import OBJECTIVES
 from ..engine import PREFILL_STALL
 from ..errors import SpecdecError
 from .flags import _add_model_flags, _add_suffix_flags
@@ -66,6 +67,14 @@ def _add_serve_parser(sub) -> None:
         "steps, each chunk as long as keeps such a step within X times their plain step (from the "
         "cost curve): larger X, a sooner first token for the new request and longer pauses for "
         f"the running ones; alone, a prompt is prefilled at once (default: {PREFILL_STALL:g})",
+    )
+    g.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="throughput",
+        help="what 'auto' maximises each step over the requests running together: throughput, "
+        "their tokens per second all told, or latency, each request's own (the geometric mean), so "
+        "that a long draft for one request does not slow every other stream (default: throughput)",
     )
     g.add_argument(
         "--max-queue",
@@ -164,6 +173,7 @@ def cmd_serve(args) -> int:
         special_in_turns=args.special_in_turns,
         reproducible=args.reproducible,
         prefill_stall=args.prefill_stall,
+        objective=args.objective,
     )
 
     def listening(port: int) -> None:  # the port bound (--port 0 picks one)

@@ -130,6 +130,7 @@ def build_service(
     suffix=None,
     head=None,
     prefill_stall: float = PREFILL_STALL,
+    objective: str = "throughput",
     **limits,
 ) -> Service:
     """A service over loaded models: `target`, and `draft_model` (a RowModel, of another vocabulary
@@ -140,13 +141,15 @@ def build_service(
     cache (as SpeculativeDecoder takes it): ONE for every request, whatever its policy, so each
     request drafts from all the requests before it. `head` is a trained head's drafter
     (drafters.head), which requests name as 'head'. `prefill_stall`: a step that carries joining
-    requests' prompt chunks costs at most this many plain steps of the decoding rows (Engine)."""
+    requests' prompt chunks costs at most this many plain steps of the decoding rows (Engine).
+    `objective`: what 'auto' maximises over the batch, its tokens per second ("throughput") or
+    each request's own ("latency"; controller.OBJECTIVES)."""
     from ..controller import auto_controller
     from ..spec import auto_drafters
 
     ngram, suffix, model = auto_drafters(target, draft_model, suffix)
     free = [d for d in (ngram, suffix) if d is not None]
-    router = RoutingController(auto_controller(target, free, model), ngram, model, suffix, head)
+    router = RoutingController(auto_controller(target, free, model, objective=objective), ngram, model, suffix, head)
     engine = Engine(
         target,
         router,
