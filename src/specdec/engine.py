@@ -38,7 +38,7 @@ PREFILL_CHUNK = 256
 # why: a decoding row's inter-token gap stays within this factor of its plain step while others
 # join, on any curve (on a GPU's flat curve hundreds of prompt tokens ride along, on this CPU's steep
 # one a few); history: docs/provenance.md#prefill_stall
-PREFILL_STALL = 2.0
+PREFILL_STALL = 1.5
 
 
 @dataclass

@@ -65,8 +65,8 @@ def _add_serve_parser(sub) -> None:
         metavar="X",
         help="a new request's prompt is prefilled in chunks that ride in the running requests' "
         "steps, each chunk as long as keeps such a step within X times their plain step (from the "
-        "cost curve): larger X, a sooner first token for the new request and longer pauses for "
-        f"the running ones; alone, a prompt is prefilled at once (default: {PREFILL_STALL:g})",
+        "cost curve): larger X, the prompt rides in bigger pieces and the running requests "
+        f"pause longer; alone, a prompt is prefilled at once (default: {PREFILL_STALL:g})",
     )
     g.add_argument(
         "--objective",
