@@ -94,6 +94,7 @@ class CheckReport:
     exact: bool = False
     greedy_prompts: int = 0
     greedy_identical: int = 0
+    greedy_plain: bool = True  # greedy output was compared with plain output (else: only with its own logprobs)
     partings: list[Parting] = field(default_factory=list)
     tests: list[StatTest] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what was and was not checked, and why
@@ -115,7 +116,7 @@ class CheckReport:
             "exact": self.exact,
             "greedy": {
                 "prompts": self.greedy_prompts,
-                "identical": self.greedy_identical,
+                "identical": self.greedy_identical if self.greedy_plain else None,
                 "partings": [asdict(p) | {"failed": p.failed} for p in self.partings],
             },
             "sampled": [asdict(t) | {"passed": t.passed} for t in self.tests],
@@ -124,7 +125,11 @@ class CheckReport:
 
     def lines(self) -> list[str]:
         out = [f"engine    {self.engine}"]
-        if self.greedy_prompts:
+        if self.greedy_prompts and not self.greedy_plain:
+            out.append(
+                f"greedy    {self.greedy_prompts} prompts, each token against the server's own log-probabilities"
+            )
+        elif self.greedy_prompts:
             out.append(
                 f"greedy    {self.greedy_identical} of {self.greedy_prompts} prompts identical to plain decoding"
                 + (" (exact mode: no tie allowance)" if self.exact else "")
@@ -499,6 +504,7 @@ class Completion:
     text: str
     finished: bool  # ended by the model (finish_reason "stop") rather than the token budget
     tokens: tuple | None = None  # each token's bytes, where the server gave logprobs
+    logprobs: tuple | None = None  # each token's log-probability, where given
     top: tuple | None = None  # per token: {token bytes: logprob} of the most likely, where given
 
 
@@ -582,7 +588,8 @@ class Endpoint:
             return Completion(text, finished)
         tokens = tuple(_token_key(e) for e in content)
         top = tuple({_token_key(t): float(t["logprob"]) for t in e.get("top_logprobs") or []} for e in content)
-        return Completion(text, finished, tokens, top)
+        logprobs = tuple(float(e["logprob"]) for e in content)
+        return Completion(text, finished, tokens, logprobs, top)
 
 
 class _HTTPError(SpecdecError):
@@ -603,6 +610,57 @@ def _token_key(entry: dict) -> bytes:
     """A token by its bytes (OpenAI's `bytes`; else its text as UTF-8)."""
     data = entry.get("bytes")
     return bytes(data) if data is not None else str(entry.get("token", "")).encode()
+
+
+def _off_greedy(c: Completion, tie: float, start: int = 0) -> tuple[int, float] | None:
+    """The first token from `start` on that is not the server's own top-1 by `tie` or more, as
+    (index, the top-1's logprob minus the token's), from its reported log-probabilities."""
+    for j in range(start, len(c.tokens)):
+        best = max(c.top[j].values(), default=c.logprobs[j])
+        if best - c.logprobs[j] >= tie and best > c.logprobs[j]:
+            return j, best - c.logprobs[j]
+    return None
+
+
+def _remote_greedy(i: int, s: Completion, p: Completion | None, exact: bool) -> Parting | None:
+    """Prompt i's greedy finding for a server: a parting from the plain endpoint's output `p`
+    (classed by p's top-2 log-probabilities there), or a speculative token that is not the
+    server's own top-1 by ROUNDING_GAP (any margin in the exact mode); None if neither."""
+    tie = 0.0 if exact else ROUNDING_GAP
+    why = "exact mode: any parting is a bug" if exact else "not a rounding tie"
+    first = None
+    if p is not None and (s.tokens, s.text) != (p.tokens, p.text):
+        if s.tokens is None or p.tokens is None:
+            first = first_difference(p.text, s.text)
+            return Parting(
+                i, first, None, "unknown", f"parts at character {first}: no logprobs to tell a tie from a bug"
+            )
+        first = first_difference(p.tokens, s.tokens)
+        top = sorted(p.top[first].values(), reverse=True)[:2] if first < len(p.tokens) else []
+        gap = top[0] - top[1] if len(top) == 2 else None
+        if gap is None:
+            return Parting(i, first, None, "unknown", f"parts at token {first}; no top-2 log-probabilities there")
+        if gap >= tie:
+            return Parting(i, first, gap, "bug", f"parts at token {first} where the top-2 gap is {gap:.3f} ({why})")
+    off = _off_greedy(s, tie) if s.tokens is not None else None
+    if off is not None:
+        j, gap = off
+        return Parting(
+            i,
+            j if first is None else first,
+            gap,
+            "bug",
+            f"speculative token {j} is not the server's own top-1 there: {gap:.3f} below it ({why})",
+        )
+    if first is None:
+        return None
+    return Parting(
+        i,
+        first,
+        gap,
+        "tie",
+        f"parts at token {first}, top-2 gap {gap:.4f} < {ROUNDING_GAP}: a rounding tie, greedy after it",
+    )
 
 
 def _remote_outcome(c: Completion, max_tokens: int) -> tuple:
@@ -649,45 +707,23 @@ def check_remote(
     plain = Endpoint(plain_url, api_key, model or spec.model) if plain_url else None
     report = CheckReport(f"{url} (model {spec.model})" + (f" vs plain {plain_url}" if plain else ""), alpha, exact)
     greedy = SamplingParams(0.0)
+    report.greedy_plain = plain is not None
     if plain is None:
         report.notes.append("no --plain-url: greedy equality and the two-sample tests need a plain endpoint")
-    elif greedy_tokens:
+    if greedy_tokens:
         for i, prompt in enumerate(prompts):
-            s, p = spec.complete(prompt, greedy_tokens, greedy), plain.complete(prompt, greedy_tokens, greedy)
-            report.greedy_prompts += 1
-            if (s.tokens, s.text) == (p.tokens, p.text):
-                report.greedy_identical += 1
-                continue
-            if s.tokens is None or p.tokens is None:
-                first = first_difference(p.text, s.text)
-                report.partings.append(
-                    Parting(
-                        i, first, None, "unknown", f"parts at character {first}: no logprobs to tell a tie from a bug"
-                    )
-                )
-                continue
-            first = first_difference(p.tokens, s.tokens)
-            top = sorted(p.top[first].values(), reverse=True)[:2] if first < len(p.tokens) else []
-            gap = top[0] - top[1] if len(top) == 2 else None
-            if gap is None:
-                report.partings.append(Parting(i, first, None, "unknown", f"parts at token {first}; no top-2 there"))
-            elif gap < (0.0 if exact else ROUNDING_GAP):
-                report.partings.append(
-                    Parting(
-                        i,
-                        first,
-                        gap,
-                        "tie",
-                        f"parts at token {first}, top-2 gap {gap:.4f} < {ROUNDING_GAP}: a rounding tie",
-                    )
-                )
-            else:
-                why = "exact mode: any parting is a bug" if exact else "not a rounding tie"
-                report.partings.append(
-                    Parting(i, first, gap, "bug", f"parts at token {first} where the top-2 gap is {gap:.3f} ({why})")
-                )
-        if report.partings:
-            report.notes.append("after a tie the rest of a remote output cannot be replayed (no logits)")
+            s = spec.complete(prompt, greedy_tokens, greedy)
+            parting = _remote_greedy(i, s, plain.complete(prompt, greedy_tokens, greedy) if plain else None, exact)
+            if plain is not None or s.tokens is not None:
+                report.greedy_prompts += 1
+                report.greedy_identical += parting is None and plain is not None
+            if parting is not None:
+                report.partings.append(parting)
+        if spec.logprobs:
+            report.notes.append(
+                "greedy: every speculative token checked against the server's own top log-probabilities "
+                "at its position (the logits it verified with)"
+            )
     if not samples:
         report.notes.append("sampled tests skipped (--samples 0)")
     else:

@@ -50,7 +50,8 @@ def _add_check_parser(sub) -> None:
     g.add_argument(
         "--url",
         help="an OpenAI-compatible server to check (specdec serve, llama-server, vLLM): "
-        "http://HOST:PORT, with or without /v1. With logprobs its first position is tested against "
+        "http://HOST:PORT, with or without /v1 (--exact: the server runs in the exact mode, no tie allowance). "
+        "With logprobs its first position is tested against "
         "its own reported probabilities; the rest needs --plain-url (default: check the models in-process)",
     )
     g.add_argument(
@@ -132,7 +133,10 @@ def _prompts(args) -> list[str]:
 
     if args.prompts is None:
         return list(PROMPTS)
-    return _batch_prompts(SimpleNamespace(prompt=None, prompt_file=args.prompts, chat=args.chat))
+    try:  # generate's batch reader: a prompt a line, .jsonl a "prompt" field a line
+        return _batch_prompts(SimpleNamespace(prompt=None, prompt_file=args.prompts, chat=args.chat))
+    except SpecdecError as exc:
+        raise SpecdecError(str(exc).replace("--prompt-file", "--prompts")) from None
 
 
 def cmd_check(args) -> int:
