@@ -196,3 +196,16 @@ def test_remote_passes_our_server_and_fails_it_broken(monkeypatch):
         broken = check_remote(url, plain, PROMPTS[:3], **args)
         assert not broken.passed and any(p.kind == "bug" for p in broken.partings), "\n".join(broken.lines())
         assert not check_remote(url, None, PROMPTS[:3], **args).passed  # its own logprobs tell
+
+
+# -- the real 0.5B ----------------------------------------------------------------------------------
+
+
+@pytest.mark.real_models
+def test_passes_our_engine_on_the_real_0_5b(draft_model):
+    """The 0.5B GGUF as the target, prompt lookup drafting: greedy on 3 prompts (partings allowed
+    only at rounding ties) and 100 samples of its first 2 tokens against its own probabilities."""
+    d = SpeculativeDecoder(draft_model, "ngram", k=6)
+    report = check_decoder(d, PROMPTS[:3], greedy_tokens=32, samples=100, sample_tokens=2, settings=SETTINGS[:1])
+    assert report.passed, "\n".join(report.lines())
+    assert report.greedy_prompts == 3 and len(report.tests) == 1 and report.tests[0].df > 0

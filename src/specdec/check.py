@@ -428,7 +428,8 @@ def check_decoder(
     target = decoder.target
     exact = bool(getattr(target, "exact", False))
     report = CheckReport(engine or target.name, alpha, exact)
-    plain = SpeculativeDecoder(target, None, max_rows=1)
+    plain = SpeculativeDecoder(target, None, max_rows=1)  # greedy reference: alone, one token a step
+    plain_rows = SpeculativeDecoder(target, None, max_rows=batch)  # plain samples, as many rows as the drafts
     if greedy_tokens:
         config = GenerationConfig(max_new_tokens=greedy_tokens, chat=chat)
         spec_results = decoder.generate_batch(list(prompts), config)
@@ -446,6 +447,7 @@ def check_decoder(
         return report
     if sample_tokens <= FIRST_POSITIONS:
         report.notes.append(f"no two-sample test: it reads position {FIRST_POSITIONS} or later (give more tokens)")
+    positions = min(FIRST_POSITIONS, sample_tokens)
     n_tests = len(settings) * min(sampled_prompts, len(prompts)) * (1 + (sample_tokens > FIRST_POSITIONS))
     level = alpha / n_tests
     for params in settings:
@@ -462,12 +464,12 @@ def check_decoder(
             spec = sample_outcomes(decoder, prompt_tokens, config, samples, batch, seed)
             probs = target_probs(target, prompt_tokens, params)
             try:
-                stat, df, tested, groups, bad = first_positions_test(spec, probs)
+                stat, df, tested, groups, bad = first_positions_test(spec, probs, positions)
             finally:
                 probs.close()
             report.tests.append(
                 _stat_test(
-                    f"prompt {i}, positions 0..{FIRST_POSITIONS - 1} vs the target's p",
+                    f"prompt {i}, positions 0..{positions - 1} vs the target's p",
                     _setting(params),
                     samples,
                     stat,
@@ -479,7 +481,7 @@ def check_decoder(
                 )
             )
             if sample_tokens > FIRST_POSITIONS:
-                ref = sample_outcomes(plain, prompt_tokens, config, samples, batch, seed + samples)
+                ref = sample_outcomes(plain_rows, prompt_tokens, config, samples, batch, seed + samples)
                 j = sample_tokens - 1
                 stat, df = two_sample(_later(spec, j), _later(ref, j))
                 report.tests.append(
