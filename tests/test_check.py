@@ -209,3 +209,21 @@ def test_passes_our_engine_on_the_real_0_5b(draft_model):
     report = check_decoder(d, PROMPTS[:3], greedy_tokens=32, samples=100, sample_tokens=2, settings=SETTINGS[:1])
     assert report.passed, "\n".join(report.lines())
     assert report.greedy_prompts == 3 and len(report.tests) == 1 and report.tests[0].df > 0
+
+
+def test_ctrl_c_during_a_server_check_exits_130():
+    """Ctrl-C while requests are in flight: exit 130 at once, one line, whatever the server does."""
+    pytest.importorskip("fastapi")
+    import time
+
+    from .server.helpers import toy_server
+    from .test_user_errors import _interrupt
+
+    with toy_server(delay=0.05) as (url, _):
+        started = time.monotonic()
+        code, out, err = _interrupt(
+            ["check", "--url", url, "-n", "100", "--samples", "100", "--batch", "4"],
+            lambda proc: time.monotonic() - started > 3,
+        )
+    assert code == 130, (code, err)
+    assert err.strip().splitlines() == ["specdec: interrupted"] and "Traceback" not in err

@@ -137,8 +137,9 @@ class CheckReport:
             for p in self.partings:
                 out.append(f"  prompt {p.prompt}: {'FAIL' if p.failed else 'tie '} {p.detail}")
         if self.tests:
+            n = len(self.tests)
             out.append(
-                f"sampled   {len(self.tests)} tests, each at alpha {self.alpha:g}/{len(self.tests)}; detectable = the "
+                f"sampled   {n} test{'s' if n > 1 else ''}, each at alpha {self.alpha:g}/{n}; detectable = the "
                 f"smallest total-variation shift found with probability {POWER:g}"
             )
             for t in self.tests:
@@ -674,8 +675,15 @@ def _remote_outcome(c: Completion, max_tokens: int) -> tuple:
 def _many(endpoint: Endpoint, prompt: str, max_tokens: int, params, n: int, seed: int, workers: int) -> list:
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
         return list(pool.map(lambda i: endpoint.complete(prompt, max_tokens, params, seed + i), range(n)))
+    except BaseException:  # Ctrl-C or a failed request: drop the queued ones, cut the ones in flight
+        pool.shutdown(wait=False, cancel_futures=True)
+        endpoint.client.close()
+        raise
+    finally:
+        pool.shutdown(wait=False)
 
 
 def check_remote(
