@@ -175,7 +175,7 @@ def _subparsers():
     return sub.choices
 
 
-@pytest.mark.parametrize("command", ["generate", "compare", "demo", "bench", "models", "fetch"])
+@pytest.mark.parametrize("command", ["generate", "compare", "demo", "bench", "models", "fetch", "check"])
 def test_help_shows_every_default(command):
     parser = _subparsers()[command]
     formatter = parser._get_formatter()

@@ -134,6 +134,14 @@ USER_ERRORS = [
     _row("exact-on-numpy", ["generate", "-p", "x", "--exact", "--backend", "numpy"], "exact mode is for the llama"),
     _row("serve-exact-on-torch", ["serve", "--exact", "--backend", "torch"], "exact mode is for the llama"),
     _row("bench-unknown-method", ["bench", "--methods", "magic:3"], "unknown method"),
+    # specdec check (tests/test_check.py)
+    _row("check-url-unknown-scheme", ["check", "--url", "ftp://127.0.0.1/v1"], "ftp://127.0.0.1/v1", "http://"),
+    _row("check-url-unreachable", ["check", "--url", "http://127.0.0.1:9/v1"], "cannot reach http://127.0.0.1:9/v1"),
+    _row("check-plain-url-alone", ["check", "--plain-url", "http://127.0.0.1:9"], "--plain-url", "give --url too"),
+    _row("check-samples-too-few", ["check", "--samples", "5"], "--samples", "at least 100"),
+    _row("check-samples-not-a-number", ["check", "--samples", "many"], "--samples", "expected an integer"),
+    _row("check-alpha-out-of-range", ["check", "--alpha", "2"], "--alpha", "(0, 0.5]"),
+    _row("check-prompts-missing", ["check", "--prompts", "{tmp}/none.txt"], "cannot read --prompts"),
     # the suffix cache
     _row("suffix-cap-negative", ["generate", "-p", "x", "--suffix-cap", "-1"], "--suffix-cap"),
     _row(

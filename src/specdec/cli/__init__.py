@@ -1,4 +1,4 @@
-"""The `specdec` command: generate, compare, demo, bench, models, fetch, serve, costs, train."""
+"""The `specdec` command: generate, compare, demo, bench, models, fetch, serve, costs, train, check."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 
 from ..errors import SpecdecError
 from .bench import _add_bench_parser, cmd_bench
+from .check import _add_check_parser, cmd_check
 from .costs import _add_costs_parser, cmd_costs
 from .generate import _add_generate_parsers, cmd_compare, cmd_demo, cmd_generate
 from .loading import _check_threads
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_parser(sub)
     _add_costs_parser(sub)
     _add_train_parser(sub)
+    _add_check_parser(sub)
     return parser
 
 
@@ -44,6 +46,7 @@ COMMANDS = {
     "serve": cmd_serve,
     "costs": cmd_costs,
     "train": cmd_train,
+    "check": cmd_check,
 }
 
 
