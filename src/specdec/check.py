@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .compare import ROUNDING_GAP, first_difference
+from .compare import ROUNDING_GAP, first_difference, logit_gap
 from .config import GenerationConfig
 from .errors import SpecdecError
 from .sampling import SamplingParams, logits_to_probs
@@ -160,8 +160,7 @@ class CheckReport:
 
 
 def _gap_and_argmax(row: np.ndarray) -> tuple[float, int]:
-    top2 = np.partition(row.astype(np.float64), -2)[-2:]
-    return float(top2[1] - top2[0]), int(np.argmax(row))
+    return logit_gap(row), int(np.argmax(row))
 
 
 def greedy_parting(

@@ -98,10 +98,15 @@ def top2_gap(target: RowModel, tokens: Sequence[int]) -> float:
     [r] = target.add_rows(1)
     try:
         target.forward_rows({r: tokens[:-1]})
-        row = target.forward_rows({r: tokens[-1:]}, {r: 1})[r][0].astype(np.float64)  # [vocab]
+        row = target.forward_rows({r: tokens[-1:]}, {r: 1})[r][0]  # [vocab]
     finally:
         target.drop_rows([r])
-    top2 = np.partition(row, -2)[-2:]
+    return logit_gap(row)
+
+
+def logit_gap(row: np.ndarray) -> float:
+    """A logits row's top-1 minus top-2 logit (in float64)."""
+    top2 = np.partition(row.astype(np.float64), -2)[-2:]
     return float(top2[1] - top2[0])
 
 
