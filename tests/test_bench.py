@@ -375,3 +375,30 @@ def test_every_runner_is_credited_its_tokens_alike():
     result = b._decoder(bench.parse_method("plain")[1]).generate(b.prompt_text(item), b._config())
     assert ours.tokens == len(result.tokens) + (result.stats.finish_reason == "eog")
     assert ours.tokens_per_second == pytest.approx(ours.tokens / ours.seconds)
+
+
+def test_reproducible_reaches_every_runs_config(monkeypatch):
+    """bench --reproducible samples by position (GenerationConfig.reproducible), so a seeded
+    sampled run of any method can be held against plain's text; off unless asked."""
+    from specdec.cli import build_parser
+    from specdec.cli.bench import cmd_bench
+
+    seen, Bench = {}, bench.Bench
+
+    class Stop(Exception):
+        pass
+
+    def fake_bench(*args, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(bench, "Bench", fake_bench)
+    for argv, expected in ((["--reproducible", "-t", "0.8", "--seed", "7"], True), ([], False)):
+        seen.clear()
+        with pytest.raises(Stop):
+            cmd_bench(build_parser().parse_args(["bench", "--methods", "plain", *argv]))
+        assert seen["reproducible"] is expected
+    b = Bench.__new__(Bench)
+    b.max_tokens, b.temperature, b.seed, b.reproducible = 8, 0.8, 7, True
+    config = b._config()
+    assert config.reproducible and config.seed == 7 and config.temperature == 0.8

@@ -76,6 +76,7 @@ class Bench:
         suffix_cap: int | None = None,
         draft_corpus: str | None = None,
         exact: bool = False,
+        reproducible: bool = False,
     ):
         from .. import load_model
         from ..catalog import resolve
@@ -85,6 +86,7 @@ class Bench:
 
         self.threads = threads or default_threads()
         self.ctx, self.max_tokens, self.temperature, self.seed = ctx, max_tokens, temperature, seed
+        self.reproducible = reproducible  # GenerationConfig.reproducible: sampling by position
         self.backend = backend
         options = dict(
             backend=backend, n_ctx=ctx, threads=self.threads, device=device, dtype=dtype, max_rows=max_rows, exact=exact
@@ -124,7 +126,11 @@ class Bench:
         from ..engine import GenerationConfig
 
         return GenerationConfig(
-            max_new_tokens=self.max_tokens, temperature=self.temperature, seed=self.seed, chat=False
+            max_new_tokens=self.max_tokens,
+            temperature=self.temperature,
+            seed=self.seed,
+            chat=False,
+            reproducible=self.reproducible,
         )
 
     def _decoder(self, spec: DraftSpec, repeat: int = 0, batch: int = 1):

@@ -106,6 +106,12 @@ def _add_bench_parser(sub) -> None:
         default=None,
         help="in 0..2**64-1; makes sampled runs repeatable (default: a fresh seed each run)",
     )
+    p.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="sample by position, as generate --reproducible: with --seed every method's sampled text "
+        "should be plain's (bit for bit with --exact), and the summary counts the runs that are",
+    )
 
 
 def cmd_bench(args) -> int:
@@ -146,6 +152,7 @@ def cmd_bench(args) -> int:
         suffix_cap=args.suffix_cap,
         draft_corpus=args.draft_corpus,
         exact=args.exact,
+        reproducible=args.reproducible,
     )
     if args.hf or any(m.startswith("hf:") for m in methods):
         runner.enable_hf()
