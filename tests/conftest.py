@@ -27,6 +27,23 @@ def require_module(name: str, hint: str):
         skip_or_fail(f"{name} is not installed: {hint}")
 
 
+class Stopped(Exception):
+    """Raised by a stand-in that captured_call put in place: the call was made and recorded."""
+
+
+def captured_call(monkeypatch, owner, name: str) -> dict:
+    """Replace owner.name with a stand-in that records the keyword arguments of its call in the
+    returned dict and raises Stopped (what a command passes on, without running it)."""
+    seen: dict = {}
+
+    def stand_in(*args, **kwargs):
+        seen.update(kwargs)
+        raise Stopped
+
+    monkeypatch.setattr(owner, name, stand_in)
+    return seen
+
+
 def needs_torch():
     """Skip (or, under SPECDEC_REQUIRE_MODELS=1, fail) when PyTorch or transformers is missing."""
     try:

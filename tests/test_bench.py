@@ -14,6 +14,8 @@ from specdec.compare import ROUNDING_GAP
 from specdec.errors import SpecdecError
 from specdec.spec import DraftSpec
 
+from .conftest import Stopped, captured_call
+
 
 def test_parse_method():
     assert bench.parse_method("plain") == ("specdec", DraftSpec("none", k=0), 0)
@@ -377,28 +379,24 @@ def test_every_runner_is_credited_its_tokens_alike():
     assert ours.tokens_per_second == pytest.approx(ours.tokens / ours.seconds)
 
 
-def test_reproducible_reaches_every_runs_config(monkeypatch):
+def test_reproducible_and_verification_reach_every_runs_config(monkeypatch):
     """bench --reproducible samples by position (GenerationConfig.reproducible), so a seeded
-    sampled run of any method can be held against plain's text; off unless asked."""
+    sampled run of any method can be held against plain's text; off unless asked. --verification
+    picks the sampled chain rule (block by default)."""
     from specdec.cli import build_parser
     from specdec.cli.bench import cmd_bench
 
-    seen, Bench = {}, bench.Bench
-
-    class Stop(Exception):
-        pass
-
-    def fake_bench(*args, **kwargs):
-        seen.update(kwargs)
-        raise Stop
-
-    monkeypatch.setattr(bench, "Bench", fake_bench)
-    for argv, expected in ((["--reproducible", "-t", "0.8", "--seed", "7"], True), ([], False)):
+    Bench = bench.Bench
+    seen = captured_call(monkeypatch, bench, "Bench")
+    for argv, expected in (
+        (["--reproducible", "-t", "0.8", "--seed", "7", "--verification", "token"], (True, "token")),
+        ([], (False, "block")),
+    ):
         seen.clear()
-        with pytest.raises(Stop):
+        with pytest.raises(Stopped):
             cmd_bench(build_parser().parse_args(["bench", "--methods", "plain", *argv]))
-        assert seen["reproducible"] is expected
+        assert (seen["reproducible"], seen["verification"]) == expected
     b = Bench.__new__(Bench)
-    b.max_tokens, b.temperature, b.seed, b.reproducible = 8, 0.8, 7, True
+    b.max_tokens, b.temperature, b.seed, b.reproducible, b.verification = 8, 0.8, 7, True, "token"
     config = b._config()
-    assert config.reproducible and config.seed == 7 and config.temperature == 0.8
+    assert config.reproducible and config.seed == 7 and config.temperature == 0.8 and config.verification == "token"

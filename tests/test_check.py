@@ -37,15 +37,15 @@ def decoder(drafter: str, batch: int = 1) -> SpeculativeDecoder:
     return SpeculativeDecoder(target, draft if drafter == "draft model" else drafter, k=4, max_rows=batch)
 
 
-def keeps_a_wrong_token(logits, draft_tokens, q, params, rng):
+def keeps_a_wrong_token(logits, draft_tokens, q, params, rng, rule="block"):
     """Broken greedy verification: the first draft token is always kept."""
     if not draft_tokens or not params.greedy:
-        return specdec.sampling.verify(logits, draft_tokens, q, params, rng)
+        return specdec.sampling.verify(logits, draft_tokens, q, params, rng, rule)
     n, token = verify_greedy(logits[1:], draft_tokens[1:])
     return n + 1, token
 
 
-def accepts_too_often(logits, draft_tokens, q, params, rng):
+def accepts_too_often(logits, draft_tokens, q, params, rng, rule="block"):
     """Broken sampled verification: accepts a draft token with min(1, 1.1 p/q)."""
     if params.greedy:
         return verify_greedy(logits, draft_tokens)

@@ -9,6 +9,7 @@ import pytest
 
 from specdec import catalog
 
+from .conftest import Stopped, captured_call
 from .test_user_errors import specdec  # the user-error table lives in tests/test_user_errors.py
 
 
@@ -213,6 +214,17 @@ def test_a_request_switch_reaches_the_config(command, flag, field, help_phrase):
     assert flag in _subparsers()["serve"].format_help()  # the server's own, for every request
 
 
+@pytest.mark.parametrize("command", ["generate", "compare"])
+def test_verification_reaches_the_config(command):
+    from specdec.cli import build_parser
+    from specdec.cli.prompt import _config
+
+    parser = build_parser()
+    assert _config(parser.parse_args([command, "-p", "x"])).verification == "block"  # the default
+    assert _config(parser.parse_args([command, "-p", "x", "--verification", "token"])).verification == "token"
+    assert "block verification" in " ".join(_subparsers()[command].format_help().split())
+
+
 @pytest.mark.real_models
 def test_demo_shows_where_auto_pays_and_where_it_steps_aside(target_model, draft_model):
     proc = specdec("demo", timeout=600)  # plain decoding runs twice; a loaded machine is slow
@@ -262,16 +274,7 @@ def test_serve_passes_the_scheduling_flags_to_the_service(monkeypatch):
     from specdec.cli import build_parser, serve
     from specdec.server import app
 
-    seen = {}
-
-    class Stop(Exception):
-        pass
-
-    def fake_build_service(*args, **kwargs):
-        seen.update(kwargs)
-        raise Stop
-
-    monkeypatch.setattr(app, "build_service", fake_build_service)
+    seen = captured_call(monkeypatch, app, "build_service")
     monkeypatch.setattr(
         serve,
         "_model_loader",
@@ -279,6 +282,6 @@ def test_serve_passes_the_scheduling_flags_to_the_service(monkeypatch):
     )
     monkeypatch.setattr(serve, "_suffix_cache", lambda args, target: None)
     args = build_parser().parse_args(["serve", "--draft", "none", "--prefill-stall", "3.5", "--objective", "latency"])
-    with pytest.raises(Stop):
+    with pytest.raises(Stopped):
         serve.cmd_serve(args)
     assert (seen["prefill_stall"], seen["objective"]) == (3.5, "latency")

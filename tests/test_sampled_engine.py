@@ -20,7 +20,7 @@ import pytest
 from specdec import GenerationConfig, SpeculativeDecoder
 from specdec.costs import CostTable
 from specdec.drafters.cross_vocab import CrossVocabDrafter
-from specdec.sampling import SamplingParams, logits_to_probs
+from specdec.sampling import VERIFICATION_RULES, SamplingParams, logits_to_probs
 
 from .drafters.test_cross_vocab import draft_lm, target_lm
 from .test_sampling import chi2_statistic, chi2_threshold, tv_threshold
@@ -163,6 +163,19 @@ def test_every_drafter_samples_the_target_through_the_engine(toy, kind, filters)
         assert {"ngram", "suffix", "draft"} <= used, stats
 
 
+@pytest.mark.parametrize("rule", VERIFICATION_RULES)
+def test_both_chain_rules_sample_the_target_through_the_engine(toy, rule):
+    """The draft model's real q, verified by either rule (GenerationConfig.verification), in the
+    harness's batches: the target's distribution (tests/test_verify_rules.py holds the rules
+    themselves, block verification exactly)."""
+    target, prompt = toy
+    config = GenerationConfig(max_new_tokens=N, chat=False, verification=rule, **FILTERS["t1-top3"])
+    expected = exact_outcomes(target, prompt, config.sampling, N)
+    counts = sampled_outcomes(toy_decoder("draft model", target), prompt, config)
+    chi2, chi2_max, tv, tv_max = distance(counts, expected)
+    assert chi2 < chi2_max and tv < tv_max, (rule, chi2, chi2_max, tv, tv_max)
+
+
 def test_every_drafter_drafts_long_and_is_sometimes_right(toy):
     """What the distribution tests above exercise: for each kind, drafts of 4 tokens, some kept
     (the bonus token from p) and some rejected (the recovered token from the residual); for the
@@ -189,16 +202,24 @@ def broken_residual(p_row, q_row):
     return p_row  # the classic bug: the rejected token may come back
 
 
+def break_residuals(patch) -> None:
+    """The classic bug in both chain rules: token by token (sampling.residual) and block
+    verification (sampling.block_residual) sample from p after a rejection."""
+    import specdec.sampling
+
+    break_residuals(patch)
+    patch.setattr(specdec.sampling, "block_residual", lambda p_row, q_row, weight: p_row)
+
+
 @pytest.mark.parametrize("kind", ["draft model", "ngram"])
 def test_the_harness_fails_a_verifier_that_resamples_from_p(toy, kind, monkeypatch):
     """Power: with the residual replaced by p, a rejected draft token comes back too often; the
     harness above must reject it far beyond its threshold, for a real q and for one-hot drafts."""
-    import specdec.sampling
 
     target, prompt = toy
     config = GenerationConfig(max_new_tokens=N, chat=False, **FILTERS["t1-top3"])
     expected = exact_outcomes(target, prompt, config.sampling, N)
-    monkeypatch.setattr(specdec.sampling, "residual", broken_residual)
+    break_residuals(monkeypatch)
     chi2, chi2_max, tv, tv_max = distance(sampled_outcomes(toy_decoder(kind, target), prompt, config), expected)
     assert chi2 > 3 * chi2_max and tv > tv_max, (chi2, chi2_max, tv, tv_max)
 
@@ -243,13 +264,12 @@ def test_batched_torch_rows_sample_the_target(torch_pair, kind):
 
 
 def test_the_torch_harness_fails_a_verifier_that_resamples_from_p(torch_pair, monkeypatch):
-    import specdec.sampling
 
     target, draft = torch_pair
     prompt = [1, 2, 3, 4, 1, 2, 3]
     config = GenerationConfig(max_new_tokens=TORCH_N, chat=False, **FILTERS["t1-top3"])
     expected = exact_outcomes(target, prompt, config.sampling, TORCH_N)
-    monkeypatch.setattr(specdec.sampling, "residual", broken_residual)
+    break_residuals(monkeypatch)
     chi2, chi2_max, tv, tv_max = distance(
         sampled_outcomes(torch_decoder("draft model", target, draft), prompt, config), expected
     )
@@ -266,7 +286,6 @@ def test_early_exit_samples_the_target_on_the_numpy_backend(tmp_path):
     top-k 3 keeps the outcomes enumerable over its 300-token vocabulary, and temperature 3 spreads
     this random model's peaked logits (at 1.0 one outcome has 0.99). Power: the broken residual
     fails the same harness."""
-    import specdec.sampling
     from specdec.drafters.early_exit import EarlyExitDrafter
     from specdec.models.numpy_ref import load_numpy_model
 
@@ -286,7 +305,7 @@ def test_early_exit_samples_the_target_on_the_numpy_backend(tmp_path):
     chi2, chi2_max, tv, tv_max = distance(run(), expected, rows=EARLY_ROWS)
     assert chi2 < chi2_max and tv < tv_max, (chi2, chi2_max, tv, tv_max)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(specdec.sampling, "residual", broken_residual)
+        break_residuals(patch)
         chi2, chi2_max, tv, tv_max = distance(run(), expected, rows=EARLY_ROWS)
     assert chi2 > 3 * chi2_max and tv > tv_max, (chi2, chi2_max, tv, tv_max)
 
@@ -296,7 +315,6 @@ def test_a_trained_head_samples_the_target(tmp_path, kind):
     """A head drafts from the target's hidden states with its own q over a draft vocabulary (q is 0
     outside it): the same tiny GPT-2 and harness as early exit above, with a random head file of
     each kind. Power: the broken residual fails it."""
-    import specdec.sampling
     from specdec.models.numpy_ref import load_numpy_model
     from specdec.spec import parse
 
@@ -322,6 +340,6 @@ def test_a_trained_head_samples_the_target(tmp_path, kind):
     assert chi2 < chi2_max and tv < tv_max, (chi2, chi2_max, tv, tv_max)
     if kind == "medusa":
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(specdec.sampling, "residual", broken_residual)
+            break_residuals(patch)
             chi2, chi2_max, tv, tv_max = distance(run(), expected, rows=EARLY_ROWS)
         assert chi2 > 3 * chi2_max and tv > tv_max, (chi2, chi2_max, tv, tv_max)

@@ -471,6 +471,14 @@ def test_lossless(name):
     assert tv < tv_threshold(exact, N_SAMPLES)
 
 
+def test_block_verification_is_lossless_under_filters():
+    """verify_block in the same harness: k 4 drafted from a real q, top-k/top-p/min-p zeros in p
+    and q (tests/test_verify_rules.py holds it exactly and with its power check)."""
+    counts, exact, stat, df, tv = measure(S.verify_block, CASES["k4-q"])
+    assert counts[exact == 0].sum() == 0
+    assert stat < chi2_threshold(df) and tv < tv_threshold(exact, N_SAMPLES), (stat, chi2_threshold(df), tv)
+
+
 def verify_q_over_p(p, draft_tokens, q, rng):
     """Broken: accepts with min(1, q/p) instead of min(1, p/q)."""
     for i, x in enumerate(draft_tokens):

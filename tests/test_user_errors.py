@@ -189,6 +189,13 @@ USER_ERRORS = [
     _row("serve-prefill-stall-below-one", ["serve", "--prefill-stall", "0.5"], "--prefill-stall", "must be >= 1"),
     _row("serve-objective-unknown", ["serve", "--objective", "fast"], "--objective", "invalid choice"),
     _row(
+        "generate-verification-unknown",
+        ["generate", "-p", "x", "--verification", "tree"],
+        "--verification",
+        "invalid choice",
+    ),
+    _row("bench-verification-unknown", ["bench", "--verification", "tokens"], "--verification", "invalid choice"),
+    _row(
         "bench-suffix-without-a-cache",
         ["bench", "--methods", "suffix:4", "--suffix-cap", "0"],
         "suffix:4",
@@ -340,6 +347,7 @@ def test_user_error(args, fragments, stdin, env, inputs):
         ({"seed": 1.5}, "seed"),
         ({"stop": ("",)}, "empty stop string"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"verification": "tree"}, "verification must be one of block, token"),
     ],
 )
 def test_generation_config_refuses(fields, fragment):

@@ -6,7 +6,7 @@ import numbers
 from dataclasses import dataclass
 
 from .errors import SpecdecError
-from .sampling import SamplingParams
+from .sampling import VERIFICATION_RULES, SamplingParams
 
 MAX_LOGPROBS = 20  # the most likely tokens a generated token's log-probability may come with (OpenAI's bound)
 
@@ -32,6 +32,10 @@ class GenerationConfig:
     # position) (sampling.verify_at), so a seeded request gives the same text with any drafter,
     # cache or batch (bit for bit in the exact mode; elsewhere rounding may flip a near-tie)
     reproducible: bool = False
+    # how a sampled draft with a real q (a draft model, a head) is verified: "block" (block
+    # verification: never fewer tokens kept in expectation) or "token" (token by token);
+    # sampling.VERIFICATION_RULES. Greedy rows, one-hot drafts and reproducible rows are unaffected.
+    verification: str = "block"
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -41,6 +45,10 @@ class GenerationConfig:
                 raise SpecdecError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise SpecdecError(f"logprobs must be in 0..{MAX_LOGPROBS}, got {self.logprobs}")
+        if self.verification not in VERIFICATION_RULES:
+            raise SpecdecError(
+                f"verification must be one of {', '.join(VERIFICATION_RULES)}, got {self.verification!r}"
+            )
         if any(not s for s in self.stop):
             raise SpecdecError("an empty stop string would end every generation at once; drop it")
         object.__setattr__(self, "stop", tuple(self.stop))

@@ -227,7 +227,8 @@ class Engine:
                 p = logits_to_probs(logits[row], r.params)
                 verdicts[row] = verify_at(p, drafts[row], r.noise_seed, r.stats.generated_tokens)
             else:
-                verdicts[row] = verify(logits[row], drafts[row], q, r.params, r.rng)  # [k + 1, vocab] in
+                # [k + 1, vocab] in; block verification where q is real (config.verification)
+                verdicts[row] = verify(logits[row], drafts[row], q, r.params, r.rng, r.config.verification)
         # 5. roll every row back to what it kept; each drafter hears about the rows it drafted for
         t = self.clock()
         target.rollback_rows({row: len(contexts[row]) + verdicts[row][0] for row in rows})

@@ -9,6 +9,11 @@ drafted tokens are accepted). With this rule the emitted tokens are distributed
 exactly as if sampled from p alone (Leviathan et al. 2023, arXiv:2211.17192;
 Chen et al. 2023, arXiv:2302.01318).
 
+Beside that token-by-token rule: block verification of a chain (verify_block, Sun et al. 2025,
+arXiv:2403.10444), which keeps as long a prefix as any rule can while the emitted tokens still
+follow p; and the rules for several drafts (verify_candidates for the candidates of one position,
+verify_tree for a tree of them, node by node down the accepted path).
+
 Pure functions of numpy arrays; no model state.
 """
 
@@ -27,8 +32,18 @@ __all__ = [
     "verify_greedy",
     "verify_stochastic",
     "verify",
+    "verify_block",
+    "verify_candidates",
+    "verify_tree",
+    "verify_tree_greedy",
+    "DraftTree",
+    "VERIFICATION_RULES",
     "draft_token",
 ]
+
+# how a sampled chain drafted from a real q is verified: "block" (verify_block, the default: never
+# fewer tokens kept, in expectation, than "token") or "token" (verify_stochastic, token by token)
+VERIFICATION_RULES = ("block", "token")
 
 
 @dataclass(frozen=True)
@@ -158,6 +173,13 @@ def residual(p_row: np.ndarray, q_row: np.ndarray) -> np.ndarray:
     return r / s
 
 
+def _check_chain(p: np.ndarray, k: int, q: np.ndarray | None) -> None:
+    if p.ndim != 2 or p.shape[0] != k + 1:
+        raise ValueError(f"p must be [k + 1 = {k + 1}, vocab], got {p.shape}")
+    if q is not None and q.shape != (k, p.shape[1]):
+        raise ValueError(f"q must be [k, vocab] = {(k, p.shape[1])}, got {q.shape}")
+
+
 def verify_greedy(target_logits: np.ndarray, draft_tokens: Sequence[int]) -> tuple[int, int]:
     """Greedy verification: accept while the draft token equals the target's argmax.
 
@@ -190,10 +212,7 @@ def verify_stochastic(
     """
     p = np.asarray(p)
     k = len(draft_tokens)
-    if p.ndim != 2 or p.shape[0] != k + 1:
-        raise ValueError(f"p must be [k + 1 = {k + 1}, vocab], got {p.shape}")
-    if q is not None and q.shape != (k, p.shape[1]):
-        raise ValueError(f"q must be [k, vocab] = {(k, p.shape[1])}, got {q.shape}")
+    _check_chain(p, k, q)
     for i, x in enumerate(draft_tokens):
         px = p[i, x]
         qx = 1.0 if q is None else q[i, x]
@@ -216,14 +235,188 @@ def verify(
     q: np.ndarray | None,
     params: SamplingParams,
     rng: np.random.Generator,
+    rule: str = "block",
 ) -> tuple[int, int]:
-    """Greedy params: verify_greedy(logits); else verify_stochastic on logits_to_probs(logits).
+    """Greedy params: verify_greedy(logits); else the sampled rule on logits_to_probs(logits):
+    verify_block for a draft with a real q when rule is "block", else verify_stochastic. (For a
+    one-hot draft the two keep the same number of tokens in distribution, so it goes token by
+    token, with fewer draws.)
 
     logits [k + 1, vocab] raw target logits; q as in verify_stochastic (ignored if greedy).
     """
     if params.greedy:
         return verify_greedy(logits, draft_tokens)
-    return verify_stochastic(logits_to_probs(logits, params), draft_tokens, q, rng)
+    p = logits_to_probs(logits, params)
+    if rule == "block" and q is not None:
+        return verify_block(p, draft_tokens, q, rng)
+    return verify_stochastic(p, draft_tokens, q, rng)
+
+
+def block_weights(p: np.ndarray, draft_tokens: Sequence[int], q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Block verification's numbers for a chain: (w [k + 1], h [k]). w[0] = 1 and
+    w[i] = min(1, w[i - 1] p(x_i) / q(x_i)), the weight of the prefix of i tokens (0 once a token
+    has q = 0); h[i - 1] is the chance of stopping after token i when no longer prefix is kept:
+    w[k] for the whole chain, else s / (s + 1 - w[i]) with s = sum_x max(0, w[i] p_i+1(x) - q_i+1(x)),
+    the mass the residual after i would hold (1 where both are 0: a later stop is then certain)."""
+    k = len(draft_tokens)
+    w, h = np.ones(k + 1), np.zeros(k)
+    for i, x in enumerate(draft_tokens):
+        qx = q[i, x]
+        w[i + 1] = min(1.0, w[i] * p[i, x] / qx) if qx > 0 else 0.0
+        if i + 1 == k:
+            h[i] = w[k]
+        else:
+            s = float(np.maximum(w[i + 1] * p[i + 1] - q[i + 1], 0.0).sum())
+            d = s + 1.0 - w[i + 1]
+            h[i] = s / d if d > 0 else 1.0
+    return w, h
+
+
+def block_residual(p_row: np.ndarray, q_row: np.ndarray, weight: float) -> np.ndarray:
+    """norm(max(0, weight * p - q)) [vocab]: what follows a block cut after a prefix of that
+    weight; p itself where that is all zero (a cut that happens with probability 0)."""
+    r = np.maximum(weight * p_row - q_row, 0.0)  # [vocab]
+    s = r.sum()
+    return r / s if s > 0 else np.asarray(p_row, dtype=np.float64)
+
+
+def verify_block(
+    p: np.ndarray, draft_tokens: Sequence[int], q: np.ndarray | None, rng: np.random.Generator
+) -> tuple[int, int]:
+    """Block verification (Sun et al. 2025, arXiv:2403.10444): one uniform draw per draft token
+    decides, from the whole chain at once, the longest prefix to keep (the last i whose draw falls
+    under h[i - 1] of block_weights), then one more draw samples the token after it, from p's last
+    row if every token is kept, else from block_residual at the cut. The emitted tokens follow p
+    exactly, as with verify_stochastic, and no rule that sees only the chain's own probabilities
+    keeps more tokens in expectation (by the paper's theorem; for a one-hot q the two rules keep
+    the same number). rng draws, in order: k uniforms (always all k), then one for the last token.
+    p [k + 1, vocab], q [k, vocab] or None (one-hot on the draft). Returns (n_accepted, next_token)."""
+    p = np.asarray(p)
+    k = len(draft_tokens)
+    _check_chain(p, k, q)
+    if q is None:
+        q = np.zeros((k, p.shape[1]))  # [k, vocab] one-hot on the draft tokens
+        q[np.arange(k), list(draft_tokens)] = 1.0
+    w, h = block_weights(p, draft_tokens, q)
+    passed = np.flatnonzero(rng.random(k) < h)  # [<= k] the prefixes (of i + 1 tokens) that may end the block
+    n = int(passed[-1]) + 1 if passed.size else 0
+    if n == k:
+        return k, sample(p[k], rng)
+    return n, sample(block_residual(p[n], q[n], w[n]), rng)
+
+
+def verify_candidates(
+    p_row: np.ndarray,
+    candidates: Sequence[int],
+    q_row: np.ndarray | None,
+    rng: np.random.Generator,
+    replacement: bool = True,
+) -> tuple[int, int]:
+    """Several drafts for one position (recursive rejection sampling): candidate i is tried against
+    what is left of p after the earlier ones were rejected, r, and accepted with min(1, r(x) / q_i(x));
+    on rejection r <- norm(max(0, r - q_i)). The token emitted follows p_row exactly when the
+    candidates were drawn as `q_row` and `replacement` say:
+    - q_row given, replacement True: candidates drawn independently from q_row (q_i = q_row);
+    - q_row given, replacement False: each drawn from q_row without the earlier candidates
+      (q_i = q_row with them removed, renormalised);
+    - q_row None: chosen deterministically (e.g. the drafter's top k): q_i is one-hot, so
+      candidate i is accepted with probability r(x), else removed from r (a repeat is then
+      rejected for sure).
+    After the last rejection the token is sampled from r. rng draws, in order: one uniform per
+    candidate tried with q_i(x) > 0, then one for a sampled token. Returns (index of the accepted
+    candidate or -1, the token)."""
+    r = np.asarray(p_row, dtype=np.float64)  # [vocab]
+    q_i = None if q_row is None else np.asarray(q_row, dtype=np.float64)  # [vocab]
+    for i, x in enumerate(candidates):
+        qx = 1.0 if q_i is None else q_i[x]
+        if qx > 0 and rng.random() * qx < r[x]:
+            return i, int(x)
+        if q_i is None:
+            r = r.copy()  # r(x) < 1 here (a draw under 1 was not below it), so mass is left
+            r[x] = 0.0
+            r /= r.sum()
+        else:
+            r = residual(r, q_i)
+            if not replacement:
+                q_i = q_i.copy()
+                q_i[x] = 0.0
+                s = q_i.sum()
+                q_i = q_i / s if s > 0 else q_i  # every token drafted: no further candidate can come
+    return -1, sample(r, rng)
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Drafted tokens as a tree over the last verified token (the root): node i holds tokens[i]
+    and hangs under parents[i] (-1: the root). Parents come before their children."""
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.parents):
+            raise ValueError(f"a tree needs a parent per token: {len(self.tokens)} tokens, {len(self.parents)} parents")
+        for i, parent in enumerate(self.parents):
+            if not -1 <= parent < i:
+                raise ValueError(f"node {i}'s parent {parent} must be -1 (the root) or an earlier node")
+
+    def children(self, node: int) -> list[int]:
+        """The nodes under `node` (-1: the root), in order."""
+        return [i for i, parent in enumerate(self.parents) if parent == node]
+
+
+def verify_tree(
+    p: np.ndarray,
+    tree: DraftTree,
+    q: np.ndarray | None,
+    rng: np.random.Generator,
+    replacement: bool = True,
+) -> tuple[list[int], int]:
+    """A tree of drafts verified node by node: from the root, verify_candidates over the children
+    of the node reached, and down into the one accepted, until none is or a leaf is reached; then
+    the token after the path (the one verify_candidates sampled, or from p at the leaf). The tokens
+    emitted follow p exactly when each node's children were drawn as `q` and `replacement` say.
+    p [n + 1, vocab]: row 0 the target's distribution after the root, row i + 1 after node i.
+    q [n + 1, vocab] alike, the distribution each node's children were drawn from, or None for
+    children chosen deterministically (a top-k tree). Returns (the accepted
+    path's nodes, root to leaf, the next token)."""
+    p = np.asarray(p)
+    n = len(tree.tokens)
+    if p.ndim != 2 or p.shape[0] != n + 1:
+        raise ValueError(f"p must be [nodes + 1 = {n + 1}, vocab], got {p.shape}")
+    if q is not None and q.shape != p.shape:
+        raise ValueError(f"q must be [nodes + 1, vocab] = {p.shape}, got {q.shape}")
+    path: list[int] = []
+    node = -1
+    while kids := tree.children(node):
+        i, token = verify_candidates(
+            p[node + 1], [tree.tokens[c] for c in kids], None if q is None else q[node + 1], rng, replacement
+        )
+        if i < 0:
+            return path, token
+        node = kids[i]
+        path.append(node)
+    return path, sample(p[node + 1], rng)
+
+
+def verify_tree_greedy(target_logits: np.ndarray, tree: DraftTree) -> tuple[list[int], int]:
+    """Greedy verification of a tree: from the root, down into the child that holds the target's
+    argmax at the node reached, while there is one. target_logits [n + 1, vocab] rows as p in
+    verify_tree. Returns (the accepted path's nodes, the argmax after it): plain greedy's tokens."""
+    target_logits = np.asarray(target_logits)
+    if target_logits.ndim != 2 or target_logits.shape[0] != len(tree.tokens) + 1:
+        raise ValueError(
+            f"target_logits must be [nodes + 1 = {len(tree.tokens) + 1}, vocab], got {target_logits.shape}"
+        )
+    best = np.argmax(target_logits, axis=1)  # [n + 1]
+    path: list[int] = []
+    node = -1
+    while True:
+        token = int(best[node + 1])
+        node = next((c for c in tree.children(node) if tree.tokens[c] == token), None)
+        if node is None:
+            return path, token
+        path.append(node)
 
 
 def position_noise(seed: int, position: int, vocab: int) -> np.ndarray:
@@ -254,8 +447,7 @@ def verify_at(p: np.ndarray, draft_tokens: Sequence[int], seed: int, start: int)
     standard rule's sum_x min(p(x), q(x)). Returns (n_accepted, next_token) like verify."""
     p = np.asarray(p)
     k = len(draft_tokens)
-    if p.ndim != 2 or p.shape[0] != k + 1:
-        raise ValueError(f"p must be [k + 1 = {k + 1}, vocab], got {p.shape}")
+    _check_chain(p, k, None)
     for i, x in enumerate(draft_tokens):
         y = sample_at(p[i], seed, start + i)
         if int(x) != y:

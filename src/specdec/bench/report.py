@@ -85,7 +85,8 @@ def write_summary(rows: list[Row], bench: Bench, methods: list[str], out: Path, 
         f"- target {bench.target.name}, draft {bench.draft_model.name}, backend {bench.backend}"
         f"{_device_note(bench.target)}, max {bench.max_tokens} tokens, "
         f"{'greedy' if bench.temperature == 0 else f'temperature {bench.temperature}, seed {bench.seed}'}"
-        f"{', sampled by position (--reproducible)' if bench.reproducible and bench.temperature else ''}",
+        f"{', sampled by position (--reproducible)' if bench.reproducible and bench.temperature else ''}"
+        f"{', token-by-token verification' if bench.verification == 'token' and bench.temperature else ''}",
         f"- command: `{command}`",
         "",
     ]

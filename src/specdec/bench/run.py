@@ -77,6 +77,7 @@ class Bench:
         draft_corpus: str | None = None,
         exact: bool = False,
         reproducible: bool = False,
+        verification: str = "block",
     ):
         from .. import load_model
         from ..catalog import resolve
@@ -87,6 +88,7 @@ class Bench:
         self.threads = threads or default_threads()
         self.ctx, self.max_tokens, self.temperature, self.seed = ctx, max_tokens, temperature, seed
         self.reproducible = reproducible  # GenerationConfig.reproducible: sampling by position
+        self.verification = verification  # GenerationConfig.verification: block or token
         self.backend = backend
         options = dict(
             backend=backend, n_ctx=ctx, threads=self.threads, device=device, dtype=dtype, max_rows=max_rows, exact=exact
@@ -131,6 +133,7 @@ class Bench:
             seed=self.seed,
             chat=False,
             reproducible=self.reproducible,
+            verification=self.verification,
         )
 
     def _decoder(self, spec: DraftSpec, repeat: int = 0, batch: int = 1):

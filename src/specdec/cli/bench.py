@@ -7,6 +7,7 @@ import sys
 
 from .. import catalog
 from ..errors import SpecdecError
+from ..sampling import VERIFICATION_RULES
 from .flags import CTX_HELP, _add_model_flags, _add_suffix_flags
 from .loading import _check_draft_corpus
 from .options import SEED, TEMPERATURE_HELP, _float_in, _positive
@@ -112,6 +113,13 @@ def _add_bench_parser(sub) -> None:
         help="sample by position, as generate --reproducible: with --seed every method's sampled text "
         "should be plain's (bit for bit with --exact), and the summary counts the runs that are",
     )
+    p.add_argument(
+        "--verification",
+        choices=VERIFICATION_RULES,
+        default="block",
+        help="how our sampled runs verify a draft model's drafts: block or token (token by token), "
+        "as for generate (default: block)",
+    )
 
 
 def cmd_bench(args) -> int:
@@ -153,6 +161,7 @@ def cmd_bench(args) -> int:
         draft_corpus=args.draft_corpus,
         exact=args.exact,
         reproducible=args.reproducible,
+        verification=args.verification,
     )
     if args.hf or any(m.startswith("hf:") for m in methods):
         runner.enable_hf()

@@ -10,6 +10,7 @@ from typing import Callable
 from .. import catalog
 from ..drafters.base import MAX_DRAFT_TOKENS
 from ..drafters.suffix import DEFAULT_CAP as SUFFIX_CAP
+from ..sampling import VERIFICATION_RULES
 from .options import SEED, TEMPERATURE_HELP, _float_in, _int_in, _non_negative_int, _positive, _text
 
 BACKENDS = ("llama", "numpy", "torch")
@@ -181,6 +182,14 @@ def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
         "the same seed gives the same text with any drafter, cache or batch (bit for bit with "
         "--exact; without it a rounding difference can flip a near-tie). Prompt lookup and the "
         "suffix cache keep as many drafts as usual; a draft model's sampled drafts fewer",
+    )
+    g.add_argument(
+        "--verification",
+        choices=VERIFICATION_RULES,
+        default="block",
+        help="how a draft model's (or a head's) sampled drafts are verified: block (block "
+        "verification, Sun et al. 2025: the whole draft judged at once, never fewer tokens kept in "
+        "expectation) or token (token by token); both sample the target exactly (default: block)",
     )
     g.add_argument(
         "--stop",

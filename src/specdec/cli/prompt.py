@@ -86,4 +86,5 @@ def _config(args):
         special_in_turns=args.special_in_turns,
         logprobs=args.logprobs,
         reproducible=args.reproducible,
+        verification=args.verification,
     )

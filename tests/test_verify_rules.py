@@ -1,0 +1,338 @@
+"""Verification rules beyond the token-by-token chain (sampling.py): block verification of a chain,
+several candidates for one position, a tree of drafts. Each is held to the target's distribution:
+block verification exactly, by enumerating every draft and every cut of a Markov toy; all three by
+sampling the code itself against the exact distribution (chi-square and total variation at 1e-4),
+with a broken variant of each that the same test fails (its power)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import specdec.sampling as S
+from specdec.sampling import (
+    DraftTree,
+    block_residual,
+    block_weights,
+    residual,
+    sample,
+    verify_block,
+    verify_candidates,
+    verify_tree,
+    verify_tree_greedy,
+)
+
+from .test_sampling import chi2_statistic, chi2_threshold, tv_threshold
+
+V = 4  # the toy vocabulary
+L = 3  # emitted tokens compared with the target's joint
+
+
+def markov(seed: int, noise: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
+    """A target and a worse drafter over V tokens whose next-token distribution depends on the
+    previous token (row V: the start): p, q [V + 1, V], some entries 0 (as filters leave them)."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0, 1.2, size=(V + 1, V))
+    p = np.exp(logits)
+    p[rng.random(p.shape) < 0.15] = 0.0
+    p[np.arange(V + 1), rng.integers(0, V, V + 1)] += 0.05  # every row keeps some mass
+    q = np.exp(logits + rng.normal(0, noise, size=logits.shape))
+    return p / p.sum(1, keepdims=True), q / q.sum(1, keepdims=True)
+
+
+def joint(p: np.ndarray) -> np.ndarray:
+    """The target's own distribution of its first L tokens, [V] * L."""
+    out = p[V]
+    for _ in range(1, L):
+        out = out[..., None] * p[:V]  # [..., previous, next]: times p(next | previous)
+    return out
+
+
+def rows(p: np.ndarray, prev: int, chain: list[int]) -> np.ndarray:
+    """The Markov rows after `prev` and after each token of `chain`: [len(chain) + 1, V]."""
+    return np.stack([p[t] for t in [prev, *chain]])
+
+
+# -- block verification, exactly --------------------------------------------------------------------
+
+
+def block_step(p, q, prev: int, k: int, after_cut=block_residual) -> dict[tuple, float]:
+    """Every outcome of one block-verified step after `prev` (drafts of k tokens from q), exactly:
+    {emitted tokens: probability}, from block_weights and `after_cut` (block_residual)."""
+    out: dict[tuple, float] = {}
+    for draft in itertools.product(range(V), repeat=k):
+        pq = np.prod([q[t][x] for t, x in zip([prev, *draft], draft)])
+        if pq == 0:
+            continue
+        pr, qr = rows(p, prev, list(draft)), rows(q, prev, list(draft))[:k]
+        w, h = block_weights(pr, list(draft), qr)
+        for n in range(k + 1):  # the block keeps n tokens: n passes and every later one fails
+            cut = (h[n - 1] if n else 1.0) * np.prod(1 - h[n:])
+            after = pr[k] if n == k else after_cut(pr[n], qr[n], w[n])
+            for y in range(V):
+                if cut * after[y] > 0:
+                    key = (*draft[:n], y)
+                    out[key] = out.get(key, 0.0) + pq * cut * after[y]
+    return out
+
+
+def block_distribution(p, q, k: int, after_cut=block_residual) -> np.ndarray:
+    """The first L tokens of block-verified speculative sampling, exactly, [V] * L."""
+    dist = np.zeros((V,) * L)
+
+    def walk(emitted: tuple, mass: float):
+        if len(emitted) >= L:
+            dist[emitted[:L]] += mass
+            return
+        for tokens, m in block_step(p, q, emitted[-1] if emitted else V, k, after_cut).items():
+            walk(emitted + tokens, mass * m)
+
+    walk((), 1.0)
+    return dist
+
+
+@pytest.mark.parametrize("seed, k", [(1, 1), (2, 2), (3, 3), (4, 3)])
+def test_block_verification_emits_the_targets_distribution_exactly(seed, k):
+    p, q = markov(seed)
+    assert np.abs(block_distribution(p, q, k) - joint(p)).max() < 1e-12
+
+
+def test_the_exact_check_fails_a_block_cut_with_the_plain_residual():
+    """Power of the exact check: after a cut, sampling from norm(max(0, p - q)) (the token rule's
+    residual, weight 1) instead of the block's weighted one moves the distribution."""
+    p, q = markov(2)
+    plain = block_distribution(p, q, 2, after_cut=lambda p_row, q_row, w: residual(p_row, q_row))
+    assert np.abs(plain - joint(p)).sum() > 1e-3
+
+
+def tokenwise_expected(p, q, prev: int, k: int) -> float:
+    """Expected draft tokens kept by token-by-token verification, exactly."""
+    total = 0.0
+    for draft in itertools.product(range(V), repeat=k):
+        pq = np.prod([q[t][x] for t, x in zip([prev, *draft], draft)])
+        kept = 1.0
+        for t, x in zip([prev, *draft], draft):
+            kept *= min(1.0, p[t][x] / q[t][x]) if q[t][x] > 0 else 0.0
+            total += pq * kept
+    return total
+
+
+def block_expected(p, q, prev: int, k: int) -> float:
+    return sum(m * (len(tokens) - 1) for tokens, m in block_step(p, q, prev, k).items())
+
+
+def test_block_verification_keeps_the_papers_example_and_never_less_than_token_by_token():
+    # Sun et al.'s example: two tokens, target (1/3, 2/3), drafter (2/3, 1/3), 2 drafted:
+    # token by token keeps 10/9 in expectation, block verification 11/9
+    pr, qr = np.array([[1 / 3, 2 / 3]] * 3), np.array([[2 / 3, 1 / 3]] * 2)
+    kept = 0.0
+    for draft in itertools.product(range(2), repeat=2):
+        w, h = block_weights(pr, list(draft), qr)
+        kept += np.prod(qr[0, list(draft)]) * sum(n * h[n - 1] * np.prod(1 - h[n:]) for n in (1, 2))
+    assert kept == pytest.approx(11 / 9, abs=1e-12)
+    gains = []
+    for seed in range(5, 11):
+        p, q = markov(seed)
+        for prev in range(V + 1):
+            block, token = block_expected(p, q, prev, 3), tokenwise_expected(p, q, prev, 3)
+            assert block >= token - 1e-12
+            gains.append(block - token)
+    assert max(gains) > 0.01
+
+
+# -- the code itself, sampled -----------------------------------------------------------------------
+
+SAMPLES = 200_000  # honest runs (DESIGN.md: >= 200 000 seeded samples)
+POWER_SAMPLES = 40_000  # a broken rule fails already at a fifth of that
+
+
+def check(counts: np.ndarray, expected: np.ndarray) -> tuple[bool, float, float]:
+    """(within 1e-4 of honest on both tests, chi-square, its threshold); a sequence the target
+    cannot produce fails at once (chi-square inf)."""
+    counts, expected = counts.reshape(-1), expected.reshape(-1)
+    if counts[expected == 0].any():
+        return False, float("inf"), 0.0
+    stat, df = chi2_statistic(counts.astype(np.float64), expected * counts.sum())
+    tv = 0.5 * np.abs(counts / counts.sum() - expected).sum()
+    return stat < chi2_threshold(df) and tv < tv_threshold(expected, counts.sum()), stat, chi2_threshold(df)
+
+
+def decode(p, q, step, seed: int, samples: int = SAMPLES) -> np.ndarray:
+    """Counts of the first L tokens over `samples` runs; step(prev, rng) -> emitted tokens."""
+    rng = np.random.default_rng(seed)
+    counts = np.zeros((V,) * L, dtype=np.int64)
+    for _ in range(samples):
+        out: list[int] = []
+        while len(out) < L:
+            out += step(out[-1] if out else V, rng)
+        counts[tuple(out[:L])] += 1
+    return counts
+
+
+def chain_step(p, q, k: int, verify):
+    def step(prev, rng):
+        draft, t = [], prev
+        for _ in range(k):
+            t = sample(q[t], rng)
+            draft.append(t)
+        n, y = verify(rows(p, prev, draft), draft, rows(q, prev, draft)[:k], rng)
+        return [*draft[:n], y]
+
+    return step
+
+
+def test_verify_block_samples_the_target():
+    p, q = markov(3)
+    ok, stat, limit = check(decode(p, q, chain_step(p, q, 3, verify_block), 0), joint(p))
+    assert ok, (stat, limit)
+
+
+def test_verify_block_sampled_fails_the_plain_residual(monkeypatch):
+    p, q = markov(3)
+    monkeypatch.setattr(S, "block_residual", lambda p_row, q_row, w: residual(p_row, q_row))
+    ok, stat, limit = check(decode(p, q, chain_step(p, q, 3, verify_block), 0, POWER_SAMPLES), joint(p))
+    assert not ok, (stat, limit)
+
+
+def draw_candidates(q_row, n: int, mode: str, rng) -> list[int]:
+    """n candidates as `mode` says they are drawn: "with" (independently from q), "without"
+    (from q without the earlier ones), "top" (the n most likely, deterministic)."""
+    if mode == "top":
+        return [int(i) for i in np.argsort(-q_row, kind="stable")[:n]]
+    out, left = [], q_row.copy()
+    for _ in range(n):
+        x = sample(left, rng)
+        out.append(x)
+        if mode == "without":
+            left[x] = 0.0
+            if not left.sum() > 0:
+                break
+    return out
+
+
+def candidates_step(p, q, n: int, mode: str, verify=verify_candidates):
+    def step(prev, rng):
+        cands = draw_candidates(q[prev], n, mode, rng)
+        _, y = verify(p[prev], cands, None if mode == "top" else q[prev], rng, replacement=mode == "with")
+        return [y]
+
+    return step
+
+
+@pytest.mark.parametrize("mode, n", [("with", 2), ("with", 3), ("without", 2), ("without", 3), ("top", 2)])
+def test_several_candidates_sample_the_target(mode, n):
+    p, q = markov(4)
+    ok, stat, limit = check(decode(p, q, candidates_step(p, q, n, mode), 1), joint(p))
+    assert ok, (mode, n, stat, limit)
+
+
+@pytest.mark.parametrize("mode, wrong", [("without", "as if with replacement"), ("top", "as if drawn from q")])
+def test_several_candidates_fail_the_wrong_rule(mode, wrong):
+    """Power: candidates drawn without replacement verified as if drawn with it, and top-k
+    candidates verified with the drafter's q as if sampled from it, both move the distribution."""
+    p, q = markov(4)
+
+    def misverify(p_row, cands, q_row, rng, replacement):
+        return verify_candidates(p_row, cands, q_row if q_row is not None else q_now[0], rng, replacement=True)
+
+    q_now = [None]
+
+    def step(prev, rng):
+        q_now[0] = q[prev]
+        cands = draw_candidates(q[prev], 3, mode, rng)
+        _, y = misverify(p[prev], cands, None if mode == "top" else q[prev], rng, True)
+        return [y]
+
+    ok, stat, limit = check(decode(p, q, step, 1, POWER_SAMPLES), joint(p))
+    assert not ok, (mode, wrong, stat, limit)
+
+
+def tree_step(p, q, mode: str, width: int = 2, depth: int = 2, verify=verify_tree):
+    """Draft a full tree (width children a node, depth levels) from the drafter as `mode` says,
+    verify it with verify_tree on the Markov rows of every node."""
+
+    def step(prev, rng):
+        tokens, parents, last = [], [], {-1: prev}
+        frontier = [-1]
+        for _ in range(depth):
+            nxt = []
+            for node in frontier:
+                for x in draw_candidates(q[last[node]], width, mode, rng):
+                    tokens.append(x)
+                    parents.append(node)
+                    last[len(tokens) - 1] = x
+                    nxt.append(len(tokens) - 1)
+            frontier = nxt
+        tree = DraftTree(tuple(tokens), tuple(parents))
+        states = [prev, *tokens]
+        pr = np.stack([p[t] for t in states])
+        qr = None if mode == "top" else np.stack([q[t] for t in states])
+        path, y = verify(pr, tree, qr, rng, replacement=mode == "with")
+        return [tokens[i] for i in path] + [y]
+
+    return step
+
+
+@pytest.mark.parametrize("mode", ["with", "without", "top"])
+def test_a_tree_samples_the_target(mode):
+    p, q = markov(5)
+    ok, stat, limit = check(decode(p, q, tree_step(p, q, mode), 2), joint(p))
+    assert ok, (mode, stat, limit)
+
+
+def test_a_tree_fails_when_a_node_is_verified_against_its_parents_row():
+    """Power: verifying a node's children against the distribution after its parent (one row up,
+    the off-by-one a tree's row bookkeeping invites) is caught."""
+    p, q = markov(5)
+
+    def shifted(pr, tree, qr, rng, replacement):
+        parent_rows = np.stack([pr[0], *[pr[tree.parents[i] + 1] for i in range(len(tree.tokens))]])
+        return verify_tree(parent_rows, tree, qr, rng, replacement)
+
+    ok, stat, limit = check(decode(p, q, tree_step(p, q, "with", verify=shifted), 2, POWER_SAMPLES), joint(p))
+    assert not ok, (stat, limit)
+
+
+def test_a_tree_keeps_more_than_its_first_chain():
+    """The point of a tree: with the same first child per node, the extra siblings add kept tokens."""
+    p, q = markov(6)
+    rng_a, rng_b = np.random.default_rng(0), np.random.default_rng(0)
+    chain, tree = tree_step(p, q, "with", width=1, depth=3), tree_step(p, q, "with", width=2, depth=3)
+    kept_chain = np.mean([len(chain(V, rng_a)) - 1 for _ in range(4000)])
+    kept_tree = np.mean([len(tree(V, rng_b)) - 1 for _ in range(4000)])
+    assert kept_tree > kept_chain + 0.1, (kept_chain, kept_tree)
+
+
+def test_greedy_tree_verification_follows_the_targets_argmax():
+    """Greedy on a Markov target: the emitted tokens are plain greedy's chain g1, g2, ..., and the
+    accepted path is as deep as the tree spells that chain (no child of its last node holds the
+    next greedy token)."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        table = rng.normal(size=(V + 1, V))  # logits after each token; row V: after the root
+        greedy = [int(np.argmax(table[V]))]
+        for _ in range(9):
+            greedy.append(int(np.argmax(table[greedy[-1]])))
+        n = int(rng.integers(1, 9))
+        tree = DraftTree(
+            tuple(int(t) for t in rng.integers(0, V, n)), tuple(int(rng.integers(-1, i)) for i in range(n))
+        )
+        path, token = verify_tree_greedy(np.stack([table[V], *[table[t] for t in tree.tokens]]), tree)
+        emitted = [tree.tokens[i] for i in path] + [token]
+        assert emitted == greedy[: len(emitted)]
+        assert all(tree.parents[b] == a for a, b in zip([-1, *path], path))  # a path down the tree
+        assert token not in [tree.tokens[c] for c in tree.children(path[-1] if path else -1)]  # as deep as it goes
+
+
+def test_bad_trees_and_shapes_are_refused():
+    with pytest.raises(ValueError, match="parent"):
+        DraftTree((1, 2), (-1, 1))
+    with pytest.raises(ValueError, match="a parent per token"):
+        DraftTree((1, 2), (-1,))
+    tree = DraftTree((1, 2), (-1, 0))
+    with pytest.raises(ValueError, match="nodes \\+ 1"):
+        verify_tree(np.full((2, V), 1 / V), tree, None, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="k \\+ 1"):
+        verify_block(np.full((2, V), 1 / V), [1, 2], None, np.random.default_rng(0))
