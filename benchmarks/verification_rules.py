@@ -22,7 +22,7 @@ from specdec import GenerationConfig, SpeculativeDecoder, load_model
 from specdec.bench import load_suite, prompt_text
 from specdec.drafters import model_drafter
 from specdec.sampling import VERIFICATION_RULES
-from specdec.spec import parse
+from specdec.spec import parse_method
 
 
 def main() -> None:
@@ -52,7 +52,7 @@ def main() -> None:
         batch = texts[start : start + args.batch]
         order = VERIFICATION_RULES if b % 2 == 0 else VERIFICATION_RULES[::-1]  # alternate who goes first
         for rule in order:
-            decoder = SpeculativeDecoder.from_spec(target, parse(args.draft, k=args.k), draft=drafter)
+            decoder = SpeculativeDecoder.from_spec(target, parse_method(f"draft:{args.k}"), draft=drafter)
             config = GenerationConfig(
                 max_new_tokens=args.max_tokens,
                 temperature=args.temperature,

@@ -207,7 +207,7 @@ def break_residuals(patch) -> None:
     verification (sampling.block_residual) sample from p after a rejection."""
     import specdec.sampling
 
-    break_residuals(patch)
+    patch.setattr(specdec.sampling, "residual", broken_residual)
     patch.setattr(specdec.sampling, "block_residual", lambda p_row, q_row, weight: p_row)
 
 
