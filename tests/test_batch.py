@@ -171,8 +171,8 @@ def test_the_end_to_end_check_catches_a_lossy_verifier(monkeypatch):
     import specdec.engine as engine
     from specdec.sampling import verify
 
-    def keep_all(logits, tokens, q, params, rng):
-        n, bonus = verify(logits, tokens, q, params, rng)
+    def keep_all(logits, tokens, q, params, rng, rule="block"):
+        n, bonus = verify(logits, tokens, q, params, rng, rule)
         return len(tokens), (bonus if n == len(tokens) else tokens[-1])
 
     target, draft = tiny_vocab_models(damp=1.0)

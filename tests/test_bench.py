@@ -366,6 +366,7 @@ def test_every_runner_is_credited_its_tokens_alike():
 
     b = bench.Bench.__new__(bench.Bench)
     b.target, b.max_tokens, b.temperature, b.seed = ToyLM(vocab_size=32, seed=1), 8, 0.0, None
+    b.reproducible, b.verification = False, "block"
     b.learners, b.prompt_ids, b.suffix_cap, b.draft_corpus, b.drafter = {}, {}, 0, None, None
     item = {"id": "a", "category": "chat", "prompt": "abc"}
     b.llama_cpp = Peer(tokens=40)  # an accepted draft past -n

@@ -120,7 +120,7 @@ def test_the_check_catches_a_broken_verifier(target_model, plain_outputs, monkey
     """Power check: a verifier that always keeps the whole draft must fail the check above."""
     import specdec.engine
 
-    def keep_everything(logits, draft_tokens, q, params, rng):
+    def keep_everything(logits, draft_tokens, q, params, rng, rule="block"):
         return len(draft_tokens), int(np.argmax(logits[-1]))
 
     monkeypatch.setattr(specdec.engine, "verify", keep_everything)
