@@ -234,15 +234,9 @@ def test_several_candidates_fail_the_wrong_rule(mode, wrong):
     candidates verified with the drafter's q as if sampled from it, both move the distribution."""
     p, q = markov(4)
 
-    def misverify(p_row, cands, q_row, rng, replacement):
-        return verify_candidates(p_row, cands, q_row if q_row is not None else q_now[0], rng, replacement=True)
-
-    q_now = [None]
-
-    def step(prev, rng):
-        q_now[0] = q[prev]
+    def step(prev, rng):  # drawn as `mode` says, verified as if drawn from q with replacement
         cands = draw_candidates(q[prev], 3, mode, rng)
-        _, y = misverify(p[prev], cands, None if mode == "top" else q[prev], rng, True)
+        _, y = verify_candidates(p[prev], cands, q[prev], rng, replacement=True)
         return [y]
 
     ok, stat, limit = check(decode(p, q, step, 1, POWER_SAMPLES), joint(p))
