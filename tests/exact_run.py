@@ -3,8 +3,9 @@ build or its default one, never both): `python tests/exact_run.py forwards|greed
 prints one JSON object.
 
 forwards: for cache depths on both sides of 512 (where flash attention's one-row path splits the
-  cache across threads) and widths 2..16 (the tiled matmul takes over at 8), a forward of W tokens
-  against W one-token forwards at the same positions, for one row and for two rows in one forward.
+  cache across threads) and widths 2..24 (the exact build's tiled matmul takes 20 or more tokens, the
+  dot products fewer), a forward of W tokens against W one-token forwards at the same positions,
+  for one row and for two rows in one forward.
 greedy: the real target, plain decoding alone against speculative decoding (the draft model, prompt
   lookup) alone and in a batch of 4 rows, on test_greedy_real's prompts; and sampled by position
   (reproducible, temperature 0.8, top-p 0.95), the same seeds.
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 DEPTHS = (20, 600)
-WIDTHS = (2, 5, 9, 16)
+WIDTHS = (2, 5, 9, 16, 24)
 
 
 def forwards(exact: bool) -> dict:

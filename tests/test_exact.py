@@ -38,7 +38,7 @@ def _exact_run(what: str, exact: bool) -> dict:
 
 def test_a_forward_of_many_tokens_is_bit_identical_to_one_token_steps():
     checks = _exact_run("forwards", exact=True)["checks"]
-    assert len(checks) == 8
+    assert len(checks) == 10
     bad = [c for c in checks if not (c["one_row"] and c["two_rows"])]
     assert not bad, bad
 

@@ -12,10 +12,12 @@ draw cells from one pool of max_rows x n_ctx), so a row may use the whole --ctx.
 The exact mode (exact=True) makes every row's logits from a forward of W tokens bit-identical to a
 one-token forward's at the same position, alone or beside other rows, so speculative greedy IS plain
 greedy. What differs otherwise, found op by op with the eval callback (docs/exact.md):
-  - ggml's tiled K-quant matmul takes over at 8 or more rows: off (GGML_CPU_TILED_MM=0);
-  - llamafile's sgemm multiplies the f16 attention matrices for 2 or more rows and ggml's dot
-    products for one: a build without it (scripts/install_llama_cpp.py --exact), loaded through
-    llama-cpp-python's LLAMA_CPP_LIB_PATH, so a process is exact or not from its first model on;
+  - ggml's tiled K-quant matmul takes over at 8 or more rows and sums a block's floats in another
+    order than the one-row dot products; llamafile's sgemm multiplies the f16 attention matrices
+    for 2 or more rows and ggml's dot products for one: a patched build
+    (scripts/install_llama_cpp.py --exact) whose Q4_K/Q6_K dot products end each block as the
+    tiled kernel does, without the sgemm, loaded through llama-cpp-python's LLAMA_CPP_LIB_PATH, so
+    a process is exact or not from its first model on;
   - flash attention splits the cache across threads for one query row (deep contexts) and tiles
     64 or more: off, attention is a plain product and softmax per row;
   - the repacked weight buffers have their own one-row and many-row kernels: off;
@@ -40,6 +42,9 @@ from .base import SingleRow, file_sha256, trim_hidden
 INSTALL_HINT = "install it built for this CPU with `python scripts/install_llama_cpp.py` (or `make setup`)"
 EXACT_HINT = "build it once with `python scripts/install_llama_cpp.py --exact` (or `make exact`; about 5 minutes)"
 
+# scripts/install_llama_cpp.py's EXACT_BUILD: which patch of the exact build this code expects
+EXACT_BUILD = "tiled1"
+
 _llama = None  # the llama_cpp module, imported on first use
 _exact: bool | None = None  # whether this process loaded the exact build (decided on first use)
 _log_callback = None  # kept alive: llama.cpp holds a pointer to it
@@ -53,7 +58,7 @@ def exact_lib_dir() -> Path:
         installed = version("llama-cpp-python")
     except PackageNotFoundError as exc:
         raise BackendUnavailableError(f"llama-cpp-python is not installed: {INSTALL_HINT}") from exc
-    return specdec_home() / "llama-exact" / installed / "lib"
+    return specdec_home() / "llama-exact" / f"{installed}-{EXACT_BUILD}" / "lib"
 
 
 def _maps_from(lib_dir: Path) -> bool:
@@ -83,10 +88,9 @@ def _lib(exact: bool | None = None):
         lib_dir = exact_lib_dir()
         if not (lib_dir / "libllama.so").is_file():
             raise BackendUnavailableError(
-                f"the exact mode needs llama.cpp built without llamafile's sgemm, and {lib_dir} has none: {EXACT_HINT}"
+                f"the exact mode needs its own build of llama.cpp, and {lib_dir} has none: {EXACT_HINT}"
             )
         os.environ["LLAMA_CPP_LIB_PATH"] = str(lib_dir)
-        os.environ["GGML_CPU_TILED_MM"] = "0"  # read once, by the first matmul
     try:
         import llama_cpp
     except ImportError as exc:
