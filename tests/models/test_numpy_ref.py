@@ -229,6 +229,88 @@ def test_tiny_rollback_and_rows(tiny):
         model.forward([1] * (model.n_ctx + 1))
 
 
+# A tree: node i hangs under TREE_PARENTS[i] (-1: under the cache's last token). Two roots, a
+# node with three children, paths of depth 1 to 3.
+TREE_TOKENS = [5, 17, 99, 17, 42, 7, 256, 3]
+TREE_PARENTS = [-1, 0, 0, 0, 1, 2, -1, 6]
+
+
+def _tree_path(node: int) -> list[int]:
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = TREE_PARENTS[node]
+    return path[::-1]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2"])
+def test_a_tree_forward_scores_every_node_as_its_own_chain_would(tmp_path, arch):
+    """Tree attention: one pass over the tree gives each node the logits a chain forward of its
+    root-to-node path gives at its last token (learned positions for gpt2, RoPE for qwen2: a node's
+    position is its depth, not its slot)."""
+    path = tmp_path / f"tiny-{arch}.gguf"
+    write_tiny_gguf(path, arch, n_head_kv=2 if arch != "gpt2" else None)
+    model = load_numpy_model(path)
+    prefix = model.tokenizer.encode("the cat in")
+    model.forward(prefix, n_rows=0)
+    tree = model.forward_tree(TREE_TOKENS, TREE_PARENTS)  # [nodes, vocab]
+    assert tree.shape == (len(TREE_TOKENS), model.vocab_size) and model.n_past == len(prefix) + len(TREE_TOKENS)
+    chain = load_numpy_model(path)
+    for node in range(len(TREE_TOKENS)):
+        chain.reset()
+        want = chain.forward(prefix + [TREE_TOKENS[i] for i in _tree_path(node)], n_rows=1)[0]
+        np.testing.assert_allclose(tree[node], want, atol=1e-4, err_msg=f"node {node}")
+
+
+@pytest.mark.parametrize("leaf", [4, 3, 7])
+def test_keeping_a_tree_path_leaves_the_cache_a_chain_would(tiny, leaf):
+    """Rollback to one branch: the path's nodes move to follow the prefix, the rest are dropped,
+    and decoding goes on exactly as after a chain forward of that path."""
+    model, chain = load_numpy_model(tiny[0]), load_numpy_model(tiny[0])
+    prefix, after = model.tokenizer.encode("the cat in"), model.tokenizer.encode(" a hat")
+    path = _tree_path(leaf)
+    model.forward(prefix, n_rows=0)
+    model.forward_tree(TREE_TOKENS, TREE_PARENTS)
+    model.keep_path(len(prefix), path)
+    assert model.n_past == len(prefix) + len(path)
+    want = chain.forward(prefix + [TREE_TOKENS[i] for i in path] + after)[-len(after) :]
+    np.testing.assert_allclose(model.forward(after), want, atol=1e-4)
+
+
+def test_trees_in_rows_keep_each_rows_own_path(tiny):
+    model, chain = load_numpy_model(tiny[0]), load_numpy_model(tiny[0])
+    a, b = model.add_rows(2)
+    prompts = {a: model.tokenizer.encode("the cat"), b: model.tokenizer.encode("then the end in")}
+    model.forward_rows(prompts, {})
+    scores = model.forward_tree_rows({a: (TREE_TOKENS, TREE_PARENTS), b: (TREE_TOKENS[:3], TREE_PARENTS[:3])})
+    assert scores[a].shape[0] == len(TREE_TOKENS) and scores[b].shape[0] == 3
+    model.keep_path_rows({a: (len(prompts[a]), [6, 7]), b: (len(prompts[b]), [0, 2])})
+    kept = {a: [TREE_TOKENS[6], TREE_TOKENS[7]], b: [TREE_TOKENS[0], TREE_TOKENS[2]]}
+    for row in (a, b):
+        assert model.row_length(row) == len(prompts[row]) + 2
+        want = chain.forward(prompts[row] + kept[row] + [42], n_rows=1)
+        chain.reset()
+        np.testing.assert_allclose(model.forward_rows({row: [42]}, {row: 1})[row], want, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("parents", "path", "match"),
+    [
+        ([-1, 1], None, "node 1's parent 1"),  # a node under itself
+        ([-1, -2], None, "node 1's parent -2"),
+        ([-1, 0], [1, 0], "increasing tree node indices"),
+        ([-1, 0], [0, 2], "increasing tree node indices"),  # no node 2
+        ([-1, 0], [0, 0], "increasing tree node indices"),
+    ],
+)
+def test_a_malformed_tree_or_path_is_refused(tiny, parents, path, match):
+    model = load_numpy_model(tiny[0])
+    model.forward([1, 2, 3], n_rows=0)
+    with pytest.raises(ValueError, match=match):
+        model.forward_tree([4, 5], parents)
+        model.keep_path(3, path)
+
+
 def test_tiny_batches_longer_than_one_pass(tiny, monkeypatch):
     """A prompt longer than BATCH tokens goes through the layers in several passes."""
     import specdec.models.numpy_ref as numpy_ref

@@ -134,6 +134,17 @@ def trim_hidden(kept: tuple[int, np.ndarray] | None, length: int, n_embd: int) -
     return first, states[: max(0, length - first)]
 
 
+def tree_depths(parents: Sequence[int]) -> np.ndarray:
+    """Each node's depth in a tree given by parents (-1: under the cache's last token, depth 0;
+    else an earlier node): [T] int64. A parent that is not -1 or an earlier node is a ValueError."""
+    depth = np.zeros(len(parents), dtype=np.int64)
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"node {i}'s parent {parent} must be -1 or an earlier node")
+        depth[i] = 0 if parent < 0 else depth[parent] + 1
+    return depth
+
+
 class SingleRow:
     """The one-sequence calls on top of the row protocol: a row made on first use.
 
@@ -233,6 +244,21 @@ class SequentialRows:
         for row, n in keep.items():
             with self.use_row(row):
                 self.rollback(n)
+
+    def forward_tree_rows(self, trees: Mapping[int, tuple[Sequence[int], Sequence[int]]]) -> dict[int, np.ndarray]:
+        """Each row's tree (tokens, parents) in one pass (the subclass's forward_tree); every
+        node's logits per row."""
+        out = {}
+        for row, (tokens, parents) in trees.items():
+            with self.use_row(row):
+                out[row] = self.forward_tree(tokens, parents)
+        return out
+
+    def keep_path_rows(self, paths: Mapping[int, tuple[int, Sequence[int]]]) -> None:
+        """Per row (n_keep, path): after forward_tree_rows, keep n_keep tokens and the path's nodes."""
+        for row, (n_keep, path) in paths.items():
+            with self.use_row(row):
+                self.keep_path(n_keep, path)
 
     def drop_rows(self, rows: Iterable[int]) -> None:
         states = self._row_states()

@@ -52,7 +52,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, ModelNotFoundError, SpecdecError
-from .base import SequentialRows, file_sha256, trim_hidden
+from .base import SequentialRows, file_sha256, tree_depths, trim_hidden
 
 # the tokenizer moved to bpe.py; its names stay importable from here
 from .bpe import BYTE as BYTE
@@ -197,11 +197,13 @@ def rope(x: np.ndarray, positions: np.ndarray, base: float, neox: bool) -> np.nd
     return out
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, visible: np.ndarray | None = None) -> np.ndarray:
     """Causal grouped-query attention.
 
-    q [T, n_head, head_dim]: the queries of positions pos0 .. pos0 + T - 1.
-    k, v [n_head_kv, S, head_dim]: keys and values of positions 0 .. S - 1 (S = pos0 + T).
+    q [T, n_head, head_dim]: the queries of cache slots pos0 .. pos0 + T - 1.
+    k, v [n_head_kv, S, head_dim]: keys and values of slots 0 .. S - 1 (S = pos0 + T).
+    visible [T, S] bool, optional: which slots each query reads (a tree's mask: the prefix and the
+    node's ancestors); by default each reads the slots up to its own (causal).
     Query head h reads kv head h // group, group = n_head // n_head_kv (as llama.cpp does).
     Returns [T, n_head * head_dim].
     """
@@ -213,8 +215,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int) -> np.ndar
     q = q.reshape(n_head_kv, group * T, head_dim)  # [n_head_kv, group*T, head_dim]
     scores = q @ k.transpose(0, 2, 1) / np.float32(np.sqrt(head_dim))  # [n_head_kv, group * T, S]
     scores = scores.reshape(n_head_kv, group, T, S)  # [n_head_kv, group, T, S]
-    future = np.arange(S)[None, :] > pos0 + np.arange(T)[:, None]  # [T, S] key after query
-    scores[:, :, future] = -np.inf
+    if visible is None:
+        visible = np.arange(S)[None, :] <= pos0 + np.arange(T)[:, None]  # [T, S] key not after query
+    scores[:, :, ~visible] = -np.inf
     probs = softmax(scores).reshape(n_head_kv, group * T, S)  # [n_head_kv, group * T, S]
     out = (probs @ v).reshape(n_head_kv, group, T, head_dim)  # [n_head_kv, group, T, head_dim]
     return out.transpose(2, 0, 1, 3).reshape(T, n_head * head_dim)  # [T, n_head * head_dim]
@@ -362,6 +365,57 @@ class NumpyModel(SequentialRows):
             self._hidden[self.__dict__.get("_current")] = (self.n_past - n_rows, x)
         return matmul(x, self.weights["output.weight"])  # [n_rows, vocab]
 
+    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """Append a tree of draft nodes in one pass and return every node's logits [T, vocab].
+
+        parents[i] is node i's parent: -1 for a node that follows the cache's last token, else an
+        earlier node (j < i). Node i takes cache slot n_past + i but the position of its depth
+        (n_past + the number of its ancestors), and attends to the cache before the tree and to
+        its own ancestors only, so its logits are what a chain forward of its root-to-node path
+        gives at its last token. Follow with `keep_path`, which keeps one branch."""
+        T = len(tokens)
+        depth = tree_depths(parents)
+        if T > BATCH:
+            raise ValueError(f"a tree of {T} nodes is more than one pass of {BATCH}")
+        if self.n_past + T > self.n_ctx:
+            raise ContextOverflowError(
+                f"{self.n_past + T} tokens do not fit in the context of {self.n_ctx}; raise --ctx"
+            )
+        if self.n_full < self.n_past:
+            raise RuntimeError(f"an early-exit pass left {self.n_full} of {self.n_past} tokens; rollback first")
+        pos0 = self.n_past
+        visible = np.zeros((T, pos0 + T), dtype=bool)  # [T, S]
+        visible[:, :pos0] = True
+        for i, parent in enumerate(parents):
+            if parent >= 0:
+                visible[i, pos0 : pos0 + parent + 1] = visible[parent, pos0 : pos0 + parent + 1]
+            visible[i, pos0 + i] = True
+        positions = pos0 + depth  # [T]
+        x = self.embed(np.asarray(tokens, dtype=np.int64), pos0, positions)  # [T, n_embd]
+        for i in range(self.n_layer):
+            x = self.block(i, x, pos0, positions, visible)  # [T, n_embd]
+            self.layer_len[i] = pos0 + T
+        self.n_past = pos0 + T
+        if self._hidden:  # heads read states by position, which a tree's slots are not: cut them
+            row = self.__dict__.get("_current")
+            self._hidden[row] = trim_hidden(self._hidden.get(row), pos0, self.n_embd)
+        return matmul(self.norm(x, self.weights, "output_norm"), self.weights["output.weight"])  # [T, vocab]
+
+    def keep_path(self, n_keep: int, path: Sequence[int]) -> None:
+        """After `forward_tree` at n_keep cached tokens: keep those and the nodes `path` (tree
+        node indices, root first, each the parent of the next), moved to follow them; the other
+        nodes' slots become free. A chain continues from there as if it had been forwarded."""
+        path = list(path)
+        if not 0 <= n_keep <= self.n_past - len(path):
+            raise ValueError(f"cannot keep {n_keep} tokens and a path of {len(path)} from {self.n_past}")
+        if any(not 0 <= node < self.n_past - n_keep for node in path) or path != sorted(set(path)):
+            raise ValueError(f"a path is increasing tree node indices below {self.n_past - n_keep}, got {path}")
+        for j, node in enumerate(path):  # node >= j: every move reads a slot no earlier move wrote
+            if node != j:
+                for cache in (*self.k_cache, *self.v_cache):
+                    cache[:, n_keep + j] = cache[:, n_keep + node]
+        self.rollback(n_keep + len(path))
+
     def rollback(self, n_keep: int) -> None:
         """Cut the cache to its first n_keep tokens: the slots after them become free."""
         if n_keep < 0:
@@ -406,11 +460,13 @@ class NumpyModel(SequentialRows):
 
     # -- the pieces of a forward pass ----------------------------------------------------
 
-    def embed(self, tokens: np.ndarray, pos0: int) -> np.ndarray:
-        """Token embeddings (+ learned position embeddings for gpt2) -> [T, n_embd]."""
+    def embed(self, tokens: np.ndarray, pos0: int, positions: np.ndarray | None = None) -> np.ndarray:
+        """Token embeddings (+ learned position embeddings for gpt2) -> [T, n_embd]; positions
+        pos0 .. pos0 + T - 1 unless given (a tree's depths)."""
         x = self.token_embeddings(tokens)
         if self.config.positions == "learned":
-            x = x + self.weights["position_embd.weight"][pos0 : pos0 + len(tokens)]
+            positions = np.arange(pos0, pos0 + len(tokens)) if positions is None else positions
+            x = x + self.weights["position_embd.weight"][positions]
         return x
 
     def token_embeddings(self, tokens: np.ndarray) -> np.ndarray:
@@ -433,9 +489,12 @@ class NumpyModel(SequentialRows):
         bias = w.get(f"{name}.bias")
         return y if bias is None else y + bias
 
-    def block(self, i: int, x: np.ndarray, pos0: int) -> np.ndarray:
-        """Transformer block i on x [T, n_embd] at positions pos0 .. pos0 + T - 1; writes the
-        block's K/V cache slots for those positions."""
+    def block(
+        self, i: int, x: np.ndarray, pos0: int, positions: np.ndarray | None = None, visible: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Transformer block i on x [T, n_embd] in cache slots pos0 .. pos0 + T - 1, at those
+        positions unless `positions` says otherwise, attending causally unless `visible` [T, S]
+        says otherwise (a tree: see forward_tree); writes the block's K/V cache slots."""
         c, w = self.config, self.layers[i]
         T = x.shape[0]
         # 1. attention: project, rotate, cache, attend
@@ -450,14 +509,14 @@ class NumpyModel(SequentialRows):
         k = k.reshape(T, c.n_head_kv, c.head_dim)  # [T, n_head_kv, head_dim]
         v = v.reshape(T, c.n_head_kv, c.head_dim)  # [T, n_head_kv, head_dim]
         if c.positions.startswith("rope"):
-            positions = np.arange(pos0, pos0 + T)  # [T]
+            positions = np.arange(pos0, pos0 + T) if positions is None else positions  # [T]
             q = rope(q, positions, c.rope_base, neox=c.positions == "rope-neox")
             k = rope(k, positions, c.rope_base, neox=c.positions == "rope-neox")
         # overwrite, not append: slots pos0.. may hold a rolled-back or early-exit draft's K/V
         self.k_cache[i][:, pos0 : pos0 + T] = k.transpose(1, 0, 2)  # [n_head_kv, T, head_dim]
         self.v_cache[i][:, pos0 : pos0 + T] = v.transpose(1, 0, 2)
         S = pos0 + T
-        a = attention(q, self.k_cache[i][:, :S], self.v_cache[i][:, :S], pos0)  # [T, n_head * head_dim]
+        a = attention(q, self.k_cache[i][:, :S], self.v_cache[i][:, :S], pos0, visible)  # [T, n_head * head_dim]
         x = x + self.linear(a, w, "attn_output")  # [T, n_embd]
         # 2. MLP
         h = self.norm(x, w, "ffn_norm")  # [T, n_embd]
