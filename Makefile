@@ -32,8 +32,8 @@ $(VENV)/.torch: $(VENV)/.ready
 
 torch-deps: $(VENV)/.torch
 
-# The exact mode's llama.cpp (--exact): the same version built without llamafile's sgemm, its
-# libraries only, into $$SPECDEC_HOME/llama-exact/ (about 5 minutes once; then nothing to do).
+# The exact mode's llama.cpp (--exact): the same version, patched (docs/exact.md) and built without
+# llamafile's sgemm, its libraries only, into $$SPECDEC_HOME/llama-exact/ (about 8 minutes once).
 exact: setup
 	$(PY) scripts/install_llama_cpp.py --exact
 

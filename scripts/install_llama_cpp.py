@@ -257,7 +257,7 @@ def main() -> int:
     wheels = sorted(wheel_dir.glob("llama_cpp_python-*.whl"))
     if not wheels:
         what = "the exact mode's build of llama-cpp-python" if exact else "llama-cpp-python"
-        print(f"building {what} {VERSION} for this CPU (about 5 minutes, once)")
+        print(f"building {what} {VERSION} for this CPU (5-8 minutes, once)")
         print(f"CMAKE_ARGS={args}", flush=True)
         env = dict(os.environ, CMAKE_ARGS=args, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
         tmp = wheel_dir.with_name(wheel_dir.name + ".tmp")

@@ -51,7 +51,8 @@ def _cache_file(model, tag: str) -> Path | None:
     st = os.stat(path)
     key = (
         f"{os.path.abspath(path)} {st.st_size} {st.st_mtime_ns} {type(model).__name__} "
-        f"{getattr(model, 'n_threads', '')} {tag}" + (" exact" if getattr(model, "exact", False) else "")
+        f"{getattr(model, 'n_threads', '')} {tag}"
+        + (f" exact {getattr(model, 'exact_build', None) or ''}".rstrip() if getattr(model, "exact", False) else "")
     )
     return specdec_home() / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 

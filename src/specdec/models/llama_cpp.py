@@ -40,7 +40,7 @@ from ..paths import specdec_home
 from .base import SingleRow, file_sha256, trim_hidden
 
 INSTALL_HINT = "install it built for this CPU with `python scripts/install_llama_cpp.py` (or `make setup`)"
-EXACT_HINT = "build it once with `python scripts/install_llama_cpp.py --exact` (or `make exact`; about 5 minutes)"
+EXACT_HINT = "build it once with `python scripts/install_llama_cpp.py --exact` (or `make exact`; about 8 minutes)"
 
 # scripts/install_llama_cpp.py's EXACT_BUILD: which patch of the exact build this code expects
 EXACT_BUILD = "tiled1"
@@ -224,6 +224,7 @@ class LlamaCppModel(SingleRow):
     ):
         lib = _lib(exact)
         self.exact = exact
+        self.exact_build = EXACT_BUILD if exact else None  # keys cached cost curves (costs._cache_file)
         self.path = Path(path)
         _check_gguf_header(self.path)
         self.name = self.path.name
