@@ -213,6 +213,32 @@ def test_passes_our_engine_on_the_real_0_5b(draft_model):
     assert report.greedy_prompts == 2 and len(report.tests) == 1
 
 
+@pytest.mark.parametrize("params", SETTINGS)
+def test_a_server_is_asked_for_every_filter_even_the_ones_that_are_off(monkeypatch, params):
+    """llama-server filters by top-k 40, top-p 0.95 and min-p 0.05 where a request names none, so
+    "temperature 1, no filters" must say top_k 0, top_p 1 and min_p 0 (without them its first token
+    failed the test against its own reported probabilities, p = 0.0006, 2026-11-26)."""
+    pytest.importorskip("httpx")
+    from specdec.check import Endpoint
+
+    sent = []
+
+    def answer(self, method, path, body=None):
+        sent.append(body)
+        return {"choices": [{"message": {"content": "x"}, "finish_reason": "length"}]}
+
+    monkeypatch.setattr(Endpoint, "_request", answer)
+    monkeypatch.setattr(Endpoint, "_first_model", lambda self: "m")
+    Endpoint("http://localhost:1").complete("hi", 4, params, seed=3)
+    assert {k: sent[0][k] for k in ("temperature", "top_k", "top_p", "min_p", "seed")} == {
+        "temperature": params.temperature,
+        "top_k": params.top_k,
+        "top_p": params.top_p,
+        "min_p": params.min_p,
+        "seed": 3,
+    }
+
+
 def test_ctrl_c_during_a_server_check_exits_130():
     """Ctrl-C while requests are in flight: exit 130 at once, one line, whatever the server does."""
     pytest.importorskip("fastapi")

@@ -559,12 +559,9 @@ class Endpoint:
             "max_tokens": max_tokens,
             "temperature": params.temperature,
         }
-        if params.top_p < 1:
-            body["top_p"] = params.top_p
-        if params.top_k:
-            body["top_k"] = params.top_k
-        if params.min_p:
-            body["min_p"] = params.min_p
+        # every filter explicitly, off ones too: a server's own defaults (llama-server's top-k 40,
+        # top-p 0.95, min-p 0.05) would otherwise filter what the check means to sample unfiltered
+        body.update(top_p=params.top_p, top_k=params.top_k, min_p=params.min_p)
         if seed is not None:
             body["seed"] = seed
         if self.logprobs is not False:
