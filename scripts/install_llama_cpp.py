@@ -14,10 +14,11 @@ The exact mode (`specdec generate --exact`) needs a second build of the same ver
 - without llamafile's sgemm (-DGGML_LLAMAFILE=OFF): for batches of 2 or more tokens it multiplies
   the f16 attention matrices in another order than the one-token kernels;
 - with ggml's Q4_K and Q6_K dot products ending each 256-value block the way its tiled matmul
-  (ggml-cpu/tiled/, which takes 8 or more rows) ends it: the block's exact integer sum, then the same
-  three float operations in the same order (patch_exact below); the other types the tiled matmul
-  handles go back to the dot products. Integer sums do not depend on their order, so a one-token
-  step and a forward of many tokens then give every logit the same bits, at the tiled kernel's speed;
+  (ggml-cpu/tiled/) ends it: the block's exact integer sum, then the same three float operations
+  in the same order (patch_exact below); the other types the tiled matmul handles go back to the
+  dot products, and it takes 20 or more rows (8 by default), where it is the faster kernel.
+  Integer sums do not depend on their order, so a one-token step and a forward of many tokens
+  then give every logit the same bits, at the tiled kernel's speed;
 - with -ffp-contract=off, so the compiler fuses no multiply-add the source does not ask for.
 `--exact` downloads the source distribution, patches it, builds it (cached the same way) and unpacks
 only its shared libraries into $SPECDEC_HOME/llama-exact/<version>-<EXACT_BUILD>/lib/, which
