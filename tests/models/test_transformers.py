@@ -134,6 +134,23 @@ def test_holes_are_compacted_and_results_stay(model):
     model.drop_rows(rows)
 
 
+def test_a_rollback_that_compacts_keeps_every_row(model):
+    """One row's long rollback leaves holes under another row's newer columns: the rollback
+    compacts (in place on a static cache, whose buffers are inference tensors)."""
+    model.reset()
+    a, b = model.add_rows(2)
+    long, short = tokens(22, 100), tokens(23, 1)
+    model.forward_rows({a: long, b: short})
+    model.forward_rows({b: [7]})
+    width = model._valid.shape[1]
+    model.rollback_rows({a: 5})
+    assert model._valid.shape[1] < width  # compacted: b's column 100 moved down
+    outs = model.forward_rows({a: [5], b: [6]}, {a: 1, b: 1})
+    np.testing.assert_allclose(outs[a], full_logits(model, long[:5] + [5])[-1:], atol=ATOL)
+    np.testing.assert_allclose(outs[b], full_logits(model, short + [7, 6])[-1:], atol=ATOL)
+    model.drop_rows([a, b])
+
+
 def test_context_overflow_is_an_error(model):
     model.reset()
     with pytest.raises(ContextOverflowError):

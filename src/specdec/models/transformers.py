@@ -547,14 +547,16 @@ class TransformersModel(SingleRow):
         torch = self._torch
         longest = max(self._past, default=0)
         order = torch.sort((~self._valid).to(torch.int8), dim=1, stable=True).indices[:, :longest]
-        for layer in self._layers():
-            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
-            if self.static:  # in place: the buffers keep their addresses (captured graphs read them)
-                layer.keys[:, :, :longest] = torch.gather(layer.keys, 2, index)
-                layer.values[:, :, :longest] = torch.gather(layer.values, 2, index)
-            else:
-                layer.keys = torch.gather(layer.keys, 2, index)
-                layer.values = torch.gather(layer.values, 2, index)
+        # the caches are inference tensors (made under inference_mode): changed under it alone
+        with torch.inference_mode():
+            for layer in self._layers():
+                index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+                if self.static:  # in place: the buffers keep their addresses (captured graphs read them)
+                    layer.keys[:, :, :longest] = torch.gather(layer.keys, 2, index)
+                    layer.values[:, :, :longest] = torch.gather(layer.values, 2, index)
+                else:
+                    layer.keys = torch.gather(layer.keys, 2, index)
+                    layer.values = torch.gather(layer.values, 2, index)
         valid = torch.gather(self._valid, 1, order)
         pos = torch.where(valid, torch.gather(self._pos, 1, order), -1)
         if self.static:
