@@ -271,7 +271,7 @@ def test_keeping_a_tree_path_leaves_the_cache_a_chain_would(tiny, leaf):
     path = _tree_path(leaf)
     model.forward(prefix, n_rows=0)
     model.forward_tree(TREE_TOKENS, TREE_PARENTS)
-    model.keep_path(len(prefix), path)
+    model.keep_path(path)
     assert model.n_past == len(prefix) + len(path)
     want = chain.forward(prefix + [TREE_TOKENS[i] for i in path] + after)[-len(after) :]
     np.testing.assert_allclose(model.forward(after), want, atol=1e-4)
@@ -284,7 +284,7 @@ def test_trees_in_rows_keep_each_rows_own_path(tiny):
     model.forward_rows(prompts, {})
     scores = model.forward_tree_rows({a: (TREE_TOKENS, TREE_PARENTS), b: (TREE_TOKENS[:3], TREE_PARENTS[:3])})
     assert scores[a].shape[0] == len(TREE_TOKENS) and scores[b].shape[0] == 3
-    model.keep_path_rows({a: (len(prompts[a]), [6, 7]), b: (len(prompts[b]), [0, 2])})
+    model.keep_path_rows({a: [6, 7], b: [0, 2]})
     kept = {a: [TREE_TOKENS[6], TREE_TOKENS[7]], b: [TREE_TOKENS[0], TREE_TOKENS[2]]}
     for row in (a, b):
         assert model.row_length(row) == len(prompts[row]) + 2
@@ -298,9 +298,10 @@ def test_trees_in_rows_keep_each_rows_own_path(tiny):
     [
         ([-1, 1], None, "node 1's parent 1"),  # a node under itself
         ([-1, -2], None, "node 1's parent -2"),
-        ([-1, 0], [1, 0], "increasing tree node indices"),
-        ([-1, 0], [0, 2], "increasing tree node indices"),  # no node 2
-        ([-1, 0], [0, 0], "increasing tree node indices"),
+        ([-1, 0], [1], "not a path down a tree"),  # node 1 is not a root
+        ([-1, 0], [1, 0], "not a path down a tree"),
+        ([-1, 0], [0, 2], "not a path down a tree"),  # no node 2
+        ([-1, -1], [0, 1], "not a path down a tree"),  # two roots, not one path
     ],
 )
 def test_a_malformed_tree_or_path_is_refused(tiny, parents, path, match):
@@ -308,7 +309,19 @@ def test_a_malformed_tree_or_path_is_refused(tiny, parents, path, match):
     model.forward([1, 2, 3], n_rows=0)
     with pytest.raises(ValueError, match=match):
         model.forward_tree([4, 5], parents)
-        model.keep_path(3, path)
+        model.keep_path(path)
+
+
+def test_a_path_is_kept_only_right_after_its_tree(tiny):
+    model = load_numpy_model(tiny[0])
+    model.forward([1, 2, 3], n_rows=0)
+    with pytest.raises(ValueError, match="follows forward_tree"):
+        model.keep_path([0])
+    model.forward_tree([4, 5], [-1, 0])
+    model.forward([6], n_rows=0)  # a forward after the tree: its nodes are plain cache slots now
+    with pytest.raises(ValueError, match="follows forward_tree"):
+        model.keep_path([0])
+    assert model.n_past == 6
 
 
 def test_tiny_batches_longer_than_one_pass(tiny, monkeypatch):

@@ -145,6 +145,16 @@ def tree_depths(parents: Sequence[int]) -> np.ndarray:
     return depth
 
 
+def check_tree_path(parents: Sequence[int], path: Sequence[int]) -> None:
+    """A path kept from a tree: root first (a node whose parent is -1), each node the parent of
+    the next; empty keeps no node. Else a ValueError."""
+    above = -1
+    for node in path:
+        if not 0 <= node < len(parents) or parents[node] != above:
+            raise ValueError(f"{list(path)} is not a path down a tree of {len(parents)} nodes from its root")
+        above = node
+
+
 class SingleRow:
     """The one-sequence calls on top of the row protocol: a row made on first use.
 
@@ -254,11 +264,11 @@ class SequentialRows:
                 out[row] = self.forward_tree(tokens, parents)
         return out
 
-    def keep_path_rows(self, paths: Mapping[int, tuple[int, Sequence[int]]]) -> None:
-        """Per row (n_keep, path): after forward_tree_rows, keep n_keep tokens and the path's nodes."""
-        for row, (n_keep, path) in paths.items():
+    def keep_path_rows(self, paths: Mapping[int, Sequence[int]]) -> None:
+        """Per row, after forward_tree_rows: keep the cache before the tree and the path's nodes."""
+        for row, path in paths.items():
             with self.use_row(row):
-                self.keep_path(n_keep, path)
+                self.keep_path(path)
 
     def drop_rows(self, rows: Iterable[int]) -> None:
         states = self._row_states()

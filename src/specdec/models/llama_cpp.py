@@ -37,13 +37,16 @@ import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
 from ..paths import specdec_home
-from .base import SingleRow, file_sha256, trim_hidden
+from .base import SingleRow, check_tree_path, file_sha256, tree_depths, trim_hidden
 
 INSTALL_HINT = "install it built for this CPU with `python scripts/install_llama_cpp.py` (or `make setup`)"
 EXACT_HINT = "build it once with `python scripts/install_llama_cpp.py --exact` (or `make exact`; about 8 minutes)"
 
 # scripts/install_llama_cpp.py's EXACT_BUILD: which patch of the exact build this code expects
 EXACT_BUILD = "tiled1"
+
+# Sequence ids lent to tree forwards (forward_tree_rows): one per leaf of the trees in flight.
+TREE_SEQS = 64
 
 _llama = None  # the llama_cpp module, imported on first use
 _exact: bool | None = None  # whether this process loaded the exact build (decided on first use)
@@ -247,7 +250,9 @@ class LlamaCppModel(SingleRow):
         # exact: a stream of n_ctx cells per sequence, so a row's cells never interleave with another's
         cparams.n_ctx = n_ctx * (streams if exact else max_rows)
         cparams.n_batch = cparams.n_ubatch = min(n_batch, n_ctx)
-        cparams.n_seq_max = streams
+        # the default build lends TREE_SEQS more sequence ids to trees; the exact mode's streams
+        # cannot share cells, so it has none
+        cparams.n_seq_max = streams + (0 if exact else TREE_SEQS)
         cparams.kv_unified = not exact  # one pool of cells: a row is not limited to n_ctx / max_rows
         if exact:
             cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -265,7 +270,9 @@ class LlamaCppModel(SingleRow):
         self.n_ctx = min(n_ctx, lib.llama_n_ctx(self._ctx) // (streams if exact else max_rows))
         self.max_rows = max_rows
         self.n_batch = cparams.n_batch
-        self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        self._batch = lib.llama_batch_init(self.n_batch, 0, 1 if exact else TREE_SEQS)
+        self._tree_free = [] if exact else list(range(streams + TREE_SEQS - 1, streams - 1, -1))
+        self._trees: dict[int, tuple[int, tuple[int, ...], list[list[int]]]] = {}  # row -> forward_tree_rows
         vocab = lib.llama_model_get_vocab(self._model)
         self.tokenizer = LlamaTokenizer(self._model, vocab)
         self.vocab_size = self.tokenizer.n_vocab
@@ -301,6 +308,7 @@ class LlamaCppModel(SingleRow):
 
     def drop_rows(self, rows) -> None:
         for row in rows:
+            self._end_tree(row)
             if self._hidden is not None:
                 self._hidden.pop(row, None)
             if self._len.pop(row, None) is not None:
@@ -315,28 +323,46 @@ class LlamaCppModel(SingleRow):
         return sum(lengths)
 
     def forward_rows(self, tokens, n_logits=None) -> dict[int, np.ndarray]:
-        lib = _lib()
         n_logits = n_logits or {}
         # every (row, position, token, wants logits) of the forward, row after row
         items = []
         for row, row_tokens in tokens.items():
+            self._end_tree(row)
             past = self._len[row]
             if past + len(row_tokens) > self.n_ctx:
                 raise ContextOverflowError(
                     f"{past + len(row_tokens)} tokens do not fit in the context of {self.n_ctx}; raise --ctx"
                 )
             first_out = len(row_tokens) - min(n_logits.get(row, 0), len(row_tokens))
-            items += [(row, past + i, token, i >= first_out) for i, token in enumerate(row_tokens)]
+            items += [((row,), past + i, token, i >= first_out) for i, token in enumerate(row_tokens)]
+        flat, states = self._decode(items)
+        for row, row_tokens in tokens.items():
+            self._len[row] += len(row_tokens)
+        result, at = {}, 0
+        for row, row_tokens in tokens.items():  # outputs come in batch order: row after row
+            n = min(n_logits.get(row, 0), len(row_tokens))
+            if row in n_logits:
+                result[row] = flat[at : at + n] if n else np.empty((0, self.vocab_size), np.float32)
+            if n and states is not None:
+                self._hidden[row] = (self._len[row] - n, states[at : at + n])
+            at += n
+        return result
+
+    def _decode(self, items) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """One forward of items (seq ids, position, token, wants logits), in n_batch chunks: the
+        logits of the tokens that want them, in order, and their hidden states (keep_hidden)."""
+        lib = _lib()
         outputs: list[np.ndarray] = []
         hidden: list[np.ndarray] = []
         batch = self._batch
         for start in range(0, len(items), self.n_batch):
             chunk = items[start : start + self.n_batch]
-            for i, (row, pos, token, wants) in enumerate(chunk):
+            for i, (seqs, pos, token, wants) in enumerate(chunk):
                 batch.token[i] = token
                 batch.pos[i] = pos
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = row
+                batch.n_seq_id[i] = len(seqs)
+                for j, seq in enumerate(seqs):
+                    batch.seq_id[i][j] = seq
                 batch.logits[i] = wants
             batch.n_tokens = len(chunk)
             rc = lib.llama_decode(self._ctx, batch)
@@ -359,19 +385,81 @@ class LlamaCppModel(SingleRow):
             if every:
                 ptr = lib.llama_get_embeddings(self._ctx)  # the final norm's output, per token
                 hidden.append(np.ctypeslib.as_array(ptr, shape=(len(chunk), self.n_embd))[wanted])
-        for row, row_tokens in tokens.items():
-            self._len[row] += len(row_tokens)
         flat = (np.concatenate(outputs) if len(outputs) > 1 else outputs[0]) if outputs else None
-        states = np.concatenate(hidden) if hidden else None
-        result, at = {}, 0
-        for row, row_tokens in tokens.items():  # outputs come in batch order: row after row
-            n = min(n_logits.get(row, 0), len(row_tokens))
-            if row in n_logits:
-                result[row] = flat[at : at + n] if n else np.empty((0, self.vocab_size), np.float32)
-            if n and states is not None:
-                self._hidden[row] = (self._len[row] - n, states[at : at + n])
+        return flat, (np.concatenate(hidden) if hidden else None)
+
+    # -- trees: one forward over each row's tree of drafts (models.base.SequentialRows' calls) --
+
+    def forward_tree_rows(self, trees) -> dict[int, np.ndarray]:
+        """Each row's tree (tokens, parents: -1 under the row's last token, else an earlier node)
+        in one llama_decode; every node's logits per row. Each leaf gets a sequence id of its own
+        holding a copy of the row (llama.cpp shares the cells) and each node belongs to the
+        sequences of the leaves below it, at the position of its depth: a node then attends to
+        the row and its own ancestors, as a chain of its path would. keep_path_rows follows."""
+        if self.exact:
+            raise SpecdecError(
+                "tree drafts need the default build: the exact mode keeps one cache stream per row, "
+                "and a tree's nodes share cells across sequences"
+            )
+        lib = _lib()
+        items, layout = [], []
+        for row, (tokens, parents) in trees.items():
+            self._end_tree(row)
+            if len(tokens) != len(parents):
+                raise ValueError(f"a tree needs a parent per token: {len(tokens)} tokens, {len(parents)} parents")
+            depth = tree_depths(parents)
+            past = self._len[row]
+            if past + int(depth.max(initial=-1)) + 1 > self.n_ctx:
+                raise ContextOverflowError(f"a tree of depth {int(depth.max()) + 1} after {past} tokens does not fit")
+            leaves = sorted(set(range(len(tokens))) - set(parents))
+            if len(leaves) > len(self._tree_free):
+                raise SpecdecError(f"trees in flight may have {TREE_SEQS} leaves in all; this one has {len(leaves)}")
+            node_seqs: list[list[int]] = [[] for _ in tokens]
+            for leaf in leaves:
+                seq = self._tree_free.pop()
+                lib.llama_memory_seq_rm(self._mem, seq, -1, -1)
+                lib.llama_memory_seq_cp(self._mem, row, seq, -1, -1)
+                node = leaf
+                while node >= 0:
+                    node_seqs[node].append(seq)
+                    node = parents[node]
+            self._trees[row] = (past, tuple(parents), node_seqs)
+            items += [(tuple(node_seqs[i]), past + int(depth[i]), t, True) for i, t in enumerate(tokens)]
+            layout.append((row, len(tokens)))
+        flat, _ = self._decode(items)
+        out, at = {}, 0
+        for row, n in layout:
+            out[row] = flat[at : at + n]
             at += n
-        return result
+        return out
+
+    def keep_path_rows(self, paths) -> None:
+        """Per row, after forward_tree_rows: keep the row and the path's nodes (root first, each
+        the parent of the next), which take the positions after the row's last token; the tree's
+        other nodes and its sequence ids go."""
+        lib = _lib()
+        for row, path in paths.items():
+            if row not in self._trees:
+                raise ValueError(f"row {row} has no tree to keep a path of (keep_path_rows follows forward_tree_rows)")
+            past, parents, node_seqs = self._trees[row]
+            check_tree_path(parents, path)
+            if path:
+                leaf_seq = node_seqs[path[-1]][0]  # a leaf under the path's end: its sequence holds the path
+                end = past + len(path)
+                lib.llama_memory_seq_rm(self._mem, leaf_seq, end, -1)
+                lib.llama_memory_seq_cp(self._mem, leaf_seq, row, past, end)
+                self._len[row] = end
+            self._end_tree(row)
+            if self._hidden:  # tree nodes' states are not kept: the row's end has none
+                self._hidden[row] = trim_hidden(self._hidden.get(row), past, self.n_embd)
+
+    def _end_tree(self, row: int) -> None:
+        """Give back the sequence ids of the row's tree, if it has one (its kept path is the row's)."""
+        tree = self._trees.pop(row, None)
+        if tree is not None:
+            for seq in {seq for seqs in tree[2] for seq in seqs}:
+                _lib().llama_memory_seq_rm(self._mem, seq, -1, -1)
+                self._tree_free.append(seq)
 
     # -- hidden states (models.base.HiddenStates), for trained heads ------------------------
 
@@ -401,6 +489,7 @@ class LlamaCppModel(SingleRow):
 
     def rollback_rows(self, keep) -> None:
         for row, n_keep in keep.items():
+            self._end_tree(row)
             if n_keep >= self._len[row]:
                 continue
             if not _lib().llama_memory_seq_rm(self._mem, row, n_keep, -1):

@@ -52,7 +52,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, ModelNotFoundError, SpecdecError
-from .base import SequentialRows, file_sha256, tree_depths, trim_hidden
+from .base import SequentialRows, check_tree_path, file_sha256, tree_depths, trim_hidden
 
 # the tokenizer moved to bpe.py; its names stay importable from here
 from .bpe import BYTE as BYTE
@@ -308,14 +308,15 @@ class NumpyModel(SequentialRows):
             [np.zeros(shape, dtype=np.float32) for _ in range(self.n_layer)],
             [np.zeros(shape, dtype=np.float32) for _ in range(self.n_layer)],
             0,  # n_past: tokens in the cache = the position of the next one
-            [0] * self.n_layer,
-        )  # layer_len: slots 0 .. layer_len[i] - 1 of layer i are valid
+            [0] * self.n_layer,  # layer_len: slots 0 .. layer_len[i] - 1 of layer i are valid
+            None,  # tree: (n_past before it, parents) after forward_tree, until keep_path or rollback
+        )
 
     def _get_state(self):
-        return self.k_cache, self.v_cache, self.n_past, self.layer_len
+        return self.k_cache, self.v_cache, self.n_past, self.layer_len, self.tree
 
     def _set_state(self, state) -> None:
-        self.k_cache, self.v_cache, self.n_past, self.layer_len = state
+        self.k_cache, self.v_cache, self.n_past, self.layer_len, self.tree = state
 
     @property
     def n_full(self) -> int:
@@ -349,6 +350,7 @@ class NumpyModel(SequentialRows):
                 f"tokens (an early-exit pass); rollback({stale}) first"
             )
         first_row = n - n_rows  # tokens from this index on give a logits row
+        self.tree = None  # a forward after a tree: the tree's nodes are now just cache slots
         hidden = []
         for start in range(0, n, BATCH):
             chunk = np.asarray(tokens[start : start + BATCH], dtype=np.int64)  # [t]
@@ -396,25 +398,25 @@ class NumpyModel(SequentialRows):
             x = self.block(i, x, pos0, positions, visible)  # [T, n_embd]
             self.layer_len[i] = pos0 + T
         self.n_past = pos0 + T
+        self.tree = (pos0, tuple(parents))
         if self._hidden:  # heads read states by position, which a tree's slots are not: cut them
             row = self.__dict__.get("_current")
             self._hidden[row] = trim_hidden(self._hidden.get(row), pos0, self.n_embd)
         return matmul(self.norm(x, self.weights, "output_norm"), self.weights["output.weight"])  # [T, vocab]
 
-    def keep_path(self, n_keep: int, path: Sequence[int]) -> None:
-        """After `forward_tree` at n_keep cached tokens: keep those and the nodes `path` (tree
-        node indices, root first, each the parent of the next), moved to follow them; the other
-        nodes' slots become free. A chain continues from there as if it had been forwarded."""
-        path = list(path)
-        if not 0 <= n_keep <= self.n_past - len(path):
-            raise ValueError(f"cannot keep {n_keep} tokens and a path of {len(path)} from {self.n_past}")
-        if any(not 0 <= node < self.n_past - n_keep for node in path) or path != sorted(set(path)):
-            raise ValueError(f"a path is increasing tree node indices below {self.n_past - n_keep}, got {path}")
+    def keep_path(self, path: Sequence[int]) -> None:
+        """After `forward_tree`: keep the cache before the tree and the nodes `path` (root first,
+        each the parent of the next), moved to follow it; the other nodes' slots become free. A
+        chain continues from there as if it had been forwarded."""
+        if self.tree is None:
+            raise ValueError("keep_path follows forward_tree")
+        base, parents = self.tree
+        check_tree_path(parents, path)
         for j, node in enumerate(path):  # node >= j: every move reads a slot no earlier move wrote
             if node != j:
                 for cache in (*self.k_cache, *self.v_cache):
-                    cache[:, n_keep + j] = cache[:, n_keep + node]
-        self.rollback(n_keep + len(path))
+                    cache[:, base + j] = cache[:, base + node]
+        self.rollback(base + len(path))
 
     def rollback(self, n_keep: int) -> None:
         """Cut the cache to its first n_keep tokens: the slots after them become free."""
@@ -422,6 +424,7 @@ class NumpyModel(SequentialRows):
             raise ValueError(f"n_keep must be >= 0, got {n_keep}")
         self.n_past = min(self.n_past, n_keep)
         self.layer_len = [min(length, n_keep) for length in self.layer_len]
+        self.tree = None
         if self._hidden:  # the cut positions' states go too: new tokens may take those positions
             row = self.__dict__.get("_current")
             self._hidden[row] = trim_hidden(self._hidden.get(row), n_keep, self.n_embd)

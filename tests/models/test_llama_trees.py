@@ -1,0 +1,121 @@
+"""Tree attention on the llama.cpp backend, on a tiny GGUF written here (tests/models/test_numpy_ref):
+one forward scores every node of each row's tree as a chain of its own path would, and keeping a
+path leaves the row as that chain's forward would."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdec.errors import SpecdecError
+
+from ..conftest import require_module
+from .test_numpy_ref import TREE_PARENTS, TREE_TOKENS, _tree_path, write_tiny_gguf
+
+require_module("llama_cpp", "make setup")
+
+# llama.cpp keeps K/V in float16 and its kernels depend on the batch's shape: a tree's nodes and
+# a chain's tokens agree to this, where a node that saw another branch is off by whole units
+TOLERANCE = 0.02
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama") / "tiny-qwen2.gguf"
+    write_tiny_gguf(path, "qwen2", n_head_kv=2)
+    return path
+
+
+def _model(path, rows=1):
+    from specdec.models.llama_cpp import LlamaCppModel
+
+    return LlamaCppModel(path, n_ctx=128, max_rows=rows, n_threads=1)
+
+
+def _chain(path, tokens):
+    model = _model(path)
+    (row,) = model.add_rows(1)
+    out = model.forward_rows({row: tokens}, {row: len(tokens)})[row]
+    model.close()
+    return out
+
+
+def test_every_node_is_scored_as_its_own_chain(tiny_path):
+    model = _model(tiny_path)
+    (row,) = model.add_rows(1)
+    prefix = model.tokenizer.encode("the cat in")
+    model.forward_rows({row: prefix}, {})
+    scores = model.forward_tree_rows({row: (TREE_TOKENS, TREE_PARENTS)})[row]
+    assert scores.shape == (len(TREE_TOKENS), model.vocab_size)
+    assert model.row_length(row) == len(prefix)  # the tree is not the row's until a path is kept
+    gaps = []
+    for node in range(len(TREE_TOKENS)):
+        want = _chain(tiny_path, prefix + [TREE_TOKENS[i] for i in _tree_path(node)])[-1]
+        gaps.append(float(np.abs(scores[node] - want).max()))
+    assert max(gaps) < TOLERANCE, gaps
+    # the power of that: a sibling's logits differ from this node's by far more than the tolerance
+    assert np.abs(scores[1] - scores[2]).max() > 50 * TOLERANCE
+    model.close()
+
+
+@pytest.mark.parametrize("leaf", [4, 3, 7])
+def test_a_kept_path_continues_as_a_chain(tiny_path, leaf):
+    model = _model(tiny_path)
+    (row,) = model.add_rows(1)
+    prefix, after = model.tokenizer.encode("the cat in"), model.tokenizer.encode(" a hat")
+    path = _tree_path(leaf)
+    model.forward_rows({row: prefix}, {})
+    model.forward_tree_rows({row: (TREE_TOKENS, TREE_PARENTS)})
+    model.keep_path_rows({row: path})
+    assert model.row_length(row) == len(prefix) + len(path)
+    got = model.forward_rows({row: after}, {row: len(after)})[row]
+    want = _chain(tiny_path, prefix + [TREE_TOKENS[i] for i in path] + after)[-len(after) :]
+    assert np.abs(got - want).max() < TOLERANCE
+    from specdec.models.llama_cpp import TREE_SEQS
+
+    assert len(model._tree_free) == TREE_SEQS  # every lent sequence id is back
+    model.close()
+
+
+def test_trees_of_two_rows_in_one_forward(tiny_path):
+    model = _model(tiny_path, rows=2)
+    a, b = model.add_rows(2)
+    prompts = {a: model.tokenizer.encode("the cat"), b: model.tokenizer.encode("then the end in")}
+    model.forward_rows(prompts, {})
+    scores = model.forward_tree_rows({a: (TREE_TOKENS, TREE_PARENTS), b: (TREE_TOKENS[:3], TREE_PARENTS[:3])})
+    assert scores[a].shape[0] == len(TREE_TOKENS) and scores[b].shape[0] == 3
+    for row, node in ((a, 7), (b, 2)):
+        want = _chain(tiny_path, prompts[row] + [TREE_TOKENS[i] for i in _tree_path(node)])[-1]
+        assert np.abs(scores[row][node] - want).max() < TOLERANCE
+    model.keep_path_rows({a: [6, 7], b: []})  # b keeps nothing of its tree
+    assert model.row_length(a) == len(prompts[a]) + 2 and model.row_length(b) == len(prompts[b])
+    want = _chain(tiny_path, prompts[b] + [42])[-1]
+    assert np.abs(model.forward_rows({b: [42]}, {b: 1})[b][0] - want).max() < TOLERANCE
+    model.close()
+
+
+def test_a_rollback_or_a_forward_gives_the_trees_sequences_back(tiny_path):
+    from specdec.models.llama_cpp import TREE_SEQS
+
+    model = _model(tiny_path)
+    (row,) = model.add_rows(1)
+    model.forward_rows({row: [1, 2, 3]}, {})
+    model.forward_tree_rows({row: (TREE_TOKENS, TREE_PARENTS)})
+    assert len(model._tree_free) == TREE_SEQS - 4  # four leaves
+    model.rollback_rows({row: 3})
+    assert len(model._tree_free) == TREE_SEQS
+    with pytest.raises(ValueError, match="no tree"):
+        model.keep_path_rows({row: [0]})
+    model.forward_tree_rows({row: ([4, 5], [-1, 0])})
+    with pytest.raises(ValueError, match="not a path down a tree"):
+        model.keep_path_rows({row: [1]})
+    model.close()
+
+
+def test_the_exact_mode_refuses_trees():
+    from specdec.models.llama_cpp import LlamaCppModel
+
+    model = object.__new__(LlamaCppModel)
+    model.exact = True
+    with pytest.raises(SpecdecError, match="exact mode keeps one cache stream per row"):
+        model.forward_tree_rows({0: ([1], [-1])})
