@@ -22,7 +22,16 @@ from .drafters.base import MAX_DRAFT_TOKENS, Drafter, DraftModel
 from .errors import SpecdecError
 from .models.base import RowModel
 from .request import prepare
-from .sampling import TokenLogprob, logits_to_probs, token_logprob, verify, verify_at
+from .sampling import (
+    DraftTree,
+    TokenLogprob,
+    logits_to_probs,
+    token_logprob,
+    verify,
+    verify_at,
+    verify_tree,
+    verify_tree_greedy,
+)
 from .spec import DEFAULT_K, GRAMMAR, DraftSpec, auto_drafters, make_drafter, parse
 from .stats import GenerationStats
 from .text import Detokenizer
@@ -203,27 +212,47 @@ class Engine:
             row: (d, draft.upto(target.tokenizer.eog_ids, target.vocab_size) if draft is not None else None)
             for row, (d, draft) in plan.items()
         }
+        # a tree where the target scores trees (and a row is not sampled by position, whose rule is
+        # a chain's); else its first branch
+        plan = {
+            row: (d, draft if draft is None or self._tree_ok(rows[row]) else draft.first_branch())
+            for row, (d, draft) in plan.items()
+        }
         t_draft = self.clock() - t
         drafts = {row: (d.tokens if d is not None else []) for row, (_, d) in plan.items()}
+        trees = {row: DraftTree(tuple(d.tokens), tuple(d.parents)) for row, (_, d) in plan.items() if d and d.parents}
         # 3. ONE target forward: row r scores [last, *draft], k + 1 logits rows each; the joining
-        # rows' prompt chunks ride along (no logits)
-        inputs = {row: [contexts[row][-1], *drafts[row]] for row in rows}
+        # rows' prompt chunks ride along (no logits). A tree row scores [last, *nodes] with its
+        # nodes under last (a second call where chains or prompts share the step)
+        inputs = {row: [contexts[row][-1], *drafts[row]] for row in rows if row not in trees}
         chunks = self._chunks(joining, inputs, {row: len(c) for row, c in contexts.items()}) if joining else {}
         fed = {**inputs, **chunks}
+        tree_inputs = {
+            row: ([contexts[row][-1], *tree.tokens], [-1, *(p + 1 for p in tree.parents)])
+            for row, tree in trees.items()
+        }
         depth = step_depth(
-            {row: len(tokens) for row, tokens in fed.items()},
+            {row: len(tokens) for row, tokens in {**fed, **{r: t for r, (t, _) in tree_inputs.items()}}.items()},
             {**{row: len(contexts[row]) for row in rows}, **{row: self.rows[row].prefilled for row in chunks}},
         )  # before the contexts grow
         t = self.clock()
-        logits = target.forward_rows(fed, {row: len(tokens) for row, tokens in inputs.items()})
+        logits = target.forward_rows(fed, {row: len(tokens) for row, tokens in inputs.items()}) if fed else {}
+        if tree_inputs:
+            logits.update(target.forward_tree_rows(tree_inputs))
         t_target = self.clock() - t
         self._prefilled(chunks, t_target)
         # 4. verify each row with its own random stream: accepted count + the token after them
-        verdicts = {}
+        verdicts, paths = {}, {}
         for row, r in rows.items():
             drafter, draft = plan[row]
             q = draft.q if draft is not None else None
-            if r.config.reproducible and not r.params.greedy:  # the token of (seed, position), whatever q
+            if row in trees:  # node by node down the tree: the path kept, the token after it
+                if r.params.greedy:
+                    path, after = verify_tree_greedy(logits[row], trees[row])
+                else:  # the nodes were chosen, not sampled: the rule for fixed candidates
+                    path, after = verify_tree(logits_to_probs(logits[row], r.params), trees[row], None, r.rng)
+                paths[row], verdicts[row] = path, (len(path), after)
+            elif r.config.reproducible and not r.params.greedy:  # the token of (seed, position), whatever q
                 p = logits_to_probs(logits[row], r.params)
                 verdicts[row] = verify_at(p, drafts[row], r.noise_seed, r.stats.generated_tokens)
             else:
@@ -231,7 +260,9 @@ class Engine:
                 verdicts[row] = verify(logits[row], drafts[row], q, r.params, r.rng, r.config.verification)
         # 5. roll every row back to what it kept; each drafter hears about the rows it drafted for
         t = self.clock()
-        target.rollback_rows({row: len(contexts[row]) + verdicts[row][0] for row in rows})
+        target.rollback_rows({row: len(contexts[row]) + verdicts[row][0] for row in rows if row not in trees})
+        if trees:  # node 0 is the row's last token, node i + 1 the tree's node i
+            target.keep_path_rows({row: [0, *(n + 1 for n in paths[row])] for row in trees})
         t_target += self.clock() - t
         t = self.clock()
         for drafter in self.drafters:
@@ -249,13 +280,15 @@ class Engine:
             s.draft_seconds += t_draft
             s.target_seconds += t_target
             s.record_step(len(drafts[row]), n, drafter.kind if drafter else "plain")
+            kept = [drafts[row][i] for i in paths[row]] if row in trees else drafts[row][:n]
             emitted, s.finish_reason = _emit(
-                [*drafts[row][:n], next_token], target.tokenizer.eog_ids, r.config.max_new_tokens - s.generated_tokens
+                [*kept, next_token], target.tokenizer.eog_ids, r.config.max_new_tokens - s.generated_tokens
             )
             r.context += emitted
             s.generated_tokens += len(emitted)
-            if r.logprobs is not None:  # emitted token i is what logits row i scored
-                r.logprobs += [token_logprob(logits[row][i], t, r.config.logprobs) for i, t in enumerate(emitted)]
+            if r.logprobs is not None:  # emitted token i is what logits row i scored (a tree: its path's)
+                scored = [0, *(i + 1 for i in paths[row])] if row in trees else range(len(emitted))
+                r.logprobs += [token_logprob(logits[row][j], t, r.config.logprobs) for j, t in zip(scored, emitted)]
             s.decode_seconds = now - r._t_decode
             outcomes[row] = Outcome(drafter, draft, n, emitted)
             if r.text.add(emitted):
@@ -263,7 +296,7 @@ class Engine:
             piece = r.text.ready()
             if piece:
                 r._pieces.append(piece)
-        width = target.width([len(tokens) for tokens in fed.values()])
+        width = target.width([len(tokens) for tokens in [*fed.values(), *(t for t, _ in tree_inputs.values())]])
         self.controller.observe(outcomes, width, t_target, depth)
         for row, r in rows.items():
             r.stats.predicted_speedup, r.stats.measured_speedup = self.controller.speedups(
@@ -272,6 +305,12 @@ class Engine:
         finished = [r for r in rows.values() if r.stats.finish_reason]
         if finished:
             self._finish(finished)
+
+    def _tree_ok(self, request: Request) -> bool:
+        """Whether this row may verify a tree: the target scores trees (models' scores_trees) and
+        the row is not sampled by position (reproducible), whose rule is a chain's."""
+        sampled_by_position = request.config.reproducible and not request.params.greedy
+        return bool(getattr(self.target, "scores_trees", False)) and not sampled_by_position
 
     def _admit(self) -> None:
         """Queued requests take free rows (their prompts are prefilled by the steps that follow)."""

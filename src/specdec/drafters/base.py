@@ -27,6 +27,19 @@ class Draft:
     # what the controller may read to predict acceptance: prompt lookup's "match" (tokens its
     # match spans) and "votes" ((occurrences continuing with the first guess, occurrences))
     evidence: dict = field(default_factory=dict)
+    # a tree instead of a chain: node i hangs under parents[i] (-1: the row's last token), parents
+    # before children; None is a chain. A tree's q is None (its nodes were chosen, not sampled).
+    parents: list[int] | None = None
+
+    def first_branch(self) -> "Draft":
+        """A tree's first branch (from the root, each node's first child) as a chain draft; a chain
+        as it is. For a target that scores no trees, or a step that must be a chain."""
+        if self.parents is None:
+            return self
+        chain, node = [], -1
+        while (node := next((i for i, p in enumerate(self.parents) if p == node), None)) is not None:
+            chain.append(self.tokens[node])
+        return Draft(chain, None, self.evidence)
 
     def upto(self, stops: frozenset[int] | set[int], vocab_size: int | None = None) -> "Draft":
         """The draft up to and including its first token in `stops` (end of generation): once the
@@ -35,13 +48,32 @@ class Draft:
         and on into the chat template (seen: a 63-token draft whose last 26 tokens lay past it).
         With `vocab_size`, the draft also ends before its first token outside [0, vocab_size):
         one bad draft (a damaged cache file's ids) must never fail the target's forward, which
-        every row of the batch shares."""
+        every row of the batch shares. A tree keeps such a node's siblings: a node outside the
+        vocabulary goes with everything below it, a stop keeps nothing below it."""
+        if self.parents is not None:
+            return self._prune_tree(stops, vocab_size)
         for i, token in enumerate(self.tokens):
             if vocab_size is not None and not 0 <= token < vocab_size:
                 return self._first(i)
             if token in stops:
                 return self._first(i + 1)
         return self
+
+    def _prune_tree(self, stops, vocab_size) -> "Draft":
+        index: dict[int, int] = {-1: -1}  # old node -> new node; absent: dropped
+        tokens, parents = [], []
+        ended = set()  # nodes that are stops: nothing below them
+        for i, (token, parent) in enumerate(zip(self.tokens, self.parents)):
+            if parent not in index or parent in ended or (vocab_size is not None and not 0 <= token < vocab_size):
+                continue
+            index[i] = len(tokens)
+            tokens.append(token)
+            parents.append(index[parent])
+            if token in stops:
+                ended.add(i)
+        if len(tokens) == len(self.tokens):
+            return self
+        return Draft(tokens, None, self.evidence, parents)
 
     def _first(self, n: int) -> "Draft":
         if n == len(self.tokens):

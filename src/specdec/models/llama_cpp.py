@@ -228,6 +228,7 @@ class LlamaCppModel(SingleRow):
         lib = _lib(exact)
         self.exact = exact
         self.exact_build = EXACT_BUILD if exact else None  # keys cached cost curves (costs._cache_file)
+        self.scores_trees = not exact  # forward_tree_rows (the exact mode's streams share no cells)
         self.path = Path(path)
         _check_gguf_header(self.path)
         self.name = self.path.name

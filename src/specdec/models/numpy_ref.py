@@ -367,6 +367,8 @@ class NumpyModel(SequentialRows):
             self._hidden[self.__dict__.get("_current")] = (self.n_past - n_rows, x)
         return matmul(x, self.weights["output.weight"])  # [n_rows, vocab]
 
+    scores_trees = True  # forward_tree_rows / keep_path_rows (engine: tree drafts)
+
     def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
         """Append a tree of draft nodes in one pass and return every node's logits [T, vocab].
 

@@ -1,0 +1,130 @@
+"""Tree drafts through the engine: a drafter proposes a tree, the target scores every node in one
+forward (NumPy and llama.cpp, tiny GGUF models), verification walks down it, and the kept path's
+cache is the row's. Greedy output is plain greedy output; a row sampled by position, or a target
+that scores no trees, verifies the tree's first branch instead."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from specdec import GenerationConfig, SpeculativeDecoder
+from specdec.drafters.base import Draft
+
+from .conftest import require_module
+from .models.test_numpy_ref import write_tiny_gguf
+
+CONFIG = GenerationConfig(max_new_tokens=24, chat=False)
+PROMPT = "the cat in a hat"
+
+
+class OracleTree:
+    """Three-node branches under the row's last token: first a wrong one, then the target's own
+    greedy continuation (known in advance), so the first branch never holds and the tree's second
+    does. Its second node also has a wrong sibling."""
+
+    name = kind = "oracle-tree"
+
+    def __init__(self, plain_tokens, prompt_len, vocab):
+        self.plain, self.prompt_len, self.vocab = plain_tokens, prompt_len, vocab
+
+    def begin(self, row, prompt, params, rng):
+        pass
+
+    def end(self, rows):
+        pass
+
+    def accept(self, n_accepted):
+        pass
+
+    def propose(self, contexts, ks):
+        out = {}
+        for row, context in contexts.items():
+            at = len(context) - self.prompt_len
+            right = self.plain[at : at + 3]
+            if not right:
+                out[row] = Draft([])
+                continue
+            wrong = [(t + 1) % self.vocab for t in right]
+            tokens = [*wrong, *right, wrong[1 % len(wrong)]]
+            parents = [-1, *range(len(wrong) - 1)]
+            parents += [-1, *range(len(wrong), len(wrong) + len(right) - 1)]
+            parents.append(len(wrong))  # a sibling of the right branch's second node
+            out[row] = Draft(tokens[: len(parents)], None, {}, parents)
+        return out
+
+
+def _target(backend, tmp_path):
+    path = tmp_path / "tiny-qwen2.gguf"
+    write_tiny_gguf(path, "qwen2", n_head_kv=2, n_ctx=256)
+    if backend == "llama":
+        require_module("llama_cpp", "make setup")
+        from specdec.models.llama_cpp import LlamaCppModel
+
+        return LlamaCppModel(path, n_ctx=256, max_rows=4, n_threads=1)
+    from specdec.models.numpy_ref import load_numpy_model
+
+    return load_numpy_model(path, n_ctx=256)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "llama"])
+def test_a_greedy_tree_keeps_the_right_branch_and_writes_plain_greedy(tmp_path, backend):
+    target = _target(backend, tmp_path)
+    plain = SpeculativeDecoder(target, None).generate(PROMPT, CONFIG)
+    prompt_len = len(target.tokenizer.encode(PROMPT))
+    tree = SpeculativeDecoder(target, OracleTree(plain.tokens, prompt_len, target.vocab_size), k=8)
+    out = tree.generate(PROMPT, CONFIG)
+    assert out.tokens == plain.tokens
+    # three right nodes kept a step: the first branch alone (all wrong) would keep none
+    assert out.stats.accepted >= 3 * (out.stats.steps - 2) > 0, out.stats
+    batch = tree.generate_batch([PROMPT, PROMPT + " then"], CONFIG)
+    assert batch[0].tokens == plain.tokens
+
+
+def test_without_trees_the_first_branch_is_verified(tmp_path):
+    target = _target("numpy", tmp_path)
+    plain = SpeculativeDecoder(target, None).generate(PROMPT, CONFIG)
+    prompt_len = len(target.tokenizer.encode(PROMPT))
+    type(target).scores_trees = False
+    try:
+        out = SpeculativeDecoder(target, OracleTree(plain.tokens, prompt_len, target.vocab_size), k=8).generate(
+            PROMPT, CONFIG
+        )
+    finally:
+        type(target).scores_trees = True
+    assert out.tokens == plain.tokens and out.stats.accepted == 0
+
+
+def test_sampled_by_position_a_tree_row_writes_plains_text(tmp_path):
+    target = _target("numpy", tmp_path)
+    sampled = replace(CONFIG, temperature=0.8, reproducible=True)
+    plain = SpeculativeDecoder(target, None).generate(PROMPT, sampled, seed=3)
+    prompt_len = len(target.tokenizer.encode(PROMPT))
+    out = SpeculativeDecoder(target, OracleTree(plain.tokens, prompt_len, target.vocab_size), k=8).generate(
+        PROMPT, sampled, seed=3
+    )
+    assert out.tokens == plain.tokens
+
+
+def test_a_sampled_tree_runs_and_keeps_nodes(tmp_path):
+    """Nearly greedy sampling (the oracle knows greedy's text only): the rule for fixed candidates
+    keeps the right branch's nodes. Its distribution is tests/test_verify_rules.py's to prove."""
+    target = _target("numpy", tmp_path)
+    sampled = replace(CONFIG, temperature=0.01)
+    greedy = SpeculativeDecoder(target, None).generate(PROMPT, CONFIG)
+    prompt_len = len(target.tokenizer.encode(PROMPT))
+    out = SpeculativeDecoder(target, OracleTree(greedy.tokens, prompt_len, target.vocab_size), k=8).generate(
+        PROMPT, sampled, seed=1
+    )
+    assert len(out.tokens) == CONFIG.max_new_tokens and out.stats.accepted > 0
+
+
+def test_a_tree_draft_is_cut_at_stops_and_outside_the_vocabulary():
+    d = Draft([5, 6, 7, 8, 9, 99], None, {}, [-1, 0, 1, -1, 3, 3])
+    cut = d.upto({6}, vocab_size=50)  # 6 is a stop: 7 goes; 99 is outside: it goes
+    assert (cut.tokens, cut.parents) == ([5, 6, 8, 9], [-1, 0, -1, 2])
+    assert d.first_branch().tokens == [5, 6, 7] and d.first_branch().parents is None
+    assert Draft([1, 2]).first_branch().tokens == [1, 2]
+    assert np.array_equal(d.upto(set()).tokens, d.tokens)
