@@ -251,9 +251,10 @@ class LlamaCppModel(SingleRow):
         # exact: a stream of n_ctx cells per sequence, so a row's cells never interleave with another's
         cparams.n_ctx = n_ctx * (streams if exact else max_rows)
         cparams.n_batch = cparams.n_ubatch = min(n_batch, n_ctx)
-        # the default build lends TREE_SEQS more sequence ids to trees; the exact mode's streams
-        # cannot share cells, so it has none
-        cparams.n_seq_max = streams + (0 if exact else TREE_SEQS)
+        # the default build lends up to TREE_SEQS more sequence ids to trees (llama.cpp aborts where
+        # n_seq_max exceeds n_batch); the exact mode's streams cannot share cells, so it has none
+        tree_seqs = 0 if exact else max(0, min(TREE_SEQS, cparams.n_batch - streams))
+        cparams.n_seq_max = streams + tree_seqs
         cparams.kv_unified = not exact  # one pool of cells: a row is not limited to n_ctx / max_rows
         if exact:
             cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -271,8 +272,8 @@ class LlamaCppModel(SingleRow):
         self.n_ctx = min(n_ctx, lib.llama_n_ctx(self._ctx) // (streams if exact else max_rows))
         self.max_rows = max_rows
         self.n_batch = cparams.n_batch
-        self._batch = lib.llama_batch_init(self.n_batch, 0, 1 if exact else TREE_SEQS)
-        self._tree_free = [] if exact else list(range(streams + TREE_SEQS - 1, streams - 1, -1))
+        self._batch = lib.llama_batch_init(self.n_batch, 0, max(1, tree_seqs))
+        self._tree_free = list(range(streams + tree_seqs - 1, streams - 1, -1))
         self._trees: dict[int, tuple[int, tuple[int, ...], list[list[int]]]] = {}  # row -> forward_tree_rows
         vocab = lib.llama_model_get_vocab(self._model)
         self.tokenizer = LlamaTokenizer(self._model, vocab)
@@ -414,7 +415,9 @@ class LlamaCppModel(SingleRow):
                 raise ContextOverflowError(f"a tree of depth {int(depth.max()) + 1} after {past} tokens does not fit")
             leaves = sorted(set(range(len(tokens))) - set(parents))
             if len(leaves) > len(self._tree_free):
-                raise SpecdecError(f"trees in flight may have {TREE_SEQS} leaves in all; this one has {len(leaves)}")
+                raise SpecdecError(
+                    f"trees in flight may have {len(self._tree_free)} more leaves; this one has {len(leaves)}"
+                )
             node_seqs: list[list[int]] = [[] for _ in tokens]
             for leaf in leaves:
                 seq = self._tree_free.pop()
