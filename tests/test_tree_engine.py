@@ -1,5 +1,5 @@
 """Tree drafts through the engine: a drafter proposes a tree, the target scores every node in one
-forward (NumPy and llama.cpp, tiny GGUF models), verification walks down it, and the kept path's
+forward (NumPy and llama.cpp on tiny GGUF models, torch on tiny random ones), verification walks down it, and the kept path's
 cache is the row's. Greedy output is plain greedy output; a row sampled by position, or a target
 that scores no trees, verifies the tree's first branch instead."""
 
@@ -57,6 +57,17 @@ class OracleTree:
 
 
 def _target(backend, tmp_path):
+    if backend.startswith("torch"):  # torch-dynamic, torch-static
+        from .conftest import needs_torch
+
+        needs_torch()
+        from specdec.models.transformers import TransformersModel
+
+        from . import tiny_hf
+
+        tokenizer = tiny_hf.tokenizer()
+        target, _ = tiny_hf.pair("qwen2", len(tokenizer))
+        return TransformersModel(target, tokenizer, name="tiny", n_ctx=256, cache=backend.split("-")[1])
     path = tmp_path / "tiny-qwen2.gguf"
     write_tiny_gguf(path, "qwen2", n_head_kv=2, n_ctx=256)
     if backend == "llama":
@@ -69,7 +80,7 @@ def _target(backend, tmp_path):
     return load_numpy_model(path, n_ctx=256)
 
 
-@pytest.mark.parametrize("backend", ["numpy", "llama"])
+@pytest.mark.parametrize("backend", ["numpy", "llama", "torch-dynamic", "torch-static"])
 def test_a_greedy_tree_keeps_the_right_branch_and_writes_plain_greedy(tmp_path, backend):
     target = _target(backend, tmp_path)
     plain = SpeculativeDecoder(target, None).generate(PROMPT, CONFIG)

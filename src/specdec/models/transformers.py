@@ -12,6 +12,11 @@ cut off the end, and the cache is compacted when holes pile up. Rotary (or learn
 applied from `position_ids`, so a row's result does not depend on where its columns sit: a row
 in a batch computes what it would compute alone, up to floating-point summation order.
 
+A tree of drafts (`forward_tree_rows`) takes columns like a chain, each node at the position of
+its depth, and the mask of its new columns is the tree's ancestry instead of the position rule: a
+node reads the row and its own ancestors, so each node's logits are those of a chain of its path.
+`keep_path_rows` then marks the nodes off the kept path invalid, as a rollback marks rejected ones.
+
 Rows join a running batch (`add_rows` appends empty rows along the batch axis) and leave it
 (`drop_rows` selects the others), so the engine can batch requests that come and go. Row ids are
 stable; `_ids` maps each to its index along the batch axis.
@@ -43,7 +48,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
-from .base import SingleRow
+from .base import SingleRow, check_tree_path, tree_depths
 from .bpe import BYTE_TO_CHAR, CHAR_TO_BYTE  # GPT-2's byte-level table (bpe.py needs only the standard library)
 
 INSTALL_HINT = (
@@ -219,6 +224,7 @@ class TransformersModel(SingleRow):
     """Implements models.base.RowModel over a transformers causal LM."""
 
     max_rows = 1 << 16
+    scores_trees = True  # forward_tree_rows: a tree's ancestry is its new columns' mask
 
     def __init__(
         self,
@@ -300,6 +306,9 @@ class TransformersModel(SingleRow):
             self._valid = torch.zeros((0, 0), dtype=torch.bool, device=self.device)  # [rows, columns]
             self._pos = torch.zeros((0, 0), dtype=torch.long, device=self.device)  # [rows, columns]
         self._past: list[int] = []  # [rows] tokens in each row's cache
+        # row -> (tokens in the row before its tree, the tree's parents, the tree's columns): trees
+        # scored by forward_tree_rows whose path keep_path_rows has not kept yet
+        self._trees: dict[int, tuple[int, tuple[int, ...], list[int]]] = {}
         self._ids: list[int] = []  # [rows] the row id at each batch index
         self._index: dict[int, int] = {}  # row id -> batch index
         self._next_id = 0
@@ -341,6 +350,8 @@ class TransformersModel(SingleRow):
 
     def drop_rows(self, rows) -> None:
         gone = set(rows)
+        for row in gone:
+            self._trees.pop(row, None)
         keep = [i for i, row in enumerate(self._ids) if row not in gone]
         if len(keep) == len(self._ids):
             return
@@ -386,9 +397,70 @@ class TransformersModel(SingleRow):
 
     def forward_rows(self, tokens, n_logits=None) -> dict[int, np.ndarray]:
         """One padded forward over every row of the batch: row r appends tokens[r] (rows not in
-        `tokens` append nothing) and returns the logits of its last n_logits[r] tokens."""
+        `tokens` append nothing) and returns the logits of its last n_logits[r] tokens. A row's
+        tree that no path was kept of goes."""
+        for row, row_tokens in tokens.items():
+            if self._past[self._index[row]] + len(row_tokens) > self.n_ctx:
+                raise ContextOverflowError(
+                    f"the context holds {self.n_ctx} tokens; row {row} would need "
+                    f"{self._past[self._index[row]] + len(row_tokens)}"
+                )
+        self._end_trees(tokens)
+        return self._forward_batch(tokens, n_logits or {}, {})
+
+    def forward_tree_rows(self, trees) -> dict[int, np.ndarray]:
+        """Each row's tree (tokens, parents: -1 under the row's last token, else an earlier node)
+        in one padded forward with the rest of the batch appending nothing; every node's logits
+        per row. The tree is not the row's (row_length stays) until keep_path_rows keeps a path."""
+        shapes = {}
+        for row, (tokens, parents) in trees.items():
+            if len(tokens) != len(parents):
+                raise ValueError(f"a tree needs a parent per token: {len(tokens)} tokens, {len(parents)} parents")
+            depth = tree_depths(parents)
+            past = self._past[self._index[row]]
+            if past + int(depth.max(initial=-1)) + 1 > self.n_ctx:
+                raise ContextOverflowError(f"a tree of depth {int(depth.max()) + 1} after {past} tokens does not fit")
+            above = np.eye(len(parents), dtype=bool)  # [T, T]: node i reads node j (an ancestor, or itself)
+            for i, parent in enumerate(parents):
+                if parent >= 0:
+                    above[i] |= above[parent]
+            shapes[row] = (tuple(parents), depth, above)
+        self._end_trees(trees)
+        tokens = {row: tokens for row, (tokens, _) in trees.items()}
+        return self._forward_batch(tokens, {row: len(t) for row, t in tokens.items()}, shapes)
+
+    def keep_path_rows(self, paths) -> None:
+        """Per row, after forward_tree_rows: keep the row and the path's nodes (root first, each
+        the parent of the next), which sit at the positions after the row's last token; the
+        tree's other nodes' columns become invalid."""
+        for row, path in paths.items():
+            if row not in self._trees:
+                raise ValueError(f"row {row} has no tree to keep a path of (keep_path_rows follows forward_tree_rows)")
+            check_tree_path(self._trees[row][1], path)
+        for row, path in paths.items():
+            past, _, cols = self._trees.pop(row)
+            kept = set(path)
+            self._invalidate(self._index[row], [c for node, c in enumerate(cols) if node not in kept])
+            self._past[self._index[row]] = past + len(path)
+        self._trim()
+
+    def _end_trees(self, rows) -> None:
+        """The trees of these rows that no path was kept of: their columns become invalid."""
+        for row in rows:
+            tree = self._trees.pop(row, None)
+            if tree is not None:
+                self._invalidate(self._index[row], tree[2])
+
+    def _invalidate(self, i: int, cols: list[int]) -> None:
+        if cols:
+            self._valid[i, cols] = False  # in place (the static cache's _valid is a view)
+            self._pos[i, cols] = -1
+
+    def _forward_batch(self, tokens, n_logits, trees) -> dict[int, np.ndarray]:
+        """forward_rows' and forward_tree_rows' forward; trees: row -> (parents, depths [T],
+        ancestry [T, T]) for the rows whose tokens are a tree: they sit at their depths'
+        positions and read their ancestors."""
         torch = self._torch
-        n_logits = n_logits or {}
         B = self.n_rows
         index = self._index
         lengths = [0] * B
@@ -397,40 +469,51 @@ class TransformersModel(SingleRow):
             i = index[row]
             lengths[i] = len(row_tokens)
             wants[i] = min(n_logits.get(row, 0), lengths[i])
-            if self._past[i] + lengths[i] > self.n_ctx:
-                raise ContextOverflowError(
-                    f"the context holds {self.n_ctx} tokens; row {row} would need {self._past[i] + lengths[i]}"
-                )
         empty = np.zeros((0, self.vocab_size), np.float32)
         W = max(lengths, default=0)
         if W == 0:
+            for row in trees:  # empty trees: a path of none is kept
+                self._trees[row] = (self._past[index[row]], trees[row][0], [])
             return {row: empty for row in n_logits if row in tokens}
         ids = torch.zeros((B, W), dtype=torch.long)  # [rows, W], right-padded
         pos = torch.full((B, W), -1, dtype=torch.long)  # [rows, W], -1 = padding
+        new_allowed = None  # [rows, W, W]: which new columns each new token reads, besides the position rule
+        if trees:
+            new_allowed = torch.ones((B, W, W), dtype=torch.bool).tril()
         for row, row_tokens in tokens.items():
             i = index[row]
             if row_tokens:
                 ids[i, : len(row_tokens)] = torch.tensor([int(t) for t in row_tokens])
-                pos[i, : len(row_tokens)] = torch.arange(self._past[i], self._past[i] + len(row_tokens))
+                offsets = torch.from_numpy(trees[row][1]) if row in trees else torch.arange(len(row_tokens))
+                pos[i, : len(row_tokens)] = self._past[i] + offsets
+            if row in trees:
+                T = len(row_tokens)
+                new_allowed[i, :T, :T] = torch.from_numpy(trees[row][2])
         ids, pos = ids.to(self.device), pos.to(self.device)
+        if new_allowed is not None:
+            new_allowed = new_allowed.to(self.device)
         new_valid = pos >= 0
         # padding queries see only themselves (a fully masked row would give NaN in the cache)
         position_ids = torch.where(new_valid, pos, 0).clamp(max=self.n_ctx - 1)
         # logits only for the columns some row asks for
         need = sorted({c for i in range(B) for c in range(lengths[i] - wants[i], lengths[i])})
         if self.static:
-            L, logits = self._forward_static(ids, pos, new_valid, position_ids, need)
+            L, logits = self._forward_static(ids, pos, new_valid, position_ids, need, new_allowed)
         else:
             L = self._valid.shape[1]
             valid = torch.cat([self._valid, new_valid], dim=1)  # [rows, L + W]
             kv_pos = torch.cat([self._pos, pos], dim=1)  # [rows, L + W]
-            mask = self._mask(valid, kv_pos, pos, L)
+            mask = self._mask(valid, kv_pos, pos, L, new_allowed)
             out = self._call(ids, mask, position_ids, torch.tensor(need or [W - 1], device=self.device))
             self._cache = out[self._cache_kw]
             self._valid, self._pos = valid, kv_pos
             logits = out.logits  # [rows, len(need), vocab]
-        for i in range(B):
-            self._past[i] += lengths[i]
+        for row, row_tokens in tokens.items():
+            i = index[row]
+            if row in trees:  # the tree's columns, not yet the row's
+                self._trees[row] = (self._past[i], trees[row][0], list(range(L, L + len(row_tokens))))
+            else:
+                self._past[i] += lengths[i]
         result = {row: empty for row in n_logits if row in tokens}
         if not need:
             return result
@@ -462,7 +545,7 @@ class TransformersModel(SingleRow):
         self._set_end(0)
         self._past, self._ids, self._index = [], [], {}
 
-    def _forward_static(self, ids, pos, new_valid, position_ids, need: list[int]):
+    def _forward_static(self, ids, pos, new_valid, position_ids, need: list[int], new_allowed=None):
         """Write the new columns at [L, L + W) of the buffers and run the model over a view of
         VIEW_BUCKET-rounded width: eagerly, or as a replayed CUDA graph. Returns (L, logits) with
         logits [rows, len(need), vocab] (graphs: [rows, W, vocab], the columns in `need` picked)."""
@@ -480,7 +563,7 @@ class TransformersModel(SingleRow):
         self._valid_buf[:, L : L + W] = new_valid
         self._pos_buf[:, L : L + W] = pos
         self._set_end(L + W)
-        mask = self._mask(self._valid_buf[:, :view], self._pos_buf[:, :view], pos, L)  # [rows, 1, W, view]
+        mask = self._mask(self._valid_buf[:, :view], self._pos_buf[:, :view], pos, L, new_allowed)  # [rows, 1, W, view]
         self._slot.view = view
         if self.graphs and W <= GRAPH_MAX_WIDTH and not self._sliding and self._layers():
             logits = self._replay(ids, position_ids, mask, L, view)  # [rows, W, vocab]
@@ -545,8 +628,11 @@ class TransformersModel(SingleRow):
     def _compact(self) -> None:
         """Each row's valid columns first, in order, the rest padding (see _trim)."""
         torch = self._torch
-        longest = max(self._past, default=0)
+        longest = max(self._past, default=0) + max((len(cols) for _, _, cols in self._trees.values()), default=0)
         order = torch.sort((~self._valid).to(torch.int8), dim=1, stable=True).indices[:, :longest]
+        for row, (past, parents, cols) in self._trees.items():  # valid columns keep their order
+            moved = (self._valid[self._index[row]].cumsum(0) - 1)[cols].tolist()
+            self._trees[row] = (past, parents, moved)
         # the caches are inference tensors (made under inference_mode): changed under it alone
         with torch.inference_mode():
             for layer in self._layers():
@@ -567,12 +653,15 @@ class TransformersModel(SingleRow):
         else:
             self._valid, self._pos = valid, pos
 
-    def _mask(self, valid, kv_pos, q_pos, L: int):
+    def _mask(self, valid, kv_pos, q_pos, L: int, new_allowed=None):
         """Additive attention mask [rows, 1, W, columns] from positions (see the module docstring);
-        the W new columns start at L (columns = L + W, or more with a static cache's view)."""
+        the W new columns start at L (columns = L + W, or more with a static cache's view), and
+        new_allowed [rows, W, W] (trees) narrows which of them each new token reads."""
         torch = self._torch
         W = q_pos.shape[1]
         allowed = valid[:, None, :] & (kv_pos[:, None, :] <= q_pos[:, :, None])  # [rows, W, L + W]
+        if new_allowed is not None:
+            allowed[:, :, L : L + W] &= new_allowed
         diagonal = torch.zeros((W, valid.shape[1]), dtype=torch.bool, device=self.device)
         diagonal[torch.arange(W), L + torch.arange(W)] = True
         full = self._additive(allowed | diagonal)
@@ -589,15 +678,17 @@ class TransformersModel(SingleRow):
         return mask[:, None]
 
     def rollback_rows(self, keep) -> None:
-        """Cut row r's cache to its first keep[r] tokens."""
+        """Cut row r's cache to its first keep[r] tokens (a tree no path was kept of goes)."""
         torch = self._torch
+        self._end_trees(keep)
         cut = list(self._past)
         for row, n in keep.items():
             i = self._index[row]
             cut[i] = min(cut[i], n)
         if cut == self._past:
             return
-        limit = torch.tensor(cut, device=self.device)
+        # rows not cut keep every column (a waiting tree's sit past the row's length)
+        limit = torch.tensor([n if n < past else 1 << 62 for n, past in zip(cut, self._past)], device=self.device)
         self._valid &= self._pos < limit[:, None]
         self._past = cut
         self._trim()
