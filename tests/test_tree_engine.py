@@ -14,6 +14,7 @@ from specdec import GenerationConfig, SpeculativeDecoder
 from specdec.drafters.base import Draft
 
 from .conftest import require_module
+from . import tiny_hf
 from .models.test_numpy_ref import write_tiny_gguf
 
 CONFIG = GenerationConfig(max_new_tokens=24, chat=False)
@@ -63,11 +64,12 @@ def _target(backend, tmp_path):
         needs_torch()
         from specdec.models.transformers import TransformersModel
 
-        from . import tiny_hf
-
         tokenizer = tiny_hf.tokenizer()
         target, _ = tiny_hf.pair("qwen2", len(tokenizer))
-        return TransformersModel(target, tokenizer, name="tiny", n_ctx=256, cache=backend.split("-")[1])
+        layout = backend.split("-")[1]
+        return TransformersModel(
+            target, tokenizer, name="tiny", n_ctx=256, cache=layout.split("+")[0], graphs="graphs" in layout
+        )
     path = tmp_path / "tiny-qwen2.gguf"
     write_tiny_gguf(path, "qwen2", n_head_kv=2, n_ctx=256)
     if backend == "llama":
@@ -80,7 +82,7 @@ def _target(backend, tmp_path):
     return load_numpy_model(path, n_ctx=256)
 
 
-@pytest.mark.parametrize("backend", ["numpy", "llama", "torch-dynamic", "torch-static"])
+@pytest.mark.parametrize("backend", ["numpy", "llama", *(f"torch-{layout}" for layout in tiny_hf.LAYOUTS)])
 def test_a_greedy_tree_keeps_the_right_branch_and_writes_plain_greedy(tmp_path, backend):
     target = _target(backend, tmp_path)
     plain = SpeculativeDecoder(target, None).generate(PROMPT, CONFIG)

@@ -8,8 +8,13 @@ with the target often enough for drafts to be accepted, rejected and fully accep
 from __future__ import annotations
 
 import copy
+import os
 
 ARCHS = ("llama", "qwen2", "gpt2")
+# where pair() puts the models: SPECDEC_TEST_DEVICE=cuda runs the torch backend's tests on a GPU
+# (the caches' tests then also take static + CUDA graphs: LAYOUTS)
+DEVICE = os.environ.get("SPECDEC_TEST_DEVICE", "cpu")
+LAYOUTS = ("dynamic", "static", "static+graphs") if DEVICE.startswith("cuda") else ("dynamic", "static")
 TEXT = (
     "def add(a, b):\n    return a + b\n\nclass Point:\n    x: int\n    y: int\n"
     "The quick brown fox jumps over the lazy dog. Speculative decoding drafts tokens, "
@@ -67,4 +72,4 @@ def pair(arch: str, vocab_size: int, seed: int = 0, damp: float = 0.3):
                 weight.mul_(damp)
     state = {k: v for k, v in copy.deepcopy(target.state_dict()).items() if not any(f".{i}." in k for i in range(1, 2))}
     draft.load_state_dict(state)
-    return target, draft
+    return target.to(DEVICE), draft.to(DEVICE)

@@ -33,7 +33,7 @@ def model(request, tokenizer):
 def full_logits(model, tokens):
     """Logits of every position from one uncached forward: the reference."""
     with torch.no_grad():
-        return model.model(torch.tensor([tokens])).logits[0].float().numpy()
+        return model.model(torch.tensor([tokens], device=model.device)).logits[0].float().cpu().numpy()
 
 
 def tokens(seed, n, vocab=320):

@@ -1,6 +1,6 @@
 """Tree attention on the torch backend, on tiny random models: one forward scores every node of
-each row's tree as a chain of its own path would (dynamic and static caches, every architecture),
-keeping a path leaves the row as that chain's prefill would, and a tree no path was kept of goes."""
+each row's tree as a chain of its own path would (every cache layout and architecture;
+SPECDEC_TEST_DEVICE=cuda adds CUDA graphs), keeping a path leaves the row as that chain's prefill would, and a tree no path was kept of goes."""
 
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ from .test_transformers import ATOL, full_logits, tokens  # noqa: E402
 
 @pytest.fixture(
     scope="module",
-    params=[(arch, "dynamic") for arch in tiny_hf.ARCHS] + [("qwen2", "static"), ("gpt2", "static")],
+    params=[(arch, "dynamic") for arch in tiny_hf.ARCHS] + [(a, c) for a in ("qwen2", "gpt2") for c in tiny_hf.LAYOUTS[1:]],
     ids=lambda p: "-".join(p),
 )
 def model(request, tokenizer):
-    arch, cache = request.param
+    arch, layout = request.param
     target, _ = tiny_hf.pair(arch, len(tokenizer))
-    return TransformersModel(target, tokenizer, name=arch, cache=cache)
+    return TransformersModel(target, tokenizer, name=arch, cache=layout.split("+")[0], graphs="graphs" in layout)
 
 
 def _path_tokens(node):
