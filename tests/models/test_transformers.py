@@ -242,7 +242,7 @@ def test_bad_cache_options_are_errors(tokenizer):
     with pytest.raises(SpecdecError, match="unknown cache"):
         TransformersModel(target, tokenizer, cache="paged")
     with pytest.raises(SpecdecError, match="CUDA graphs"):
-        TransformersModel(target, tokenizer, cache="static", graphs=True)  # on the CPU
+        TransformersModel(target.cpu(), tokenizer, cache="static", graphs=True)  # on the CPU
 
 
 def test_random_weights_from_a_config(tmp_path):
