@@ -1,5 +1,5 @@
 """Sampled output follows the target's distribution through the whole engine, for every drafter
-kind: the draft model (a real q), prompt lookup and the suffix cache (one-hot drafts), `auto`
+kind: the draft model (a real q; and its trees, siblings drawn without replacement), prompt lookup and the suffix cache (one-hot drafts), `auto`
 (all of them, chosen per step), and drafts from a model of another vocabulary (string-level and
 intersected). Drafts run up to 4 tokens, rows run in batches that share the suffix cache, the
 target's end-of-generation token ends rows early, and sampling filters cut p and q alike.
@@ -20,6 +20,7 @@ import pytest
 from specdec import GenerationConfig, SpeculativeDecoder
 from specdec.costs import CostTable
 from specdec.drafters.cross_vocab import CrossVocabDrafter
+from specdec.drafters.model import ModelDrafter
 from specdec.sampling import VERIFICATION_RULES, SamplingParams, logits_to_probs
 
 from .drafters.test_cross_vocab import draft_lm, target_lm
@@ -131,6 +132,7 @@ def toy_decoder(kind: str, target) -> SpeculativeDecoder:
         return decoder
     drafter = {
         "draft model": lambda: same_vocab_draft(target),
+        "draft tree": lambda: ModelDrafter(same_vocab_draft(target), width=2),
         "ngram": lambda: "ngram",
         "suffix": lambda: "suffix",
         "string:": lambda: CrossVocabDrafter(draft_lm(), target, "string"),
@@ -139,7 +141,7 @@ def toy_decoder(kind: str, target) -> SpeculativeDecoder:
     return SpeculativeDecoder(target, drafter, k=N - 1)
 
 
-KINDS = ["draft model", "ngram", "suffix", "auto", "string:", "intersect:"]
+KINDS = ["draft model", "ngram", "suffix", "auto", "string:", "intersect:", "draft tree"]
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +213,7 @@ def break_residuals(patch) -> None:
     patch.setattr(specdec.sampling, "block_residual", lambda p_row, q_row, weight: p_row)
 
 
-@pytest.mark.parametrize("kind", ["draft model", "ngram"])
+@pytest.mark.parametrize("kind", ["draft model", "ngram", "draft tree"])
 def test_the_harness_fails_a_verifier_that_resamples_from_p(toy, kind, monkeypatch):
     """Power: with the residual replaced by p, a rejected draft token comes back too often; the
     harness above must reject it far beyond its threshold, for a real q and for one-hot drafts."""
@@ -247,10 +249,11 @@ def torch_pair():
 
 
 def torch_decoder(kind: str, target, draft) -> SpeculativeDecoder:
-    return SpeculativeDecoder(target, draft if kind == "draft model" else kind, k=TORCH_N - 1)
+    drafter = {"draft model": draft, "draft tree": ModelDrafter(draft, width=2)}.get(kind, kind)
+    return SpeculativeDecoder(target, drafter, k=TORCH_N - 1)
 
 
-@pytest.mark.parametrize("kind", ["draft model", "ngram"])
+@pytest.mark.parametrize("kind", ["draft model", "ngram", "draft tree"])
 def test_batched_torch_rows_sample_the_target(torch_pair, kind):
     """2 000 rows in each forward (auto's choice is the toy harness's: it is the same controller
     on any backend, and at batch sizes where it drafts, the torch runs take minutes)."""

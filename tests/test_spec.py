@@ -76,6 +76,7 @@ def test_auto_s_draft_model_must_be_a_model():
         ("auto:suffix", DraftSpec("auto", k=0, suffix=True)),
         ("auto:nosuffix", DraftSpec("auto", k=0, suffix=False)),
         ("draft:6", DraftSpec("model", k=6)),
+        ("draft:4x2", DraftSpec("model", k=4, width=2)),
         ("ngram:8", DraftSpec("ngram", k=8)),
         ("suffix:16", DraftSpec("suffix", k=16)),
         ("early-exit:2:3", DraftSpec("early-exit", k=3, layers=2)),
@@ -85,7 +86,9 @@ def test_bench_methods_parse_to_the_same_specs(method, spec):
     assert parse_method(method) == spec
 
 
-@pytest.mark.parametrize("method", ["ngram", "ngram:0", "auto:ngram", "draft:x", "early-exit:1", "gemma:4"])
+@pytest.mark.parametrize(
+    "method", ["ngram", "ngram:0", "auto:ngram", "draft:x", "draft:4x", "draft:4x0", "draft:0x2", "early-exit:1", "gemma:4"]
+)
 def test_what_is_not_one_of_our_methods_is_none(method):
     assert parse_method(method) is None
 
@@ -114,6 +117,10 @@ def test_one_factory_makes_every_drafter():
     mine = SuffixCacheDrafter()
     assert make_drafter(parse("suffix"), target, suffix=mine) is mine
     assert isinstance(make_drafter(parse("same"), target, loaded.get), ModelDrafter)
+    tree = make_drafter(DraftSpec("model", model="same", width=3), target, loaded.get)
+    assert isinstance(tree, ModelDrafter) and tree.width == 3 and tree.name == "draft:samex3"
+    with pytest.raises(SpecdecError, match="needs a draft model of the target's vocabulary"):
+        make_drafter(DraftSpec("model", model="other", width=2), target, loaded.get)
     other = make_drafter(parse("other"), target, loaded.get)
     assert isinstance(other, CrossVocabDrafter) and other.mode == "string"
     assert make_drafter(parse("intersect:other"), target, loaded.get).mode == "intersect"

@@ -141,3 +141,45 @@ def test_a_tree_draft_is_cut_at_stops_and_outside_the_vocabulary():
     assert d.first_branch().tokens == [5, 6, 7] and d.first_branch().parents is None
     assert Draft([1, 2]).first_branch().tokens == [1, 2]
     assert np.array_equal(d.upto(set()).tokens, d.tokens)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "llama", *(f"torch-{layout}" for layout in tiny_hf.LAYOUTS)])
+def test_a_draft_models_greedy_tree_writes_plain_greedy(tmp_path, backend):
+    """The draft model's tree (drafters.model, width 3: its top 3 at each depth) through the engine:
+    plain greedy's text, alone and in a batch, with more tokens a step than its chain keeps."""
+    from specdec.drafters.model import ModelDrafter
+
+    target = _target(backend, tmp_path)
+    if backend.startswith("torch"):
+        from specdec.models.transformers import TransformersModel
+
+        draft = TransformersModel(tiny_hf.pair("qwen2", target.vocab_size)[1], target.tokenizer, name="d", n_ctx=256)
+    else:
+        write_tiny_gguf(tmp_path / "draft.gguf", "qwen2", seed=1, n_head_kv=2, n_ctx=256)
+        from specdec.models.numpy_ref import load_numpy_model
+
+        draft = load_numpy_model(tmp_path / "draft.gguf", n_ctx=256)
+    config = replace(CONFIG, max_new_tokens=40)
+    plain = SpeculativeDecoder(target, None).generate(PROMPT, config)
+    chain = SpeculativeDecoder(target, ModelDrafter(draft), k=4).generate(PROMPT, config)
+    tree_decoder = SpeculativeDecoder(target, ModelDrafter(draft, width=3), k=4)
+    tree = tree_decoder.generate(PROMPT, config)
+    assert tree.tokens == chain.tokens == plain.tokens
+    assert tree.stats.drafted > chain.stats.drafted  # siblings were drafted
+    assert tree.stats.generated_tokens / tree.stats.steps >= chain.stats.generated_tokens / chain.stats.steps
+    batch = tree_decoder.generate_batch([PROMPT, PROMPT + " then"], config)
+    assert batch[0].tokens == plain.tokens
+
+
+def test_a_sampled_trees_q_follows_its_nodes():
+    """A sampled tree's q rows go with their nodes through pruning; a node outside the vocabulary
+    leaves the tree's first branch (its later siblings were drawn without it, so their q rows
+    would no longer say how)."""
+    q = np.eye(6)[[1, 2, 3, 4, 5]]  # node i's q row: one-hot on i + 1, to follow them
+    d = Draft([1, 2, 3, 4, 5], q, {}, [-1, -1, 0, 0, 2])
+    stopped = d.upto({3})  # node 2 is a stop: node 4 goes
+    assert stopped.parents == [-1, -1, 0, 0] and np.array_equal(stopped.q, q[:4])
+    first = d.first_branch()
+    assert first.tokens == [1, 3, 5] and np.array_equal(first.q, q[[0, 2, 4]])
+    outside = d.upto(set(), vocab_size=5)  # node 4 (token 5) is outside: the first branch, cut
+    assert outside.parents is None and outside.tokens == [1, 3] and np.array_equal(outside.q, q[[0, 2]])

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from specdec.models.base import SequentialRows
+from specdec.models.base import SequentialRows, check_tree_path, tree_depths
 
 
 class ToyTokenizer:
@@ -92,9 +92,33 @@ class ToyLM(SequentialRows):
 
     def rollback(self, n_keep: int) -> None:
         del self.cache[n_keep:]
+        self.__dict__.setdefault("_trees", {}).pop(self.__dict__.get("_current"), None)
 
     def reset(self) -> None:
         self.cache.clear()
+
+    scores_trees = True
+
+    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """Every node's logits as a chain of its path would give them (a trigram reads its path's
+        last two tokens); the row's cache holds the tree's base until keep_path."""
+        tree_depths(parents)  # a ValueError for a bad tree
+        rows = []
+        for i in range(len(tokens)):
+            path, node = [], i
+            while node >= 0:
+                path.append(int(tokens[node]))
+                node = parents[node]
+            seq = self.cache + path[::-1]
+            rows.append(self.table[seq[-2] if len(seq) > 1 else 0, seq[-1]])
+        self.forward_calls.append(len(tokens))
+        self.__dict__.setdefault("_trees", {})[self.__dict__.get("_current")] = (tuple(parents), list(tokens))
+        return np.array(rows, dtype=np.float32).reshape(len(tokens), self.vocab_size)
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        parents, tokens = self.__dict__.setdefault("_trees", {}).pop(self.__dict__.get("_current"))
+        check_tree_path(parents, path)
+        self.cache += [int(tokens[node]) for node in path]
 
 
 class Solo:

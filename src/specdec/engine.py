@@ -20,7 +20,7 @@ from .controller import Controller, FixedController, Outcome, auto_controller
 from .costs import step_depth
 from .drafters.base import MAX_DRAFT_TOKENS, Drafter, DraftModel
 from .errors import SpecdecError
-from .models.base import RowModel
+from .models.base import RowModel, tree_depths
 from .request import prepare
 from .sampling import (
     DraftTree,
@@ -249,8 +249,9 @@ class Engine:
             if row in trees:  # node by node down the tree: the path kept, the token after it
                 if r.params.greedy:
                     path, after = verify_tree_greedy(logits[row], trees[row])
-                else:  # the nodes were chosen, not sampled: the rule for fixed candidates
-                    path, after = verify_tree(logits_to_probs(logits[row], r.params), trees[row], None, r.rng)
+                else:  # sampled nodes by their q (without replacement), else the rule for fixed candidates
+                    p = logits_to_probs(logits[row], r.params)
+                    path, after = verify_tree(p, trees[row], _by_parent(q, trees[row], p.shape), r.rng, replacement=False)
                 paths[row], verdicts[row] = path, (len(path), after)
             elif r.config.reproducible and not r.params.greedy:  # the token of (seed, position), whatever q
                 p = logits_to_probs(logits[row], r.params)
@@ -279,7 +280,8 @@ class Engine:
             s = r.stats
             s.draft_seconds += t_draft
             s.target_seconds += t_target
-            s.record_step(len(drafts[row]), n, drafter.kind if drafter else "plain")
+            deepest = int(tree_depths(trees[row].parents).max(initial=-1)) + 1 if row in trees else None
+            s.record_step(len(drafts[row]), n, drafter.kind if drafter else "plain", deepest)
             kept = [drafts[row][i] for i in paths[row]] if row in trees else drafts[row][:n]
             emitted, s.finish_reason = _emit(
                 [*kept, next_token], target.tokenizer.eog_ids, r.config.max_new_tokens - s.generated_tokens
@@ -401,6 +403,17 @@ class Engine:
                 stats=request.stats,
                 logprobs=request.logprobs[: len(request.text.tokens)] if request.logprobs is not None else None,
             )
+
+
+def _by_parent(q: np.ndarray | None, tree: DraftTree, shape) -> np.ndarray | None:
+    """A sampled tree's q (row i: the distribution node i was drawn from) in verify_tree's rows
+    (row j + 1: the distribution node j's children were drawn from; row 0 the roots')."""
+    if q is None:
+        return None
+    out = np.zeros(shape, dtype=q.dtype)
+    for node, parent in enumerate(tree.parents):
+        out[parent + 1] = q[node]
+    return out
 
 
 def _emit(tokens: Sequence[int], eog, budget: int) -> tuple[list[int], str]:

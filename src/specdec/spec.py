@@ -36,7 +36,8 @@ GRAMMAR = (
 AUTO_SUFFIX = True
 HEAD_BACKENDS = ("llama", "numpy")  # the backends that give a head the target's hidden states
 METHODS = (
-    "plain, auto, auto:suffix, auto:nosuffix, draft:K, ngram:K, suffix:K, early-exit:L:K (--backend numpy), head:K:FILE"
+    "plain, auto, auto:suffix, auto:nosuffix, draft:K, draft:KxW (a tree: W candidates a depth), ngram:K, suffix:K, "
+    "early-exit:L:K (--backend numpy), head:K:FILE"
 )
 
 
@@ -51,6 +52,7 @@ class DraftSpec:
     vocab: str = ""  # a model's: "string" / "intersect" (across tokenizers); "": by vocabulary
     suffix: bool | None = None  # auto: consult the suffix cache (None: AUTO_SUFFIX)
     head: str = ""  # head: the head file (specdec train)
+    width: int = 1  # model: candidates per draft position (> 1: a tree, drafters.model)
 
     @property
     def is_auto(self) -> bool:
@@ -135,6 +137,10 @@ def parse_method(method: str) -> DraftSpec | None:
                 return DraftSpec("head", k=int(k), head=path)
         elif head in ("draft", "ngram", "suffix") and rest.isdigit() and int(rest) >= 1:
             return DraftSpec("model" if head == "draft" else head, k=int(rest))
+        elif head == "draft" and "x" in rest:  # draft:KxW
+            k, _, width = rest.partition("x")
+            if int(k) >= 1 and int(width) >= 1:
+                return DraftSpec("model", k=int(k), width=int(width))
     except ValueError:
         pass
     return None
@@ -179,8 +185,8 @@ def make_drafter(spec: DraftSpec | str, target, load: Callable[[str], object] | 
         return HeadDrafter(target, spec.head)
     if spec.kind == "model":
         if not spec.model and draft is not None:
-            return draft if isinstance(draft, Drafter) else model_drafter(draft, target, spec.vocab)
+            return draft if isinstance(draft, Drafter) else model_drafter(draft, target, spec.vocab, spec.width)
         if load is None:
             raise SpecdecError(f"draft {spec.model}: no loader given for a draft model")
-        return model_drafter(load(spec.model), target, spec.vocab)
+        return model_drafter(load(spec.model), target, spec.vocab, spec.width)
     raise SpecdecError(f"'{spec.kind}' is a policy, not a drafter: use SpeculativeDecoder(target, 'auto')")

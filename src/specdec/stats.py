@@ -23,17 +23,20 @@ class GenerationStats:
     target_seconds: float = 0.0  # time inside target.forward / rollback
     finish_reason: str = ""  # "length", "eog", "stop", "context"
 
-    def record_step(self, n_drafted: int, n_accepted: int, kind: str = "draft") -> None:
+    def record_step(self, n_drafted: int, n_accepted: int, kind: str = "draft", depth: int | None = None) -> None:
+        """A step that drafted n_drafted tokens (a tree's nodes, `depth` deep: by position, each
+        depth counts as one drafted position) and kept n_accepted."""
         self.steps += 1
         key = f"{kind}:{n_drafted}" if n_drafted else "plain"
         self.decisions[key] = self.decisions.get(key, 0) + 1
         self.drafted += n_drafted
         self.accepted += n_accepted
-        if n_drafted > len(self.drafted_at):
-            grow = n_drafted - len(self.drafted_at)
+        positions = n_drafted if depth is None else depth
+        if positions > len(self.drafted_at):
+            grow = positions - len(self.drafted_at)
             self.drafted_at += [0] * grow
             self.accepted_at += [0] * grow
-        for i in range(n_drafted):
+        for i in range(positions):
             self.drafted_at[i] += 1
             self.accepted_at[i] += i < n_accepted
 

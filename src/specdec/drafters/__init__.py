@@ -7,9 +7,10 @@ model's drafter and an empty suffix cache for a target.
 from __future__ import annotations
 
 
-def model_drafter(model, target, vocab: str = ""):
+def model_drafter(model, target, vocab: str = "", width: int = 1):
     """The drafter of a draft model for `target`: token ids directly when the vocabularies are the
-    same (and `vocab` is ""), else across tokenizers, `vocab` saying how (default: string-level)."""
+    same (and `vocab` is ""), else across tokenizers, `vocab` saying how (default: string-level).
+    `width` > 1 drafts trees (same vocabulary only)."""
     from ..errors import VocabMismatchError
     from ..models.base import check_same_vocab
     from .cross_vocab import DEFAULT_MODE, CrossVocabDrafter
@@ -18,9 +19,13 @@ def model_drafter(model, target, vocab: str = ""):
     if not vocab:
         try:
             check_same_vocab(target, model)
-            return ModelDrafter(model)  # checked just now
+            return ModelDrafter(model, width=width)  # checked just now
         except VocabMismatchError:
             vocab = DEFAULT_MODE
+    if width > 1:
+        from ..errors import SpecdecError
+
+        raise SpecdecError(f"a draft tree (width {width}) needs a draft model of the target's vocabulary")
     return CrossVocabDrafter(model, target, vocab)
 
 

@@ -28,7 +28,9 @@ class Draft:
     # match spans) and "votes" ((occurrences continuing with the first guess, occurrences))
     evidence: dict = field(default_factory=dict)
     # a tree instead of a chain: node i hangs under parents[i] (-1: the row's last token), parents
-    # before children; None is a chain. A tree's q is None (its nodes were chosen, not sampled).
+    # before children; None is a chain. A tree's q is None where its nodes were chosen (the top
+    # candidates), else q[i] is the distribution node i was drawn from: siblings, in node order,
+    # drawn from their parent's one distribution without replacement (sampling.verify_tree).
     parents: list[int] | None = None
 
     def first_branch(self) -> "Draft":
@@ -38,8 +40,10 @@ class Draft:
             return self
         chain, node = [], -1
         while (node := next((i for i, p in enumerate(self.parents) if p == node), None)) is not None:
-            chain.append(self.tokens[node])
-        return Draft(chain, None, self.evidence)
+            chain.append(node)
+        # a first child was drawn first, from its parent's distribution: a chain draft of q
+        q = self.q[chain] if self.q is not None and chain else None
+        return Draft([self.tokens[i] for i in chain], q, self.evidence)
 
     def upto(self, stops: frozenset[int] | set[int], vocab_size: int | None = None) -> "Draft":
         """The draft up to and including its first token in `stops` (end of generation): once the
@@ -60,20 +64,25 @@ class Draft:
         return self
 
     def _prune_tree(self, stops, vocab_size) -> "Draft":
+        if self.q is not None and vocab_size is not None and any(not 0 <= t < vocab_size for t in self.tokens):
+            # a sampled node's later siblings were drawn without it: dropping it alone would leave
+            # their q rows wrong, so the tree's first branch (each node drawn first) goes instead
+            return self.first_branch().upto(stops, vocab_size)
         index: dict[int, int] = {-1: -1}  # old node -> new node; absent: dropped
-        tokens, parents = [], []
+        tokens, parents, kept = [], [], []
         ended = set()  # nodes that are stops: nothing below them
         for i, (token, parent) in enumerate(zip(self.tokens, self.parents)):
             if parent not in index or parent in ended or (vocab_size is not None and not 0 <= token < vocab_size):
                 continue
             index[i] = len(tokens)
+            kept.append(i)
             tokens.append(token)
             parents.append(index[parent])
             if token in stops:
                 ended.add(i)
         if len(tokens) == len(self.tokens):
             return self
-        return Draft(tokens, None, self.evidence, parents)
+        return Draft(tokens, self.q[kept] if self.q is not None else None, self.evidence, parents)
 
     def _first(self, n: int) -> "Draft":
         if n == len(self.tokens):

@@ -5,6 +5,12 @@ step with the accepted tokens: after a step the row holds the context plus the a
 tokens it fed itself; the target's correction (or bonus) token, and the last draft token when all
 k were accepted, are fed at the start of the next proposal. A proposal is one forward that catches
 every drafting row up, then one forward per draft position over the rows still drafting.
+
+With `width` w > 1 the draft is a tree: at each depth the draft model's own token continues the
+chain and the next w - 1 candidates of the same distribution hang beside it as leaves (its top
+ones when greedy, else further draws without replacement): where the chain's token fails, the
+target may keep a sibling. The siblings cost the draft model nothing and the target w - 1 more
+tokens a depth in the same forward (tree attention, models' forward_tree_rows).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..models.base import RowModel, check_same_vocab
-from ..sampling import SamplingParams, draft_token
+from ..sampling import SamplingParams, draft_token, sample
 from .base import Draft
 
 
@@ -28,11 +34,13 @@ class _Row:
 
 
 class ModelDrafter:
-    def __init__(self, model: RowModel, target: RowModel | None = None):
+    def __init__(self, model: RowModel, target: RowModel | None = None, width: int = 1):
         if target is not None:
             check_same_vocab(target, model)
-        self.model = model
-        self.name, self.kind = f"draft:{model.name}", "draft"
+        if width < 1:
+            raise ValueError(f"a draft tree's width is at least 1 (a chain), not {width}")
+        self.model, self.width = model, width
+        self.name, self.kind = f"draft:{model.name}" + (f"x{width}" if width > 1 else ""), "draft"
         self._rows: dict[int, _Row] = {}
 
     def begin(self, row: int, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
@@ -83,24 +91,52 @@ class ModelDrafter:
         # 2. one forward per draft position over the rows still drafting
         tokens = {row: [] for row in live}
         q = {row: [] for row in live}
+        parents = {row: [] for row in live}  # a tree's (width > 1)
+        chain = {row: -1 for row in live}  # the chain's last node, under which the next depth hangs
         for i in range(max(ks[row] for row in live)):
             feed = {}
             for row, state in live.items():
                 if i >= ks[row]:
                     continue
-                token, row_q = draft_token(logits[state.model_row][0], state.params, state.rng)
-                tokens[row].append(token)
-                if row_q is not None:
-                    q[row].append(row_q)
+                row_logits = logits[state.model_row][0]
+                token, row_q = draft_token(row_logits, state.params, state.rng)
+                above, chain[row] = chain[row], len(tokens[row])
+                for t in [token, *self._siblings(row_logits, token, row_q, state)]:
+                    tokens[row].append(t)
+                    parents[row].append(above)
+                    if row_q is not None:
+                        q[row].append(row_q)
                 if i + 1 < ks[row]:  # the last draft token need not be fed: nothing reads it
                     feed[state.model_row] = [token]
                     state.fed.append(token)
             if feed:
                 logits = model.forward_rows(feed, {r: 1 for r in feed})
         for row, state in live.items():
-            state.drafted = len(tokens[row])
-            drafts[row] = Draft(tokens[row], np.stack(q[row]) if q[row] else None)
+            state.drafted = ks[row]  # chain tokens: the depth
+            tree = parents[row] if self.width > 1 else None
+            drafts[row] = Draft(tokens[row], np.stack(q[row]) if q[row] else None, {}, tree)
         return drafts
+
+    def _siblings(self, logits: np.ndarray, token: int, q: np.ndarray | None, state: _Row) -> list[int]:
+        """The width - 1 candidates after `token` at one depth: the next best by the draft's logits
+        when greedy (q None), else draws from q without replacement."""
+        if self.width == 1:
+            return []
+        if q is None:
+            n = min(self.width, len(logits) - 1)
+            best = np.argpartition(-logits, n)[: n + 1]
+            best = best[np.lexsort((best, -logits[best]))]  # best first; ties by id
+            return [int(t) for t in best if int(t) != token][: self.width - 1]
+        rest, out = q.astype(np.float64), []
+        rest[token] = 0.0
+        for _ in range(self.width - 1):
+            mass = rest.sum()
+            if mass <= 0:
+                break
+            t = sample(rest / mass, state.rng)
+            out.append(t)
+            rest[t] = 0.0
+        return out
 
     def accept(self, n_accepted: Mapping[int, int]) -> None:
         # Keep the context and the accepted draft tokens that were fed; drop the rejected ones.
