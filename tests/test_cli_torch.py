@@ -65,6 +65,18 @@ def test_batch_mode_prints_a_json_line_per_prompt_equal_to_single_runs(folders):
         assert row["stats"]["drafted"] > 0
 
 
+def test_a_draft_tree_from_the_command_line_writes_the_chains_text(folders):
+    """--draft-width 3: the draft model's top 3 at each depth, one target forward over the tree;
+    greedy, the same tokens as the chain, with the siblings drafted too."""
+    runs = {}
+    for width in ("1", "3"):
+        proc = specdec("generate", *torch_flags(folders, "-p", PROMPTS[0], "--json", "--stats", "--draft-width", width))
+        assert proc.returncode == 0, proc.stderr
+        runs[width] = json.loads(proc.stdout)
+    assert runs["3"]["tokens"] == runs["1"]["tokens"]
+    assert runs["3"]["stats"]["drafted"] > runs["1"]["stats"]["drafted"]
+
+
 def test_batch_mode_reads_jsonl_and_prints_text(folders):
     proc = specdec("generate", *torch_flags(folders, "--prompt-file", str(folders / "prompts.jsonl"), "-b", "4"))
     assert proc.returncode == 0, proc.stderr

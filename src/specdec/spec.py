@@ -17,7 +17,7 @@ tokenizers (drafters.cross_vocab.CrossVocabDrafter), string-level unless the nam
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Literal, get_args
 
 from .drafters.cross_vocab import MODES as CROSS_VOCAB_MODES
@@ -75,11 +75,20 @@ class DraftSpec:
 
 
 def parse(
-    text: str | None, backend: str | None = None, k: int = DEFAULT_K, draft_model: str | None = None
+    text: str | None, backend: str | None = None, k: int = DEFAULT_K, draft_model: str | None = None, width: int = 1
 ) -> DraftSpec:
     """A drafter name (the grammar above) -> DraftSpec, validated before anything is loaded.
     `backend` is the target's, if known; `k` the draft tokens of a fixed drafter; `draft_model`
-    (auto only) names the draft model auto may use ('none' or None: none)."""
+    (auto only) names the draft model auto may use ('none' or None: none); `width` a draft
+    model's candidates per position (> 1: trees)."""
+    if width > 1:
+        spec = parse(text, backend, k, draft_model)
+        if spec.kind != "model" or spec.vocab:
+            raise SpecdecError(
+                f"--draft-width {width} drafts trees from a draft model of the target's vocabulary: "
+                f"give --draft a model name or path (not {text or 'none'})"
+            )
+        return replace(spec, width=width)
     text = (text or "").strip()
     if text in ("", "none"):
         return DraftSpec("none", k=0)

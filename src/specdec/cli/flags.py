@@ -8,7 +8,7 @@ import argparse
 from typing import Callable
 
 from .. import catalog
-from ..drafters.base import MAX_DRAFT_TOKENS
+from ..drafters.base import MAX_DRAFT_TOKENS, MAX_DRAFT_WIDTH
 from ..drafters.suffix import DEFAULT_CAP as SUFFIX_CAP
 from ..sampling import VERIFICATION_RULES
 from .options import SEED, TEMPERATURE_HELP, _float_in, _int_in, _non_negative_int, _positive, _text
@@ -94,6 +94,15 @@ def _add_model_flags(
             default=4,
             metavar="K",
             help=draft_tokens[1],
+        )
+        g.add_argument(
+            "--draft-width",
+            type=_int_in(1, MAX_DRAFT_WIDTH),
+            default=1,
+            metavar="W",
+            help="candidates per draft position from a draft model: W > 1 drafts a tree (its top W at each "
+            "depth when greedy, W draws without replacement when sampling), all scored by one target "
+            "forward (default: 1, a chain)",
         )
         then("--draft-tokens")
     g.add_argument("--backend", choices=BACKENDS, default="llama", help=backend_help)

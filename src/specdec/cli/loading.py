@@ -64,7 +64,9 @@ def _decoder(args):
     load = _model_loader(args, rows)
     draft_model = args.draft_model if args.draft_model is not None else catalog.default_draft(args.target)
     # a bad --draft fails before a long load
-    spec = parse(args.draft, args.backend, args.draft_tokens, draft_model=draft_model or "none")
+    spec = parse(
+        args.draft, args.backend, args.draft_tokens, draft_model=draft_model or "none", width=getattr(args, "draft_width", 1)
+    )
     _check_suffix_flags(args, spec.kind)  # so do bad suffix cache flags
     _check_device(args)  # and a bad --device
     target = load(args.target)

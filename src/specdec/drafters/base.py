@@ -18,6 +18,7 @@ from ..sampling import SamplingParams
 # The longest draft a step may ask for (-k). k + 1 rows go through the target in one forward; past
 # a few dozen tokens a draft is never accepted whole, and the width only costs.
 MAX_DRAFT_TOKENS = 32
+MAX_DRAFT_WIDTH = 8  # candidates per draft position of a tree (drafters.model)
 
 
 @dataclass(frozen=True)
