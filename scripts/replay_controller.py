@@ -5,6 +5,7 @@
     python scripts/replay_controller.py replay [--recording FILE] [-v]
     python scripts/replay_controller.py loo [--recording FILE] [--fit] [--set NAME=VALUE ...]
     python scripts/replay_controller.py copies [--recording FILE]
+    python scripts/replay_controller.py verdict [--recording FILE] [--curve C --draft-curve D] [--check]
 
 `record` runs the default target (or --target) with plain greedy decoding over the benchmark suite
 (chat template applied as `specdec bench` does) and writes the token ids, with the target's
@@ -19,6 +20,10 @@ default), also fixed draft:K, `auto` with the draft model, and a clairvoyant dra
     python scripts/replay_controller.py replay --recording benchmarks/greedy-1.5b-0.5b.jsonl \
         --curve benchmarks/gpu-h100/costs-1.5b-static-graphs.json \
         --draft-curve benchmarks/gpu-h100/costs-0.5b-static-graphs.json
+
+`verdict` prints auto's bars per category (leave-one-category-out auto against the clairvoyant,
+the best of every fixed method and the best of the peers' policies: llama.cpp's ngram-simple and
+ngram-mod, vLLM's adaptive K) and, with --check, exits 1 when one does not hold.
 """
 
 from __future__ import annotations
@@ -267,6 +272,32 @@ def replay(args) -> None:
         print(f"| {category} | " + " | ".join(f"{m:.2f}x" for m in medians) + f" | {min(r[1] for r in rows):.2f}x |")
 
 
+def verdict(args) -> int:
+    from specdec.replay import verdict as bars
+
+    header, records, costs, draft_costs = load(args)
+    result = bars(records, costs, draft_costs, stops(header))
+    print(describe(header, costs, draft_costs))
+    names = list(next(iter(result.values()))["holds"])
+    print(
+        "| category | prompts | auto (held out) | clairvoyant | auto / clairvoyant | best fixed | best peer | "
+        + " | ".join(names)
+        + " |"
+    )
+    print("|---" * (7 + len(names)) + "|")
+    failed = []
+    for category, r in result.items():
+        (fixed, f), (peer, p) = r["best fixed"], r["best peer"]
+        marks = ["holds" if r["holds"][n] else "FAILS" for n in names]
+        failed += [f"{category}: {n}" for n in names if not r["holds"][n]]
+        print(
+            f"| {category} | {r['prompts']} | {r['auto']:.2f}x | {r['clairvoyant']:.2f}x | {r['ratio']:.2f} "
+            f"| {fixed} {f:.2f}x | {peer} {p:.2f}x | " + " | ".join(marks) + " |"
+        )
+    print(f"\n{len(failed)} of {len(result) * len(names)} bars fail" + (": " + "; ".join(failed) if failed else ""))
+    return 1 if args.check and failed else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -335,11 +366,20 @@ def main() -> int:
         help="try other values: controller constants (REACH=1, MARGIN=0.05) or arguments "
         "(overlay_weight=16, shared_rate=0.02, explore_growth=1)",
     )
+    ver = sub.add_parser("verdict", help="auto's bars per category: clairvoyant, best fixed, best peer policy")
+    for name, default in (
+        ("--recording", "greedy-outputs.jsonl"),
+        ("--costs", None),
+        ("--curve", None),
+        ("--draft-curve", None),
+    ):
+        ver.add_argument(name, default=default, help="as for replay")
+    ver.add_argument("--depth", type=int, default=None, help="the curves' depth to use")
+    ver.add_argument("--check", action="store_true", help="exit 1 when a bar does not hold")
     cop = sub.add_parser("copies", help="how far long matches run: whole copies against partial ones")
     cop.add_argument("--recording", default="greedy-outputs.jsonl")
     args = parser.parse_args()
-    {"record": record, "replay": replay, "loo": loo, "copies": copies}[args.command](args)
-    return 0
+    return {"record": record, "replay": replay, "loo": loo, "copies": copies, "verdict": verdict}[args.command](args) or 0
 
 
 if __name__ == "__main__":

@@ -204,3 +204,45 @@ def test_copy_runs_split_whole_copies_from_partial_ones():
     partial = copy_runs([{"prompt": list(range(100)), "output": [600 + i for i in range(30)] + list(range(40))}])
     # the match reaches 16 tokens at position 46, where 0.8 of the response would be 37 tokens
     assert partial["partial"][1] == (24, 24) and partial["whole"][1] == (0, 0)
+
+
+# -- peers' policies and the verdict ------------------------------------------------------------
+
+
+def test_adaptive_k_picks_the_k_that_pays_per_step():
+    """vLLM's rule: the K maximising (1 + a_1 + ... + a_K) / (K c + 1) from the acceptance seen."""
+    from specdec.replay import AdaptiveKController
+
+    free = AdaptiveKController(NgramDrafter(), 8, 0.0)
+    assert free.choose() == 8  # nothing seen: every position counts as kept
+    free.drafted, free.kept = [10] * 8, [9, 5, 0, 0, 0, 0, 0, 0]
+    assert free.choose() == 2  # positions 3+ add nothing, and ties go to the shorter draft
+    costly = AdaptiveKController(NgramDrafter(), 8, 0.5)
+    costly.drafted, costly.kept = [10] * 8, [9, 6, 3, 1, 0, 0, 0, 0]
+    # (1.9, 2.5, 2.8, 2.9) / (1.5, 2, 2.5, 3): 1.27, 1.25, 1.12, 0.97 -> K = 1
+    assert costly.choose() == 1
+
+
+def test_the_verdict_names_the_best_fixed_method_and_peer_and_checks_the_bars(tmp_path):
+    """On a shipped recording: every category gets auto held out, the clairvoyant, the best of the
+    fixed methods and of the peers, and three bars; `verdict --check` exits 1 exactly when one fails."""
+    import subprocess
+    import sys
+
+    from specdec.replay import verdict
+
+    path = RECORDINGS[1]
+    header, records = load_recording(path)
+    result = verdict(records, header["costs"], None, frozenset(header.get("eog", ())))
+    assert set(result) == {r["category"] for r in records}
+    for r in result.values():
+        assert r["best fixed"][0].startswith("ngram:") and r["best peer"][1] > 0
+        assert r["holds"]["0.9 clairvoyant"] == (r["ratio"] >= 0.9)
+        assert r["holds"]["best fixed - 3%"] == (r["auto"] >= 0.97 * r["best fixed"][1])
+    failing = any(not ok for r in result.values() for ok in r["holds"].values())
+    script = Path(__file__).resolve().parents[1] / "scripts" / "replay_controller.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "verdict", "--recording", str(path), "--check"], capture_output=True, text=True
+    )
+    assert proc.returncode == (1 if failing else 0), proc.stderr
+    assert "best peer" in proc.stdout and ("FAILS" in proc.stdout) == failing

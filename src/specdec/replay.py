@@ -132,6 +132,129 @@ class LongMatchController:
         pass
 
 
+class AdaptiveKController:
+    """vLLM's adaptive K, replayed: from the per-position acceptance averages a_i of its drafter's
+    steps so far (a_i: the share of drafts that reached position i and had it kept), each step
+    drafts the K in 1..k_max that maximises (1 + a_1 + ... + a_K) / (K c + 1), c the drafter's cost
+    per token in target steps. It reads no cost curve: a target step is priced the same at any
+    width. Before any evidence a_i = 1 (it starts at k_max)."""
+
+    def __init__(self, drafter, k_max: int, c: float):
+        self.drafter, self.k_max, self.c = drafter, k_max, c
+        self.drafted = [0] * k_max  # [position] drafts that reached it
+        self.kept = [0] * k_max  # [position] of those, kept
+
+    def begin(self, row, prompt):
+        pass
+
+    def end(self, row):
+        pass
+
+    def choose(self) -> int:
+        best, best_k, expected, rate = -1.0, 1, 1.0, 1.0
+        for k in range(1, self.k_max + 1):
+            rate = self.kept[k - 1] / self.drafted[k - 1] if self.drafted[k - 1] else rate
+            expected += rate
+            value = expected / (k * self.c + 1)
+            if value > best:
+                best, best_k = value, k
+        return best_k
+
+    def draft(self, contexts, caps):
+        plan = {}
+        for row, context in contexts.items():
+            k = min(self.choose(), caps[row])
+            draft = self.drafter.propose({row: context}, {row: k})[row] if k else Draft([])
+            plan[row] = (self.drafter, draft) if draft.tokens else (None, None)
+        return plan
+
+    def observe(self, outcomes, width, target_seconds, depth=None):
+        for outcome in outcomes.values():
+            if outcome.draft is None:
+                continue
+            for i in range(len(outcome.draft.tokens)):
+                self.drafted[i] += 1
+                self.kept[i] += i < outcome.n_accepted
+
+
+# Every fixed method the verdict tries ("best fixed method"), and the peers' policies.
+FIXED_NGRAM_K = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
+FIXED_DRAFT_K = tuple(range(1, 9))
+
+
+def peer_policies(recorded: "RecordedDrafter | None", costs, draft_costs) -> dict[str, object]:
+    """The policies of the tools people use instead, as replay controllers (fresh ones):
+    llama.cpp's ngram-simple (a 12-token match, up to 48 drafted) and ngram-mod (only inside a
+    24-token match, 8 drafted), vLLM's adaptive K over prompt lookup (k_max 8, its drafts costing
+    nothing) and over the draft model (k_max 8, c its one-token forward over the target's)."""
+    peers = {
+        "llama.cpp ngram-simple (12, 48)": LongMatchController(NgramDrafter(match_cap=64), 48, n_match=12),
+        "llama.cpp ngram-mod (24, 8)": LongMatchController(NgramDrafter(match_cap=64), 8, n_match=24),
+        "vLLM adaptive K, ngram (8)": AdaptiveKController(NgramDrafter(), 8, 0.0),
+    }
+    if recorded is not None and draft_costs is not None:
+        c = curve_at(draft_costs, 128)[0] / curve_at(costs, 128)[0]
+        peers["vLLM adaptive K, draft (8)"] = AdaptiveKController(recorded, 8, c)
+    return peers
+
+
+def policy_speedups(
+    records: Sequence[Mapping], costs, draft_costs=None, stops: frozenset[int] = frozenset()
+) -> dict[str, dict[str, float]]:
+    """category -> method -> median speedup over its prompts, for every fixed method (ngram:K,
+    draft:K when the draft model is recorded) and every peer policy (peer_policies; each one
+    controller per category, learning across its prompts as auto does)."""
+    import statistics
+
+    from .controller import FixedController
+
+    with_draft = draft_costs is not None and all("draft_agrees" in r for r in records)
+    out = {}
+    for category in dict.fromkeys(r["category"] for r in records):
+        test = [r for r in records if r["category"] == category]
+        recorded = (
+            RecordedDrafter({tuple(r["prompt"]): (r["output"], r["draft_agrees"]) for r in test}) if with_draft else None
+        )
+        policies = {f"ngram:{k}": FixedController(NgramDrafter(), k) for k in FIXED_NGRAM_K}
+        if with_draft:
+            policies.update({f"draft:{k}": FixedController(recorded, k) for k in FIXED_DRAFT_K})
+        policies.update({f"peer {name}": c for name, c in peer_policies(recorded, costs, draft_costs).items()})
+        out[category] = {
+            name: statistics.median(
+                replay_speedup(r["prompt"], r["output"], costs, controller, recorded, draft_costs, stops)[0]
+                for r in test
+            )
+            for name, controller in policies.items()
+        }
+    return out
+
+
+def verdict(
+    records: Sequence[Mapping], costs, draft_costs=None, stops: frozenset[int] = frozenset()
+) -> dict[str, dict]:
+    """The bars of `auto` per category, deterministic: leave-one-category-out auto against the
+    clairvoyant (auto / clairvoyant, the median per prompt, >= 0.9), the best fixed method and
+    the best peer policy (auto's median >= theirs - 3%). category -> {"auto", "clairvoyant",
+    "ratio", "best fixed": (name, speedup), "best peer": (name, speedup), "holds": {bar: bool}}."""
+    loo = leave_one_category_out(records, costs, draft_costs, stops)
+    policies = policy_speedups(records, costs, draft_costs, stops)
+    out = {}
+    for category, r in loo.items():
+        fixed = max(((n, v) for n, v in policies[category].items() if not n.startswith("peer ")), key=lambda x: x[1])
+        peer = max(((n[5:], v) for n, v in policies[category].items() if n.startswith("peer ")), key=lambda x: x[1])
+        out[category] = {
+            **r,
+            "best fixed": fixed,
+            "best peer": peer,
+            "holds": {
+                "0.9 clairvoyant": r["ratio"] >= 0.9,
+                "best fixed - 3%": r["auto"] >= 0.97 * fixed[1],
+                "best peer - 3%": r["auto"] >= 0.97 * peer[1],
+            },
+        }
+    return out
+
+
 def draft_run(agrees: str, pos: int, k: int) -> int:
     """Draft tokens the target keeps of a k-token greedy draft from position `pos`: the run of
     agreements ('1') that starts there, at most k."""
