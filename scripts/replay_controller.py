@@ -298,6 +298,18 @@ def verdict(args) -> int:
     return 1 if args.check and failed else 0
 
 
+def _replay_inputs(p) -> None:
+    """The recording and curve flags loo and verdict share with replay."""
+    for name, default in (
+        ("--recording", "greedy-outputs.jsonl"),
+        ("--costs", None),
+        ("--curve", None),
+        ("--draft-curve", None),
+    ):
+        p.add_argument(name, default=default, help="as for replay")
+    p.add_argument("--depth", type=int, default=None, help="the curves' depth to use")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -350,14 +362,7 @@ def main() -> int:
     rep.add_argument("--draft-k", type=int, nargs="+", default=[2, 4], help="fixed draft:K columns (default: 2 4)")
     rep.add_argument("-v", "--verbose", action="store_true", help="a line per prompt")
     out = sub.add_parser("loo", help="leave one category out: fit the priors on the others, test auto on it")
-    for name, default in (
-        ("--recording", "greedy-outputs.jsonl"),
-        ("--costs", None),
-        ("--curve", None),
-        ("--draft-curve", None),
-    ):
-        out.add_argument(name, default=default, help="as for replay")
-    out.add_argument("--depth", type=int, default=None, help="the curves' depth to use")
+    _replay_inputs(out)
     out.add_argument("--fit", action="store_true", help="also print the priors fitted on every category")
     out.add_argument(
         "--set",
@@ -367,14 +372,7 @@ def main() -> int:
         "(overlay_weight=16, shared_rate=0.02, explore_growth=1)",
     )
     ver = sub.add_parser("verdict", help="auto's bars per category: clairvoyant, best fixed, best peer policy")
-    for name, default in (
-        ("--recording", "greedy-outputs.jsonl"),
-        ("--costs", None),
-        ("--curve", None),
-        ("--draft-curve", None),
-    ):
-        ver.add_argument(name, default=default, help="as for replay")
-    ver.add_argument("--depth", type=int, default=None, help="the curves' depth to use")
+    _replay_inputs(ver)
     ver.add_argument("--check", action="store_true", help="exit 1 when a bar does not hold")
     cop = sub.add_parser("copies", help="how far long matches run: whole copies against partial ones")
     cop.add_argument("--recording", default="greedy-outputs.jsonl")

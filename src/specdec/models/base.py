@@ -145,6 +145,16 @@ def tree_depths(parents: Sequence[int]) -> np.ndarray:
     return depth
 
 
+def tree_ancestry(parents: Sequence[int]) -> np.ndarray:
+    """[T, T] bool: node i reads node j (j is i or one of its ancestors): a tree's attention
+    among its own nodes. parents as tree_depths takes them (tree_depths checks them)."""
+    above = np.eye(len(parents), dtype=bool)
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            above[i] |= above[parent]
+    return above
+
+
 def check_tree_path(parents: Sequence[int], path: Sequence[int]) -> None:
     """A path kept from a tree: root first (a node whose parent is -1), each node the parent of
     the next; empty keeps no node. Else a ValueError."""

@@ -52,7 +52,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, ModelNotFoundError, SpecdecError
-from .base import SequentialRows, check_tree_path, file_sha256, tree_depths, trim_hidden
+from .base import SequentialRows, check_tree_path, file_sha256, tree_ancestry, tree_depths, trim_hidden
 
 # the tokenizer moved to bpe.py; its names stay importable from here
 from .bpe import BYTE as BYTE
@@ -390,10 +390,7 @@ class NumpyModel(SequentialRows):
         pos0 = self.n_past
         visible = np.zeros((T, pos0 + T), dtype=bool)  # [T, S]
         visible[:, :pos0] = True
-        for i, parent in enumerate(parents):
-            if parent >= 0:
-                visible[i, pos0 : pos0 + parent + 1] = visible[parent, pos0 : pos0 + parent + 1]
-            visible[i, pos0 + i] = True
+        visible[:, pos0:] = tree_ancestry(parents)
         positions = pos0 + depth  # [T]
         x = self.embed(np.asarray(tokens, dtype=np.int64), pos0, positions)  # [T, n_embd]
         for i in range(self.n_layer):

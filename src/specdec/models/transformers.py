@@ -48,7 +48,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
-from .base import SingleRow, check_tree_path, tree_depths
+from .base import SingleRow, check_tree_path, tree_ancestry, tree_depths
 from .bpe import BYTE_TO_CHAR, CHAR_TO_BYTE  # GPT-2's byte-level table (bpe.py needs only the standard library)
 
 INSTALL_HINT = (
@@ -736,11 +736,7 @@ class TransformersModel(SingleRow):
 def _tree_shape(parents: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """A tree's depths [T] and ancestry [T, T] (node i reads node j: an ancestor, or itself);
     cached, since a drafter's trees repeat their shapes across rows and steps."""
-    depth = tree_depths(parents)
-    above = np.eye(len(parents), dtype=bool)
-    for i, parent in enumerate(parents):
-        if parent >= 0:
-            above[i] |= above[parent]
+    depth, above = tree_depths(parents), tree_ancestry(parents)
     depth.flags.writeable = above.flags.writeable = False
     return depth, above
 
