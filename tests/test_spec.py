@@ -12,7 +12,7 @@ from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.suffix import SuffixCacheDrafter
 from specdec.errors import SpecdecError
-from specdec.spec import AUTO_SUFFIX, DEFAULT_K, KINDS, DraftSpec, make_drafter, parse, parse_method
+from specdec.spec import AUTO_SUFFIX, DEFAULT_K, KINDS, DraftSpec, auto_drafters, make_drafter, parse, parse_method
 
 from .drafters.test_cross_vocab import draft_lm, target_lm
 from .toy import ToyLM
@@ -119,6 +119,8 @@ def test_one_factory_makes_every_drafter():
     assert isinstance(make_drafter(parse("same"), target, loaded.get), ModelDrafter)
     tree = make_drafter(DraftSpec("model", model="same", width=3), target, loaded.get)
     assert isinstance(tree, ModelDrafter) and tree.width == 3 and tree.name == "draft:samex3"
+    _, _, chain = auto_drafters(target, tree)  # auto prices chains: it drafts them from the same model
+    assert isinstance(chain, ModelDrafter) and chain.width == 1 and chain.model is same
     with pytest.raises(SpecdecError, match="needs a draft model of the target's vocabulary"):
         make_drafter(DraftSpec("model", model="other", width=2), target, loaded.get)
     other = make_drafter(parse("other"), target, loaded.get)

@@ -167,6 +167,10 @@ def auto_drafters(target, draft_model=None, suffix=None, wants_suffix: bool = AU
             make_drafter(DraftSpec("suffix"), target) if suffix is True or (suffix is None and wants_suffix) else None
         )
     model = make_drafter(DraftSpec("model"), target, draft=draft_model) if draft_model is not None else None
+    if getattr(model, "width", 1) > 1:  # auto prices chains: a tree drafter's model drafts chains for it
+        from .drafters.model import ModelDrafter
+
+        model = ModelDrafter(model.model)
     return NgramDrafter(), suffix, model
 
 
