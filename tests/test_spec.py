@@ -119,6 +119,10 @@ def test_one_factory_makes_every_drafter():
     assert isinstance(make_drafter(parse("same"), target, loaded.get), ModelDrafter)
     tree = make_drafter(DraftSpec("model", model="same", width=3), target, loaded.get)
     assert isinstance(tree, ModelDrafter) and tree.width == 3 and tree.name == "draft:samex3"
+    given = make_drafter(DraftSpec("model", width=2), target, draft=make_drafter(parse("same"), target, loaded.get))
+    assert isinstance(given, ModelDrafter) and given.width == 2 and given.model is same  # bench's draft:KxW
+    with pytest.raises(SpecdecError, match="needs a draft model of the target's vocabulary"):
+        make_drafter(DraftSpec("model", width=2), target, draft=make_drafter(parse("other"), target, loaded.get))
     _, _, chain = auto_drafters(target, tree)  # auto prices chains: it drafts them from the same model
     assert isinstance(chain, ModelDrafter) and chain.width == 1 and chain.model is same
     with pytest.raises(SpecdecError, match="needs a draft model of the target's vocabulary"):

@@ -198,6 +198,13 @@ def make_drafter(spec: DraftSpec | str, target, load: Callable[[str], object] | 
         return HeadDrafter(target, spec.head)
     if spec.kind == "model":
         if not spec.model and draft is not None:
+            if isinstance(draft, Drafter) and getattr(draft, "width", spec.width) != spec.width:
+                from .drafters.model import ModelDrafter
+
+                # the caller's draft model, drafting this spec's tree (or chain) shape
+                return ModelDrafter(draft.model, width=spec.width)
+            if isinstance(draft, Drafter) and spec.width > 1 and not hasattr(draft, "width"):
+                raise SpecdecError(f"a draft tree (width {spec.width}) needs a draft model of the target's vocabulary")
             return draft if isinstance(draft, Drafter) else model_drafter(draft, target, spec.vocab, spec.width)
         if load is None:
             raise SpecdecError(f"draft {spec.model}: no loader given for a draft model")
