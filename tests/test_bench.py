@@ -91,7 +91,7 @@ def test_the_package_keeps_every_name_its_callers_use():
     """cli.py, scripts/ and benchmarks/ use these as bench.<name> or from specdec.bench."""
     names = (
         "Bench CATEGORIES DEFAULT_METHODS DEFAULT_SUITE FULL_METHODS HF_METHODS LLAMA_CPP_METHODS Row "
-        "_category_tables load_suite mark_partings parse_method plot prompt_text run_bench write_summary"
+        "_category_tables _noise_lines load_suite mark_partings parse_method plot prompt_text run_bench write_summary"
     )
     for name in names.split():
         assert hasattr(bench, name), name
@@ -190,11 +190,13 @@ def test_tiny_bench_end_to_end(tmp_path, target_model, draft_model):
     )
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert len(rows) == 6 and {r["method"] for r in rows} == {"plain", "ngram:4", "auto"}
+    # plain#2: plain decoding again, the bench's own noise
+    assert len(rows) == 8 and {r["method"] for r in rows} == {"plain", "plain#2", "ngram:4", "auto"}
     for r in rows:  # every greedy run is plain's text, or parts from it at a named rounding tie
         assert r["identical_to_plain"] or r["logit_gap"] < ROUNDING_GAP, (r["method"], r["logit_gap"])
     summary = (out / "summary.md").read_text()
     assert "| chat |" in summary and "| code-editing |" in summary and "cores" in summary
+    assert "Noise: plain decoding run again (plain#2" in summary
 
 
 # -- like with like -------------------------------------------------------------------------------
@@ -401,3 +403,32 @@ def test_reproducible_and_verification_reach_every_runs_config(monkeypatch):
     b.max_tokens, b.temperature, b.seed, b.reproducible, b.verification = 8, 0.8, 7, True, "token"
     config = b._config()
     assert config.reproducible and config.seed == 7 and config.temperature == 0.8 and config.verification == "token"
+
+
+def test_the_bench_measures_its_own_noise(tmp_path):
+    """noise=True: every prompt's plain decoding runs twice, interleaved with the methods, and the
+    summary opens with how far the second run strayed from the first: the smallest difference
+    that counts."""
+
+    class Drifting:
+        def __init__(self):
+            self.calls = []
+
+        def run(self, item, method, repeat):
+            if repeat >= 0:  # not the warm-up
+                self.calls.append((item["id"], method))
+            tps = {"plain": 10.0, "plain#2": 10.0 * (1.1 if item["id"] == "a" else 0.95), "ngram:4": 15.0, "draft:4": 1}[
+                method
+            ]
+            return bench.Row(item["id"], item["category"], method, repeat, 10, 10 / tps, tps, text="same")
+
+    prompts = [{"id": "a", "category": "chat", "prompt": "x"}, {"id": "b", "category": "math", "prompt": "y"}]
+    runner = Drifting()
+    rows = bench.run_bench(runner, prompts, ["ngram:4"], 1, tmp_path, noise=True)
+    assert sorted(m for pid, m in runner.calls if pid == "a") == ["ngram:4", "plain", "plain#2"]
+    assert bench.parse_method("plain#2")[1].kind == "none"
+    lines = bench._noise_lines(rows)
+    assert lines[0].startswith("Noise: plain decoding run again (plain#2") and "0.95-1.10x over 2 prompts" in lines[0]
+    assert "within 1 +- 0.10 is no difference" in lines[0]
+    assert "| plain#2 |" in "\n".join(bench._category_tables(rows, ["plain", "plain#2", "ngram:4"]))
+    assert bench._noise_lines([r for r in rows if r.method != "plain#2"]) == []

@@ -27,7 +27,7 @@ reported as "<category> (pass p)", each against plain decoding of the same pass.
 """
 
 from .methods import DEFAULT_METHODS, FULL_METHODS, HF_METHODS, LLAMA_CPP_METHODS, parse_method
-from .report import _category_tables, _partings_table, plot, prompt_speedups, speedups, write_summary
+from .report import _category_tables, _noise_lines, _partings_table, plot, prompt_speedups, speedups, write_summary
 from .run import Bench, Row, compare_text, mark_partings, produced, run_bench
 from .suite import CATEGORIES, DEFAULT_SUITE, load_suite, prompt_text
 
@@ -41,6 +41,7 @@ __all__ = [
     "Bench",
     "Row",
     "_category_tables",
+    "_noise_lines",
     "_partings_table",
     "compare_text",
     "load_suite",

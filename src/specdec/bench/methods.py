@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from ..spec import DraftSpec
 
 DEFAULT_METHODS = ("plain", "auto", "draft:2", "draft:4", "ngram:8", "ngram:16")
+# A second plain run of every prompt, interleaved with the methods like any other (run_bench's
+# `noise`): its speedup over plain is the bench's own noise
+NOISE_METHOD = "plain#2"
 LLAMA_CPP_METHODS = ("llama.cpp:plain", "llama.cpp:draft:4", "llama.cpp:ngram-simple:8", "llama.cpp:ngram-mod:8")
 FULL_METHODS = ("plain", "auto", *(f"draft:{k}" for k in range(1, 9)), "ngram:2", "ngram:4", "ngram:8", "ngram:16")
 HF_METHODS = ("hf:plain", "hf:assisted:4", "hf:prompt-lookup:8")
@@ -25,6 +28,8 @@ def parse_method(method: str) -> tuple[str, DraftSpec | str, int]:
     from ..spec import parse_method as parse_ours
 
     runner, _, rest = method.partition(":")
+    if method == NOISE_METHOD:
+        return "specdec", parse_ours("plain"), 0
     if runner not in ("llama.cpp", "hf"):
         spec = parse_ours(method)
         if spec is not None:

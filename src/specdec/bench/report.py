@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .methods import NOISE_METHOD
 from .suite import CATEGORIES
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ def versions() -> str:
 
 
 def write_summary(rows: list[Row], bench: Bench, methods: list[str], out: Path, command: str) -> str:
-    methods = [m for m in dict.fromkeys(["plain", *methods]) if any(r.method == m for r in rows)]
+    methods = [m for m in dict.fromkeys(["plain", NOISE_METHOD, *methods]) if any(r.method == m for r in rows)]
     lines = [
         "# specdec bench",
         "",
@@ -92,6 +93,7 @@ def write_summary(rows: list[Row], bench: Bench, methods: list[str], out: Path, 
     ]
     singles = [r for r in rows if r.batch == 1]
     if singles:
+        lines += _noise_lines(singles)
         lines += _category_tables(singles, methods)
     batched = [r for r in rows if r.batch > 1]
     if batched:
@@ -99,6 +101,21 @@ def write_summary(rows: list[Row], bench: Bench, methods: list[str], out: Path, 
     text = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(text, encoding="utf-8")
     return text
+
+
+def _noise_lines(rows: list[Row]) -> list[str]:
+    """How large a difference must be to count: plain decoding's second run against its first,
+    per prompt (NOISE_METHOD; none without it)."""
+    ups = sorted(s for (_, m), (_, s, _) in prompt_speedups(rows).items() if m == NOISE_METHOD)
+    if not ups:
+        return []
+    spread = max(1 - ups[0], ups[-1] - 1)
+    return [
+        f"Noise: plain decoding run again ({NOISE_METHOD}, interleaved with the methods) read "
+        f"{statistics.median(ups):.2f}x of its first run, per prompt {ups[0]:.2f}-{ups[-1]:.2f}x over "
+        f"{len(ups)} prompts: a speedup within 1 +- {spread:.2f} is no difference.",
+        "",
+    ]
 
 
 def _device_note(model) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import SpecdecError
-from .methods import parse_method
+from .methods import NOISE_METHOD, parse_method
 from .suite import prompt_text
 
 if TYPE_CHECKING:
@@ -248,9 +248,11 @@ def run_bench(
     out: Path,
     batch_sizes: Sequence[int] = (1,),
     passes: int = 1,
+    noise: bool = False,
 ) -> list[Row]:
     """Every (prompt, method, repeat), and for each batch size B > 1 every (B consecutive prompts,
-    our method, repeat) as one batch; all of it `passes` times in this process."""
+    our method, repeat) as one batch; all of it `passes` times in this process. With `noise`, each
+    prompt's plain decoding runs a second time (NOISE_METHOD), interleaved like a method."""
     out.mkdir(parents=True, exist_ok=True)
     prompts = [
         item if p == 1 else {**item, "id": f"{item['id']}#{p}", "category": f"{item['category']} (pass {p})"}
@@ -260,7 +262,8 @@ def run_bench(
     if "plain" not in methods:
         methods = ["plain", *methods]  # every speedup is measured against it
     ours = [m for m in methods if parse_method(m)[0] == "specdec"]
-    units = [([item], methods) for item in prompts] if 1 in batch_sizes else []
+    singles = [*methods, NOISE_METHOD] if noise and NOISE_METHOD not in methods else methods
+    units = [([item], singles) for item in prompts] if 1 in batch_sizes else []
     for size in sorted(b for b in set(batch_sizes) if b > 1):
         if size > len(prompts):
             raise SpecdecError(f"batch size {size} needs at least {size} prompts; {len(prompts)} selected")

@@ -65,6 +65,12 @@ def _add_bench_parser(sub) -> None:
         "suffix:K: one decoder and suffix cache per method) keeps what it saw, so pass 2 "
         "is the exact-repeat workload; pass p reports as '<category> (pass p)' (default: 1)",
     )
+    p.add_argument(
+        "--no-noise",
+        action="store_true",
+        help="skip the second plain run of every prompt (plain#2, interleaved with the methods), whose "
+        "speedup over plain is the bench's own noise, reported at the top of summary.md",
+    )
     _add_suffix_flags(
         p.add_argument_group("suffix cache (auto, suffix:K)"), cache_file=False, off="auto goes without it"
     )
@@ -171,7 +177,9 @@ def cmd_bench(args) -> int:
         f"{f' x {args.passes} passes' if args.passes > 1 else ''} -> {out}/",
         file=sys.stderr,
     )
-    rows = bench.run_bench(runner, prompts, methods, args.repeats, out, args.batch_sizes, args.passes)
+    rows = bench.run_bench(
+        runner, prompts, methods, args.repeats, out, args.batch_sizes, args.passes, noise=not args.no_noise
+    )
     if args.temperature == 0:  # every greedy parting from plain, with its top-2 logit gap
         bench.mark_partings(runner, rows, out)
     print(bench.write_summary(rows, runner, methods, out, "specdec bench " + " ".join(sys.argv[2:])))
