@@ -183,3 +183,20 @@ def test_a_sampled_trees_q_follows_its_nodes():
     assert first.tokens == [1, 3, 5] and np.array_equal(first.q, q[[0, 2, 4]])
     outside = d.upto(set(), vocab_size=5)  # node 4 (token 5) is outside: the first branch, cut
     assert outside.parents is None and outside.tokens == [1, 3] and np.array_equal(outside.q, q[[0, 2]])
+
+
+def test_a_tree_with_more_leaves_than_llama_cpp_lends_goes_as_its_first_branch(tmp_path):
+    """llama.cpp lends one sequence id per leaf (TREE_SEQS in all): a step whose trees want more
+    verifies the rest as chains, and the text is still plain greedy's."""
+    from specdec.drafters.model import ModelDrafter
+    from specdec.models.numpy_ref import load_numpy_model
+
+    target = _target("llama", tmp_path)
+    write_tiny_gguf(tmp_path / "draft.gguf", "qwen2", seed=1, n_head_kv=2, n_ctx=256)
+    draft = load_numpy_model(tmp_path / "draft.gguf", n_ctx=256)
+    plain = SpeculativeDecoder(target, None).generate(PROMPT, CONFIG)
+    wide = SpeculativeDecoder(target, ModelDrafter(draft, width=8), k=12)  # 12 x 7 + 1 = 85 leaves
+    assert target.tree_leaves < 85
+    out = wide.generate(PROMPT, CONFIG)
+    assert out.tokens == plain.tokens and out.stats.drafted > 0
+    assert target.tree_leaves == len(target._tree_free)  # nothing lent is left behind

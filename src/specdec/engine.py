@@ -213,11 +213,17 @@ class Engine:
             for row, (d, draft) in plan.items()
         }
         # a tree where the target scores trees (and a row is not sampled by position, whose rule is
-        # a chain's); else its first branch
-        plan = {
-            row: (d, draft if draft is None or self._tree_ok(rows[row]) else draft.first_branch())
-            for row, (d, draft) in plan.items()
-        }
+        # a chain's) and has room for its leaves this step (llama.cpp lends a sequence id per leaf);
+        # else its first branch
+        room = getattr(target, "tree_leaves", None)
+        for row, (d, draft) in plan.items():
+            if draft is None or draft.parents is None:
+                continue
+            leaves = len(draft.parents) - len(set(draft.parents) - {-1})
+            if not self._tree_ok(rows[row]) or (room is not None and leaves > room):
+                plan[row] = (d, draft.first_branch())
+            elif room is not None:
+                room -= leaves
         t_draft = self.clock() - t
         drafts = {row: (d.tokens if d is not None else []) for row, (_, d) in plan.items()}
         trees = {row: DraftTree(tuple(d.tokens), tuple(d.parents)) for row, (_, d) in plan.items() if d and d.parents}

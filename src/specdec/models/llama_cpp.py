@@ -437,6 +437,11 @@ class LlamaCppModel(SingleRow):
             at += n
         return out
 
+    @property
+    def tree_leaves(self) -> int:
+        """Leaves the next forward_tree_rows may hold over all its trees (a sequence id each)."""
+        return len(self._tree_free) + sum(len({s for seqs in t[2] for s in seqs}) for t in self._trees.values())
+
     def keep_path_rows(self, paths) -> None:
         """Per row, after forward_tree_rows: keep the row and the path's nodes (root first, each
         the parent of the next), which take the positions after the row's last token; the tree's
