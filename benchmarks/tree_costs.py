@@ -2,7 +2,8 @@
 """Does a tree of W drafts cost what a chain of W tokens costs? The verification forward timed both
 ways, interleaved, on any backend: a chain (forward_rows, then rollback_rows) and a tree of the same
 width (forward_tree_rows: W tokens in `--branches` chains under the row's last token, then
-keep_path_rows of no node, which leaves the row where the chain's rollback does), after a context of --depth tokens, per batch size.
+keep_path_rows of no node, which leaves the row where the chain's rollback does), after a context
+of --depth tokens, per batch size.
 
     python benchmarks/tree_costs.py --random-weights benchmarks/configs/qwen2.5-coder-1.5b.json \\
         --device cuda --cache static --graphs --rows 1 4 --widths 4 8 16 32 64 --out tree-costs.json
@@ -33,7 +34,12 @@ def load(args):
     from specdec.models.transformers import load_random_weights
 
     return load_random_weights(
-        args.random_weights, device=args.device, dtype=args.dtype, n_ctx=args.depth + 256, cache=args.cache, graphs=args.graphs
+        args.random_weights,
+        device=args.device,
+        dtype=args.dtype,
+        n_ctx=args.depth + 256,
+        cache=args.cache,
+        graphs=args.graphs,
     )
 
 
@@ -45,6 +51,20 @@ def tree_of(width: int, branches: int) -> list[int]:
         n = width // branches + (b < width % branches)
         parents += [-1, *range(len(parents), len(parents) + n - 1)] if n else []
     return parents
+
+
+def _steps(model, rows, tokens, parents, depth):
+    """(chain, tree): one verification step each, leaving the rows at `depth` tokens."""
+
+    def chain():
+        model.forward_rows({r: tokens for r in rows}, {r: len(tokens) for r in rows})
+        model.rollback_rows({r: depth for r in rows})
+
+    def tree():
+        model.forward_tree_rows({r: (tokens, parents) for r in rows})
+        model.keep_path_rows({r: [] for r in rows})
+
+    return chain, tree
 
 
 def main(argv=None) -> int:
@@ -81,14 +101,7 @@ def main(argv=None) -> int:
             parents = tree_of(W, args.branches)
             tokens = rng.integers(1, vocab, W).tolist()
 
-            def chain():
-                model.forward_rows({r: tokens for r in rows}, {r: W for r in rows})
-                model.rollback_rows({r: args.depth for r in rows})
-
-            def tree():
-                model.forward_tree_rows({r: (tokens, parents) for r in rows})
-                model.keep_path_rows({r: [] for r in rows})
-
+            chain, tree = _steps(model, rows, tokens, parents, args.depth)
             times = {"chain": [], "tree": []}
             for rep in range(args.repeats + 1):  # the first of each is a warm-up (a graph's capture)
                 for name, fn in (("chain", chain), ("tree", tree)) if rep % 2 else (("tree", tree), ("chain", chain)):
@@ -102,7 +115,11 @@ def main(argv=None) -> int:
             results.append(
                 {"rows": B, "width": W, "chain_ms": chain_ms, "tree_ms": tree_ms, "tree_over_chain": tree_ms / chain_ms}
             )
-            print(f"rows {B:2d} width {W:3d}: chain {chain_ms:8.2f} ms  tree {tree_ms:8.2f} ms  tree/chain {tree_ms / chain_ms:.3f}", flush=True)
+            print(
+                f"rows {B:2d} width {W:3d}: chain {chain_ms:8.2f} ms  tree {tree_ms:8.2f} ms  "
+                f"tree/chain {tree_ms / chain_ms:.3f}",
+                flush=True,
+            )
         model.drop_rows(rows)
     info = {"model": getattr(model, "name", ""), "args": vars(args), "results": results}
     if args.out:

@@ -377,7 +377,9 @@ def main() -> int:
     cop = sub.add_parser("copies", help="how far long matches run: whole copies against partial ones")
     cop.add_argument("--recording", default="greedy-outputs.jsonl")
     args = parser.parse_args()
-    return {"record": record, "replay": replay, "loo": loo, "copies": copies, "verdict": verdict}[args.command](args) or 0
+    return {"record": record, "replay": replay, "loo": loo, "copies": copies, "verdict": verdict}[args.command](
+        args
+    ) or 0
 
 
 if __name__ == "__main__":

@@ -417,9 +417,12 @@ def test_the_bench_measures_its_own_noise(tmp_path):
         def run(self, item, method, repeat):
             if repeat >= 0:  # not the warm-up
                 self.calls.append((item["id"], method))
-            tps = {"plain": 10.0, "plain#2": 10.0 * (1.1 if item["id"] == "a" else 0.95), "ngram:4": 15.0, "draft:4": 1}[
-                method
-            ]
+            tps = {
+                "plain": 10.0,
+                "plain#2": 10.0 * (1.1 if item["id"] == "a" else 0.95),
+                "ngram:4": 15.0,
+                "draft:4": 1,
+            }[method]
             return bench.Row(item["id"], item["category"], method, repeat, 10, 10 / tps, tps, text="same")
 
     prompts = [{"id": "a", "category": "chat", "prompt": "x"}, {"id": "b", "category": "math", "prompt": "y"}]

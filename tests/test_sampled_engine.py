@@ -1,14 +1,15 @@
-"""Sampled output follows the target's distribution through the whole engine, for every drafter
-kind: the draft model (a real q; and its trees, siblings drawn without replacement), prompt lookup and the suffix cache (one-hot drafts), `auto`
-(all of them, chosen per step), and drafts from a model of another vocabulary (string-level and
-intersected). Drafts run up to 4 tokens, rows run in batches that share the suffix cache, the
-target's end-of-generation token ends rows early, and sampling filters cut p and q alike.
+"""Sampled output follows the target's distribution through the whole engine, for every drafter kind:
+the draft model (a real q; and its trees, siblings drawn without replacement), prompt lookup and the
+suffix cache (one-hot drafts), `auto` (all of them, chosen per step), and drafts from a model of
+another vocabulary (string-level and intersected). Drafts run up to 4 tokens, rows run in batches
+that share the suffix cache, the target's end-of-generation token ends rows early, and sampling
+filters cut p and q alike.
 
-The check: the first N emitted tokens of many seeded rows against their exact probability under
-the target alone, enumerated from the target's own logits (chi-square with small cells pooled and
-a total-variation bound, at the 1e-4 level of tests/test_sampling.py). Each harness has a power
-check: the same run with a verifier that samples the recovered token from p instead of the
-residual norm(max(0, p - q)) must fail it by far."""
+The check: the first N emitted tokens of many seeded rows against their exact probability under the
+target alone, enumerated from the target's own logits (chi-square with small cells pooled and a
+total-variation bound, at the 1e-4 level of tests/test_sampling.py). Each harness has a power check:
+the same run with a verifier that samples the recovered token from p instead of the residual
+norm(max(0, p - q)) must fail it by far."""
 
 from __future__ import annotations
 

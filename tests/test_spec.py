@@ -87,7 +87,8 @@ def test_bench_methods_parse_to_the_same_specs(method, spec):
 
 
 @pytest.mark.parametrize(
-    "method", ["ngram", "ngram:0", "auto:ngram", "draft:x", "draft:4x", "draft:4x0", "draft:0x2", "early-exit:1", "gemma:4"]
+    "method",
+    ["ngram", "ngram:0", "auto:ngram", "draft:x", "draft:4x", "draft:4x0", "draft:0x2", "early-exit:1", "gemma:4"],
 )
 def test_what_is_not_one_of_our_methods_is_none(method):
     assert parse_method(method) is None

@@ -1,7 +1,7 @@
 """Tree drafts through the engine: a drafter proposes a tree, the target scores every node in one
-forward (NumPy and llama.cpp on tiny GGUF models, torch on tiny random ones), verification walks down it, and the kept path's
-cache is the row's. Greedy output is plain greedy output; a row sampled by position, or a target
-that scores no trees, verifies the tree's first branch instead."""
+forward (NumPy and llama.cpp on tiny GGUF models, torch on tiny random ones), verification walks
+down it, and the kept path's cache is the row's. Greedy output is plain greedy output; a row sampled
+by position, or a target that scores no trees, verifies the tree's first branch instead."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import pytest
 from specdec import GenerationConfig, SpeculativeDecoder
 from specdec.drafters.base import Draft
 
-from .conftest import require_module
 from . import tiny_hf
-from .models.test_numpy_ref import write_tiny_gguf
+from .conftest import require_module
 
 CONFIG = GenerationConfig(max_new_tokens=24, chat=False)
 PROMPT = "the cat in a hat"
@@ -70,6 +69,8 @@ def _target(backend, tmp_path):
         return TransformersModel(
             target, tokenizer, name="tiny", n_ctx=256, cache=layout.split("+")[0], graphs="graphs" in layout
         )
+    from .models.test_numpy_ref import write_tiny_gguf  # needs gguf (the torch rows do not)
+
     path = tmp_path / "tiny-qwen2.gguf"
     write_tiny_gguf(path, "qwen2", n_head_kv=2, n_ctx=256)
     if backend == "llama":
@@ -155,6 +156,8 @@ def test_a_draft_models_greedy_tree_writes_plain_greedy(tmp_path, backend):
 
         draft = TransformersModel(tiny_hf.pair("qwen2", target.vocab_size)[1], target.tokenizer, name="d", n_ctx=256)
     else:
+        from .models.test_numpy_ref import write_tiny_gguf
+
         write_tiny_gguf(tmp_path / "draft.gguf", "qwen2", seed=1, n_head_kv=2, n_ctx=256)
         from specdec.models.numpy_ref import load_numpy_model
 
@@ -190,6 +193,8 @@ def test_a_tree_with_more_leaves_than_llama_cpp_lends_goes_as_its_first_branch(t
     verifies the rest as chains, and the text is still plain greedy's."""
     from specdec.drafters.model import ModelDrafter
     from specdec.models.numpy_ref import load_numpy_model
+
+    from .models.test_numpy_ref import write_tiny_gguf
 
     target = _target("llama", tmp_path)
     write_tiny_gguf(tmp_path / "draft.gguf", "qwen2", seed=1, n_head_kv=2, n_ctx=256)

@@ -130,7 +130,11 @@ USER_ERRORS = [
     _row("serve-head-not-a-head", ["serve", "--draft", "head:{tmp}/bad.gguf"], "not a readable head file"),
     _row("unknown-backend", ["generate", "-p", "x", "--backend", "cuda"], "invalid choice"),
     _row("no-such-gpu", ["generate", "-p", "x", "--backend", "torch", "--device", "cuda:7"], "no CUDA GPU"),
-    _row("tree-of-ngram", ["generate", "-p", "x", "--draft", "ngram", "--draft-width", "2"], "drafts trees from a draft model"),
+    _row(
+        "tree-of-ngram",
+        ["generate", "-p", "x", "--draft", "ngram", "--draft-width", "2"],
+        "drafts trees from a draft model",
+    ),
     _row("tree-of-auto", ["serve", "--draft-width", "3"], "give --draft a model name or path (not auto)"),
     _row("tree-too-wide", ["generate", "-p", "x", "--draft-width", "99"], "--draft-width"),
     _row("unknown-dtype", ["generate", "-p", "x", "--dtype", "float8"], "invalid choice"),

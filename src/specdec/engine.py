@@ -257,7 +257,9 @@ class Engine:
                     path, after = verify_tree_greedy(logits[row], trees[row])
                 else:  # sampled nodes by their q (without replacement), else the rule for fixed candidates
                     p = logits_to_probs(logits[row], r.params)
-                    path, after = verify_tree(p, trees[row], _by_parent(q, trees[row], p.shape), r.rng, replacement=False)
+                    path, after = verify_tree(
+                        p, trees[row], _by_parent(q, trees[row], p.shape), r.rng, replacement=False
+                    )
                 paths[row], verdicts[row] = path, (len(path), after)
             elif r.config.reproducible and not r.params.greedy:  # the token of (seed, position), whatever q
                 p = logits_to_probs(logits[row], r.params)

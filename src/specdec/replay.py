@@ -213,7 +213,9 @@ def policy_speedups(
     for category in dict.fromkeys(r["category"] for r in records):
         test = [r for r in records if r["category"] == category]
         recorded = (
-            RecordedDrafter({tuple(r["prompt"]): (r["output"], r["draft_agrees"]) for r in test}) if with_draft else None
+            RecordedDrafter({tuple(r["prompt"]): (r["output"], r["draft_agrees"]) for r in test})
+            if with_draft
+            else None
         )
         policies = {f"ngram:{k}": FixedController(NgramDrafter(), k) for k in FIXED_NGRAM_K}
         if with_draft:

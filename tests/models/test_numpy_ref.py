@@ -229,18 +229,8 @@ def test_tiny_rollback_and_rows(tiny):
         model.forward([1] * (model.n_ctx + 1))
 
 
-# A tree: node i hangs under TREE_PARENTS[i] (-1: under the cache's last token). Two roots, a
-# node with three children, paths of depth 1 to 3.
-TREE_TOKENS = [5, 17, 99, 17, 42, 7, 256, 3]
-TREE_PARENTS = [-1, 0, 0, 0, 1, 2, -1, 6]
-
-
-def _tree_path(node: int) -> list[int]:
-    path = []
-    while node >= 0:
-        path.append(node)
-        node = TREE_PARENTS[node]
-    return path[::-1]
+from ..trees import TREE_PARENTS, TREE_TOKENS  # noqa: E402
+from ..trees import tree_path as _tree_path  # noqa: E402
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "qwen2"])

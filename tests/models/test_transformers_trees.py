@@ -1,6 +1,7 @@
 """Tree attention on the torch backend, on tiny random models: one forward scores every node of
 each row's tree as a chain of its own path would (every cache layout and architecture;
-SPECDEC_TEST_DEVICE=cuda adds CUDA graphs), keeping a path leaves the row as that chain's prefill would, and a tree no path was kept of goes."""
+SPECDEC_TEST_DEVICE=cuda adds CUDA graphs), keeping a path leaves the row as that chain's prefill
+would, and a tree no path was kept of goes."""
 
 from __future__ import annotations
 
@@ -16,13 +17,15 @@ from specdec.errors import ContextOverflowError  # noqa: E402
 from specdec.models.transformers import TransformersModel  # noqa: E402
 
 from .. import tiny_hf  # noqa: E402
-from .test_numpy_ref import TREE_PARENTS, TREE_TOKENS, _tree_path  # noqa: E402
+from ..trees import TREE_PARENTS, TREE_TOKENS  # noqa: E402
+from ..trees import tree_path as _tree_path  # noqa: E402
 from .test_transformers import ATOL, full_logits, tokens  # noqa: E402
 
 
 @pytest.fixture(
     scope="module",
-    params=[(arch, "dynamic") for arch in tiny_hf.ARCHS] + [(a, c) for a in ("qwen2", "gpt2") for c in tiny_hf.LAYOUTS[1:]],
+    params=[(arch, "dynamic") for arch in tiny_hf.ARCHS]
+    + [(a, c) for a in ("qwen2", "gpt2") for c in tiny_hf.LAYOUTS[1:]],
     ids=lambda p: "-".join(p),
 )
 def model(request, tokenizer):

@@ -65,7 +65,11 @@ def _decoder(args):
     draft_model = args.draft_model if args.draft_model is not None else catalog.default_draft(args.target)
     # a bad --draft fails before a long load
     spec = parse(
-        args.draft, args.backend, args.draft_tokens, draft_model=draft_model or "none", width=getattr(args, "draft_width", 1)
+        args.draft,
+        args.backend,
+        args.draft_tokens,
+        draft_model=draft_model or "none",
+        width=getattr(args, "draft_width", 1),
     )
     _check_suffix_flags(args, spec.kind)  # so do bad suffix cache flags
     _check_device(args)  # and a bad --device
