@@ -163,7 +163,7 @@ def test_bench_on_folders_with_a_batch_axis(folders, tmp_path):
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sorted((r["batch"], r["method"]) for r in rows) == sorted(
-        [(1, m) for m in ("plain", "draft:3") for _ in range(4)]
+        [(1, m) for m in ("plain", "plain#2", "draft:3") for _ in range(4)]  # plain#2: the noise run
         + [(2, m) for m in ("plain", "draft:3") for _ in range(2)]
     )
     assert all(r["identical_to_plain"] for r in rows)
