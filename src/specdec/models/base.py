@@ -145,6 +145,17 @@ def tree_depths(parents: Sequence[int]) -> np.ndarray:
     return depth
 
 
+def check_tree_fits(tokens: Sequence[int], parents: Sequence[int], depth: np.ndarray, past: int, n_ctx: int) -> None:
+    """A tree a backend is asked to score after `past` tokens: a parent per token (else a
+    ValueError) and its deepest node within the context (else a ContextOverflowError)."""
+    from ..errors import ContextOverflowError
+
+    if len(tokens) != len(parents):
+        raise ValueError(f"a tree needs a parent per token: {len(tokens)} tokens, {len(parents)} parents")
+    if past + int(depth.max(initial=-1)) + 1 > n_ctx:
+        raise ContextOverflowError(f"a tree of depth {int(depth.max()) + 1} after {past} tokens does not fit")
+
+
 def tree_ancestry(parents: Sequence[int]) -> np.ndarray:
     """[T, T] bool: node i reads node j (j is i or one of its ancestors): a tree's attention
     among its own nodes. parents as tree_depths takes them (tree_depths checks them)."""

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
 from ..paths import specdec_home
-from .base import SingleRow, check_tree_path, file_sha256, tree_depths, trim_hidden
+from .base import SingleRow, check_tree_fits, check_tree_path, file_sha256, tree_depths, trim_hidden
 
 INSTALL_HINT = "install it built for this CPU with `python scripts/install_llama_cpp.py` (or `make setup`)"
 EXACT_HINT = "build it once with `python scripts/install_llama_cpp.py --exact` (or `make exact`; about 8 minutes)"
@@ -407,12 +407,9 @@ class LlamaCppModel(SingleRow):
         items, layout = [], []
         for row, (tokens, parents) in trees.items():
             self._end_tree(row)
-            if len(tokens) != len(parents):
-                raise ValueError(f"a tree needs a parent per token: {len(tokens)} tokens, {len(parents)} parents")
             depth = tree_depths(parents)
             past = self._len[row]
-            if past + int(depth.max(initial=-1)) + 1 > self.n_ctx:
-                raise ContextOverflowError(f"a tree of depth {int(depth.max()) + 1} after {past} tokens does not fit")
+            check_tree_fits(tokens, parents, depth, past, self.n_ctx)
             leaves = sorted(set(range(len(tokens))) - set(parents))
             if len(leaves) > len(self._tree_free):
                 raise SpecdecError(

@@ -48,7 +48,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
-from .base import SingleRow, check_tree_path, tree_ancestry, tree_depths
+from .base import SingleRow, check_tree_fits, check_tree_path, tree_ancestry, tree_depths
 from .bpe import BYTE_TO_CHAR, CHAR_TO_BYTE  # GPT-2's byte-level table (bpe.py needs only the standard library)
 
 INSTALL_HINT = (
@@ -414,12 +414,8 @@ class TransformersModel(SingleRow):
         per row. The tree is not the row's (row_length stays) until keep_path_rows keeps a path."""
         shapes = {}
         for row, (tokens, parents) in trees.items():
-            if len(tokens) != len(parents):
-                raise ValueError(f"a tree needs a parent per token: {len(tokens)} tokens, {len(parents)} parents")
             depth, above = _tree_shape(tuple(parents))
-            past = self._past[self._index[row]]
-            if past + int(depth.max(initial=-1)) + 1 > self.n_ctx:
-                raise ContextOverflowError(f"a tree of depth {int(depth.max()) + 1} after {past} tokens does not fit")
+            check_tree_fits(tokens, parents, depth, self._past[self._index[row]], self.n_ctx)
             shapes[row] = (tuple(parents), depth, above)
         self._end_trees(trees)
         tokens = {row: tokens for row, (tokens, _) in trees.items()}
