@@ -7,6 +7,9 @@ training time. The held-out windows are the same for every N (train/features.py:
 window), so the points compare alike.
 
     python benchmarks/head_curve.py --tokens 3750 7500 15000 30000 --out benchmarks/cpu/head-curve.json
+    python benchmarks/head_curve.py --self --tokens 5000 10000 20000 --out benchmarks/cpu/head-curve-self.json
+
+--self trains on the target's own chat answers (`specdec train --data self`) instead of the text.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import time
 from pathlib import Path
 
 from specdec import load_model
-from specdec.train import features
+from specdec.train import conversations, features
 from specdec.train.trainer import TrainConfig, train
 
 
@@ -29,17 +32,23 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", default=["medusa:3", "prophet:3"])
     parser.add_argument("--epochs", type=float, default=2.0)
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    parser.add_argument("--self", action="store_true", help="the target's own answers (--data self)")
     parser.add_argument("--keep", default=None, metavar="DIR", help="keep each head file here (KIND-TOKENS.head)")
     args = parser.parse_args()
 
-    target = load_model(args.target, n_ctx=features.WINDOW, progress=False)
-    corpus = features.Corpus(features.default_sources(), max(args.tokens))
     started = time.perf_counter()
-    folder = features.collect(target, corpus)
+    if args.self:
+        target = load_model(args.target, n_ctx=conversations.N_CTX, max_rows=conversations.ROWS, progress=False)
+        folder = conversations.collect(target, conversations.SelfCorpus(features.default_sources(), max(args.tokens)))
+    else:
+        target = load_model(args.target, n_ctx=features.WINDOW, progress=False)
+        folder = features.collect(target, features.Corpus(features.default_sources(), max(args.tokens)))
     feature_seconds = time.perf_counter() - started
     data = json.loads((folder / "data.json").read_text())
     rows = []
-    print(f"features: {data['tokens']} tokens of {data['files']} files in {feature_seconds:.0f} s (cached ones: 0 s)")
+    print(
+        f"features: {data['tokens']} tokens, {data['windows']} windows, in {feature_seconds:.0f} s (cached ones: 0 s)"
+    )
     print(f"{'kind':<10} {'tokens':>7} {'seconds':>8}  agreement by position   chain            tokens/step")
     for spec in args.kinds:
         kind, _, steps = spec.partition(":")
@@ -67,7 +76,9 @@ def main() -> None:
                 flush=True,
             )
     if args.out:
-        Path(args.out).write_text(json.dumps({"target": args.target, "epochs": args.epochs, "rows": rows}, indent=1))
+        Path(args.out).write_text(
+            json.dumps({"target": args.target, "data": data, "epochs": args.epochs, "rows": rows}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -203,3 +203,83 @@ def test_bad_training_input(setup, tmp_path):
     folder = features.collect(model, features.Corpus([short], 4000, min_distinct=0.0), progress=False)
     with pytest.raises(SpecdecError, match="no training text"):
         features.load_features(folder)
+
+
+PROSE = (
+    "The cat sat in a hat and then it ran to the shed. It hid there until the rain stopped, and then it "
+    "came back to the house where the dog was asleep by the fire. Nobody saw it go, or come back in again."
+)
+SOURCE = '''def purr(n):
+    """Return the sound a cat makes when it is happy, n times over, joined by spaces."""
+    out = []
+    for _ in range(n):
+        out.append("purr")
+    return " ".join(out)
+'''
+
+
+def test_self_data_is_the_targets_own_answers_and_resumes(tmp_path, monkeypatch):
+    """`--data self`: requests made from the sources, answered by the target greedily, 4 at a
+    time; each conversation a window whose labels are the target's next tokens (in the answer:
+    the answer's own next tokens), written whole, so Ctrl-C loses only the answers under way."""
+    from specdec.train import conversations
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(conversations, "ANSWER_TOKENS", 24)
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, "qwen2", seed=3, n_layer=2, n_ctx=1024)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "cats.md").write_text(f"# Cats\n\n{PROSE}\n\n{PROSE.upper()}\n")
+    (data / "purr.py").write_text(SOURCE)
+    model = load_numpy_model(path, n_ctx=conversations.N_CTX)
+    pools = conversations.read_pools(features.expand([str(data)]))
+    assert pools.paragraphs and [f[1] for f in pools.functions] == ["purr(n)"] and not pools.modules
+    kinds = {conversations.request(i, pools)[0] for i in range(14)}
+    assert kinds == {"code", "explain", "multi-turn", "summarise", "translate", "passage", "math"}
+    assert conversations.request(5, pools) == conversations.request(5, pools)  # the same for every call
+    corpus = conversations.SelfCorpus(features.expand([str(data)]), 4000)
+
+    prefills, interrupt = [], [3]
+    forward = type(model).forward_rows
+
+    def counted(self, tokens, n_logits=None):
+        if any(len(t) > 1 for t in tokens.values()):
+            prefills.append(1)
+            if len(prefills) == interrupt[0]:
+                raise KeyboardInterrupt
+        return forward(self, tokens, n_logits)
+
+    monkeypatch.setattr(type(model), "forward_rows", counted)
+    with pytest.raises(KeyboardInterrupt):
+        conversations.collect(model, corpus, progress=False)
+    folder = features.features_folder(model, corpus)
+    assert not list(folder.glob("window-*.npz"))  # two answers were under way: nothing half-written
+    prefills.clear()
+    interrupt[0] = 0
+    conversations.collect(model, corpus, progress=False)
+    written = sorted(folder.glob("window-*.npz"))
+    assert len(written) == len(prefills) >= 5  # every request answered once, none twice
+    prefills.clear()
+    conversations.collect(model, corpus, progress=False)  # all on disk: nothing is asked again
+    assert prefills == []
+    monkeypatch.undo()
+    info = json.loads((folder / "data.json").read_text())
+    assert (
+        info["windows"] == len(written)
+        and info["kind"].startswith("self")
+        and sum(info["categories"].values()) == len(written)
+    )
+    row = model.add_rows(1)[0]
+    for f in written:
+        part = np.load(f)
+        fed, labels, prompt = part["tokens"].tolist(), part["labels"].tolist(), int(part["prompt"])
+        assert len(fed) - prompt + 1 == 24 or labels[-1] in model.tokenizer.eog_ids
+        assert fed[prompt:] == labels[prompt - 1 : -1]  # the answer is the target's greedy tokens
+        model.rollback_rows({row: 0})
+        logits = model.forward_rows({row: fed}, {row: len(fed)})[row]
+        assert labels == logits.argmax(-1).tolist()  # teacher forcing over it says the same
+        _, hidden = model.hidden_rows([row])[row]
+        np.testing.assert_allclose(part["hidden"].astype(np.float32), hidden, atol=2e-2, rtol=2e-2)
+    f = features.load_features(folder)
+    assert f.n_windows == len(written)

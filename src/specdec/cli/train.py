@@ -51,7 +51,10 @@ def _add_train_parser(sub) -> None:
         metavar="PATH",
         default=None,
         help="training text: files, or folders of .py .md .rst .txt (default: this Python's standard "
-        "library sources and the installed packages' documentation)",
+        "library sources and the installed packages' documentation). 'self' [PATH ...]: the target's own "
+        "answers, through its chat template, to requests made from those sources (functions to write or "
+        "explain, passages to summarise, translate or answer from, word problems), 4 answers at a time; "
+        "slower (decoding, not a prefill) but the text a head will draft",
     )
     p.add_argument(
         "--tokens",
@@ -71,29 +74,43 @@ def _add_train_parser(sub) -> None:
 
 def cmd_train(args) -> int:
     from .. import load_model
-    from ..train import features
+    from ..train import conversations, features
     from ..train.trainer import TrainConfig, train
 
     kind, steps = _kind(args.kind)
     why = writable_reason(args.out)
     if why:  # found now, not after the training
         raise SpecdecError(f"--out {args.out} cannot be written: {why}")
-    files = features.expand(args.data) if args.data else features.default_sources()
+    answers = bool(args.data) and args.data[0] == "self"
+    paths = args.data[1:] if answers else args.data
+    files = features.expand(paths) if paths else features.default_sources()
     config = TrainConfig(kind=kind, steps=steps, vocab=args.vocab, epochs=args.epochs, batch=args.batch, lr=args.lr)
     try:
         import torch  # noqa: F401  (before an hour of features: training needs it)
     except ImportError:
         raise SpecdecError("training a head needs torch: pip install 'specdec[train]'") from None
-    target = load_model(args.target, backend=args.backend, n_ctx=features.WINDOW, threads=args.threads)
+    if answers:
+        target = load_model(
+            args.target,
+            backend=args.backend,
+            n_ctx=conversations.N_CTX,
+            threads=args.threads,
+            max_rows=conversations.ROWS,
+        )
+    else:
+        target = load_model(args.target, backend=args.backend, n_ctx=features.WINDOW, threads=args.threads)
     from ..models.base import HiddenStates
 
     if not isinstance(target, HiddenStates):
         raise SpecdecError(f"--backend {args.backend} does not give hidden states")
     # a vocabulary of letters (a test model's) has few distinct tokens in any text: no table filter
-    corpus = features.Corpus(files, args.tokens, features.MIN_DISTINCT if target.vocab_size >= 10_000 else 0.0)
     progress = not args.no_progress
     try:
-        folder = features.collect(target, corpus, progress=progress)
+        if answers:
+            folder = conversations.collect(target, conversations.SelfCorpus(files, args.tokens), progress=progress)
+        else:
+            corpus = features.Corpus(files, args.tokens, features.MIN_DISTINCT if target.vocab_size >= 10_000 else 0.0)
+            folder = features.collect(target, corpus, progress=progress)
         data = json.loads((folder / "data.json").read_text())
         info = train(target, features.load_features(folder, args.tokens), config, args.out, data, progress=progress)
     except KeyboardInterrupt:

@@ -132,9 +132,9 @@ class Progress:
             return
         self.last = now
         rate = (done - self.base[0]) / max(now - self.base[1], 1e-9)
-        eta = (self.total - done) / rate if rate > 0 else float("inf")
+        eta = max(0, self.total - done) / rate if rate > 0 else float("inf")
         eta_text = f"{eta / 60:.0f} min" if eta != float("inf") else "?"
-        bar = "#" * int(30 * done / max(self.total, 1))
+        bar = "#" * min(30, int(30 * done / max(self.total, 1)))
         counts = f"{done}/{self.total} {self.unit} {rate:.0f} {self.unit}/s"
         sys.stderr.write(f"\r{self.label} [{bar:<30}] {counts} ETA {eta_text} {extra}  ")
         sys.stderr.flush()

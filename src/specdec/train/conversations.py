@@ -1,0 +1,326 @@
+"""Training data the target writes itself (`specdec train --data self`): chat requests made from
+what this machine already has, answered by the target through its own chat template.
+
+A head drafts the target's answers, so the text it learns from should be answers: the target's
+greedy tokens after a chat prompt, in its own words and format (Medusa-2 and EAGLE train on
+data the target regenerates for the same reason). The requests come from templates over the
+same sources as the default text data (train.features.default_sources): the standard library's
+documented functions (write one; explain one; a two-turn exchange whose first answer is the
+function's real source), its modules' docstrings (what is it for), prose paragraphs of those
+docstrings and of the packages' documentation (summarise, translate, answer from a passage),
+and arithmetic word problems drawn from a seeded generator. Never our evaluation prompts or suites.
+
+Each conversation is one window of features (train.features: tokens, the target's greedy next
+token at each, the final-norm hidden states), taken while the target answers: the prompt's in
+its prefill, the answer's one decode step at a time, ROWS answers at once. A conversation's file
+is written whole when its answer ends, so Ctrl-C loses only the answers under way, and the same
+command resumes; conversation i is the same request for every budget, so budgets share a cache
+and a held-out set (every HELD_OUT_EVERY-th conversation).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import io
+import json
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import PromptError, SpecdecError
+from ..paths import write_atomically
+from .features import MAX_FILE_BYTES, Progress, features_folder
+
+ANSWER_TOKENS = 256  # an answer is cut here (a summary or a function fits; a long essay is cut)
+PROMPT_TOKENS = 384  # a longer request is skipped
+N_CTX = PROMPT_TOKENS + ANSWER_TOKENS  # what a row must hold
+ROWS = 4  # answers decoded together (a 4-row step costs about 1.3 plain steps on this CPU's 1.5B)
+MAX_SKIPPED = 1000  # requests in a row too long for a row: the sources give none that fit
+VERSION = "self v1"  # names the templates in the cache key: a change of wording is a new data set
+
+LANGUAGES = ("German", "French", "Spanish", "Italian", "Portuguese", "Chinese", "Japanese")
+NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana", "Ivo", "Jun")
+
+
+@dataclass
+class Pools:
+    """What the requests are made from, parsed from the source files."""
+
+    functions: list[tuple[str, str, str, str]] = field(default_factory=list)  # (module, signature, doc, source)
+    modules: list[tuple[str, str]] = field(default_factory=list)  # (module, first docstring line)
+    paragraphs: list[str] = field(default_factory=list)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.with_suffix("").parts)
+    if "lib" not in parts:  # a file of --data: its name
+        return path.stem
+    parts = parts[parts.index("lib") + 2 :]  # .../lib/python3.X/json/decoder.py -> json.decoder
+    if parts and parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(p for p in parts if p != "site-packages")
+
+
+def _prose(paragraph: str) -> bool:
+    """A paragraph of running text: no code block, table, directive or heading, mostly letters."""
+    if not 200 <= len(paragraph) <= 1200 or paragraph.lstrip()[:1] in "#|.`:-*=+>[<!{":
+        return False
+    letters = sum(c.isalpha() or c.isspace() for c in paragraph)
+    shouted = sum(c.isupper() for c in paragraph) > 0.2 * letters
+    legal = any(word in paragraph.lower() for word in ("warrant", "copyright", "licen"))
+    return letters >= 0.85 * len(paragraph) and paragraph.count(". ") >= 1 and not shouted and not legal
+
+
+def read_pools(files: list[Path], seed: int = 0, limit: int = 400) -> Pools:
+    """Up to `limit` items of each kind, from the files in a seeded shuffle."""
+    pools = Pools()
+    order = list(files)
+    random.Random(seed).shuffle(order)
+    for path in order:
+        if min(len(pools.functions), len(pools.modules), len(pools.paragraphs)) >= limit:
+            break
+        try:
+            text = path.read_bytes()[:MAX_FILE_BYTES].decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if path.suffix == ".py":
+            _read_python(text, _module_name(path), pools, limit)
+        else:
+            for paragraph in re.split(r"\n\s*\n", text):
+                paragraph = " ".join(paragraph.split())
+                if _prose(paragraph) and len(pools.paragraphs) < limit:
+                    pools.paragraphs.append(paragraph)
+    return pools
+
+
+def _read_python(text: str, module: str, pools: Pools, limit: int) -> None:
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return
+    public = module and not any(part.startswith("_") for part in module.split("."))
+    doc = ast.get_docstring(tree)
+    if public and doc and len(pools.modules) < limit:
+        pools.modules.append((module, doc.strip().splitlines()[0]))
+    for paragraph in re.split(r"\n\s*\n", doc or ""):  # a module's documentation is prose too
+        paragraph = " ".join(paragraph.split())
+        if _prose(paragraph) and len(pools.paragraphs) < limit:
+            pools.paragraphs.append(paragraph)
+    taken = 0
+    for node in tree.body:
+        if taken >= 2 or len(pools.functions) >= limit:  # two a module: many modules teach more
+            return
+        if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+            continue
+        doc = ast.get_docstring(node)
+        source = ast.get_source_segment(text, node)
+        if not doc or len(doc) < 40 or not source or not 4 <= source.count("\n") <= 40:
+            continue
+        summary = " ".join(doc.strip().split("\n\n")[0].split())
+        signature = f"{node.name}({ast.unparse(node.args)})"
+        pools.functions.append((module, signature, summary, source))
+        taken += 1
+
+
+def _math(rng: random.Random) -> str:
+    name = rng.choice(NAMES)
+    a, b, c = rng.randint(3, 60), rng.randint(2, 30), rng.randint(2, 12)
+    problems = (
+        f"{name} drives at {a + 30} km/h for {c} hours, then at {b + 20} km/h for {rng.randint(1, 5)} hours. "
+        "How far does the trip go in all? Show your working.",
+        f"A shop sells notebooks at {a} cents each. {name} buys {c} notebooks and pays with a "
+        f"{rng.choice((5, 10, 20))}-dollar note. How much change is there? Explain step by step.",
+        f"Solve for x: {c}x + {a} = {a + c * b}. Explain each step.",
+        f"What is {rng.choice((5, 12, 15, 20, 25, 40))}% of {a * 10}? Explain how you got it.",
+        f"A rectangle is {c} m wide and {a} m long. What are its area and its perimeter?",
+        f"{name} saves {a} dollars a week for {b} weeks and then spends {c * 10} dollars. "
+        "How much is left? Think step by step.",
+        f"Is {a * 7 + 1} a prime number? Explain how to check.",
+    )
+    return rng.choice(problems)
+
+
+def request(index: int, pools: Pools, seed: int = 0) -> tuple[str, list[dict[str, str]]]:
+    """Conversation `index`: (category, chat turns), the same for every call."""
+    rng = random.Random(f"{seed}:{index}")
+    makers = []
+    if pools.functions:
+        makers += ["code", "explain", "multi-turn"]
+    if pools.modules:
+        makers += ["question"]
+    if pools.paragraphs:
+        makers += ["summarise", "translate", "passage"]
+    makers += ["math"]
+    category = makers[index % len(makers)]
+
+    def user(text: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": text}]
+
+    if category == "math":
+        return category, user(_math(rng))
+    if category == "question":
+        module, line = rng.choice(pools.modules)
+        ask = rng.choice(
+            (
+                f"What is the Python module `{module}` for? Give a short example of using it.",
+                f"I found `{module}` in Python's standard library ({line}). When would I use it, and how?",
+            )
+        )
+        return category, user(ask)
+    if category in ("summarise", "translate", "passage"):
+        paragraph = rng.choice(pools.paragraphs)
+        if category == "summarise":
+            return category, user(f"Summarise the following text in two or three sentences.\n\n{paragraph}")
+        if category == "translate":
+            return category, user(f"Translate the following text into {rng.choice(LANGUAGES)}.\n\n{paragraph}")
+        ask = rng.choice(("What is this passage about?", "List the main points of this passage."))
+        return category, user(f"Read the passage below and answer.\n\n{paragraph}\n\nQuestion: {ask}")
+    module, signature, summary, source = rng.choice(pools.functions)
+    if category == "code":
+        return category, user(f"Write a Python function `{signature}` that does this: {summary}")
+    if category == "explain":
+        return category, user(f"Explain what this Python function does.\n\n```python\n{source}\n```")
+    first = f"Show me how `{signature.split('(')[0]}` in Python's `{module}` is written."
+    return category, [
+        {"role": "user", "content": first},
+        {"role": "assistant", "content": f"```python\n{source}\n```"},
+        {"role": "user", "content": rng.choice(("Explain how it works.", "How would you test it?"))},
+    ]
+
+
+@dataclass(frozen=True)
+class SelfCorpus:
+    """Conversations over `files` (the requests' sources), up to `max_tokens` tokens of features."""
+
+    files: list[Path]
+    max_tokens: int
+    seed: int = 0
+
+    @property
+    def key(self) -> str:
+        digest = hashlib.sha256(f"{VERSION} answers {ANSWER_TOKENS} prompts {PROMPT_TOKENS} seed {self.seed}".encode())
+        for path in self.files:
+            digest.update(f"{path}\0{path.stat().st_size}\0".encode())
+        return digest.hexdigest()
+
+    def provenance(self, categories: Counter) -> dict:
+        return {
+            "kind": "self: chat requests from templates over the sources, answered by the target (greedy, its chat "
+            f"template, at most {ANSWER_TOKENS} tokens an answer)",
+            "files": len(self.files),
+            "categories": dict(sorted(categories.items())),
+            "seed": self.seed,
+            "key": self.key[:16],
+        }
+
+
+@dataclass
+class _Answer:
+    index: int
+    category: str
+    fed: list[int]  # prompt, then the answer's tokens as they are fed back
+    labels: list[int]  # the target's greedy token after each fed token
+    hidden: list[np.ndarray]
+    prompt: int  # tokens of it that are the request
+
+
+def _write(path: Path, a: _Answer) -> None:
+    buf = io.BytesIO()
+    np.savez(
+        buf,
+        tokens=np.asarray(a.fed, np.int32),
+        labels=np.asarray(a.labels, np.int32),
+        hidden=np.concatenate(a.hidden).astype(np.float16),
+        prompt=np.int32(a.prompt),
+    )
+    write_atomically(path, buf.getvalue())
+
+
+def collect(target, corpus: SelfCorpus, progress: bool = True) -> Path:
+    """Have the target answer the corpus's requests, keeping features as it goes; the folder.
+    Conversations already on disk are not asked again."""
+    from ..request import tokens as prompt_tokens
+
+    if target.n_ctx < N_CTX:
+        raise SpecdecError(f"answering needs a context of {N_CTX} tokens a row; the target has {target.n_ctx}")
+    folder = features_folder(target, corpus)
+    folder.mkdir(parents=True, exist_ok=True)
+    pools = read_pools(corpus.files, corpus.seed)
+    target.keep_hidden()
+    eog = target.tokenizer.eog_ids
+    bar = Progress("answers", corpus.max_tokens, "tok", progress)
+    live: dict[int, _Answer] = {}
+    categories: Counter = Counter()
+    done = index = windows = skipped = 0
+    try:
+        while True:
+            # take requests while the budget lasts (the ones under way count as far as they got)
+            while (
+                len(live) < min(ROWS, target.max_rows)
+                and done + sum(len(a.fed) for a in live.values()) < corpus.max_tokens
+            ):
+                category, turns = request(index, pools, corpus.seed)
+                path = folder / f"window-{index:06d}.npz"
+                index += 1
+                if path.exists():
+                    done += len(np.load(path)["tokens"])
+                    categories[category] += 1
+                    windows += 1
+                    continue
+                try:  # a base model reads the turns as plain text
+                    ids = (
+                        prompt_tokens(target, messages=turns)
+                        if target.is_instruct
+                        else prompt_tokens(target, "\n\n".join(t["content"] for t in turns), chat=False)
+                    )
+                except PromptError:
+                    ids = []
+                if not 0 < len(ids) <= PROMPT_TOKENS:
+                    skipped += 1
+                    if skipped > MAX_SKIPPED:
+                        raise SpecdecError(f"{skipped} requests in a row were longer than {PROMPT_TOKENS} tokens")
+                    continue
+                skipped = 0
+                row = target.add_rows(1)[0]
+                logits = target.forward_rows({row: ids}, {row: len(ids)})[row]
+                _, hidden = target.hidden_rows([row])[row]
+                live[row] = _Answer(index - 1, category, list(ids), logits.argmax(-1).tolist(), [hidden], len(ids))
+            ended = [
+                row
+                for row, a in live.items()
+                if a.labels[-1] in eog or len(a.fed) - a.prompt + 1 >= ANSWER_TOKENS or len(a.fed) >= target.n_ctx
+            ]
+            for row in ended:
+                a = live.pop(row)
+                _write(folder / f"window-{a.index:06d}.npz", a)
+                done += len(a.fed)
+                categories[a.category] += 1
+                windows += 1
+            if ended:
+                target.drop_rows(ended)
+            if not live:
+                if ended:  # room again: the next requests
+                    continue
+                break
+            logits = target.forward_rows({row: [a.labels[-1]] for row, a in live.items()}, {row: 1 for row in live})
+            states = target.hidden_rows(live)
+            for row, a in live.items():
+                a.fed.append(a.labels[-1])
+                a.labels.append(int(logits[row][0].argmax()))
+                a.hidden.append(states[row][1])
+            bar.update(done + sum(len(a.fed) for a in live.values()))
+    finally:
+        if live:
+            target.drop_rows(list(live))
+        bar.update(done, force=True)
+        bar.close()
+    write_atomically(
+        folder / "data.json",
+        json.dumps({"tokens": done, "windows": windows, **corpus.provenance(categories)}, indent=1).encode(),
+    )
+    return folder
