@@ -322,7 +322,7 @@ def test_a_trained_head_samples_the_target(tmp_path, kind):
     from specdec.models.numpy_ref import load_numpy_model
     from specdec.spec import parse
 
-    from .drafters.test_head import random_head
+    from .drafters.heads import random_head
     from .models.test_numpy_ref import write_tiny_gguf
 
     path = tmp_path / "tiny-gpt2-4.gguf"

@@ -165,7 +165,10 @@ def test_specdec_train_then_generate_with_the_head(setup, tmp_path):
     got = json.loads(spec.stdout)
     assert got["tokens"] == json.loads(plain.stdout)["tokens"]
     assert got["stats"]["drafted"] > 0
-    # a head for another model, and a head on a backend without hidden states: one line, exit 2
+    auto = specdec(*common, "--draft", "auto", "--draft-model", f"head:{out}")  # the head in auto
+    assert auto.returncode == 0, auto.stderr
+    assert json.loads(auto.stdout)["tokens"] == got["tokens"]
+    # a head for another model (on NumPy and on torch), a missing head: one line, exit 2
     other = tmp_path / "other.gguf"
     write_tiny_gguf(other, "qwen2", seed=5, n_layer=3)
     for args in (

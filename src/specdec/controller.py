@@ -190,9 +190,19 @@ def auto_controller(
     if costs is None:
         from .costs import measure_cost_table
 
-        costs = (measure_cost_table(target), measure_cost_table(model.model) if isinstance(model, DraftModel) else None)
+        if isinstance(model, DraftModel):
+            drafting = measure_cost_table(model.model)
+        else:  # a drafter that times itself (a trained head), or none
+            drafting = model.cost_curve() if hasattr(model, "cost_curve") else None
+        costs = (measure_cost_table(target), drafting)
     return CostAwareController(
-        free, model, *costs, width=target.width, stops=target.tokenizer.eog_ids, objective=objective
+        free,
+        model,
+        *costs,
+        width=target.width,
+        stops=target.tokenizer.eog_ids,
+        objective=objective,
+        draft_prior=getattr(model, "prior", None),  # a head's held-out agreement
     )
 
 
@@ -207,7 +217,7 @@ class CostAwareController:
     def __init__(
         self,
         free: Drafter | Sequence[Drafter] | None,
-        model_drafter: DraftModel | None,
+        model_drafter: DraftModel | None,  # or a drafter with lag() and its own cost curve (a head)
         target_costs,
         draft_costs=None,
         explore_every: int = EXPLORE_EVERY,

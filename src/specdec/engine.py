@@ -534,11 +534,12 @@ class SpeculativeDecoder:
         with `load(name)`, or is `draft` (a loaded model or drafter) where the spec names none;
         `suffix` is the suffix cache (as for __init__), unless the spec turns it off."""
         if spec.is_auto:
-            model = (
-                make_drafter(DraftSpec("model", model=spec.model, vocab=spec.vocab), target, load, draft=draft)
-                if spec.model or draft is not None
-                else None
-            )
+            if spec.head:  # a trained head where a draft model would be
+                model = make_drafter(DraftSpec("head", head=spec.head), target)
+            elif spec.model or draft is not None:
+                model = make_drafter(DraftSpec("model", model=spec.model, vocab=spec.vocab), target, load, draft=draft)
+            else:
+                model = None
             return cls(
                 target,
                 "auto",

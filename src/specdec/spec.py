@@ -34,10 +34,9 @@ GRAMMAR = (
 # whether auto consults the suffix cache when not told (DraftSpec.suffix None)
 # why: a fresh process, its cache empty, stays within 3% of auto without it; history: docs/provenance.md#auto_suffix
 AUTO_SUFFIX = True
-HEAD_BACKENDS = ("llama", "numpy")  # the backends that give a head the target's hidden states
 METHODS = (
     "plain, auto, auto:suffix, auto:nosuffix, draft:K, draft:KxW (a tree: W candidates a depth), ngram:K, suffix:K, "
-    "early-exit:L:K (--backend numpy), head:K:FILE"
+    "early-exit:L:K (--backend numpy), head:K:FILE, auto:head:FILE (auto with the head in the draft model's place)"
 )
 
 
@@ -51,7 +50,7 @@ class DraftSpec:
     model: str = ""
     vocab: str = ""  # a model's: "string" / "intersect" (across tokenizers); "": by vocabulary
     suffix: bool | None = None  # auto: consult the suffix cache (None: AUTO_SUFFIX)
-    head: str = ""  # head: the head file (specdec train)
+    head: str = ""  # head: the head file (specdec train); auto: a head it drafts with, as with a draft model
     width: int = 1  # model: candidates per draft position (> 1: a tree, drafters.model)
 
     @property
@@ -94,8 +93,10 @@ def parse(
         return DraftSpec("none", k=0)
     if text == "auto":
         model = parse(draft_model) if draft_model else DraftSpec("none")
+        if model.kind == "head":  # a trained head in the draft model's place: auto prices it alike
+            return DraftSpec("auto", k=0, head=model.head)
         if model.kind not in ("none", "model"):
-            raise SpecdecError(f"--draft-model {draft_model}: give a model name or path, or none")
+            raise SpecdecError(f"--draft-model {draft_model}: give a model name or path, head:FILE, or none")
         return DraftSpec("auto", k=0, model=model.model, vocab=model.vocab)
     if text in ("ngram", "suffix"):
         return DraftSpec(text, k=k)
@@ -113,8 +114,6 @@ def parse(
         path = text[5:].strip()
         if not path:
             raise SpecdecError(f"draft {text!r}: write head:FILE with FILE a head from `specdec train`")
-        if backend is not None and backend not in HEAD_BACKENDS:
-            raise SpecdecError(f"draft {text}: a trained head needs --backend {' or '.join(HEAD_BACKENDS)}")
         from .train.headfile import read_info
 
         read_info(path)  # a missing or broken head file fails before any model is loaded
@@ -135,6 +134,8 @@ def parse_method(method: str) -> DraftSpec | None:
         return DraftSpec("none", k=0)
     if head == "auto" and rest in ("", "suffix", "nosuffix"):
         return DraftSpec("auto", k=0, suffix={"": None, "suffix": True, "nosuffix": False}[rest])
+    if head == "auto" and rest.startswith("head:") and rest[5:]:  # auto with a head for its draft model
+        return DraftSpec("auto", k=0, head=rest[5:])
     try:
         if head == "early-exit":
             layers, _, k = rest.partition(":")

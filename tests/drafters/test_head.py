@@ -4,6 +4,7 @@ engine, and every way a head file can be wrong."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -18,6 +19,7 @@ from specdec.train import headfile
 
 from ..models.test_numpy_ref import write_tiny_gguf
 from ..toy import ToyLM
+from .heads import random_head
 
 PROMPT = "the cat in a hat the cat"
 
@@ -27,41 +29,6 @@ def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny") / "tiny-qwen2.gguf"
     write_tiny_gguf(path, "qwen2", seed=3, n_layer=3)
     return load_numpy_model(path)
-
-
-def random_head(model, kind: str, path, steps: int = 3, seed: int = 0, scale: float = 0.05, vocab: int = 0):
-    """A head file of random weights for `model` (what training starts from, plus noise), drafting
-    from `vocab` of its tokens (0: all of them)."""
-    rng = np.random.default_rng(seed)
-    d = model.n_embd
-    vocab = rng.permutation(model.vocab_size)[: vocab or model.vocab_size].astype(np.int32)
-
-    def rand(*shape):
-        return (rng.normal(size=shape) * scale).astype(np.float16)
-
-    tensors = {"vocab": vocab, "lm_head": model.head_weights("output", vocab).astype(np.float16)}
-    n_head = n_ff = 0
-    if kind == "medusa":
-        for i in range(steps):
-            tensors[f"medusa.{i}.weight"], tensors[f"medusa.{i}.bias"] = rand(d, d), rand(d)
-    else:
-        n_head, n_ff = 4, 16
-        fuse = np.concatenate([np.eye(d), np.zeros((d, d))], 1) + rng.normal(size=(d, 2 * d)) * scale
-        tensors.update(
-            {"fuse.weight": fuse.astype(np.float16), "step": rand(steps, d), "w_down": rand(d, n_ff)},
-            embed=np.concatenate([model.head_weights("embedding", vocab), np.zeros((1, d))]).astype(np.float16),
-            attn_norm=np.ones(d, np.float16),
-            ffn_norm=np.ones(d, np.float16),
-            wq=rand(d, d) * 10,
-            wk=rand(d, d) * 10,
-            wv=rand(d, d) * 10,
-            wo=rand(d, d),
-            w_gate=rand(n_ff, d) * 10,
-            w_up=rand(n_ff, d) * 10,
-        )
-    info = headfile.HeadInfo(kind, model.identity, model.name, d, model.vocab_size, steps, n_head, n_ff)
-    headfile.save(path, info, tensors)
-    return path
 
 
 def test_hidden_states_are_what_the_output_head_reads(tiny):
@@ -194,8 +161,7 @@ def test_the_spec_names_a_head(tiny, tmp_path):
     assert parse(f"head:{path}").head == str(path) and parse(f"head:{path}", k=2).k == 2
     with pytest.raises(SpecdecError, match="head:FILE"):
         parse("head:")
-    with pytest.raises(SpecdecError, match="needs --backend llama or numpy"):
-        parse(f"head:{path}", backend="torch")
+    assert parse(f"head:{path}", backend="torch").head == str(path)  # every backend gives hidden states
     with pytest.raises(SpecdecError, match="head file not found"):
         parse(f"head:{tmp_path / 'missing.head'}")
     from specdec.spec import parse_method
@@ -211,3 +177,68 @@ def test_the_head_file_says_what_it_is(tiny, tmp_path):
     with safe_open(str(path), framework="numpy") as f:
         meta = json.loads(f.metadata()["specdec"])
     assert meta["kind"] == "prophet" and meta["target_sha256"] == tiny.identity and meta["steps"] == 3
+
+
+def test_auto_drafts_with_a_head_where_it_pays(tiny, tmp_path):
+    """`--draft auto --draft-model head:FILE`: the head takes the draft model's place in auto,
+    priced by its own timing and its held-out agreement, and greedy stays plain greedy. On a flat
+    target curve (a verify costs what a step does) drafting pays and auto drafts with the head;
+    where every draft token doubles a step, it steps aside."""
+    from specdec.drafters.head import HeadDrafter
+
+    path = random_head(tiny, "prophet", tmp_path / "p.head")
+    spec = parse("auto", draft_model=f"head:{path}")
+    assert spec == DraftSpec("auto", k=0, head=str(path))
+    config = GenerationConfig(max_new_tokens=40, chat=False)
+    plain = SpeculativeDecoder(tiny).generate(PROMPT, config)
+    head_curve = HeadDrafter(tiny, path).cost_curve()
+    assert head_curve[2] == pytest.approx(2 * head_curve[1]) and head_curve[1] > 0
+    flat = {w: 1.0 for w in (1, 2, 4, 8, 16)}
+    steep = {w: float(w) ** 2 for w in (1, 2, 4, 8, 16)}
+    for curve, drafts in ((flat, True), (steep, False)):
+        decoder = SpeculativeDecoder.from_spec(tiny, spec, costs=(curve, head_curve))
+        got = decoder.generate(PROMPT, config)
+        assert got.tokens == plain.tokens
+        assert (got.stats.drafted > 0) == drafts, got.stats.decisions
+        assert isinstance(decoder.model_drafter, HeadDrafter)
+
+
+def test_a_heads_held_out_agreement_is_autos_prior(tiny, tmp_path):
+    """The head file's chain (the share whose first i + 1 guesses all agree) becomes auto's
+    per-position acceptance: P(i kept | the ones before kept), 0 past the head's positions."""
+    from specdec.acceptance import K_MAX
+    from specdec.drafters.head import HeadDrafter
+
+    path = random_head(tiny, "medusa", tmp_path / "m.head")
+    head = HeadDrafter(tiny, path)
+    assert head.prior is None  # the file measured nothing
+    head.info = dataclasses.replace(head.info, held_out={"chain": [0.5, 0.25, 0.1]})
+    assert head.prior == pytest.approx([0.5, 0.5, 0.4] + [0.0] * (K_MAX - 3))
+    assert head.lag(0, [1, 2, 3]) == 0
+
+
+def test_serve_gives_auto_the_head(monkeypatch, tmp_path):
+    """`specdec serve --draft auto --draft-model head:FILE`: the head is auto's drafter (no draft
+    model is loaded) and requests may also name it ('head')."""
+    from specdec.cli import build_parser
+    from specdec.cli import serve as cli_serve
+    from specdec.drafters.head import HeadDrafter
+    from specdec.server import app
+
+    from ..conftest import Stopped
+
+    path = tmp_path / "tiny-qwen2.gguf"
+    write_tiny_gguf(path, "qwen2", seed=3, n_layer=3)
+    head = random_head(load_numpy_model(path), "prophet", tmp_path / "p.head")
+    seen = {}
+
+    def stand_in(target, draft, policy, *args, **kwargs):
+        seen.update(kwargs, draft=draft, policy=policy, draft_name=args[2])
+        raise Stopped
+
+    monkeypatch.setattr(app, "build_service", stand_in)
+    argv = ["serve", "--backend", "numpy", "--target", str(path), "--draft", "auto", "--draft-model", f"head:{head}"]
+    with pytest.raises(Stopped):
+        cli_serve.cmd_serve(build_parser().parse_args(argv))
+    assert isinstance(seen["draft"], HeadDrafter) and seen["head"] is seen["draft"]
+    assert seen["policy"].is_auto and seen["draft_name"] is None

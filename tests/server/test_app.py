@@ -307,7 +307,7 @@ def test_a_trained_head_per_request(tmp_path, monkeypatch):
     from specdec.models.numpy_ref import load_numpy_model
     from specdec.spec import DraftSpec
 
-    from ..drafters.test_head import random_head
+    from ..drafters.heads import random_head
     from ..models.test_numpy_ref import write_tiny_gguf
 
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))  # auto's cost curve is timed and cached there

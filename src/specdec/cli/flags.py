@@ -52,7 +52,8 @@ def _draft_model_help() -> str:
     return (
         f"the draft model --draft auto may use, or 'none' for prompt lookup only (default: the "
         f"target's built-in draft of the same vocabulary, {pairs}; none for any other target); a "
-        f"model of another vocabulary drafts across tokenizers, as with --draft"
+        f"model of another vocabulary drafts across tokenizers, as with --draft; head:FILE puts a "
+        f"trained head (specdec train) in the draft model's place"
     )
 
 

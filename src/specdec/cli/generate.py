@@ -275,8 +275,9 @@ def _logprob_lines(entries, tokenizer, top: int, of: str = "") -> list[str]:
 
 def _drafter_name(decoder) -> str:
     if decoder.auto:
-        model = decoder.model_drafter
-        return "auto (ngram" + (f" + {model.model.name})" if model is not None else ")")
+        model = decoder.model_drafter  # a draft model's drafter, or a head
+        name = getattr(getattr(model, "model", None), "name", None) or getattr(model, "name", "")
+        return "auto (ngram" + (f" + {name})" if model is not None else ")")
     if decoder.drafter is None:
         return "none"
     model = getattr(decoder.drafter, "model", None)

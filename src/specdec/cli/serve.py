@@ -141,6 +141,9 @@ def cmd_serve(args) -> int:
     _check_suffix_flags(args, "suffix" if spec.kind == "suffix" else "auto")
     _check_device(args)
     draft_spec = spec if spec.kind == "model" else parse(args.draft_model)
+    head_spec = spec if spec.kind == "head" else draft_spec if draft_spec.kind == "head" else None
+    if draft_spec.kind == "head":  # --draft-model head:FILE: auto drafts with the head, no draft model
+        draft_spec = DraftSpec("none")
     head = None
     draft_name = args.draft if spec.kind == "model" else (None if draft_spec.kind == "none" else args.draft_model)
     load = _model_loader(args, args.max_batch)
@@ -150,10 +153,12 @@ def cmd_serve(args) -> int:
         from ..drafters import model_drafter
 
         draft = model_drafter(draft, target, draft_spec.vocab, spec.width)
-    if spec.kind == "head":  # requests may then ask for it by name ('head')
+    if head_spec is not None:  # requests may then ask for it by name ('head'); auto may use it
         from ..spec import make_drafter
 
-        head = make_drafter(spec, target)
+        head = make_drafter(head_spec, target)
+        if draft is None and draft_spec.kind == "none" and spec.is_auto:
+            draft = head
     # the server's default policy: a kind and its k ('model': the draft model loaded here)
     policy = DraftSpec(spec.kind, k=spec.k if spec.kind in ("ngram", "suffix", "model", "head") else 0)
     names = tuple(dict.fromkeys(n for n in (args.served_model_name or args.target, target.name) if n))

@@ -12,7 +12,9 @@ from .flags import _add_threads_flag
 from .options import _float_in, _positive
 
 KINDS_HELP = "medusa:N (N heads, one draft token each) or prophet:K (an EAGLE-style layer drafting chains of K)"
-DEFAULT_TOKENS = 30_000  # what this CPU runs through the 1.5B in about 15 minutes (36 tokens/s)
+# what a 2-core CPU has the 1.5B answer in about 16 minutes (31 tokens/s, 4 answers at a time), or
+# read as text in about 15 (36 tokens/s); docs/provenance.md#default_tokens
+DEFAULT_TOKENS = 30_000
 
 
 def _kind(text: str) -> tuple[str, int]:
@@ -28,12 +30,13 @@ def _add_train_parser(sub) -> None:
     p = sub.add_parser(
         "train",
         help="train a draft head on the target's own hidden states",
-        description="Run text through the target once (its hidden states and greedy tokens are cached "
-        "under $SPECDEC_HOME/features; an interrupted run resumes), then train a head on them and "
-        "write one file (safetensors + JSON: the target's sha256, the data's provenance, the held-out "
-        "agreement). Draft with it: specdec generate --draft head:FILE. Ctrl-C keeps what is done; "
-        "the same command resumes. Memory: the features, 2 bytes x the hidden width a token (the "
-        "1.5B: 3 KB, so 30 000 tokens take 92 MB, on disk and in memory), and the model.",
+        description="Have the target answer requests (or read text) once, keeping its hidden states "
+        "and greedy tokens (cached under $SPECDEC_HOME/features; an interrupted run resumes), then "
+        "train a head on them and write one file (safetensors + JSON: the target's sha256, the data's "
+        "provenance, the held-out agreement). Draft with it: specdec generate --draft head:FILE. "
+        "Ctrl-C keeps what is done; the same command resumes. Memory: the features, 2 bytes x the "
+        "hidden width a token (the 1.5B: 3 KB, so 30 000 tokens take 92 MB, on disk and in memory), "
+        "and the model.",
     )
     p.add_argument("kind", metavar="KIND", help=KINDS_HELP)
     p.add_argument(
@@ -42,7 +45,7 @@ def _add_train_parser(sub) -> None:
         help=f"built-in name or .gguf path (default: {catalog.DEFAULT_TARGET})",
     )
     p.add_argument(
-        "--backend", choices=("llama", "numpy"), default="llama", help="the target's backend (default: llama)"
+        "--backend", choices=("llama", "numpy", "torch"), default="llama", help="the target's backend (default: llama)"
     )
     p.add_argument("--out", required=True, metavar="FILE", help="the head file to write")
     p.add_argument(
@@ -50,11 +53,12 @@ def _add_train_parser(sub) -> None:
         nargs="+",
         metavar="PATH",
         default=None,
-        help="training text: files, or folders of .py .md .rst .txt (default: this Python's standard "
-        "library sources and the installed packages' documentation). 'self' [PATH ...]: the target's own "
-        "answers, through its chat template, to requests made from those sources (functions to write or "
-        "explain, passages to summarise, translate or answer from, word problems), 4 answers at a time; "
-        "slower (decoding, not a prefill) but the text a head will draft",
+        help="what the head learns from. 'self' [PATH ...] (the default): the target's own answers, "
+        "through its chat template, to requests made from those files (default: this Python's standard "
+        "library sources and the installed packages' documentation): functions to write or explain, "
+        "passages to summarise, translate or answer from, word problems; 4 answers at a time. 'text' "
+        "[PATH ...], or PATH ...: the files' text itself, one 512-token window a file (faster: a "
+        "prefill, not decoding; but not what a head drafts, and it learns far less)",
     )
     p.add_argument(
         "--tokens",
@@ -81,8 +85,9 @@ def cmd_train(args) -> int:
     why = writable_reason(args.out)
     if why:  # found now, not after the training
         raise SpecdecError(f"--out {args.out} cannot be written: {why}")
-    answers = bool(args.data) and args.data[0] == "self"
-    paths = args.data[1:] if answers else args.data
+    data = args.data or ["self"]
+    answers = data[0] == "self"
+    paths = data[1:] if data[0] in ("self", "text") else data
     files = features.expand(paths) if paths else features.default_sources()
     config = TrainConfig(kind=kind, steps=steps, vocab=args.vocab, epochs=args.epochs, batch=args.batch, lr=args.lr)
     try:

@@ -20,10 +20,12 @@ NumPy here, mirrored by train.modules in torch (a test holds them equal).
 
 from __future__ import annotations
 
+import time
 from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..acceptance import K_MAX
 from ..errors import SpecdecError
 from ..models.base import HiddenStates
 from ..models.numpy_ref import rms_norm, silu
@@ -74,7 +76,7 @@ class HeadDrafter:
         if not isinstance(target, HiddenStates):
             raise SpecdecError(
                 f"a trained head drafts from the target's hidden states, which {type(target).__name__} "
-                f"does not give: use --backend llama or --backend numpy"
+                f"does not give (the llama, numpy and torch backends do)"
             )
         self.info, self.w = headfile.load(path)
         headfile.check_target(self.info, target, path)
@@ -95,6 +97,36 @@ class HeadDrafter:
         """Medusa drafts at most one token per head; the prophet's learned step positions end at
         the chain it was trained on."""
         return self.info.steps
+
+    @property
+    def prior(self) -> list[float] | None:
+        """P(position i kept | the ones before were), from the held-out agreement the head file
+        holds (teacher-forced, so an upper estimate: auto's own observations take over), 0 past
+        the positions it drafts; None where the file has none."""
+        chain = (self.info.held_out or {}).get("chain")
+        if not chain:
+            return None
+        survive = [1.0, *chain]
+        rates = [min(1.0, b / a) if a > 0 else 0.0 for a, b in zip(survive, survive[1:])]
+        return rates + [0.0] * (K_MAX - len(rates))
+
+    def lag(self, row: int, context: Sequence[int]) -> int:
+        """What auto asks of a draft model: nothing to catch up on (the head reads the target's state)."""
+        return 0
+
+    def cost_curve(self, repeats: int = 5) -> dict[int, float]:
+        """auto's price of drafting w tokens (over all rows) with this head: w chain steps (a
+        medusa head's, a prophet's), timed here on a random state, the median of `repeats`."""
+        rng = np.random.default_rng(0)
+        h = rng.standard_normal(self.target.n_embd).astype(np.float32)
+        params = SamplingParams()
+        seconds = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            self._draft(h, 0, self.max_k, params, rng)
+            seconds.append((time.perf_counter() - t) / self.max_k)
+        step = float(np.median(seconds))
+        return {w: w * step for w in (1, 2, 4, 8, 16, 32)}
 
     def begin(self, row: int, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
         self._rows[row] = (params, rng)

@@ -43,12 +43,12 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
-from .base import SingleRow, check_tree_fits, check_tree_path, tree_ancestry, tree_depths
+from .base import SingleRow, check_tree_fits, check_tree_path, file_sha256, tree_ancestry, tree_depths, trim_hidden
 from .bpe import BYTE_TO_CHAR, CHAR_TO_BYTE  # GPT-2's byte-level table (bpe.py needs only the standard library)
 
 INSTALL_HINT = (
@@ -282,6 +282,15 @@ class TransformersModel(SingleRow):
         # a row holds n_ctx tokens; a forward adds at most n_ctx columns after a compaction
         self._capacity = 2 * self.n_ctx
         self._n_layers = int(text.num_hidden_layers)
+        self.n_embd = int(text.hidden_size)
+        # what a head file names this model by (models.base.HiddenStates): set by the loaders
+        # (a GGUF's sha256, as llama.cpp's; a folder's weight files'); else the name and config
+        self._identity: str | None = None
+        self._identity_of: Callable[[], str] = lambda: _digest(f"{name}\0{model.config.to_json_string()}")
+        # row -> (first position, [n, n_embd]) once keep_hidden is called; the final norm's output
+        # of the last forward, which a hook on the norm leaves in _normed
+        self._hidden: dict[int, tuple[int, np.ndarray]] | None = None
+        self._normed = None
         self._clear()
 
     def _clear(self) -> None:
@@ -352,6 +361,8 @@ class TransformersModel(SingleRow):
         gone = set(rows)
         for row in gone:
             self._trees.pop(row, None)
+            if self._hidden is not None:
+                self._hidden.pop(row, None)
         keep = [i for i, row in enumerate(self._ids) if row not in gone]
         if len(keep) == len(self._ids):
             return
@@ -435,6 +446,8 @@ class TransformersModel(SingleRow):
             kept = set(path)
             drop += [(self._index[row], c) for node, c in enumerate(cols) if node not in kept]
             self._past[self._index[row]] = past + len(path)
+            if self._hidden:  # as llama.cpp: a tree's nodes' states are not kept
+                self._hidden[row] = trim_hidden(self._hidden.get(row), past, self.n_embd)
         self._invalidate(drop)
         self._trim()
 
@@ -508,6 +521,8 @@ class TransformersModel(SingleRow):
                 self._trees[row] = (self._past[i], trees[row][0], list(range(L, L + len(row_tokens))))
             else:
                 self._past[i] += lengths[i]
+        if self._hidden is not None:
+            self._keep_states(tokens, trees, lengths, wants)
         result = {row: empty for row in n_logits if row in tokens}
         if not need:
             return result
@@ -534,6 +549,48 @@ class TransformersModel(SingleRow):
         host.copy_(logits, non_blocking=True)
         self._torch.cuda.current_stream(logits.device).synchronize()
         return host.numpy()
+
+    # -- hidden states (models.base.HiddenStates) ------------------------------------------------
+
+    @property
+    def identity(self) -> str:
+        if self._identity is None:
+            self._identity = self._identity_of()
+        return self._identity
+
+    def keep_hidden(self) -> None:
+        if self._hidden is not None:
+            return
+        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model
+        norm = next((getattr(decoder, n) for n in ("norm", "ln_f", "final_layernorm") if hasattr(decoder, n)), None)
+        if norm is None:
+            raise SpecdecError(f"{self.name}: its final norm is not one this backend knows, so no hidden states")
+
+        def hook(module, inputs, output):
+            self._normed = output  # [rows, W, n_embd]: what the output head reads
+
+        norm.register_forward_hook(hook)
+        self._hidden = {}
+
+    def _keep_states(self, tokens, trees, lengths: list[int], wants: list[int]) -> None:
+        """The last forward's states of the tokens each row asked logits for (a tree's: none)."""
+        normed, self._normed = self._normed, None
+        for row in tokens:
+            i = self._index[row]
+            if row in trees or not wants[i]:
+                continue
+            states = self._to_host(normed[i, lengths[i] - wants[i] : lengths[i]])
+            self._hidden[row] = (self._past[i] - wants[i], states)
+
+    def hidden_rows(self, rows) -> dict[int, tuple[int, np.ndarray]]:
+        kept = self._hidden or {}
+        return {row: kept.get(row) or trim_hidden(None, self._past[self._index[row]], self.n_embd) for row in rows}
+
+    def head_weights(self, name: str, tokens: np.ndarray) -> np.ndarray:
+        layer = {"output": self.model.get_output_embeddings, "embedding": self.model.get_input_embeddings}[name]()
+        index = self._torch.as_tensor(np.asarray(tokens, np.int64), device=self.device)
+        with self._torch.inference_mode():
+            return layer.weight[index].float().cpu().numpy()
 
     # -- the static cache ----------------------------------------------------------------------
 
@@ -571,7 +628,8 @@ class TransformersModel(SingleRow):
         self._set_end(L + W)
         mask = self._mask(self._valid_buf[:, :view], self._pos_buf[:, :view], pos, L, new_allowed)  # [rows, 1, W, view]
         self._slot.view = view
-        if self.graphs and W <= GRAPH_MAX_WIDTH and not self._sliding and self._layers():
+        # (a replayed graph runs no hook: while hidden states are kept, forwards run eagerly)
+        if self.graphs and W <= GRAPH_MAX_WIDTH and not self._sliding and self._layers() and self._hidden is None:
             logits = self._replay(ids, position_ids, mask, L, view)  # [rows, W, vocab]
             return L, logits[:, need] if need else logits[:, :0]
         self._slot.cols = torch.arange(L, L + W, device=self.device)
@@ -691,6 +749,8 @@ class TransformersModel(SingleRow):
         for row, n in keep.items():
             i = self._index[row]
             cut[i] = min(cut[i], n)
+            if self._hidden:  # the cut positions' states go too
+                self._hidden[row] = trim_hidden(self._hidden.get(row), cut[i], self.n_embd)
         if cut == self._past:
             return
         # rows not cut keep every column (a waiting tree's sit past the row's length)
@@ -726,6 +786,18 @@ class TransformersModel(SingleRow):
         row = self._index[self._solo if row is None else row]
         order = self._pos[row].masked_fill(~self._valid[row], 1 << 60).argsort()[: self._past[row]]
         return [(layer.keys[row][:, order], layer.values[row][:, order]) for layer in self._layers()]
+
+
+def _digest(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _folder_sha256(path: Path) -> str:
+    """A transformers folder's identity: the sha256 of its weight files' (name, sha256)."""
+    weights = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
+    return _digest("".join(f"{p.name}\0{file_sha256(p)}\0" for p in weights))
 
 
 @functools.lru_cache(maxsize=256)
@@ -869,7 +941,7 @@ def load_random_weights(
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype, attn_implementation="sdpa")
     name = Path(config_path).stem
     tokenizer = ByteTokenizer(int(model.get_output_embeddings().weight.shape[0]), config.eos_token_id)
-    return TransformersModel(
+    loaded = TransformersModel(
         model,
         tokenizer,
         name=f"{name} (random weights)",
@@ -879,6 +951,8 @@ def load_random_weights(
         graphs=graphs,
         compile=compile,
     )
+    loaded._identity_of = lambda: _digest(f"random {seed}\0{json.dumps(values, sort_keys=True)}")
+    return loaded
 
 
 def load_transformers_model(
@@ -925,4 +999,7 @@ def load_transformers_model(
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"transformers could not load {path}: {first}") from None
     model.to(device)
-    return TransformersModel(model, tokenizer, name=name or path.name, n_ctx=n_ctx)
+    loaded = TransformersModel(model, tokenizer, name=name or path.name, n_ctx=n_ctx)
+    # a GGUF is named by its sha256, as llama.cpp names it: a head trained on either serves both
+    loaded._identity_of = (lambda: _folder_sha256(path)) if path.is_dir() else (lambda: file_sha256(path))
+    return loaded

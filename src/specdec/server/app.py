@@ -153,7 +153,7 @@ def build_service(
     engine = Engine(
         target,
         router,
-        [d for d in (*free, model, head) if d is not None],
+        list(dict.fromkeys(d for d in (*free, model, head) if d is not None)),  # a head may be auto's too
         max_rows=max_batch,
         costs=router.auto.target_cost,
         prefill_stall=prefill_stall,
