@@ -119,6 +119,11 @@ USER_ERRORS = [
     ),
     _row("head-file-missing", ["generate", "-p", "x", "--draft", "head:/nonexistent.head"], "head file not found"),
     _row("head-without-file", ["generate", "-p", "x", "--draft", "head:"], "head:FILE"),
+    _row(
+        "auto-head-missing",
+        ["generate", "-p", "x", "--draft", "auto", "--draft-model", "head:/nonexistent.head"],
+        "head file not found",
+    ),
     _row("train-unknown-kind", ["train", "hydra:3", "--out", "x.head"], "the kinds are medusa:N"),
     _row("train-too-many-heads", ["train", "medusa:9", "--out", "x.head"], "N from 1 to 8"),
     _row("train-out-unwritable", ["train", "medusa:2", "--out", "/proc/x.head"], "cannot be written"),
