@@ -85,25 +85,22 @@ def cmd_train(args) -> int:
     why = writable_reason(args.out)
     if why:  # found now, not after the training
         raise SpecdecError(f"--out {args.out} cannot be written: {why}")
-    data = args.data or ["self"]
-    answers = data[0] == "self"
-    paths = data[1:] if data[0] in ("self", "text") else data
+    source = args.data or ["self"]
+    answers = source[0] == "self"
+    paths = source[1:] if source[0] in ("self", "text") else source
     files = features.expand(paths) if paths else features.default_sources()
     config = TrainConfig(kind=kind, steps=steps, vocab=args.vocab, epochs=args.epochs, batch=args.batch, lr=args.lr)
     try:
         import torch  # noqa: F401  (before an hour of features: training needs it)
     except ImportError:
         raise SpecdecError("training a head needs torch: pip install 'specdec[train]'") from None
-    if answers:
-        target = load_model(
-            args.target,
-            backend=args.backend,
-            n_ctx=conversations.N_CTX,
-            threads=args.threads,
-            max_rows=conversations.ROWS,
-        )
-    else:
-        target = load_model(args.target, backend=args.backend, n_ctx=features.WINDOW, threads=args.threads)
+    target = load_model(  # answering: rows that hold a request and its answers; text: one window
+        args.target,
+        backend=args.backend,
+        n_ctx=conversations.N_CTX if answers else features.WINDOW,
+        threads=args.threads,
+        max_rows=conversations.ROWS if answers else 1,
+    )
     from ..models.base import HiddenStates
 
     if not isinstance(target, HiddenStates):
