@@ -10,7 +10,18 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from specdec.costs import CostTable
 from specdec.models.base import SequentialRows, check_tree_path, tree_depths
+
+
+def frozen(curve) -> CostTable:
+    """A cost curve that does not learn from live timing (CostTable.observe): a test's decisions then
+    follow the curve it names however busy the machine is. A learning target curve drifts to this
+    machine's real timing while the draft's stays as named, and a busy CI run once turned auto's near
+    tie between prompt lookup and the draft model the other way."""
+    table = CostTable.of(curve)
+    table.observe = lambda *args, **kwargs: None
+    return table
 
 
 class ToyTokenizer:

@@ -18,7 +18,7 @@ from specdec.spec import DraftSpec, parse
 from specdec.train import headfile
 
 from ..models.test_numpy_ref import write_tiny_gguf
-from ..toy import ToyLM
+from ..toy import ToyLM, frozen
 from .heads import random_head
 
 PROMPT = "the cat in a hat the cat"
@@ -196,7 +196,7 @@ def test_auto_drafts_with_a_head_where_it_pays(tiny, tmp_path):
     flat = {w: 1.0 for w in (1, 2, 4, 8, 16)}
     steep = {w: float(w) ** 2 for w in (1, 2, 4, 8, 16)}
     for curve, drafts in ((flat, True), (steep, False)):
-        decoder = SpeculativeDecoder.from_spec(tiny, spec, costs=(curve, head_curve))
+        decoder = SpeculativeDecoder.from_spec(tiny, spec, costs=(frozen(curve), head_curve))
         got = decoder.generate(PROMPT, config)
         assert got.tokens == plain.tokens
         assert (got.stats.drafted > 0) == drafts, got.stats.decisions
