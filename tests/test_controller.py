@@ -314,6 +314,27 @@ def test_auto_is_lossless_on_toy_models():
     assert result.stats.predicted_speedup > 1.0
 
 
+def test_a_slower_machine_slows_the_draft_model_too():
+    """The target's live timing teaches auto that the machine is ten times slower than its named
+    curves; the draft model, on the same machine, slows as much. A draft model as dear as the target
+    never pays (not even as a probe), and once the drift is learned (the first request) it still
+    does not: were its curve left as named it would look a tenth of the target's cost and be drafted
+    with."""
+    target = ToyLM(vocab_size=32, seed=1)
+    target.path = None
+    draft = ToyLM(vocab_size=32, seed=2, noise_from=target, noise=0.1)
+    draft.path = None
+    flat = CostTable({w: 0.01 for w in range(1, 17)})
+    auto = SpeculativeDecoder(
+        target, "auto", draft_model=draft, suffix=False, costs=(flat, CostTable({w: 0.01 for w in range(1, 17)}))
+    )
+    auto.engine.clock = on_virtual_clock(target, lambda w: 10 * flat.measured(w))
+    auto.generate([9, 3, 14, 27, 5, 11], max_new_tokens=60)
+    result = auto.generate([9, 3, 14, 27, 5, 11], max_new_tokens=60)
+    assert not any(key.startswith("draft") for key in result.stats.decisions), result.stats.decisions
+    assert auto.engine.controller.target_cost.overall == pytest.approx(10, rel=0.05)
+
+
 def test_copied_runs_earn_long_drafts():
     """As a copy goes on, prompt lookup's match grows and the controller drafts longer; after a
     miss the match is short again and so are the drafts."""

@@ -295,8 +295,15 @@ class CostAwareController:
         k = int(np.argmax(values))
         return k, values[k]
 
+    def _draft_seconds(self, w: int, depth: float | None) -> float:
+        """The draft model's forward of w rows: its curve, times the drift the target's live timing
+        shows at that width (the machine got slower or faster for both: a draft curve that stayed as
+        named while the target's learned a busy machine would make the draft model look cheaper than
+        it is; a CI run once drafted with it where it did not pay)."""
+        return self.draft_cost(w, depth) * self.target_cost.drift(w)
+
     def _model_cost(self, lag: int, depth: int) -> Callable[[int], float]:
-        return lambda k: self.draft_cost(lag, depth) + (k - 1) * self.draft_cost(1, depth) if k else 0.0
+        return lambda k: self._draft_seconds(lag, depth) + (k - 1) * self._draft_seconds(1, depth) if k else 0.0
 
     def _options(self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]) -> dict[int, _Option]:
         """Each row's better drafter, judged as if the row were alone (as the one-row controller
@@ -345,10 +352,12 @@ class CostAwareController:
         seconds = self.target_cost(self.width([k + 1 for k in ks.values()]), depth)
         drafting = [ks[r] for r, o in options.items() if o.kind == "draft" and ks[r]]
         if drafting:
-            seconds += self.draft_cost(
+            seconds += self._draft_seconds(
                 sum(options[r].lag for r, o in options.items() if o.kind == "draft" and ks[r]), depth
             )
-            seconds += sum(self.draft_cost(sum(k >= j for k in drafting), depth) for j in range(2, max(drafting) + 1))
+            seconds += sum(
+                self._draft_seconds(sum(k >= j for k in drafting), depth) for j in range(2, max(drafting) + 1)
+            )
         return seconds
 
     def _allocate(self, options: Mapping[int, _Option]) -> tuple[dict[int, int], float, float]:

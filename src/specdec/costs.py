@@ -282,8 +282,12 @@ class CostTable:
         slope = _interpolate(ws, ss, w) if w <= ws[-1] else ss[-1] * w / ws[-1]
         return self.measured(w) + (max(depth, 0.0) - self.depth) * slope
 
+    def drift(self, w: int) -> float:
+        """Live seconds over measured at width w: learned at w where it was seen, else over all widths."""
+        return self.ratio.get(w, self.overall)
+
     def __call__(self, w: int, depth: float | None = None) -> float:
-        return self.at_depth(w, depth) * self.ratio.get(w, self.overall)
+        return self.at_depth(w, depth) * self.drift(w)
 
     def observe(self, w: int, seconds: float, depth: float | None = None) -> None:
         if w < 1 or seconds <= 0:
