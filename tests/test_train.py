@@ -230,7 +230,7 @@ def test_self_data_is_the_targets_own_answers_and_resumes(tmp_path, monkeypatch)
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(conversations, "ANSWER_TOKENS", 24)
     path = tmp_path / "tiny.gguf"
-    write_tiny_gguf(path, "qwen2", seed=3, n_layer=2, n_ctx=1024)
+    write_tiny_gguf(path, "qwen2", seed=3, n_layer=2, n_ctx=2048)
     data = tmp_path / "data"
     data.mkdir()
     (data / "cats.md").write_text(f"# Cats\n\n{PROSE}\n\n{PROSE.upper()}\n")
@@ -238,9 +238,13 @@ def test_self_data_is_the_targets_own_answers_and_resumes(tmp_path, monkeypatch)
     model = load_numpy_model(path, n_ctx=conversations.N_CTX)
     pools = conversations.read_pools(features.expand([str(data)]))
     assert pools.paragraphs and [f[1] for f in pools.functions] == ["purr(n)"] and not pools.modules
-    kinds = {conversations.request(i, pools)[0] for i in range(14)}
+    asked = [conversations.request(i, pools) for i in range(40)]
+    kinds = {category for category, _, _ in asked[:14]}
     assert kinds == {"code", "explain", "multi-turn", "summarise", "translate", "passage", "math"}
     assert conversations.request(5, pools) == conversations.request(5, pools)  # the same for every call
+    assert any(follow for _, _, follow in asked) and any(turns[0]["role"] == "system" for _, turns, _ in asked)
+    held = conversations.request(19, pools)[1][-1]["content"]  # a held-out wording, never a training one
+    assert not any(turns[-1]["content"] == held for i, (_, turns, _) in enumerate(asked) if i != 19)
     corpus = conversations.SelfCorpus(features.expand([str(data)]), 4000)
 
     prefills, interrupt = [], [3]
@@ -262,7 +266,7 @@ def test_self_data_is_the_targets_own_answers_and_resumes(tmp_path, monkeypatch)
     interrupt[0] = 0
     conversations.collect(model, corpus, progress=False)
     written = sorted(folder.glob("window-*.npz"))
-    assert len(written) == len(prefills) >= 5  # every request answered once, none twice
+    asked_now = len(prefills)  # the requests' prefills and the follow-ups' (each asked once)
     prefills.clear()
     conversations.collect(model, corpus, progress=False)  # all on disk: nothing is asked again
     assert prefills == []
@@ -273,16 +277,23 @@ def test_self_data_is_the_targets_own_answers_and_resumes(tmp_path, monkeypatch)
         and info["kind"].startswith("self")
         and sum(info["categories"].values()) == len(written)
     )
-    row = model.add_rows(1)[0]
+    row, follow_ups = model.add_rows(1)[0], 0
     for f in written:
         part = np.load(f)
         fed, labels, prompt = part["tokens"].tolist(), part["labels"].tolist(), int(part["prompt"])
-        assert len(fed) - prompt + 1 == 24 or labels[-1] in model.tokenizer.eog_ids
-        assert fed[prompt:] == labels[prompt - 1 : -1]  # the answer is the target's greedy tokens
+        spans = part["asked"].tolist()
+        assert spans[0] == [0, prompt] and len(spans) in (1, 2)
+        follow_ups += len(spans) - 1
+        for (_, start), after in zip(spans, [s for s, _ in spans[1:]] + [len(fed)]):
+            # each answer is the target's greedy tokens (a second one follows the asked follow-up)
+            assert fed[start:after] == labels[start - 1 : after - 1]
+            assert after - start + 1 <= 24 or labels[after - 1] in model.tokenizer.eog_ids
         model.rollback_rows({row: 0})
         logits = model.forward_rows({row: fed}, {row: len(fed)})[row]
         assert labels == logits.argmax(-1).tolist()  # teacher forcing over it says the same
         _, hidden = model.hidden_rows([row])[row]
         np.testing.assert_allclose(part["hidden"].astype(np.float32), hidden, atol=2e-2, rtol=2e-2)
+    assert follow_ups > 0  # some conversations went on to a second turn
+    assert len(written) >= 5 and asked_now == len(written) + follow_ups  # every request answered once
     f = features.load_features(folder)
     assert f.n_windows == len(written)

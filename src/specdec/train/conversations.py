@@ -37,11 +37,14 @@ from ..paths import write_atomically
 from .features import MAX_FILE_BYTES, Progress, features_folder
 
 ANSWER_TOKENS = 256  # an answer is cut here (a summary or a function fits; a long essay is cut)
-PROMPT_TOKENS = 384  # a longer request is skipped
-N_CTX = PROMPT_TOKENS + ANSWER_TOKENS  # what a row must hold
+PROMPT_TOKENS = 768  # a longer request is skipped (a passage of a few paragraphs fits)
+FOLLOW_TOKENS = 64  # a follow-up turn's template and text, at most
+N_CTX = PROMPT_TOKENS + 2 * ANSWER_TOKENS + FOLLOW_TOKENS  # what a row must hold: two answers
+FOLLOW_SHARE = 0.4  # conversations that go on to a second turn, asked about the target's own answer
+SYSTEM_SHARE = 0.25  # conversations that open with a system message
 ROWS = 4  # answers decoded together (a 4-row step costs about 1.3 plain steps on this CPU's 1.5B)
 MAX_SKIPPED = 1000  # requests in a row too long for a row: the sources give none that fit
-VERSION = "self v1"  # names the templates in the cache key: a change of wording is a new data set
+VERSION = "self v2"  # names the templates in the cache key: a change of wording is a new data set
 
 LANGUAGES = ("German", "French", "Spanish", "Italian", "Portuguese", "Chinese", "Japanese")
 NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana", "Ivo", "Jun")
@@ -54,6 +57,7 @@ class Pools:
     functions: list[tuple[str, str, str, str]] = field(default_factory=list)  # (module, signature, doc, source)
     modules: list[tuple[str, str]] = field(default_factory=list)  # (module, first docstring line)
     paragraphs: list[str] = field(default_factory=list)
+    passages: list[str] = field(default_factory=list)  # 2-4 consecutive prose paragraphs of one file
 
 
 def _module_name(path: Path) -> str:
@@ -91,11 +95,23 @@ def read_pools(files: list[Path], seed: int = 0, limit: int = 400) -> Pools:
         if path.suffix == ".py":
             _read_python(text, _module_name(path), pools, limit)
         else:
-            for paragraph in re.split(r"\n\s*\n", text):
-                paragraph = " ".join(paragraph.split())
-                if _prose(paragraph) and len(pools.paragraphs) < limit:
-                    pools.paragraphs.append(paragraph)
+            _read_prose(text, pools, limit)
     return pools
+
+
+def _read_prose(text: str, pools: Pools, limit: int) -> None:
+    """Prose paragraphs, and runs of 2-4 consecutive ones (a passage, as long texts are asked about)."""
+    run: list[str] = []
+    for paragraph in [*re.split(r"\n\s*\n", text), ""]:
+        paragraph = " ".join(paragraph.split())
+        if _prose(paragraph):
+            if len(pools.paragraphs) < limit:
+                pools.paragraphs.append(paragraph)
+            run.append(paragraph)
+            continue
+        if len(run) >= 2 and len(pools.passages) < limit:
+            pools.passages.append("\n\n".join(run[:4])[:2400])
+        run = []
 
 
 def _read_python(text: str, module: str, pools: Pools, limit: int) -> None:
@@ -107,10 +123,7 @@ def _read_python(text: str, module: str, pools: Pools, limit: int) -> None:
     doc = ast.get_docstring(tree)
     if public and doc and len(pools.modules) < limit:
         pools.modules.append((module, doc.strip().splitlines()[0]))
-    for paragraph in re.split(r"\n\s*\n", doc or ""):  # a module's documentation is prose too
-        paragraph = " ".join(paragraph.split())
-        if _prose(paragraph) and len(pools.paragraphs) < limit:
-            pools.paragraphs.append(paragraph)
+    _read_prose(doc or "", pools, limit)  # a module's documentation is prose too
     taken = 0
     for node in tree.body:
         if taken >= 2 or len(pools.functions) >= limit:  # two a module: many modules teach more
@@ -145,8 +158,76 @@ def _math(rng: random.Random) -> str:
     return rng.choice(problems)
 
 
-def request(index: int, pools: Pools, seed: int = 0) -> tuple[str, list[dict[str, str]]]:
-    """Conversation `index`: (category, chat turns), the same for every call."""
+# Each kind of request in several wordings. The last wording of each is kept for the held-out
+# conversations (every HELD_OUT_EVERY-th): their agreement then measures wordings a head never saw,
+# as real prompts are, instead of the training templates again.
+PHRASES = {
+    "code": (
+        "Write a Python function `{signature}` that does this: {summary}",
+        "Implement `{signature}` in Python. {summary}",
+        "I need a Python function, `{signature}`. It should do the following: {summary} Please include a docstring.",
+        "Can you code `{signature}`? Here is what it must do: {summary}",
+    ),
+    "explain": (
+        "Explain what this Python function does.\n\n```python\n{source}\n```",
+        "```python\n{source}\n```\n\nWhat does this code do, step by step?",
+        "Can you walk me through this function and point out anything surprising?\n\n```python\n{source}\n```",
+        "Review this code. Is there a bug or something you would change?\n\n```python\n{source}\n```",
+    ),
+    "question": (
+        "What is the Python module `{module}` for? Give a short example of using it.",
+        "I found `{module}` in Python's standard library ({line}). When would I use it, and how?",
+        "Explain `{module}` to someone new to Python.",
+        "How do I use {module} in Python? Show me a typical use.",
+    ),
+    "summarise": (
+        "Summarise the following text in two or three sentences.\n\n{text}",
+        "{text}\n\nGive me a short summary of the text above.",
+        "Write a one-paragraph summary of this:\n\n{text}",
+        "TL;DR of the following, please.\n\n{text}",
+    ),
+    "translate": (
+        "Translate the following text into {language}.\n\n{text}",
+        "Please translate into {language}:\n\n{text}",
+        "{text}\n\nTranslate the text above into {language}.",
+        "How would you say this in {language}?\n\n{text}",
+    ),
+    "passage": (
+        "Read the passage below and answer.\n\n{text}\n\nQuestion: {ask}",
+        "{text}\n\nBased only on the text above: {ask}",
+        "Context:\n{text}\n\nUsing the context, answer this question. {ask}",
+        "Here is some documentation.\n\n{text}\n\n{ask}",
+    ),
+}
+ASKS = (
+    "What is this passage about?",
+    "List the main points of this passage.",
+    "What problem does it describe, and what is the solution?",
+    "Who would need this, and why?",
+)
+SYSTEMS = (
+    "You are a helpful assistant.",
+    "You are a concise assistant. Answer briefly.",
+    "You are an expert Python developer.",
+    "You are a patient teacher who explains things clearly.",
+)
+FOLLOW_UPS = (
+    "Can you make that shorter?",
+    "Give me an example.",
+    "Why is that?",
+    "Now explain it to a beginner.",
+    "Can you put that as a bulleted list?",
+    "Thanks! What would you change to make it better?",
+    "Are there any pitfalls I should know about?",
+    "Can you say more about the second point?",
+)
+
+
+def request(index: int, pools: Pools, seed: int = 0) -> tuple[str, list[dict[str, str]], str | None]:
+    """Conversation `index`: (category, chat turns, the follow-up turn asked after the answer, or
+    None), the same for every call."""
+    from .features import held_out
+
     rng = random.Random(f"{seed}:{index}")
     makers = []
     if pools.functions:
@@ -157,40 +238,39 @@ def request(index: int, pools: Pools, seed: int = 0) -> tuple[str, list[dict[str
         makers += ["summarise", "translate", "passage"]
     makers += ["math"]
     category = makers[index % len(makers)]
+    held = held_out(index)
 
-    def user(text: str) -> list[dict[str, str]]:
-        return [{"role": "user", "content": text}]
+    def phrase(kind: str, **values) -> str:
+        wordings = PHRASES[kind]
+        return (wordings[-1] if held else rng.choice(wordings[:-1])).format(**values)
+
+    def text() -> str:  # a paragraph, or a passage of a few
+        return rng.choice(pools.passages) if pools.passages and rng.random() < 0.5 else rng.choice(pools.paragraphs)
 
     if category == "math":
-        return category, user(_math(rng))
-    if category == "question":
+        turns = [{"role": "user", "content": _math(rng)}]
+    elif category == "question":
         module, line = rng.choice(pools.modules)
-        ask = rng.choice(
-            (
-                f"What is the Python module `{module}` for? Give a short example of using it.",
-                f"I found `{module}` in Python's standard library ({line}). When would I use it, and how?",
-            )
-        )
-        return category, user(ask)
-    if category in ("summarise", "translate", "passage"):
-        paragraph = rng.choice(pools.paragraphs)
-        if category == "summarise":
-            return category, user(f"Summarise the following text in two or three sentences.\n\n{paragraph}")
-        if category == "translate":
-            return category, user(f"Translate the following text into {rng.choice(LANGUAGES)}.\n\n{paragraph}")
-        ask = rng.choice(("What is this passage about?", "List the main points of this passage."))
-        return category, user(f"Read the passage below and answer.\n\n{paragraph}\n\nQuestion: {ask}")
-    module, signature, summary, source = rng.choice(pools.functions)
-    if category == "code":
-        return category, user(f"Write a Python function `{signature}` that does this: {summary}")
-    if category == "explain":
-        return category, user(f"Explain what this Python function does.\n\n```python\n{source}\n```")
-    first = f"Show me how `{signature.split('(')[0]}` in Python's `{module}` is written."
-    return category, [
-        {"role": "user", "content": first},
-        {"role": "assistant", "content": f"```python\n{source}\n```"},
-        {"role": "user", "content": rng.choice(("Explain how it works.", "How would you test it?"))},
-    ]
+        turns = [{"role": "user", "content": phrase("question", module=module, line=line)}]
+    elif category in ("summarise", "translate", "passage"):
+        values = {"text": text(), "language": rng.choice(LANGUAGES), "ask": rng.choice(ASKS)}
+        turns = [{"role": "user", "content": phrase(category, **values)}]
+    else:
+        module, signature, summary, source = rng.choice(pools.functions)
+        if category in ("code", "explain"):
+            content = phrase(category, signature=signature, summary=summary, source=source)
+            turns = [{"role": "user", "content": content}]
+        else:
+            first = f"Show me how `{signature.split('(')[0]}` in Python's `{module}` is written."
+            turns = [
+                {"role": "user", "content": first},
+                {"role": "assistant", "content": f"```python\n{source}\n```"},
+                {"role": "user", "content": rng.choice(("Explain how it works.", "How would you test it?"))},
+            ]
+    if rng.random() < SYSTEM_SHARE:
+        turns = [{"role": "system", "content": rng.choice(SYSTEMS)}, *turns]
+    follow = rng.choice(FOLLOW_UPS) if rng.random() < FOLLOW_SHARE else None
+    return category, turns, follow
 
 
 @dataclass(frozen=True)
@@ -210,8 +290,10 @@ class SelfCorpus:
 
     def provenance(self, categories: Counter) -> dict:
         return {
-            "kind": "self: chat requests from templates over the sources, answered by the target (greedy, its chat "
-            f"template, at most {ANSWER_TOKENS} tokens an answer)",
+            "kind": "self: chat requests from templates over the sources (4 wordings a kind, the last kept for the "
+            f"held-out ones; {SYSTEM_SHARE:.0%} with a system message, {FOLLOW_SHARE:.0%} with a follow-up turn on "
+            f"the answer), answered by the target (greedy, its chat template, at most {ANSWER_TOKENS} tokens "
+            "an answer)",
             "files": len(self.files),
             "categories": dict(sorted(categories.items())),
             "seed": self.seed,
@@ -227,6 +309,15 @@ class _Answer:
     labels: list[int]  # the target's greedy token after each fed token
     hidden: list[np.ndarray]
     prompt: int  # tokens of it that are the request
+    turns: list[dict[str, str]]
+    follow: str | None  # the follow-up turn still to ask
+    start: int  # where the answer under way starts in `fed`
+    asked: list[tuple[int, int]]  # the spans of `fed` that are requests (the follow-up's too)
+
+    def add(self, tokens, logits: np.ndarray, hidden: np.ndarray) -> None:
+        self.fed += [int(t) for t in tokens]
+        self.labels += logits.argmax(-1).tolist()
+        self.hidden.append(hidden)
 
 
 def _write(path: Path, a: _Answer) -> None:
@@ -237,8 +328,22 @@ def _write(path: Path, a: _Answer) -> None:
         labels=np.asarray(a.labels, np.int32),
         hidden=np.concatenate(a.hidden).astype(np.float16),
         prompt=np.int32(a.prompt),
+        asked=np.asarray(a.asked, np.int32).reshape(-1, 2),
     )
     write_atomically(path, buf.getvalue())
+
+
+def follow_up_tokens(target, turns: list[dict[str, str]], follow: str) -> list[int]:
+    """What comes after an answer to ask `follow`: the chat template's end of the assistant's turn,
+    the user's turn and the opening of the next answer (a base model: the text between blank lines)."""
+    tokenizer = target.tokenizer
+    if not target.is_instruct:
+        return tokenizer.encode(f"\n\n{follow}\n\n", add_special=False, special=False)
+    mark = "\ue000answer\ue001"
+    text = tokenizer.apply_chat_template(
+        [*turns, {"role": "assistant", "content": mark}, {"role": "user", "content": follow}]
+    )
+    return tokenizer.encode(text[text.index(mark) + len(mark) :], add_special=False, special=True)
 
 
 def collect(target, corpus: SelfCorpus, progress: bool = True) -> Path:
@@ -264,7 +369,7 @@ def collect(target, corpus: SelfCorpus, progress: bool = True) -> Path:
                 len(live) < min(ROWS, target.max_rows)
                 and done + sum(len(a.fed) for a in live.values()) < corpus.max_tokens
             ):
-                category, turns = request(index, pools, corpus.seed)
+                category, turns, follow = request(index, pools, corpus.seed)
                 path = folder / f"window-{index:06d}.npz"
                 index += 1
                 if path.exists():
@@ -287,14 +392,23 @@ def collect(target, corpus: SelfCorpus, progress: bool = True) -> Path:
                     continue
                 skipped = 0
                 row = target.add_rows(1)[0]
-                logits = target.forward_rows({row: ids}, {row: len(ids)})[row]
-                _, hidden = target.hidden_rows([row])[row]
-                live[row] = _Answer(index - 1, category, list(ids), logits.argmax(-1).tolist(), [hidden], len(ids))
+                a = _Answer(index - 1, category, [], [], [], len(ids), turns, follow, len(ids), [(0, len(ids))])
+                a.add(ids, target.forward_rows({row: ids}, {row: len(ids)})[row], target.hidden_rows([row])[row][1])
+                live[row] = a
             ended = [
                 row
                 for row, a in live.items()
-                if a.labels[-1] in eog or len(a.fed) - a.prompt + 1 >= ANSWER_TOKENS or len(a.fed) >= target.n_ctx
+                if a.labels[-1] in eog or len(a.fed) - a.start + 1 >= ANSWER_TOKENS or len(a.fed) >= target.n_ctx
             ]
+            for row in list(ended):  # a second turn about the answer, where one is asked and fits
+                a = live[row]
+                suffix = follow_up_tokens(target, a.turns, a.follow) if a.follow else []
+                if suffix and len(a.fed) + len(suffix) + ANSWER_TOKENS <= target.n_ctx:
+                    a.asked.append((len(a.fed), len(a.fed) + len(suffix)))
+                    logits = target.forward_rows({row: suffix}, {row: len(suffix)})[row]
+                    a.add(suffix, logits, target.hidden_rows([row])[row][1])
+                    a.follow, a.start = None, len(a.fed)
+                    ended.remove(row)
             for row in ended:
                 a = live.pop(row)
                 _write(folder / f"window-{a.index:06d}.npz", a)
@@ -307,12 +421,11 @@ def collect(target, corpus: SelfCorpus, progress: bool = True) -> Path:
                 if ended:  # room again: the next requests
                     continue
                 break
-            logits = target.forward_rows({row: [a.labels[-1]] for row, a in live.items()}, {row: 1 for row in live})
+            fed = {row: [a.labels[-1]] for row, a in live.items()}
+            logits = target.forward_rows(fed, {row: 1 for row in live})
             states = target.hidden_rows(live)
             for row, a in live.items():
-                a.fed.append(a.labels[-1])
-                a.labels.append(int(logits[row][0].argmax()))
-                a.hidden.append(states[row][1])
+                a.add(fed[row], logits[row], states[row][1])
             bar.update(done + sum(len(a.fed) for a in live.values()))
     finally:
         if live:
