@@ -120,6 +120,34 @@ def test_the_recorded_drafter_is_accepted_exactly_as_recorded_and_pays_its_forwa
     assert draft_ceiling(prompt, output, "0" * len(output), flat, free) == pytest.approx(1.0)
 
 
+def test_a_heads_runs_replay_as_fixed_chains_and_a_ceiling():
+    """A trained head replayed from its runs (how many of its guesses the target keeps at each
+    position): a fixed head:K step keeps min(run, K) and costs the target's k + 1 tokens plus K head
+    steps; the first position (right after the prefill) drafts nothing; the ceiling drafts exactly
+    the run, and a head that is never right never drafts."""
+    from specdec.replay import fixed_speedup, head_ceiling, head_replay, head_steps
+
+    rng = np.random.default_rng(1)
+    prompt, output = list(range(10)), [int(t) for t in rng.integers(100, 200, 90)]
+    runs = [None, *(int(r) for r in rng.integers(0, 4, len(output) - 1))]
+    flat = [1.0] * 16
+    curves = [flat] * len(output)
+    pos, steps = 0, 0
+    while pos < len(output):  # head:3 by hand: position 0 is a plain step
+        pos, steps = pos + (min(runs[pos], 3) if runs[pos] is not None else 0) + 1, steps + 1
+    speedup, per_step = fixed_speedup(runs, head_steps(curves, 0.0), curves, 3)
+    assert per_step == pytest.approx(len(output) / steps) and speedup == pytest.approx(per_step)
+    slower, same = fixed_speedup(runs, head_steps(curves, 0.25), curves, 3)
+    assert same == per_step and slower < speedup
+    assert head_ceiling(prompt, output, runs, flat, 0.0) >= speedup - 1e-9
+    assert head_ceiling(prompt, output, [None] + [0] * (len(output) - 1), flat, 0.0) == pytest.approx(1.0)
+    record = {"prompt": prompt, "output": output, "draft_agrees": "1" * len(output)}
+    row = head_replay(record, runs, flat, [0.0] * 16, 0.0)
+    assert row["first"] == pytest.approx(np.mean([r > 0 for r in runs[1:]]))
+    assert row["head"][2] == pytest.approx(speedup) and row["tokens_per_step"][2] == pytest.approx(per_step)
+    assert row["draft4"] == pytest.approx(len(output) / -(-len(output) // 5))  # every draft:4 step keeps 4
+
+
 def test_auto_uses_a_recorded_draft_model_when_it_pays():
     from specdec.replay import RecordedDrafter
 

@@ -345,6 +345,52 @@ def draft_ceiling(prompt: Sequence[int], output: Sequence[int], agrees: str, cos
     return _plain_time(curves) / _best_time(lengths, _draft_steps(curves, draft_costs, len(prompt)))
 
 
+def head_steps(curves: Sequence[Sequence[float]], head_step: float) -> list[list[float]]:
+    """Per position, the seconds of a step of k trained-head tokens: the target's forward of k + 1
+    tokens and k steps of the head (it reads the target's state: nothing to catch up on)."""
+    return [[costs[k] + k * head_step for k in range(len(costs))] for costs in curves]
+
+
+def fixed_speedup(lengths: Sequence[int], steps: Sequence[Sequence[float]], curves, k: int) -> tuple[float, float]:
+    """(speedup over plain, tokens per target step) of drafting k tokens at every step, where a
+    step at position i keeps min(lengths[i], k) of them and costs steps[i][k]. A position whose
+    length is None drafts nothing (a head right after the prefill has no state to draft from)."""
+    pos, seconds, n_steps = 0, 0.0, 0
+    while pos < len(lengths):
+        width = 0 if lengths[pos] is None else min(k, len(steps[pos]) - 1)
+        seconds += steps[pos][width]
+        pos += min(lengths[pos] or 0, width) + 1
+        n_steps += 1
+    return _plain_time(curves) / seconds, len(lengths) / n_steps
+
+
+def head_ceiling(prompt: Sequence[int], output: Sequence[int], runs: Sequence[int | None], costs, head_step: float):
+    """Speedup of a clairvoyant controller over a trained head (runs[i]: how many of the head's
+    guesses from position i the target keeps; None: it cannot draft there): at every position it
+    drafts exactly what will be kept, paying the head's steps."""
+    curves = _curves(costs, len(prompt), len(output))
+    return _plain_time(curves) / _best_time([run or 0 for run in runs], head_steps(curves, head_step))
+
+
+def head_replay(record: Mapping, runs: Sequence[int | None], costs, draft_costs, head_step: float) -> dict:
+    """One recorded prompt with a trained head's runs on one device's curves (head_step: seconds
+    of a head step there): the share of positions where the head's first guess is kept, tokens per
+    target step and speedup of fixed head:1..3, the head's clairvoyant ceiling (with prompt
+    lookup), and the recorded draft model's draft:4 and ceiling."""
+    prompt, output = record["prompt"], record["output"]
+    curves = _curves(costs, len(prompt), len(output))
+    fixed = [fixed_speedup(runs, head_steps(curves, head_step), curves, k) for k in (1, 2, 3)]
+    lengths = [draft_run(record["draft_agrees"], pos, len(curves[0]) - 1) for pos in range(len(output))]
+    return {
+        "first": sum(run > 0 for run in runs if run is not None) / max(1, sum(run is not None for run in runs)),
+        "tokens_per_step": [t for _, t in fixed],
+        "head": [s for s, _ in fixed],
+        "head_ceiling": head_ceiling(prompt, output, runs, costs, head_step),
+        "draft4": fixed_speedup(lengths, _draft_steps(curves, draft_costs, len(prompt)), curves, 4)[0],
+        "draft_ceiling": draft_ceiling(prompt, output, record["draft_agrees"], costs, draft_costs),
+    }
+
+
 def replay_speedup(
     prompt: Sequence[int],
     output: Sequence[int],

@@ -1,0 +1,179 @@
+"""Trained heads on a recording of the target's greedy outputs: each head's agreement per position,
+and the replay of head drafting on any device's cost curves (the H100's in benchmarks/gpu-h100/).
+
+Under greedy decoding a head's guess is kept exactly when it is the target's own next token, and
+a kept guess is the true context for the next one, so one teacher-forced pass per prompt gives,
+at every position, how many of a k-token chain the target would keep (`runs`). A step of k head
+tokens then costs the target's forward of k + 1 tokens plus k head steps. The head's step is an
+estimate on every curve (it was not timed on the H100): the larger of two shares of the target's
+one-token forward, its multiply-adds against the target's, and its kernels (one layer and an
+output head) against the target's (its layers and output head).
+
+    python benchmarks/head_replay.py --head /work/heads-v2/prophet3-60000.head \\
+        --runs-out benchmarks/cpu/head-runs.jsonl
+
+prints, per category of the recording (benchmarks/dev-greedy-1.5b-0.5b.jsonl, the dev prompts:
+never trained on), first-position agreement, tokens per target step of a fixed head:K chain, and
+the speedup over plain decoding of head:K, of a clairvoyant controller over the head (drafting
+exactly what will be kept), and of the 0.5B draft model (draft:4 and its clairvoyant), on this CPU's recorded curve and
+on the H100's. Positions right after the prefill draft nothing (the engine keeps no state there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from specdec.costs import cost_table
+from specdec.replay import draft_run, head_replay
+from specdec.train import headfile
+
+HERE = Path(__file__).resolve().parent
+
+
+def head_runs(target, heads: list, prompt: list[int], output: list[int]) -> list[list[int | None]]:
+    """For each head, at each output position, how many of its greedy chain of head.max_k guesses
+    the target keeps (None at position 0: no state after a prefill). One teacher-forced forward."""
+    from specdec.sampling import SamplingParams
+
+    [row] = target.add_rows(1)
+    try:
+        target.forward_rows({row: prompt + output}, {row: len(output) + 1})
+        first, states = target.hidden_rows([row])[row]
+    finally:
+        target.drop_rows([row])
+    params, rng = SamplingParams(), np.random.default_rng(0)
+    every = []
+    for head in heads:
+        runs: list[int | None] = [None]
+        for pos in range(1, len(output)):
+            # the state that chose output[pos - 1] (the one before it in the sequence), and output[pos - 1]
+            h = states[len(prompt) + pos - 2 - first]
+            guesses = head._draft(h, output[pos - 1], head.max_k, params, rng).tokens
+            agrees = "".join("1" if g == t else "0" for g, t in zip(guesses, output[pos:]))
+            runs.append(draft_run(agrees, 0, len(guesses)))
+        every.append(runs)
+    return every
+
+
+def head_share(info, w: dict, config: dict) -> tuple[float, float]:
+    """(multiply-add share, kernel share) of one step of a head (its file's info and weights)
+    against the target's one-token forward (its Hugging Face config)."""
+    d, L = config["hidden_size"], config["num_hidden_layers"]
+    kv = d * config["num_key_value_heads"] // config["num_attention_heads"]
+    target = L * (2 * d * d + 2 * d * kv + 3 * d * config["intermediate_size"]) + config["vocab_size"] * d
+    if info.kind == "medusa":
+        step = w["medusa.0.weight"].size + w["lm_head"].size
+    else:
+        names = ("fuse.weight", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "lm_head")
+        step = sum(w[name].size for name in names)
+    return step / target, 2 / (L + 1)
+
+
+def bump(counts: dict[str, int], record: dict) -> bool:
+    counts[record["category"]] += 1
+    return True
+
+
+def median(rows: list[dict], key: str, k: int | None = None) -> float:
+    return statistics.median(x[key] if k is None else x[key][k] for x in rows)
+
+
+def cost_table_first(costs, depth: int) -> float:
+    """Seconds of the target's one-token forward at `depth` on these costs."""
+    from specdec.replay import curve_at
+
+    return curve_at(costs, depth)[0]
+
+
+def record(args, records) -> dict[str, list[list[int | None]]]:
+    import time
+
+    from specdec import load_model
+    from specdec.drafters.head import HeadDrafter
+
+    n_ctx = max(len(r["prompt"]) + len(r["output"]) for r in records) + 16
+    target = load_model(args.target, n_ctx=n_ctx, progress=False)
+    heads = [HeadDrafter(target, path) for path in args.head]
+    runs: dict[str, list] = {path: [] for path in args.head}
+    started = time.perf_counter()
+    for i, r in enumerate(records, 1):
+        for path, run in zip(args.head, head_runs(target, heads, r["prompt"], r["output"])):
+            runs[path].append(run)
+        print(f"\rrecorded {i}/{len(records)} prompts, {time.perf_counter() - started:.0f} s", end="", flush=True)
+    print()
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--head", nargs="+", required=True, help="head files (specdec train --out)")
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--recording", default=str(HERE / "dev-greedy-1.5b-0.5b.jsonl"))
+    parser.add_argument("--per-category", type=int, default=None, help="only the first N prompts of each category")
+    parser.add_argument("--runs", default=None, help="read the runs from this file (a --runs-out) instead")
+    parser.add_argument("--runs-out", default=None, help="write the runs per position here (JSONL)")
+    parser.add_argument("--curve", default=str(HERE / "gpu-h100" / "costs-1.5b-static-graphs.json"))
+    parser.add_argument("--draft-curve", default=str(HERE / "gpu-h100" / "costs-0.5b-static-graphs.json"))
+    parser.add_argument("--config", default=str(HERE / "configs" / "qwen2.5-coder-1.5b.json"))
+    args = parser.parse_args()
+
+    lines = Path(args.recording).read_text().splitlines()
+    header, records = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
+    if args.per_category:
+        seen: dict[str, int] = {}
+        records = [r for r in records if seen.setdefault(r["category"], 0) < args.per_category and bump(seen, r)]
+    if args.runs:
+        saved = [json.loads(line) for line in Path(args.runs).read_text().splitlines()]
+        runs = {path: [[None if c == "-" else int(c) for c in s["runs"][path]] for s in saved] for path in args.head}
+    else:
+        runs = record(args, records)
+    if args.runs_out:
+        with open(args.runs_out, "w") as out:
+            for i, r in enumerate(records):
+                text = {p: "".join("-" if x is None else str(x) for x in runs[p][i]) for p in args.head}
+                out.write(json.dumps({"id": r["id"], "category": r["category"], "runs": text}) + "\n")
+
+    config = json.loads(Path(args.config).read_text())
+    devices = {
+        "this CPU (the recording's curve)": (header["costs"], header["draft_costs"]),
+        "H100 (static shapes, graphs)": tuple(
+            cost_table(json.loads(Path(p).read_text())) for p in (args.curve, args.draft_curve)
+        ),
+    }
+    for path in args.head:
+        info, w = headfile.load(path)
+        flops, kernels = head_share(info, w, config)
+        print(
+            f"\n## {path} ({info.kind}, {info.steps} steps): a head step = max({flops:.3f}, {kernels:.3f}) "
+            "of the target's one-token forward (multiply-adds, kernels)"
+        )
+        for device, (costs, draft_costs) in devices.items():
+            print(f"\n### {device}")
+            print(
+                "| category | first-pos | tokens/step head:1/2/3 | head:1 | head:2 | head:3 | head ceiling "
+                "| draft:4 | draft ceiling |"
+            )
+            print("|---|---|---|---|---|---|---|---|---|")
+            by_category: dict[str, list[dict]] = {}
+            for r, run in zip(records, runs[path]):
+                step = max(flops, kernels) * cost_table_first(costs, len(r["prompt"]))
+                by_category.setdefault(r["category"], []).append(head_replay(r, run, costs, draft_costs, step))
+            for category, rows in by_category.items():
+                med = lambda key, k=None, rows=rows: median(rows, key, k)  # noqa: E731
+                print(
+                    f"| {category} | {med('first'):.2f} | "
+                    + "/".join(f"{med('tokens_per_step', k):.2f}" for k in range(3))
+                    + " | "
+                    + " | ".join(f"{med('head', k):.2f}x" for k in range(3))
+                    + f" | {med('head_ceiling'):.2f}x | {med('draft4'):.2f}x | {med('draft_ceiling'):.2f}x |"
+                )
+    print("\nmedians over each category's prompts; " + f"{len(records)} prompts from {Path(args.recording).name}")
+
+
+if __name__ == "__main__":
+    main()
