@@ -35,29 +35,76 @@ from specdec.train import headfile
 HERE = Path(__file__).resolve().parent
 
 
-def head_runs(target, heads: list, prompt: list[int], output: list[int]) -> list[list[int | None]]:
-    """For each head, at each output position, how many of its greedy chain of head.max_k guesses
-    the target keeps (None at position 0: no state after a prefill). One teacher-forced forward."""
-    from specdec.sampling import SamplingParams
-
+def answer_states(target, prompt: list[int], output: list[int]) -> np.ndarray:
+    """[len(output) - 1, d]: row pos - 1 is the state a head drafts from at output position pos
+    (the one that chose output[pos - 1]: the sequence position before it). One teacher-forced forward."""
     [row] = target.add_rows(1)
     try:
         target.forward_rows({row: prompt + output}, {row: len(output) + 1})
         first, states = target.hidden_rows([row])[row]
     finally:
         target.drop_rows([row])
+    start = len(prompt) - 1 - first  # output position 1's state: sequence position len(prompt) - 1
+    return states[start : start + len(output) - 1]
+
+
+def head_runs(head, states: np.ndarray, output: list[int]) -> list[int | None]:
+    """At each output position, how many of the head's greedy chain of head.max_k guesses the
+    target keeps (None at position 0: the engine keeps no state after a prefill)."""
+    from specdec.sampling import SamplingParams
+
     params, rng = SamplingParams(), np.random.default_rng(0)
-    every = []
-    for head in heads:
-        runs: list[int | None] = [None]
-        for pos in range(1, len(output)):
-            # the state that chose output[pos - 1] (the one before it in the sequence), and output[pos - 1]
-            h = states[len(prompt) + pos - 2 - first]
-            guesses = head._draft(h, output[pos - 1], head.max_k, params, rng).tokens
-            agrees = "".join("1" if g == t else "0" for g, t in zip(guesses, output[pos:]))
-            runs.append(draft_run(agrees, 0, len(guesses)))
-        every.append(runs)
-    return every
+    runs: list[int | None] = [None]
+    for pos in range(1, len(output)):
+        guesses = head._draft(states[pos - 1], output[pos - 1], head.max_k, params, rng).tokens
+        agrees = "".join("1" if g == t else "0" for g, t in zip(guesses, output[pos:]))
+        runs.append(draft_run(agrees, 0, len(guesses)))
+    return runs
+
+
+class StoredStates:
+    """What a head needs of its target, once the states are stored: its identity and shape."""
+
+    def __init__(self, meta: dict):
+        self.name, self.identity = meta["target"], meta["identity"]
+        self.vocab_size, self.n_embd = meta["vocab_size"], meta["n_embd"]
+
+    def keep_hidden(self) -> None:
+        pass
+
+    def hidden_rows(self, rows):
+        raise NotImplementedError("stored states only")
+
+    def head_weights(self, name, tokens):
+        raise NotImplementedError("stored states only")
+
+
+def store_states(args, records) -> Path:
+    """The states of every recorded answer under --states (one .npy a prompt, written whole, so an
+    interrupted run resumes), with meta.json naming the target."""
+    import os
+    import time
+
+    folder = Path(args.states)
+    folder.mkdir(parents=True, exist_ok=True)
+    todo = [r for r in records if not (folder / f"{r['id']}.npy").exists()]
+    if not todo and (folder / "meta.json").exists():
+        return folder
+    from specdec import load_model
+
+    n_ctx = max(len(r["prompt"]) + len(r["output"]) for r in records) + 16
+    target = load_model(args.target, n_ctx=n_ctx, progress=False)
+    target.keep_hidden()
+    meta = {"target": target.name, "identity": target.identity, "vocab_size": target.vocab_size}
+    (folder / "meta.json").write_text(json.dumps({**meta, "n_embd": target.n_embd}))
+    started = time.perf_counter()
+    for done, r in enumerate(todo, 1):
+        tmp = folder / f"{r['id']}.tmp.npy"
+        np.save(tmp, answer_states(target, r["prompt"], r["output"]))
+        os.replace(tmp, folder / f"{r['id']}.npy")
+        print(f"\rstates of {done}/{len(todo)} answers, {time.perf_counter() - started:.0f} s", end="", flush=True)
+    print()
+    return folder
 
 
 def head_share(info, w: dict, config: dict) -> tuple[float, float]:
@@ -91,21 +138,14 @@ def cost_table_first(costs, depth: int) -> float:
 
 
 def record(args, records) -> dict[str, list[list[int | None]]]:
-    import time
-
-    from specdec import load_model
     from specdec.drafters.head import HeadDrafter
 
-    n_ctx = max(len(r["prompt"]) + len(r["output"]) for r in records) + 16
-    target = load_model(args.target, n_ctx=n_ctx, progress=False)
+    folder = store_states(args, records)
+    target = StoredStates(json.loads((folder / "meta.json").read_text()))
     heads = [HeadDrafter(target, path) for path in args.head]
-    runs: dict[str, list] = {path: [] for path in args.head}
-    started = time.perf_counter()
-    for i, r in enumerate(records, 1):
-        for path, run in zip(args.head, head_runs(target, heads, r["prompt"], r["output"])):
-            runs[path].append(run)
-        print(f"\rrecorded {i}/{len(records)} prompts, {time.perf_counter() - started:.0f} s", end="", flush=True)
-    print()
+    runs: dict[str, list] = {}
+    for path, head in zip(args.head, heads):
+        runs[path] = [head_runs(head, np.load(folder / f"{r['id']}.npy"), r["output"]) for r in records]
     return runs
 
 
@@ -115,6 +155,11 @@ def main() -> None:
     parser.add_argument("--target", default="qwen2.5-coder-1.5b")
     parser.add_argument("--recording", default=str(HERE / "dev-greedy-1.5b-0.5b.jsonl"))
     parser.add_argument("--per-category", type=int, default=None, help="only the first N prompts of each category")
+    parser.add_argument(
+        "--states",
+        default=str(Path.home() / ".cache" / "specdec" / "head-replay-states"),
+        help="where the target's states on the recorded answers are kept (computed once)",
+    )
     parser.add_argument("--runs", default=None, help="read the runs from this file (a --runs-out) instead")
     parser.add_argument("--runs-out", default=None, help="write the runs per position here (JSONL)")
     parser.add_argument("--curve", default=str(HERE / "gpu-h100" / "costs-1.5b-static-graphs.json"))

@@ -83,6 +83,15 @@ def test_features_are_the_targets_and_resume(setup, monkeypatch):
     assert json.loads((folder / "data.json").read_text())["files"] == 24
 
 
+def test_the_draft_vocabulary_is_the_data_s_tokens_then_the_lowest_ids():
+    from specdec.train.trainer import draft_vocabulary
+
+    labels = np.array([7, 3, 7, 9, 3, 7, 1])
+    assert draft_vocabulary(labels, 3, 100).tolist() == [7, 3, 1]  # most often first, ties by id
+    assert draft_vocabulary(labels, 7, 100).tolist() == [7, 3, 1, 9, 0, 2, 4]  # then ids never predicted
+    assert draft_vocabulary(labels, 50, 10).tolist() == [7, 3, 1, 9, 0, 2, 4, 5, 6, 8]  # at most every id
+
+
 @pytest.mark.parametrize("kind", ["medusa", "prophet"])
 def test_training_learns_and_a_checkpoint_resumes(setup, tmp_path, monkeypatch, kind):
     """Held-out agreement beats the untrained head's; Ctrl-C mid-training leaves a checkpoint (and

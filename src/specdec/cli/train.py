@@ -71,7 +71,12 @@ def _add_train_parser(sub) -> None:
     )
     p.add_argument("--batch", type=_positive(int), default=128, help="chains per update (default: 128)")
     p.add_argument("--lr", type=_float_in(0.0, 1.0, low_open=True), default=1e-3, help="learning rate (default: 0.001)")
-    p.add_argument("--vocab", type=_positive(int), default=8192, help="draft vocabulary size (default: 8192)")
+    p.add_argument(
+        "--vocab",
+        type=_positive(int),
+        default=8192,
+        help="draft vocabulary size: the training data's tokens, then the target's lowest ids (default: 8192)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     _add_threads_flag(p)
 

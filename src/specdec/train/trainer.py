@@ -34,7 +34,7 @@ CHECKPOINT_SECONDS = 60.0  # how much work Ctrl-C or a crash can lose
 class TrainConfig:
     kind: str  # "medusa" or "prophet"
     steps: int = 3  # medusa: heads; prophet: the chain trained (and drafted) at most
-    vocab: int = 8192  # draft vocabulary: the target's most frequent tokens in the training data
+    vocab: int = 8192  # draft vocabulary: the training data's most frequent tokens, then the target's lowest ids
     epochs: float = 2.0
     batch: int = 128
     lr: float = 1e-3
@@ -44,11 +44,19 @@ class TrainConfig:
     seed: int = 0
 
 
-def draft_vocabulary(labels: np.ndarray, size: int) -> np.ndarray:
-    """The `size` tokens the target predicted most often, most frequent first ([V] int32)."""
+def draft_vocabulary(labels: np.ndarray, size: int, vocab_size: int) -> np.ndarray:
+    """`size` target ids ([V] int32): the tokens the target predicted in the training data, most
+    often first, then the lowest ids it never predicted there. Tens of thousands of training tokens
+    hold a few thousand distinct ones, and a token outside the draft vocabulary is never drafted:
+    the 20 000-token head's 2 977 covered 43-82% of the dev prompts' answer tokens by category. A
+    BPE vocabulary numbers its tokens in merge order, which follows how common they were in the
+    tokenizer's own corpus, so the low ids are the likely rest (filled to 8 192: 61-91%). The
+    head scores each with the target's own output row, so an unseen token is still drafted where
+    the predicted feature points at it."""
     ids, counts = np.unique(labels, return_counts=True)
-    order = np.lexsort((ids, -counts))[:size]
-    return ids[order].astype(np.int32)
+    seen = ids[np.lexsort((ids, -counts))][:size]
+    rest = np.setdiff1d(np.arange(min(vocab_size, size + len(seen))), seen)[: size - len(seen)]
+    return np.concatenate([seen, rest]).astype(np.int32)
 
 
 def start_positions(f: Features, steps: int) -> np.ndarray:
@@ -151,7 +159,7 @@ def train(target, f: Features, config: TrainConfig, out: Path, data: dict, progr
     if config.kind == "prophet" and d % config.n_head:
         raise SpecdecError(f"--heads {config.n_head} must divide the hidden width {d}")
     training, held = f.split()
-    vocab = draft_vocabulary(training.labels, config.vocab)
+    vocab = draft_vocabulary(training.labels, config.vocab, target.vocab_size)
     outside = len(vocab)
     index = np.full(target.vocab_size, outside, np.int64)  # target id -> draft-vocabulary row
     index[vocab] = np.arange(len(vocab))
