@@ -73,6 +73,24 @@ def test_llama_cpp_gives_the_same_hidden_states(tiny):
     tiny.drop_rows(rows[1])
 
 
+def test_a_chain_stays_in_float32(tiny, tmp_path):
+    """Every feature a head computes is float32, as its weights are: one float64 value (a NumPy
+    float64 scalar in the attention's scale did it) makes every later matvec copy its weights to
+    float64 first, which made the 1.5B's prophet step 10x slower."""
+    from specdec.drafters.head import ProphetChain
+
+    h = np.random.default_rng(0).normal(size=tiny.n_embd).astype(np.float32)
+    for kind in ("medusa", "prophet"):
+        info, w = headfile.load(random_head(tiny, kind, tmp_path / f"{kind}.head", seed=2))
+        if kind == "medusa":
+            assert medusa_features(w, h, 3).dtype == np.float32
+        else:
+            chain, feature = ProphetChain(w, info.n_head), h
+            for token in (4, 9, 2):
+                feature = chain.step(feature, token)
+                assert feature.dtype == np.float32
+
+
 def test_torch_heads_compute_what_the_drafter_computes(tiny, tmp_path):
     """train.modules (torch, batched) and drafters.head (NumPy, one chain) are the same function."""
     from ..conftest import require_module
