@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec.costs import cost_table
-from specdec.replay import draft_run, head_replay
+from specdec.replay import curve_at, draft_run, head_replay
 from specdec.train import headfile
 
 HERE = Path(__file__).resolve().parent
@@ -121,20 +121,8 @@ def head_share(info, w: dict, config: dict) -> tuple[float, float]:
     return step / target, 2 / (L + 1)
 
 
-def bump(counts: dict[str, int], record: dict) -> bool:
-    counts[record["category"]] += 1
-    return True
-
-
 def median(rows: list[dict], key: str, k: int | None = None) -> float:
     return statistics.median(x[key] if k is None else x[key][k] for x in rows)
-
-
-def cost_table_first(costs, depth: int) -> float:
-    """Seconds of the target's one-token forward at `depth` on these costs."""
-    from specdec.replay import curve_at
-
-    return curve_at(costs, depth)[0]
 
 
 def record(args, records) -> dict[str, list[list[int | None]]]:
@@ -170,8 +158,10 @@ def main() -> None:
     lines = Path(args.recording).read_text().splitlines()
     header, records = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
     if args.per_category:
-        seen: dict[str, int] = {}
-        records = [r for r in records if seen.setdefault(r["category"], 0) < args.per_category and bump(seen, r)]
+        by_category: dict[str, list[dict]] = {}
+        for r in records:
+            by_category.setdefault(r["category"], []).append(r)
+        records = [r for r in records if by_category[r["category"]].index(r) < args.per_category]
     if args.runs:
         saved = [json.loads(line) for line in Path(args.runs).read_text().splitlines()]
         runs = {path: [[None if c == "-" else int(c) for c in s["runs"][path]] for s in saved] for path in args.head}
@@ -206,7 +196,7 @@ def main() -> None:
             print("|---|---|---|---|---|---|---|---|---|")
             by_category: dict[str, list[dict]] = {}
             for r, run in zip(records, runs[path]):
-                step = max(flops, kernels) * cost_table_first(costs, len(r["prompt"]))
+                step = max(flops, kernels) * curve_at(costs, len(r["prompt"]))[0]
                 by_category.setdefault(r["category"], []).append(head_replay(r, run, costs, draft_costs, step))
             for category, rows in by_category.items():
                 med = lambda key, k=None, rows=rows: median(rows, key, k)  # noqa: E731
