@@ -15,8 +15,9 @@ output head) against the target's (its layers and output head).
 prints, per category of the recording (benchmarks/dev-greedy-1.5b-0.5b.jsonl, the dev prompts:
 never trained on), first-position agreement, tokens per target step of a fixed head:K chain, and
 the speedup over plain decoding of head:K, of a clairvoyant controller over the head (drafting
-exactly what will be kept), and of the 0.5B draft model (draft:4 and its clairvoyant), on this CPU's recorded curve and
-on the H100's. Positions right after the prefill draft nothing (the engine keeps no state there).
+exactly what will be kept), and of the 0.5B draft model (draft:4 and its clairvoyant), on this
+CPU's recorded curve and on the H100's. Positions right after the prefill draft nothing (the
+engine keeps no state there).
 """
 
 from __future__ import annotations
@@ -199,13 +200,14 @@ def main() -> None:
                 step = max(flops, kernels) * curve_at(costs, len(r["prompt"]))[0]
                 by_category.setdefault(r["category"], []).append(head_replay(r, run, costs, draft_costs, step))
             for category, rows in by_category.items():
-                med = lambda key, k=None, rows=rows: median(rows, key, k)  # noqa: E731
                 print(
-                    f"| {category} | {med('first'):.2f} | "
-                    + "/".join(f"{med('tokens_per_step', k):.2f}" for k in range(3))
+                    f"| {category} | {median(rows, 'first'):.2f} | "
+                    + "/".join(f"{median(rows, 'tokens_per_step', k):.2f}" for k in range(3))
                     + " | "
-                    + " | ".join(f"{med('head', k):.2f}x" for k in range(3))
-                    + f" | {med('head_ceiling'):.2f}x | {med('draft4'):.2f}x | {med('draft_ceiling'):.2f}x |"
+                    + " | ".join(f"{median(rows, 'head', k):.2f}x" for k in range(3))
+                    + " | "
+                    + " | ".join(f"{median(rows, key):.2f}x" for key in ("head_ceiling", "draft4", "draft_ceiling"))
+                    + " |"
                 )
     print("\nmedians over each category's prompts; " + f"{len(records)} prompts from {Path(args.recording).name}")
 

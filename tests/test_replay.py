@@ -139,8 +139,8 @@ def test_a_heads_runs_replay_as_fixed_chains_and_a_ceiling():
     assert per_step == pytest.approx(len(output) / steps) and speedup == pytest.approx(per_step)
     slower, same = fixed_speedup(runs, head_steps(curves, 0.25), curves, 3)
     assert same == per_step and slower < speedup
-    assert head_ceiling(prompt, output, runs, flat, 0.0) >= speedup - 1e-9
-    assert head_ceiling(prompt, output, [None] + [0] * (len(output) - 1), flat, 0.0) == pytest.approx(1.0)
+    assert head_ceiling(runs, head_steps(curves, 0.0), curves) >= speedup - 1e-9
+    assert head_ceiling([None] + [0] * (len(output) - 1), head_steps(curves, 0.0), curves) == pytest.approx(1.0)
     record = {"prompt": prompt, "output": output, "draft_agrees": "1" * len(output)}
     row = head_replay(record, runs, flat, [0.0] * 16, 0.0)
     assert row["first"] == pytest.approx(np.mean([r > 0 for r in runs[1:]]))

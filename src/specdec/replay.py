@@ -364,28 +364,28 @@ def fixed_speedup(lengths: Sequence[int], steps: Sequence[Sequence[float]], curv
     return _plain_time(curves) / seconds, len(lengths) / n_steps
 
 
-def head_ceiling(prompt: Sequence[int], output: Sequence[int], runs: Sequence[int | None], costs, head_step: float):
+def head_ceiling(runs: Sequence[int | None], steps: Sequence[Sequence[float]], curves) -> float:
     """Speedup of a clairvoyant controller over a trained head (runs[i]: how many of the head's
-    guesses from position i the target keeps; None: it cannot draft there): at every position it
-    drafts exactly what will be kept, paying the head's steps."""
-    curves = _curves(costs, len(prompt), len(output))
-    return _plain_time(curves) / _best_time([run or 0 for run in runs], head_steps(curves, head_step))
+    guesses from position i the target keeps; None: it cannot draft there; steps: head_steps):
+    at every position it drafts exactly what will be kept, paying the head's steps."""
+    return _plain_time(curves) / _best_time([run or 0 for run in runs], steps)
 
 
 def head_replay(record: Mapping, runs: Sequence[int | None], costs, draft_costs, head_step: float) -> dict:
     """One recorded prompt with a trained head's runs on one device's curves (head_step: seconds
     of a head step there): the share of positions where the head's first guess is kept, tokens per
-    target step and speedup of fixed head:1..3, the head's clairvoyant ceiling (with prompt
-    lookup), and the recorded draft model's draft:4 and ceiling."""
+    target step and speedup of fixed head:1..3, the head's clairvoyant ceiling, and the recorded
+    draft model's draft:4 and ceiling."""
     prompt, output = record["prompt"], record["output"]
     curves = _curves(costs, len(prompt), len(output))
-    fixed = [fixed_speedup(runs, head_steps(curves, head_step), curves, k) for k in (1, 2, 3)]
+    steps = head_steps(curves, head_step)
+    fixed = [fixed_speedup(runs, steps, curves, k) for k in (1, 2, 3)]
     lengths = [draft_run(record["draft_agrees"], pos, len(curves[0]) - 1) for pos in range(len(output))]
     return {
         "first": sum(run > 0 for run in runs if run is not None) / max(1, sum(run is not None for run in runs)),
         "tokens_per_step": [t for _, t in fixed],
         "head": [s for s, _ in fixed],
-        "head_ceiling": head_ceiling(prompt, output, runs, costs, head_step),
+        "head_ceiling": head_ceiling(runs, steps, curves),
         "draft4": fixed_speedup(lengths, _draft_steps(curves, draft_costs, len(prompt)), curves, 4)[0],
         "draft_ceiling": draft_ceiling(prompt, output, record["draft_agrees"], costs, draft_costs),
     }
