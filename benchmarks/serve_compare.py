@@ -5,10 +5,13 @@ by benchmarks/serve_load.py the same way. Prints one markdown table (and appends
         --servers specdec:auto specdec:none llama:plain llama:ngram-simple llama:draft -c 1 2 4 8
 
 Servers: specdec:<draft> (auto, none, ngram, or a draft model name), optionally with
-",stall=X" (its --prefill-stall), and llama:plain, llama:ngram-simple, llama:ngram-mod, llama:draft
-(the 0.5B draft model, 4 tokens). With --repeats R every cell runs R times, the servers taking
-turns within each round (a drifting machine then moves every server alike), and a last table
-gives each cell's median and its spread (max / min tokens/s over the repeats).
+",stall=X" (its --prefill-stall), llama:plain, llama:ngram-simple, llama:ngram-mod, llama:draft
+(the 0.5B draft model, 4 tokens), and `vllm serve` (`make vllm-peer`) as vllm:plain, vllm:ngram:K,
+vllm:draft:K, vllm:suffix:K, or with our proposers inside it, vllm:specdec:auto:K,
+vllm:specdec:ngram:K, vllm:specdec:suffix:K (specdec.vllm_peer.speculative_config).
+With --repeats R every cell runs R times, the servers taking turns within each round (a drifting
+machine then moves every server alike), and a last table gives each cell's median and its spread
+(max / min tokens/s over the repeats).
 Take the CPU to yourself while it runs: timings on a shared CPU mean nothing.
 """
 
@@ -78,6 +81,17 @@ def command(server: str, c: int, port: int, args) -> list[str]:
             "warning",
             *extra,
         ] + (["--threads", str(args.threads)] if args.threads else [])
+    if kind == "vllm":  # `vllm serve` in the vLLM venv (`make vllm-peer`), on the converted folder
+        from specdec.peers import check_vllm, vllm_folder, vllm_python
+        from specdec.vllm_peer import speculative_config
+
+        check_vllm(args.target, args.draft if variant.startswith("draft:") else None)
+        spec = speculative_config(variant or "plain", str(vllm_folder(args.draft)))
+        cmd = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(vllm_folder(args.target))]
+        cmd += ["--served-model-name", args.target, "--host", "127.0.0.1", "--port", str(port)]
+        cmd += ["--max-model-len", str(args.ctx), "--max-num-seqs", str(c), "--dtype", "bfloat16"]
+        cmd += ["--generation-config", "vllm"]
+        return cmd + (["--speculative-config", json.dumps(spec)] if spec else [])
     from specdec.catalog import resolve
 
     base = [
@@ -111,17 +125,25 @@ def command(server: str, c: int, port: int, args) -> list[str]:
 def run_cell(server: str, c: int, args) -> dict:
     """Start `server` for C rows, load it with C clients, stop it; the run's row."""
     port = free_port()
+    env = None
+    if server.startswith("vllm"):
+        from specdec.vllm_peer import KV_SPACE_GIB
+
+        threads = args.threads or os.cpu_count()
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(KV_SPACE_GIB), VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}")
+        env["PYTHONPATH"] = str(HERE.parent / "src")  # this checkout's proposers
     proc = subprocess.Popen(
         command(server, c, port, args),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE if server.startswith("specdec") else subprocess.DEVNULL,
+        env=env,
     )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, proc, 600)
         load = ["--url", url + "/v1", "-c", str(c), "-n", str(args.prompts), "--max-tokens", str(args.max_tokens)]
         load += ["--label", server]
-        if server.startswith("specdec"):
+        if server.startswith(("specdec", "vllm")):
             load += ["--model", args.target]
         ns = serve_load.main_args(load)
         prompts = serve_load.load_prompts(ns.suite, ns.prompts, ns.categories)

@@ -26,6 +26,12 @@ def test_parse_method():
     assert bench.parse_method("llama.cpp:ngram-simple:8") == ("llama.cpp", "ngram-simple", 8)
     assert bench.parse_method("llama.cpp:plain") == ("llama.cpp", "plain", 0)
     assert bench.parse_method("hf:prompt-lookup:10") == ("hf", "prompt-lookup", 10)
+    assert bench.parse_method("vllm:plain") == ("vllm", "plain", 0)
+    assert bench.parse_method("vllm:ngram:8") == ("vllm", "ngram", 8)
+    assert bench.parse_method("vllm:specdec:auto:16") == ("vllm", "specdec:auto", 16)
+    for bad in ("vllm:specdec:magic:4", "vllm:ngram", "vllm:ngram:0", "vllm:specdec:auto"):
+        with pytest.raises(SpecdecError, match="unknown method"):
+            bench.parse_method(bad)
     assert bench.parse_method("early-exit:20:4") == ("specdec", DraftSpec("early-exit", k=4, layers=20), 4)
     assert bench.parse_method("suffix:8") == ("specdec", DraftSpec("suffix", k=8), 8)
     assert bench.parse_method("auto:suffix") == ("specdec", DraftSpec("auto", k=0, suffix=True), 0)

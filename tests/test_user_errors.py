@@ -203,6 +203,14 @@ USER_ERRORS = [
         "--verification",
         "invalid choice",
     ),
+    _row("bench-vllm-unknown-method", ["bench", "--methods", "vllm:magic:3"], "unknown method", "vllm:plain"),
+    _row(
+        "bench-vllm-not-set-up",
+        ["bench", "--methods", "vllm:plain"],
+        "vLLM is not set up",
+        "make vllm-peer",
+        env={"SPECDEC_VLLM_PYTHON": "{tmp}/no-vllm/python"},
+    ),
     _row("bench-verification-unknown", ["bench", "--verification", "tokens"], "--verification", "invalid choice"),
     _row(
         "bench-suffix-without-a-cache",

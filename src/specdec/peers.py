@@ -25,6 +25,7 @@ class PeerRun:
     seconds: float
     drafted: int = 0
     accepted: int = 0
+    token_ids: list[int] | None = None  # where the peer gives them (vLLM)
 
 
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
@@ -152,3 +153,106 @@ class HuggingFacePeer:
             tokens=int(new.shape[0]),
             seconds=max(seconds - prefill, 1e-9),
         )
+
+
+def vllm_python() -> Path:
+    """The vLLM venv's Python: $SPECDEC_VLLM_PYTHON (a vLLM of your own), else the one
+    scripts/install_vllm_peer.py (`make vllm-peer`) made."""
+    import os
+
+    from .paths import specdec_home
+
+    return Path(os.environ.get("SPECDEC_VLLM_PYTHON") or specdec_home() / "vllm" / "venv" / "bin" / "python")
+
+
+def vllm_folder(name: str) -> Path:
+    """The safetensors folder vLLM loads for built-in model `name` (`make vllm-peer` converts it)."""
+    from .paths import specdec_home
+
+    return specdec_home() / "vllm" / (Path(name).stem if name.endswith(".gguf") else name)
+
+
+def check_vllm(target: str, draft: str | None = None) -> None:
+    """Fails with a one-line reason unless the vLLM peer is set up for these models."""
+    python = vllm_python()
+    if not python.is_file():
+        raise SpecdecError(f"vLLM is not set up: no {python}; run `make vllm-peer`")
+    for name in (target, draft):
+        if name and not (vllm_folder(name) / "config.json").is_file():
+            raise SpecdecError(f"no vLLM folder for {name} in {vllm_folder(name).parent}; run `make vllm-peer`")
+
+
+class VllmPeer:
+    """One vLLM engine (one method: vllm_peer.speculative_config) in the vLLM venv, kept open across
+    prompts; it is fed our prompt's token ids, so both sides decode the same input. Its weights are
+    bfloat16 dequantised from our GGUF (vllm_peer's docstring), so its greedy text may part from ours;
+    `--backend torch` on the same folder is the like-with-like engine comparison."""
+
+    def __init__(self, target: str, method: str, threads: int, ctx: int, draft: str | None = None):
+        import json
+        import os
+
+        check_vllm(target, draft)
+        python, folder = vllm_python(), vllm_folder(target)
+        cmd = [str(python), "-m", "specdec.vllm_peer", "run", str(folder), "--method", method]
+        cmd += ["--threads", str(threads), "--max-len", str(ctx)]
+        if draft:
+            cmd += ["--draft", str(vllm_folder(draft))]
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))  # this checkout's specdec
+        self.method, self.json = method, json
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        self._stderr: list[str] = []
+        import threading
+
+        # keep its log (vLLM logs a lot) without letting the pipe fill up and stall it
+        threading.Thread(target=self._drain, daemon=True).start()
+        self._read()  # {"ready": true} once the engine loaded
+
+    def _drain(self) -> None:
+        for line in self.proc.stderr:
+            self._stderr = (self._stderr + [line.rstrip()])[-20:]
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            tail = " | ".join(s for s in self._stderr[-3:] if s)
+            raise SpecdecError(f"vLLM ({self.method}) exited with {self.proc.returncode}: {tail}")
+        reply = self.json.loads(line)
+        if "error" in reply:
+            raise SpecdecError(f"vLLM ({self.method}): {reply['error']}")
+        return reply
+
+    def run(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        logprobs: int = 0,
+        n: int = 1,
+    ) -> PeerRun:
+        """One generation; with `logprobs`, each position's top ones land in self.last["logprobs"];
+        with n > 1, n samples are drawn together and land in self.last["samples"]."""
+        request = {"prompt": [int(t) for t in prompt_ids], "max_tokens": max_tokens, "temperature": temperature}
+        if seed is not None:
+            request["seed"] = seed
+        if logprobs:
+            request["logprobs"] = logprobs
+        if n > 1:
+            request["n"] = n
+        self.proc.stdin.write(self.json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        self.last = self._read()
+        r = self.last
+        return PeerRun(r["text"], len(r["tokens"]), r["seconds"], r["drafted"], r["accepted"], r["tokens"])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()

@@ -18,19 +18,29 @@ NOISE_METHOD = "plain#2"
 LLAMA_CPP_METHODS = ("llama.cpp:plain", "llama.cpp:draft:4", "llama.cpp:ngram-simple:8", "llama.cpp:ngram-mod:8")
 FULL_METHODS = ("plain", "auto", *(f"draft:{k}" for k in range(1, 9)), "ngram:2", "ngram:4", "ngram:8", "ngram:16")
 HF_METHODS = ("hf:plain", "hf:assisted:4", "hf:prompt-lookup:8")
+# vLLM (`make vllm-peer`): its own methods, and our drafters inside it (specdec.vllm)
+VLLM_METHODS = ("vllm:plain", "vllm:ngram:8", "vllm:draft:4", "vllm:specdec:auto:16", "vllm:specdec:ngram:8")
+VLLM_KINDS = ("ngram", "draft", "suffix", "specdec:auto", "specdec:ngram", "specdec:suffix")
 
 
 def parse_method(method: str) -> tuple[str, DraftSpec | str, int]:
     """One of our methods (spec.METHODS) -> ('specdec', its DraftSpec, k); a peer's,
     'llama.cpp:plain' | 'llama.cpp:draft:K' | 'llama.cpp:<ngram type>:K' | 'hf:plain' |
-    'hf:assisted:K' | 'hf:prompt-lookup:K' -> (runner, the peer's drafter, k)."""
+    'hf:assisted:K' | 'hf:prompt-lookup:K' | 'vllm:plain' | 'vllm:<VLLM_KINDS>:K' -> (runner, the
+    peer's drafter, k)."""
     from ..spec import METHODS
     from ..spec import parse_method as parse_ours
 
     runner, _, rest = method.partition(":")
     if method == NOISE_METHOD:
         return "specdec", parse_ours("plain"), 0
-    if runner not in ("llama.cpp", "hf"):
+    if runner == "vllm":
+        kind, _, k = rest.rpartition(":")
+        if rest == "plain":
+            return runner, "plain", 0
+        if kind in VLLM_KINDS and k.isdigit() and int(k) >= 1:
+            return runner, kind, int(k)
+    elif runner not in ("llama.cpp", "hf"):
         spec = parse_ours(method)
         if spec is not None:
             return "specdec", spec, spec.k
@@ -50,5 +60,6 @@ def parse_method(method: str) -> tuple[str, DraftSpec | str, int]:
     raise SpecdecError(
         f"unknown method {method!r}: use {METHODS}, llama.cpp:plain, "
         f"llama.cpp:draft:K, llama.cpp:ngram-simple:K, hf:plain, hf:assisted:K, "
-        f"hf:prompt-lookup:K"
+        f"hf:prompt-lookup:K, vllm:plain, vllm:ngram:K, vllm:draft:K, vllm:suffix:K, vllm:specdec:auto:K, "
+        f"vllm:specdec:ngram:K, vllm:specdec:suffix:K"
     )

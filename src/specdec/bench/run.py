@@ -112,6 +112,27 @@ class Bench:
 
             self.llama_cpp = LlamaCppPeer(llama_cpp_bin, self.target_path, self.draft_path, self.threads, ctx)
         self.hf = None
+        self.vllm: dict[tuple, object] = {}  # (method, repeat) -> its open engine (peers.VllmPeer)
+        self.target_name, self.draft_name = target_name, draft_name
+
+    def close(self) -> None:
+        """Ends the peers' processes (vLLM's engines)."""
+        for peer in self.vllm.values():
+            peer.close()
+        self.vllm = {}
+
+    def _vllm_peer(self, method: str, kind: str, k: int, repeat: int):
+        """The method's engine, opened at first use and kept. A method that learns across prompts
+        (a suffix cache) gets one engine per repeat, as our learners get one decoder per repeat
+        (the package docstring): each engine holds its own weights, so mind the memory."""
+        from ..peers import VllmPeer
+
+        key = (method, repeat if kind in ("suffix", "specdec:auto", "specdec:suffix") else 0)
+        if key not in self.vllm:
+            name = "plain" if kind == "plain" else f"{kind}:{k}"
+            draft = self.draft_name if kind == "draft" else None
+            self.vllm[key] = VllmPeer(self.target_name, name, self.threads, self.ctx, draft)
+        return self.vllm[key]
 
     def enable_hf(self):
         from ..peers import HuggingFacePeer
@@ -215,6 +236,15 @@ class Bench:
             row.tokens, row.seconds = produced(peer.tokens, False, self.max_tokens), peer.seconds
             row.drafted, row.accepted, row.text = peer.drafted, peer.accepted, peer.text
             row.acceptance_rate = peer.accepted / peer.drafted if peer.drafted else 0.0
+        elif runner == "vllm":
+            from ..request import tokens
+
+            # the same token ids our runs decode (the suite's chat template through our tokenizer)
+            ids = self.prompt_ids.get(item["id"]) or tokens(self.target, text)
+            peer = self._vllm_peer(method, drafter, k, repeat).run(ids, self.max_tokens, self.temperature, self.seed)
+            row.tokens, row.seconds, row.text = produced(peer.tokens, False, self.max_tokens), peer.seconds, peer.text
+            row.drafted, row.accepted = peer.drafted, peer.accepted
+            row.acceptance_rate = peer.accepted / peer.drafted if peer.drafted else 0.0
         else:
             if self.hf is None:
                 raise SpecdecError("hf methods need --hf")
@@ -291,8 +321,10 @@ def run_bench(
                 for method in order:
                     run = runs[method]
                     # every run's text against our plain run's, the peers' too (their prompt echo is
-                    # cut off in peers.py; a peer that detokenises differently shows up as 'differs')
-                    run.text_match = compare_text(run.text, runs["plain"].text)
+                    # cut off in peers.py; a peer that detokenises differently shows up as 'differs');
+                    # vLLM's against vLLM's plain where it ran (its bf16 weights are not our GGUF's)
+                    base = runs.get("vllm:plain") if method.startswith("vllm:") else None
+                    run.text_match = compare_text(run.text, (base or runs["plain"]).text)
                     run.identical_to_plain = run.text_match != "differs"
                     results.write(json.dumps(asdict(run)) + "\n")
                 results.flush()

@@ -46,9 +46,9 @@ def _add_bench_parser(sub) -> None:
         "auto:head:FILE (auto with that head in the draft model's place), "
         "llama.cpp:plain, llama.cpp:draft:K, "
         "llama.cpp:ngram-simple:K (or another llama.cpp n-gram type), hf:plain, "
-        "hf:assisted:K, hf:prompt-lookup:K (default: the informative ones, "
-        + " ".join(DEFAULT_METHODS)
-        + "; --full: all of ours)",
+        "hf:assisted:K, hf:prompt-lookup:K, vllm:plain, vllm:ngram:K, vllm:draft:K, vllm:suffix:K, "
+        "vllm:specdec:auto:K, vllm:specdec:ngram:K, vllm:specdec:suffix:K (vLLM, and our drafters inside it: "
+        "`make vllm-peer`) (default: the informative ones, " + " ".join(DEFAULT_METHODS) + "; --full: all of ours)",
     )
     p.add_argument("--max-tokens", "-n", type=_positive(int), default=256, help="per run")
     p.add_argument(
@@ -88,6 +88,11 @@ def _add_bench_parser(sub) -> None:
         help="folder with llama.cpp's llama-speculative-simple: adds the llama.cpp peer (default: without it)",
     )
     p.add_argument("--hf", action="store_true", help="add the Hugging Face transformers peer")
+    p.add_argument(
+        "--vllm",
+        action="store_true",
+        help="add the vLLM peer (`make vllm-peer`): vLLM's plain, ngram and draft model, and our drafters inside it",
+    )
     _add_model_flags(
         p,
         draft_default=catalog.DEFAULT_DRAFT,
@@ -140,11 +145,18 @@ def cmd_bench(args) -> int:
             methods += bench.LLAMA_CPP_METHODS
         if args.hf:
             methods += bench.HF_METHODS
+        if args.vllm:
+            methods += bench.VLLM_METHODS
     for method in methods:
         bench.parse_method(method)  # fail on a typo before loading anything
         if method.startswith(("suffix:", "auto:suffix")) and args.suffix_cap == 0:
             raise SpecdecError(f"method {method} needs the suffix cache: give --suffix-cap >= 1")
     _check_draft_corpus(args)
+    vllm = [m for m in methods if m.startswith("vllm:")]
+    if vllm:
+        from ..peers import check_vllm
+
+        check_vllm(args.target, args.draft if any(m.startswith("vllm:draft:") for m in vllm) else None)
     prompts = bench.load_suite(
         Path(args.suite) if args.suite else bench.DEFAULT_SUITE,
         args.categories,
@@ -178,9 +190,12 @@ def cmd_bench(args) -> int:
         f"{f' x {args.passes} passes' if args.passes > 1 else ''} -> {out}/",
         file=sys.stderr,
     )
-    rows = bench.run_bench(
-        runner, prompts, methods, args.repeats, out, args.batch_sizes, args.passes, noise=not args.no_noise
-    )
+    try:
+        rows = bench.run_bench(
+            runner, prompts, methods, args.repeats, out, args.batch_sizes, args.passes, noise=not args.no_noise
+        )
+    finally:
+        runner.close()  # the peers' engines (vLLM) end with the bench
     if args.temperature == 0:  # every greedy parting from plain, with its top-2 logit gap
         bench.mark_partings(runner, rows, out)
     print(bench.write_summary(rows, runner, methods, out, "specdec bench " + " ".join(sys.argv[2:])))

@@ -1,0 +1,165 @@
+"""specdec's proposers inside vLLM (specdec.vllm), driven through vLLM's recorded interface
+(tests/vllm_runner.py) without vLLM installed."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from specdec import vllm as sv
+from tests.vllm_runner import Runner, cycling_target, plain, random_target
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [11, 12, 13, 14], [20, 21]]
+
+
+@pytest.fixture(autouse=True)
+def no_timed_curve(tmp_path, monkeypatch):
+    """No curve of an earlier run (SPECDEC_HOME) decides a test's drafts."""
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SPECDEC_VLLM_COSTS", raising=False)
+
+
+def timed_curve(tmp_path, monkeypatch, seconds) -> None:
+    path = tmp_path / "curve.json"
+    path.write_text(json.dumps({"seconds": {str(w): seconds(w) for w in sv.PRIOR_WIDTHS}}))
+    monkeypatch.setenv("SPECDEC_VLLM_COSTS", str(path))
+
+
+def test_prompt_lookup_drafts_what_a_repeating_answer_copies():
+    target = cycling_target()
+    runner = Runner(sv.NgramProposer, target, k=8)
+    requests = [runner.add(p, 60) for p in PROMPTS]
+    runner.run()
+    for p, r in zip(PROMPTS, requests):
+        assert r.output == plain(target, p, 60)  # the runner's greedy verification: a sanity check
+    assert 4 * 60 / runner.steps > 3  # tokens per step: plain decoding would be 1 per request and step
+
+
+def test_a_request_is_followed_when_vllm_moves_it_to_another_index():
+    target = cycling_target(seed=3)
+    runner = Runner(sv.NgramProposer, target, k=8)
+    lengths = [10, 70, 25, 90]
+    for p, n in zip(PROMPTS, lengths):
+        runner.add(p, n)
+    seen = []
+    while runner.batch:
+        runner.step()
+        seen.append(len(runner.proposer._rows.rows))
+    # one row per request: none was taken for a new one after a move (condense) ...
+    assert runner.proposer._rows.next_id == len(PROMPTS)
+    # ... and the finished ones left (GONE_AFTER calls unseen)
+    assert seen[-1] <= 1
+
+
+def test_many_samples_of_one_prompt_each_get_a_row():
+    target = cycling_target(seed=2)
+    runner = Runner(sv.NgramProposer, target, k=4, max_reqs=64)
+    requests = [runner.add(PROMPTS[1], 30) for _ in range(40)]  # vLLM's n = 40: equal contexts
+    runner.run()
+    assert runner.proposer._rows.next_id == 40
+    assert all(r.output == plain(target, PROMPTS[1], 30) for r in requests)
+    assert 40 * 30 / runner.steps > 40  # they drafted: more than one token a step each
+
+
+def test_finished_requests_feed_the_one_suffix_cache():
+    target = random_target()
+    runner = Runner(sv.SuffixProposer, target, k=8)
+    first = runner.add([3, 1, 4, 1, 5], 48)
+    runner.run()
+    steps_first = runner.steps
+    assert steps_first >= 47  # nothing repeats within one answer: one token a step
+    runner.step()  # an empty step: the finished request is gone from the batch
+    runner.step()
+    second = runner.add([3, 1, 4, 1, 5], 48)
+    start = runner.steps
+    runner.run()
+    assert second.output == first.output
+    assert runner.steps - start <= 48 / 4  # the second copy comes from the cache, k + 1 a step
+
+
+def test_a_prefilling_request_gets_no_draft_and_others_go_on():
+    target = cycling_target()
+    runner = Runner(sv.NgramProposer, target, k=4, chunk=2)
+    a = runner.add(PROMPTS[0], 20)
+    b = runner.add(list(range(30, 40)), 20)  # five chunks of 2
+    runner.step()
+    assert b.draft == [] and b.output == []
+    runner.run()
+    assert a.output == plain(target, PROMPTS[0], 20) and b.output == plain(target, list(range(30, 40)), 20)
+
+
+def test_drafts_stay_within_k_the_model_length_and_the_vocabulary():
+    target = cycling_target()
+    runner = Runner(sv.NgramProposer, target, k=6, max_model_len=40)
+    r = runner.add(PROMPTS[0], 40)
+    while runner.batch and len(r.prompt) + len(r.output) < 39:
+        runner.step()
+        assert len(r.draft) <= 6
+        assert len(r.draft) <= max(0, 39 - len(r.prompt) - len(r.output))  # room for the bonus token
+
+
+def test_a_draft_ends_at_the_end_of_generation_token():
+    eos = 9
+    target = lambda context: [9, 1, 2, 3][len(context) % 4]  # noqa: E731
+    runner = Runner(sv.NgramProposer, target, k=8, eos=eos)
+    r = runner.add([9, 1, 2, 3, 9, 1, 2, 3], 40)
+    for _ in range(6):
+        runner.step()
+        assert eos not in r.draft[:-1]
+
+
+def test_auto_drafts_long_on_a_flat_curve_and_steps_aside_on_a_steep_one(tmp_path, monkeypatch):
+    target = cycling_target(seed=5)
+    drafted = {}
+    for name, seconds in (("flat", lambda w: 0.01 + 0.0001 * w), ("steep", lambda w: 0.01 * w)):
+        timed_curve(tmp_path, monkeypatch, seconds)
+        runner = Runner(sv.Proposer, target, k=16, cost=seconds)
+        r = runner.add(PROMPTS[0], 80)
+        runner.run()
+        assert r.output == plain(target, PROMPTS[0], 80)
+        drafted[name] = sum(runner.widths) - runner.steps
+    # a step that costs what its tokens cost never pays for a draft: auto drafts (next to) nothing
+    assert drafted["flat"] > 40 and drafted["steep"] < 10
+
+
+def test_auto_learns_the_step_cost_from_the_time_between_its_calls():
+    target = cycling_target(seed=7)
+    cost = lambda w: 0.05 * (1 + 0.02 * (w - 1))  # noqa: E731 - nearly flat; the prior assumes 0.3 a token
+    runner = Runner(sv.Proposer, target, k=16, cost=cost)
+    for p in PROMPTS:
+        runner.add(p, 64)
+    runner.run()
+    table = runner.proposer.controller.target_cost
+    # the prior's shape is wrong (0.3 a token) and it had no scale: the widths stepped at are learned
+    common = max(set(runner.widths), key=runner.widths.count)
+    assert table(common) == pytest.approx(cost(common), rel=0.1)
+    assert table(common) != pytest.approx(sv.prior_curve()[common])
+
+
+def test_without_a_timed_curve_auto_says_so(capsys):
+    Runner(sv.Proposer, cycling_target(), k=4)
+    assert "no timed cost curve" in capsys.readouterr().err
+
+
+def test_probe_times_every_width(tmp_path, monkeypatch):
+    out = tmp_path / "probe.json"
+    monkeypatch.setenv("SPECDEC_VLLM_PROBE_OUT", str(out))
+    cost = lambda w: 0.02 + 0.003 * w  # noqa: E731
+    runner = Runner(sv.Probe, random_target(), k=31, cost=cost)
+    runner.add([1, 2, 3], 7 * len(sv.PROBE_WIDTHS))
+    runner.run()
+    curve = {int(w): s for w, s in json.loads(out.read_text())["seconds"].items()}
+    assert sorted(curve) == list(sv.PROBE_WIDTHS)
+    assert all(curve[w] == pytest.approx(cost(w)) for w in curve)
+    # the proposer reads it where it looks for the model's curve
+    monkeypatch.setenv("SPECDEC_VLLM_COSTS", str(out))
+    assert sv.load_costs("toy") == curve
+
+
+def test_the_curve_file_is_keyed_by_model_and_threads(monkeypatch):
+    a = sv.costs_file("model-a", "0-1")
+    assert a != sv.costs_file("model-b", "0-1") and a != sv.costs_file("model-a", "0-3")
+    assert sv.load_costs("model-a") is None  # none timed yet
+    np.testing.assert_allclose(sv.prior_curve()[2], 1 + sv.PRIOR_SLOPE)
