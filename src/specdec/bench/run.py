@@ -322,8 +322,8 @@ def run_bench(
                     run = runs[method]
                     # every run's text against our plain run's, the peers' too (their prompt echo is
                     # cut off in peers.py; a peer that detokenises differently shows up as 'differs');
-                    # vLLM's against vLLM's plain where it ran (its bf16 weights are not our GGUF's)
-                    base = runs.get("vllm:plain") if method.startswith("vllm:") else None
+                    # vLLM's drafters against vLLM's plain where it ran (its bf16 weights are not our GGUF's)
+                    base = runs.get("vllm:plain") if method.startswith("vllm:") and method != "vllm:plain" else None
                     run.text_match = compare_text(run.text, (base or runs["plain"]).text)
                     run.identical_to_plain = run.text_match != "differs"
                     results.write(json.dumps(asdict(run)) + "\n")
