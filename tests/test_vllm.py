@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from specdec import vllm as sv
+from specdec.errors import SpecdecError
+from specdec.peers import VllmPeer
 from tests.vllm_runner import Runner, cycling_target, plain, random_target
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [11, 12, 13, 14], [20, 21]]
@@ -163,3 +165,20 @@ def test_the_curve_file_is_keyed_by_model_and_threads(monkeypatch):
     assert a != sv.costs_file("model-b", "0-1") and a != sv.costs_file("model-a", "0-3")
     assert sv.load_costs("model-a") is None  # none timed yet
     np.testing.assert_allclose(sv.prior_curve()[2], 1 + sv.PRIOR_SLOPE)
+
+
+def test_an_engine_that_dies_says_why(tmp_path, monkeypatch):
+    (tmp_path / "home" / "vllm" / "m").mkdir(parents=True)
+    (tmp_path / "home" / "vllm" / "m" / "config.json").write_text("{}")
+    fake = tmp_path / "python"  # a "vLLM" that logs a cause, then the generic death, and exits
+    fake.write_text(
+        "#!/bin/sh\n"
+        "echo 'INFO loading weights' >&2\n"
+        "echo '(EngineCore pid=1) ERROR [core.py:1] ValueError: no room for the KV cache' >&2\n"
+        "echo 'RuntimeError: Engine core initialization failed. See root cause above.' >&2\n"
+        "exit 1\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("SPECDEC_VLLM_PYTHON", str(fake))
+    with pytest.raises(SpecdecError, match=r"vLLM \(plain\) exited with 1: ValueError: no room for the KV cache$"):
+        VllmPeer("m", "plain", threads=2, ctx=512)

@@ -8,9 +8,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +31,7 @@ class PeerRun:
     token_ids: list[int] | None = None  # where the peer gives them (vLLM)
 
 
+_EXCEPTION = re.compile(r"\b[A-Z]\w*(Error|Exception): .*")  # a Python exception's last line, in a log line
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 _EVAL = re.compile(r"\beval time =\s+([\d.]+) ms /\s+(\d+) runs")
 _DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
@@ -158,8 +162,6 @@ class HuggingFacePeer:
 def vllm_python() -> Path:
     """The vLLM venv's Python: $SPECDEC_VLLM_PYTHON (a vLLM of your own), else the one
     scripts/install_vllm_peer.py (`make vllm-peer`) made."""
-    import os
-
     from .paths import specdec_home
 
     return Path(os.environ.get("SPECDEC_VLLM_PYTHON") or specdec_home() / "vllm" / "venv" / "bin" / "python")
@@ -189,9 +191,6 @@ class VllmPeer:
     `--backend torch` on the same folder is the like-with-like engine comparison."""
 
     def __init__(self, target: str, method: str, threads: int, ctx: int, draft: str | None = None):
-        import json
-        import os
-
         check_vllm(target, draft)
         python, folder = vllm_python(), vllm_folder(target)
         cmd = [str(python), "-m", "specdec.vllm_peer", "run", str(folder), "--method", method]
@@ -199,28 +198,30 @@ class VllmPeer:
         if draft:
             cmd += ["--draft", str(vllm_folder(draft))]
         env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))  # this checkout's specdec
-        self.method, self.json = method, json
+        self.method = method
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
         self._stderr: list[str] = []
-        import threading
-
         # keep its log (vLLM logs a lot) without letting the pipe fill up and stall it
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
         self._read()  # {"ready": true} once the engine loaded
 
     def _drain(self) -> None:
         for line in self.proc.stderr:
-            self._stderr = (self._stderr + [line.rstrip()])[-20:]
+            self._stderr = (self._stderr + [line.rstrip()])[-200:]
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
         if not line:
             self.proc.wait()
-            tail = " | ".join(s for s in self._stderr[-3:] if s)
-            raise SpecdecError(f"vLLM ({self.method}) exited with {self.proc.returncode}: {tail}")
-        reply = self.json.loads(line)
+            self._drainer.join(timeout=10)  # its whole log
+            # the first exception vLLM logged is the cause; the last ones only say that the engine died
+            errors = [m.group(0) for m in map(_EXCEPTION.search, self._stderr) if m]
+            why = errors[0] if errors else " | ".join(s for s in self._stderr[-3:] if s)
+            raise SpecdecError(f"vLLM ({self.method}) exited with {self.proc.returncode}: {why}")
+        reply = json.loads(line)
         if "error" in reply:
             raise SpecdecError(f"vLLM ({self.method}): {reply['error']}")
         return reply
@@ -243,7 +244,7 @@ class VllmPeer:
             request["logprobs"] = logprobs
         if n > 1:
             request["n"] = n
-        self.proc.stdin.write(self.json.dumps(request) + "\n")
+        self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         self.last = self._read()
         r = self.last

@@ -37,17 +37,6 @@ DTYPE = "bfloat16"
 KV_SPACE_GIB = 1
 
 
-def vllm_home() -> Path:
-    from .paths import specdec_home
-
-    return specdec_home() / "vllm"
-
-
-def folder_for(name: str) -> Path:
-    """Where the converted folder of built-in model `name` lives."""
-    return vllm_home() / name
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -67,9 +56,10 @@ def convert(name: str, force: bool = False) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .catalog import resolve
+    from .peers import vllm_folder
 
     gguf = resolve(name)
-    out = folder_for(Path(name).stem if name.endswith(".gguf") else name)
+    out = vllm_folder(name)
     if (out / PROVENANCE).is_file() and not force:
         return out
     tmp = out.with_name(out.name + ".tmp")
