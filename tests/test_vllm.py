@@ -182,3 +182,21 @@ def test_an_engine_that_dies_says_why(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_VLLM_PYTHON", str(fake))
     with pytest.raises(SpecdecError, match=r"vLLM \(plain\) exited with 1: ValueError: no room for the KV cache$"):
         VllmPeer("m", "plain", threads=2, ctx=512)
+
+
+def test_each_vllm_method_is_one_speculative_config():
+    from specdec.vllm_peer import speculative_config
+
+    assert speculative_config("plain", None) is None
+    assert speculative_config("ngram:8", None)["method"] == "ngram"
+    assert speculative_config("draft:4", "/d") == {"method": "draft_model", "model": "/d", "num_speculative_tokens": 4}
+    ours = speculative_config("specdec:auto:16", None)
+    assert ours == {"method": "custom_class", "model": "specdec.vllm.Proposer", "num_speculative_tokens": 16}
+    for bad, why in (
+        ("draft:4", "draft model"),
+        ("specdec:magic:4", "one of auto"),
+        ("ngram", ":K"),
+        ("eagle:3", "unknown"),
+    ):
+        with pytest.raises(SpecdecError, match=why):
+            speculative_config(bad, None)
