@@ -127,10 +127,9 @@ def run_cell(server: str, c: int, args) -> dict:
     port = free_port()
     env = None
     if server.startswith("vllm"):
-        from specdec.vllm_peer import KV_SPACE_GIB
+        from specdec.vllm_peer import engine_env
 
-        threads = args.threads or os.cpu_count()
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(KV_SPACE_GIB), VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}")
+        env = dict(os.environ, **engine_env(args.threads or os.cpu_count()))
         env["PYTHONPATH"] = str(HERE.parent / "src")  # this checkout's proposers
     proc = subprocess.Popen(
         command(server, c, port, args),

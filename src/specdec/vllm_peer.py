@@ -122,17 +122,23 @@ def speculative_config(method: str, draft: str | None) -> dict | None:
     raise SpecdecError(f"unknown vllm method {method!r}: plain, ngram:K, draft:K, suffix:K, specdec:auto:K")
 
 
-def _engine(folder: str, method: str, draft: str | None, threads: int, max_len: int):
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(KV_SPACE_GIB))
-    # the same threads as our runs (vLLM's automatic binding keeps a core back for other processes)
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}")
+def engine_env(threads: int) -> dict[str, str]:
+    """The environment every engine of the peer runs in (this process's, `vllm serve`'s in
+    benchmarks/serve_compare.py): its KV cache size, and the same threads as our runs (vLLM's
+    automatic binding keeps a core back for other processes)."""
+    return {"VLLM_CPU_KVCACHE_SPACE": str(KV_SPACE_GIB), "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}"}
+
+
+def _engine(folder: str, speculative: dict | None, threads: int, max_len: int):
+    for name, value in engine_env(threads).items():
+        os.environ.setdefault(name, value)
     from vllm import LLM
 
     return LLM(
         model=folder,
         dtype=DTYPE,
         max_model_len=max_len,
-        speculative_config=speculative_config(method, draft),
+        speculative_config=speculative,
         generation_config="vllm",  # the folder's generation defaults do not override a request's
         disable_log_stats=False,  # the spec-decode counters (get_metrics)
         # every generate prefills its prompt: `run` times decoding as a generation less a one-token
@@ -171,7 +177,7 @@ def run(folder: str, method: str, draft: str | None, threads: int, max_len: int)
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = _engine(folder, method, draft, threads, max_len)
+    llm = _engine(folder, speculative_config(method, draft), threads, max_len)
     print(json.dumps({"ready": True}), file=answers, flush=True)
     for line in sys.stdin:
         if not line.strip():
@@ -225,26 +231,18 @@ def time_costs(folder: str, threads: int, depth: int = 128) -> Path:
     tokens, generating until every width has been timed PROBE_REPEATS times."""
     from . import vllm as sv
 
-    out = sv.costs_file(folder, f"0-{threads - 1}")
+    out = sv.costs_file(folder, engine_env(threads)["VLLM_CPU_OMP_THREADS_BIND"])
     out.parent.mkdir(parents=True, exist_ok=True)
     os.environ["SPECDEC_VLLM_PROBE_OUT"] = str(out.with_suffix(".probe"))
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(KV_SPACE_GIB))
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}")
-    from vllm import LLM, SamplingParams
+    config = {
+        "method": "custom_class",
+        "model": "specdec.vllm.Probe",
+        "num_speculative_tokens": max(sv.PROBE_WIDTHS) - 1,
+    }
+    llm = _engine(folder, config, threads, 4096)
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(
-        model=folder,
-        dtype=DTYPE,
-        max_model_len=4096,
-        speculative_config={
-            "method": "custom_class",
-            "model": "specdec.vllm.Probe",
-            "num_speculative_tokens": max(sv.PROBE_WIDTHS) - 1,
-        },
-        generation_config="vllm",
-        seed=0,
-    )
     steps = (sv.PROBE_REPEATS + 1) * len(sv.PROBE_WIDTHS)
     prompt = TokensPrompt(prompt_token_ids=[(i * 7919) % 1000 + 100 for i in range(depth)])
     llm.generate([prompt], SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True), use_tqdm=False)
