@@ -194,7 +194,7 @@ def test_each_vllm_method_is_one_speculative_config():
     assert ours == {"method": "custom_class", "model": "specdec.vllm.Proposer", "num_speculative_tokens": 16}
     for bad, why in (
         ("draft:4", "draft model"),
-        ("specdec:magic:4", "one of auto"),
+        ("specdec:magic:4", "unknown method.*vllm:specdec:auto:K"),
         ("ngram", ":K"),
         ("eagle:3", "unknown"),
     ):

@@ -89,11 +89,11 @@ def test_our_proposer_samples_what_vllm_samples(engines):
 
     tokenizer = Tokenizer.from_file(str(vllm_folder(MODEL) / "tokenizer.json"))
     text = "<|im_start|>user\nRepeat this line exactly: x = compute_total(items, tax=0.2, discount=0.1)<|im_end|>\n"
-    ids = tokenizer.encode(text + "<|im_start|>assistant\n", add_special_tokens=False).ids  # 300 copies prefill fast
+    ids = tokenizer.encode(text + "<|im_start|>assistant\n", add_special_tokens=False).ids  # 600 copies prefill fast
     outcomes = {}
     try:
         for name, peer in (("plain", plain), ("ours", ngram)):
-            run = peer.run(ids, 5, temperature=1.0, n=300)
+            run = peer.run(ids, 5, temperature=1.0, n=600)  # 600: a lucky pass of a broken sampler is out of reach
             outcomes[name] = Counter(tuple(s[1:5]) for s in peer.last["samples"])  # positions a draft covers
             if name == "ours" and not (run.drafted and run.accepted):  # not AssertionError: a real failure
                 raise RuntimeError("the proposer drafted nothing: the samples never met vLLM's rejection sampler")

@@ -95,15 +95,14 @@ def convert(name: str, force: bool = False) -> Path:
 
 
 def speculative_config(method: str, draft: str | None) -> dict | None:
-    """A method name (module docstring) -> vLLM's speculative_config (None: plain)."""
+    """A method name (module docstring; the bench's vllm: methods without the prefix, parsed by
+    bench.methods.parse_method) -> vLLM's speculative_config (None: plain)."""
+    from .bench.methods import parse_method
     from .errors import SpecdecError
 
-    if method == "plain":
+    _, kind, k = parse_method(f"vllm:{method}")  # an unknown method fails here, with the list
+    if kind == "plain":
         return None
-    kind, _, k = method.rpartition(":")
-    if not k.isdigit() or int(k) < 1:
-        raise SpecdecError(f"vllm method {method!r}: end it with :K, the draft tokens a step")
-    k = int(k)
     if kind == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 5, "prompt_lookup_min": 2}
     if kind == "suffix":
@@ -112,14 +111,9 @@ def speculative_config(method: str, draft: str | None) -> dict | None:
         if not draft:
             raise SpecdecError(f"vllm method {method!r} needs a draft model folder")
         return {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
-    if kind.startswith("specdec:"):
-        from .vllm import PROPOSERS
+    from .vllm import PROPOSERS
 
-        spec = kind.split(":", 1)[1]
-        if spec not in PROPOSERS:
-            raise SpecdecError(f"vllm method {method!r}: our drafter inside vLLM is one of {', '.join(PROPOSERS)}")
-        return {"method": "custom_class", "model": PROPOSERS[spec], "num_speculative_tokens": k}
-    raise SpecdecError(f"unknown vllm method {method!r}: plain, ngram:K, draft:K, suffix:K, specdec:auto:K")
+    return {"method": "custom_class", "model": PROPOSERS[kind.removeprefix("specdec:")], "num_speculative_tokens": k}
 
 
 def engine_env(threads: int) -> dict[str, str]:

@@ -121,7 +121,7 @@ class Bench:
             peer.close()
         self.vllm = {}
 
-    def _vllm_peer(self, method: str, kind: str, k: int, repeat: int):
+    def _vllm_peer(self, method: str, kind: str, repeat: int):
         """The method's engine, opened at first use and kept. A method that learns across prompts
         (a suffix cache) gets one engine per repeat, as our learners get one decoder per repeat
         (the package docstring): each engine holds its own weights, so mind the memory."""
@@ -129,9 +129,8 @@ class Bench:
 
         key = (method, repeat if kind in ("suffix", "specdec:auto", "specdec:suffix") else 0)
         if key not in self.vllm:
-            name = "plain" if kind == "plain" else f"{kind}:{k}"
             draft = self.draft_name if kind == "draft" else None
-            self.vllm[key] = VllmPeer(self.target_name, name, self.threads, self.ctx, draft)
+            self.vllm[key] = VllmPeer(self.target_name, method.removeprefix("vllm:"), self.threads, self.ctx, draft)
         return self.vllm[key]
 
     def enable_hf(self):
@@ -241,7 +240,7 @@ class Bench:
 
             # the same token ids our runs decode (the suite's chat template through our tokenizer)
             ids = self.prompt_ids.get(item["id"]) or tokens(self.target, text)
-            peer = self._vllm_peer(method, drafter, k, repeat).run(ids, self.max_tokens, self.temperature, self.seed)
+            peer = self._vllm_peer(method, drafter, repeat).run(ids, self.max_tokens, self.temperature, self.seed)
             row.tokens, row.seconds, row.text = produced(peer.tokens, False, self.max_tokens), peer.seconds, peer.text
             row.drafted, row.accepted = peer.drafted, peer.accepted
             row.acceptance_rate = peer.accepted / peer.drafted if peer.drafted else 0.0
