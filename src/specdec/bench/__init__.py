@@ -26,7 +26,15 @@ the whole suite again in the same process (the exact-repeat workload): pass p's 
 reported as "<category> (pass p)", each against plain decoding of the same pass.
 """
 
-from .methods import DEFAULT_METHODS, FULL_METHODS, HF_METHODS, LLAMA_CPP_METHODS, VLLM_METHODS, parse_method
+from .methods import (
+    DEFAULT_METHODS,
+    FULL_METHODS,
+    HF_METHODS,
+    LLAMA_CPP_METHODS,
+    VLLM_METHODS,
+    parse_method,
+    vllm_engines,
+)
 from .report import _category_tables, _noise_lines, _partings_table, plot, prompt_speedups, speedups, write_summary
 from .run import Bench, Row, compare_text, mark_partings, produced, run_bench
 from .suite import CATEGORIES, DEFAULT_SUITE, load_suite, prompt_text
@@ -38,6 +46,7 @@ __all__ = [
     "FULL_METHODS",
     "HF_METHODS",
     "VLLM_METHODS",
+    "vllm_engines",
     "LLAMA_CPP_METHODS",
     "Bench",
     "Row",

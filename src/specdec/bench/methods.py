@@ -21,6 +21,14 @@ HF_METHODS = ("hf:plain", "hf:assisted:4", "hf:prompt-lookup:8")
 # vLLM (`make vllm-peer`): its own methods, and our drafters inside it (specdec.vllm)
 VLLM_METHODS = ("vllm:plain", "vllm:ngram:8", "vllm:draft:4", "vllm:specdec:auto:16", "vllm:specdec:ngram:8")
 VLLM_KINDS = ("ngram", "draft", "suffix", "specdec:auto", "specdec:ngram", "specdec:suffix")
+# the vLLM kinds that learn across prompts (a suffix cache): the bench opens one engine per repeat
+VLLM_LEARNING_KINDS = ("suffix", "specdec:auto", "specdec:suffix")
+
+
+def vllm_engines(methods: list[str], repeats: int) -> int:
+    """The vLLM engines a bench of these methods keeps open at once (Bench._vllm_peer)."""
+    kinds = [parse_method(m)[1] for m in methods if m.startswith("vllm:")]
+    return sum(repeats if kind in VLLM_LEARNING_KINDS else 1 for kind in kinds)
 
 
 def parse_method(method: str) -> tuple[str, DraftSpec | str, int]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import SpecdecError
-from .methods import NOISE_METHOD, parse_method
+from .methods import NOISE_METHOD, VLLM_LEARNING_KINDS, parse_method
 from .suite import prompt_text
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ class Bench:
         (the package docstring): each engine holds its own weights, so mind the memory."""
         from ..peers import VllmPeer
 
-        key = (method, repeat if kind in ("suffix", "specdec:auto", "specdec:suffix") else 0)
+        key = (method, repeat if kind in VLLM_LEARNING_KINDS else 0)
         if key not in self.vllm:
             draft = self.draft_name if kind == "draft" else None
             self.vllm[key] = VllmPeer(self.target_name, method.removeprefix("vllm:"), self.threads, self.ctx, draft)

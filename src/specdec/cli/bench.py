@@ -156,7 +156,8 @@ def cmd_bench(args) -> int:
     if vllm:
         from ..peers import check_vllm
 
-        check_vllm(args.target, args.draft if any(m.startswith("vllm:draft:") for m in vllm) else None)
+        draft = args.draft if any(m.startswith("vllm:draft:") for m in vllm) else None
+        check_vllm(args.target, draft, bench.vllm_engines(vllm, args.repeats))
     prompts = bench.load_suite(
         Path(args.suite) if args.suite else bench.DEFAULT_SUITE,
         args.categories,
