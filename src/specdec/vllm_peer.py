@@ -16,7 +16,7 @@ up to the quantisation, not the original checkpoint. Each folder keeps its prove
 
 Methods (the bench's `vllm:` methods name them): plain, ngram:K (vLLM's prompt lookup,
 prompt_lookup_max 5 / min 2 unless given), draft:K (vLLM's draft_model with --draft), suffix:K
-(vLLM's suffix decoding, where arctic-inference installs), and specdec:SPEC:K, our drafters inside
+(vLLM's suffix decoding: arctic-inference, which `make vllm-peer` builds), and specdec:SPEC:K, our drafters inside
 vLLM (specdec.vllm: SPEC is auto, ngram or suffix).
 """
 
