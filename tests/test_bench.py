@@ -353,6 +353,37 @@ def test_partings_get_their_first_token_and_top2_gap(tmp_path):
     assert f"| a | auto | 0 | 2 | {rows[1].logit_gap:.4f} | {verdict} |" in table
 
 
+def test_a_vllm_method_that_parted_is_scored_by_vllm_s_own_plain_engine(tmp_path):
+    """vLLM's methods part from vllm:plain (not from our plain, whose weights differ); the gap there
+    is vLLM's own top-2 logprob gap on vllm:plain's context, asked of its still-open engine."""
+
+    class Engine:  # the open vllm:plain engine (peers.VllmPeer)
+        def __init__(self):
+            self.asked = []
+
+        def run(self, ids, max_tokens, logprobs=0):
+            self.asked.append((list(ids), max_tokens, logprobs))
+            self.last = {"logprobs": [{"4": -0.9, "11": -0.7, "3": -4.0}]}
+
+    b = bench.Bench.__new__(bench.Bench)
+    b.prompt_ids, b.vllm = {"a": [5, 6, 7]}, {("vllm:plain", 0): Engine()}
+
+    def row(method, tokens, match):
+        return bench.Row("a", "chat", method, 0, len(tokens), 1.0, 4.0, text="t", token_ids=tokens, text_match=match)
+
+    rows = [
+        row("plain", [1, 2, 3, 4], None),  # ours: a different text, never vLLM's base
+        row("vllm:plain", [9, 10, 11, 12], "differs"),  # against our plain: engines differ, not scored
+        row("vllm:ngram:8", [9, 10, 4, 12], "differs"),
+        row("vllm:specdec:auto:16", [9, 10, 4, 13], "differs"),  # the same parting: asked once
+    ]
+    parted = bench.mark_partings(b, rows, tmp_path)
+    assert [r.method for r in parted] == ["vllm:ngram:8", "vllm:specdec:auto:16"]
+    assert [r.first_difference for r in parted] == [2, 2]
+    assert parted[0].logit_gap == pytest.approx(0.2) and b.vllm[("vllm:plain", 0)].asked == [([5, 6, 7, 9, 10], 1, 2)]
+    assert "| a | vllm:ngram:8 | 0 | 2 | 0.2000 | rounding tie |" in "\n".join(bench._partings_table(rows))
+
+
 def test_every_runner_is_credited_its_tokens_alike():
     """The same work counts the same for every runner: our engine does not emit an
     end-of-generation token but spends a forward on it, llama.cpp counts it; llama.cpp's

@@ -198,8 +198,8 @@ def _category_tables(rows: list[Row], methods: list[str]) -> list[str]:
 
 
 def _partings_table(rows: list[Row]) -> list[str]:
-    """Each greedy run of ours that parted from plain's text: where, and the target's top-2 logit
-    gap there (mark_partings): below compare.ROUNDING_GAP a rounding tie, above it a bug."""
+    """Each greedy run that parted from its plain run's text: where, and the top-2 logit gap there
+    (mark_partings): below compare.ROUNDING_GAP a rounding tie, above it a bug."""
     from ..compare import ROUNDING_GAP
 
     parted = [r for r in rows if r.logit_gap is not None]
@@ -207,9 +207,11 @@ def _partings_table(rows: list[Row]) -> list[str]:
         return []
     ties = sum(r.logit_gap < ROUNDING_GAP for r in parted)
     lines = [
-        f"Partings: {len(parted)} greedy runs of ours parted from plain's text; {ties} at a rounding "
-        f"tie (top-2 logit gap below {ROUNDING_GAP}: llama.cpp's kernels are not batch-invariant), "
-        f"{len(parted) - ties} above it (a verification bug: please report it).",
+        f"Partings: {len(parted)} greedy runs parted from their plain run's text (ours from plain, "
+        "scored by our target; vLLM's methods from vllm:plain, scored by vLLM's own logprobs); "
+        f"{ties} at a rounding tie (top-2 logit gap below {ROUNDING_GAP}: neither llama.cpp's nor "
+        f"vLLM's CPU kernels are batch-invariant), {len(parted) - ties} above it (a verification bug: "
+        "please report it).",
         "",
         "| prompt | method | repeat | first different token | top-2 logit gap | verdict |",
         "|---|---|---|---|---|---|",

@@ -39,7 +39,7 @@ class Row:
     accepted_at: list[int] = field(default_factory=list)
     batch: int = 1  # prompts run together; tokens and tokens/s summed over them
     text: str = ""
-    token_ids: list[int] = field(default_factory=list)  # our runs: the generated tokens
+    token_ids: list[int] = field(default_factory=list)  # the generated tokens (our runs, vLLM's)
     # a greedy run of ours whose text differs from plain's: the first token where they part, and
     # the target's top-2 logit gap there (single-token scoring of plain's context): a rounding tie
     # below compare.ROUNDING_GAP, a verification bug above it (mark_partings)
@@ -132,6 +132,14 @@ class Bench:
             draft = self.draft_name if kind == "draft" else None
             self.vllm[key] = VllmPeer(self.target_name, method.removeprefix("vllm:"), self.threads, self.ctx, draft)
         return self.vllm[key]
+
+    def vllm_gap(self, prompt_id: str, context: list[int]) -> float:
+        """vLLM's own top-2 logprob gap (the logit gap) for the token after the prompt and `context`,
+        from the open vllm:plain engine: where a vLLM method parted from vLLM's plain text."""
+        peer = self.vllm[("vllm:plain", 0)]
+        peer.run(self.prompt_ids[prompt_id] + context, 1, logprobs=2)
+        best = sorted(peer.last["logprobs"][0].values(), reverse=True)
+        return best[0] - best[1]
 
     def enable_hf(self):
         from ..peers import HuggingFacePeer
@@ -242,7 +250,7 @@ class Bench:
             ids = self.prompt_ids.get(item["id"]) or tokens(self.target, text)
             peer = self._vllm_peer(method, drafter, repeat).run(ids, self.max_tokens, self.temperature, self.seed)
             row.tokens, row.seconds, row.text = produced(peer.tokens, False, self.max_tokens), peer.seconds, peer.text
-            row.drafted, row.accepted = peer.drafted, peer.accepted
+            row.drafted, row.accepted, row.token_ids = peer.drafted, peer.accepted, list(peer.token_ids or [])
             row.acceptance_rate = peer.accepted / peer.drafted if peer.drafted else 0.0
         else:
             if self.hf is None:
@@ -333,24 +341,30 @@ def run_bench(
 
 
 def mark_partings(bench: Bench, rows: list[Row], out: Path) -> list[Row]:
-    """Every greedy run of ours whose text parted from plain's (text_match "differs") gets the first
-    token where the two parted and the target's top-2 logit gap there, scored one token at a time
-    on plain's context (as `specdec compare` does); results.jsonl is rewritten with them. Done after
-    every timed run, so the scoring never sits between two timings. The rows that parted."""
+    """Every greedy run whose text parted from its plain run's (text_match "differs") gets the first
+    token where the two parted and the top-2 logit gap there; results.jsonl is rewritten with them.
+    Ours are scored by our target one token at a time on plain's context (as `specdec compare`
+    does); vLLM's methods (compared with vllm:plain) by vLLM's own logprobs on vllm:plain's context,
+    while its engine is still open. Done after every timed run, so the scoring never sits between
+    two timings. The rows that parted."""
     from ..compare import first_difference, top2_gap
 
-    plain = {(r.prompt_id, r.repeat): r for r in rows if r.method == "plain" and r.batch == 1}
+    plain = {(r.method, r.prompt_id, r.repeat): r for r in rows if r.method in ("plain", "vllm:plain") and r.batch == 1}
     gaps: dict[tuple, float] = {}
     parted = []
     for r in rows:
-        base = plain.get((r.prompt_id, r.repeat))
+        vllm = r.method.startswith("vllm:") and r.method != "vllm:plain"
+        base = plain.get(("vllm:plain" if vllm else "plain", r.prompt_id, r.repeat))
+        if r.method == "vllm:plain":  # other weights than our plain's (bfloat16): no tie to look for
+            continue
         if r.batch != 1 or r.text_match != "differs" or not r.token_ids or base is None or not base.token_ids:
             continue
         a = base.token_ids
         i = first_difference(a, r.token_ids)
-        key = (r.prompt_id, tuple(a[:i]))
+        key = (vllm, r.prompt_id, tuple(a[:i]))
         if key not in gaps:
-            gaps[key] = top2_gap(bench.target, bench.prompt_ids[r.prompt_id] + a[:i])
+            context = bench.prompt_ids[r.prompt_id] + a[:i]
+            gaps[key] = bench.vllm_gap(r.prompt_id, a[:i]) if vllm else top2_gap(bench.target, context)
         r.first_difference, r.logit_gap = i, gaps[key]
         parted.append(r)
     tmp = out / "results.jsonl.tmp"

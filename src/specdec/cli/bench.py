@@ -195,10 +195,10 @@ def cmd_bench(args) -> int:
         rows = bench.run_bench(
             runner, prompts, methods, args.repeats, out, args.batch_sizes, args.passes, noise=not args.no_noise
         )
+        if args.temperature == 0:  # every greedy parting from plain, with its top-2 logit gap
+            bench.mark_partings(runner, rows, out)  # vLLM's partings are scored by its open plain engine
     finally:
         runner.close()  # the peers' engines (vLLM) end with the bench
-    if args.temperature == 0:  # every greedy parting from plain, with its top-2 logit gap
-        bench.mark_partings(runner, rows, out)
     print(bench.write_summary(rows, runner, methods, out, "specdec bench " + " ".join(sys.argv[2:])))
     for path in bench.plot(rows, methods, out):
         print(f"wrote {path}")
