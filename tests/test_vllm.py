@@ -222,3 +222,16 @@ def test_a_bench_whose_vllm_engines_cannot_fit_stops_before_loading_any(tmp_path
         peers.check_vllm("m", engines=6)
     monkeypatch.setattr(peers, "_available_gib", lambda: None)  # not Linux: no check
     peers.check_vllm("m", engines=60)
+
+
+def test_the_trace_says_what_the_proposer_drafted_at_each_step(tmp_path, monkeypatch):
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("SPECDEC_VLLM_TRACE", str(trace))
+    runner = Runner(sv.NgramProposer, cycling_target(), k=8)
+    runner.add(PROMPTS[0], 40)
+    runner.run()
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert len(lines) == runner.steps
+    drafted = [row[3] for line in lines for row in line["rows"]]
+    assert 1 <= max(drafted) <= 8 and all(line["proposer_seconds"] >= 0 for line in lines)
+    assert lines[-1]["rows"][0][1] == len(PROMPTS[0]) + 40  # the row's context: the prompt and every token

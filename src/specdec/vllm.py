@@ -188,6 +188,9 @@ class Proposer:
         self._steady = False  # whether that step only decoded (nobody joining, nobody prefilling)
         self._scaled = False  # whether the prior curve has its scale from a timed step
         self.steps = 0
+        # SPECDEC_VLLM_TRACE=FILE: one JSON line per call (the step's seconds and width, and each
+        # row's context length, drafter and draft length), to see what it drafted inside vLLM
+        self.trace = os.environ.get("SPECDEC_VLLM_TRACE")
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM hands the target model to proposers that run one; ours draft without it."""
@@ -273,6 +276,13 @@ class Proposer:
             tokens = [int(t) for t in row.draft.tokens] if row.draft is not None else []
             drafts.append(tokens)
             width += 1 + len(tokens)
+        if self.trace:
+            drafted = {r: (getattr(rows.rows[r].drafter, "name", None), len(drafts[i])) for i, r in present.items()}
+            line = {"step": self.steps, "seconds": seconds, "width": self._width, "steady": self._steady}
+            line["proposer_seconds"] = self.clock() - now  # this call's own time, which no curve holds
+            line["rows"] = [[r, len(contexts[r]), *drafted[r]] for r in contexts]
+            with open(self.trace, "a", encoding="utf-8") as f:
+                f.write(json.dumps(line) + "\n")
         self._width, self._steady = width, not joined and bool(present)
         self.steps += 1
         self._last = self.clock()
