@@ -199,6 +199,7 @@ def check_vllm(target: str, draft: str | None = None, engines: int = 1) -> None:
     """Fails with a one-line reason unless the vLLM peer is set up for these models and `engines`
     engines of them (one draft model among them, where given) fit in the memory available now: an
     engine that runs out of memory dies mid-bench, after the runs before it."""
+    from .bench.methods import VLLM_LEARNING_KINDS
     from .vllm_peer import KV_SPACE_GIB
 
     python = vllm_python()
@@ -214,7 +215,7 @@ def check_vllm(target: str, draft: str | None = None, engines: int = 1) -> None:
         raise SpecdecError(
             f"the vllm: methods keep {engines} vLLM engine(s) of {target} open at once, about {need:.1f} GiB, "
             f"and {available:.1f} GiB is available: name fewer vllm: methods, or run the ones that learn "
-            "(suffix, specdec:auto, specdec:suffix: one engine per repeat) with --repeats 1 and repeat the bench"
+            f"({', '.join(VLLM_LEARNING_KINDS)}: one engine per repeat) with --repeats 1 and repeat the bench"
         )
 
 
