@@ -363,8 +363,10 @@ def mark_partings(bench: Bench, rows: list[Row], out: Path) -> list[Row]:
         i = first_difference(a, r.token_ids)
         key = (vllm, r.prompt_id, tuple(a[:i]))
         if key not in gaps:
-            context = bench.prompt_ids[r.prompt_id] + a[:i]
-            gaps[key] = bench.vllm_gap(r.prompt_id, a[:i]) if vllm else top2_gap(bench.target, context)
+            if vllm:
+                gaps[key] = bench.vllm_gap(r.prompt_id, a[:i])
+            else:
+                gaps[key] = top2_gap(bench.target, bench.prompt_ids[r.prompt_id] + a[:i])
         r.first_difference, r.logit_gap = i, gaps[key]
         parted.append(r)
     tmp = out / "results.jsonl.tmp"
