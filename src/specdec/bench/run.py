@@ -353,10 +353,10 @@ def mark_partings(bench: Bench, rows: list[Row], out: Path) -> list[Row]:
     gaps: dict[tuple, float] = {}
     parted = []
     for r in rows:
-        vllm = r.method.startswith("vllm:") and r.method != "vllm:plain"
-        base = plain.get(("vllm:plain" if vllm else "plain", r.prompt_id, r.repeat))
         if r.method == "vllm:plain":  # other weights than our plain's (bfloat16): no tie to look for
             continue
+        vllm = r.method.startswith("vllm:")
+        base = plain.get(("vllm:plain" if vllm else "plain", r.prompt_id, r.repeat))
         if r.batch != 1 or r.text_match != "differs" or not r.token_ids or base is None or not base.token_ids:
             continue
         a = base.token_ids
