@@ -126,6 +126,19 @@ def test_torch_heads_compute_what_the_drafter_computes(tiny, tmp_path):
                     got.append(w["lm_head"] @ feature)
             for i in range(3):
                 np.testing.assert_allclose(got[i], want[i][b], rtol=1e-4, atol=1e-4)
+        # greedy drafting in torch (what a GPU drafter runs) chooses what the NumPy drafter chooses
+        feature, last = torch.from_numpy(h), torch.from_numpy(tokens[:, 0])
+        drafted = module.draft(feature, 3) if kind == "medusa" else module.draft(feature, last, 3)
+        for b in range(2):
+            if kind == "medusa":
+                want_rows = [int(np.argmax(w["lm_head"] @ f)) for f in medusa_features(w, h[b], 3)]
+            else:
+                chain, f, row, want_rows = ProphetChain(w, info.n_head), h[b], tokens[b, 0], []
+                for _ in range(3):
+                    f = chain.step(f, row)
+                    row = int(np.argmax(w["lm_head"] @ f))
+                    want_rows.append(row)
+            assert drafted[b].tolist() == want_rows
 
 
 @pytest.mark.parametrize("kind", ["medusa", "prophet"])

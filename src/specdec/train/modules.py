@@ -29,6 +29,11 @@ class Medusa(nn.Module):
         """h [B, d] -> per head the logits [B, V] over the draft vocabulary."""
         return [(h + F.silu(block(h))) @ self.lm_head.T for block in self.blocks]
 
+    @torch.no_grad()
+    def draft(self, h: torch.Tensor, k: int) -> torch.Tensor:
+        """Greedy drafting: h [B, d] -> the first k heads' choices [B, k] (draft-vocabulary indices)."""
+        return torch.stack([((h + F.silu(block(h))) @ self.lm_head.T).argmax(-1) for block in self.blocks[:k]], 1)
+
     def head_tensors(self) -> dict[str, torch.Tensor]:
         out = {}
         for i, block in enumerate(self.blocks):
@@ -65,30 +70,44 @@ class Prophet(nn.Module):
             self.fuse.weight.zero_()
             self.fuse.weight[:, :d] = torch.eye(d)
 
+    def _step(self, feature: torch.Tensor, rows: torch.Tensor, i: int, keys: list, values: list) -> torch.Tensor:
+        """Chain step i: feature [B, d] and the embedding rows [B] of the token after it -> the
+        next feature [B, d]; keys and values gather the chain's steps for its attention."""
+        B, d = feature.shape
+        H, hd = self.n_head, d // self.n_head
+        x = self.fuse(torch.cat([feature, self.embed[rows]], -1)) + self.step[i]  # [B, d]
+        h = rms_norm(x, self.attn_norm)
+        q = (h @ self.wq.T).view(B, H, hd)
+        keys.append((h @ self.wk.T).view(B, H, hd))
+        values.append((h @ self.wv.T).view(B, H, hd))
+        k, v = torch.stack(keys, 2), torch.stack(values, 2)  # [B, H, i + 1, hd]
+        scores = torch.einsum("bhd,bhsd->bhs", q, k) / math.sqrt(hd)
+        attn = torch.einsum("bhs,bhsd->bhd", scores.softmax(-1), v).reshape(B, d)
+        x = x + attn @ self.wo.T
+        h = rms_norm(x, self.ffn_norm)
+        return x + (F.silu(h @ self.w_gate.T) * (h @ self.w_up.T)) @ self.w_down.T
+
     def forward(self, feature: torch.Tensor, tokens: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """feature [B, d] (the target's, at the chain's start); tokens [B, n] (embedding rows: the
         token after each step's feature). -> per step the predicted feature [B, d] and logits [B, V];
         each step's feature is the previous step's prediction (the chain runs as it will draft)."""
-        B, n = tokens.shape
-        d = feature.shape[1]
-        H, hd = self.n_head, d // self.n_head
         keys, values, features, logits = [], [], [], []
-        for i in range(n):
-            x = self.fuse(torch.cat([feature, self.embed[tokens[:, i]]], -1)) + self.step[i]  # [B, d]
-            h = rms_norm(x, self.attn_norm)
-            q = (h @ self.wq.T).view(B, H, hd)
-            keys.append((h @ self.wk.T).view(B, H, hd))
-            values.append((h @ self.wv.T).view(B, H, hd))
-            k, v = torch.stack(keys, 2), torch.stack(values, 2)  # [B, H, i + 1, hd]
-            scores = torch.einsum("bhd,bhsd->bhs", q, k) / math.sqrt(hd)
-            attn = torch.einsum("bhs,bhsd->bhd", scores.softmax(-1), v).reshape(B, d)
-            x = x + attn @ self.wo.T
-            h = rms_norm(x, self.ffn_norm)
-            x = x + (F.silu(h @ self.w_gate.T) * (h @ self.w_up.T)) @ self.w_down.T
-            features.append(x)
-            logits.append(x @ self.lm_head.T)
-            feature = x
+        for i in range(tokens.shape[1]):
+            feature = self._step(feature, tokens[:, i], i, keys, values)
+            features.append(feature)
+            logits.append(feature @ self.lm_head.T)
         return features, logits
+
+    @torch.no_grad()
+    def draft(self, feature: torch.Tensor, rows: torch.Tensor, k: int) -> torch.Tensor:
+        """Greedy drafting: feature [B, d] and the embedding rows [B] of the token after it -> a
+        chain of k choices [B, k] (draft-vocabulary indices, each also its own embedding row)."""
+        keys, values, out = [], [], []
+        for i in range(k):
+            feature = self._step(feature, rows, i, keys, values)
+            rows = (feature @ self.lm_head.T).argmax(-1)
+            out.append(rows)
+        return torch.stack(out, 1)
 
     def head_tensors(self) -> dict[str, torch.Tensor]:
         names = ("embed", "step", "attn_norm", "ffn_norm", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""A trained head's drafting step, timed beside the target's forward on the same device.
+
+    python benchmarks/gpu_heads.py --out DIR [--targets 1.5b 7b] [--vocab 8192 32768 0]
+
+For each target shape (benchmarks/configs/, random weights: the shapes set the costs):
+- the target's forward of 1..5 tokens per row at cache depth 128, 1 and 4 rows, with the layout
+  the GPU curves use (static cache + CUDA graphs), through forward_rows as the engine calls it;
+- the heads `specdec train` makes, at that target's width: medusa:3 and prophet:3 (8 attention
+  heads, MLP 1024 wide), each with a draft vocabulary of every --vocab size (0: the target's
+  whole vocabulary), drafting greedy chains of 1..3 tokens (train.modules' `draft`, the torch
+  mirror of drafters.head), timed eager and as one CUDA graph per chain;
+- early exit: the target's first L layers plus one trained block, then its norm and output head,
+  as a model of L + 1 layers (the draft's one-token forward; the KV cache it would share with
+  the target is not modelled), for L a quarter and a half of the target's layers.
+
+Every time is the median of --repeats synchronised calls after a warm-up; DIR/heads-SHAPE.json
+keeps them all with the device and versions, and the table prints each against the target's
+one-token forward. benchmarks/head_replay.py --head-costs DIR/heads-1.5b.json replays with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+SHAPES = ("0.5b", "1.5b", "7b")
+HEAD_STEPS = 3  # medusa:3 and prophet:3
+DEPTH = 128
+
+
+def log(*args) -> None:
+    print(*args, flush=True)
+
+
+def timed(fn, repeats: int, sync) -> float:
+    """The median seconds of `repeats` calls of fn, synchronised, after two warm-up calls."""
+    for _ in range(2):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def as_graph(fn, torch):
+    """fn captured as one CUDA graph (its inputs fixed): the replay, or None off CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def build_target(config: Path, args, layers: int | None):
+    """The random-weight model of `config` (cut to its first `layers` layers when given)."""
+    from specdec.models.transformers import load_random_weights
+
+    path = config
+    if layers is not None:
+        values = json.loads(config.read_text())
+        values["num_hidden_layers"] = layers
+        path = Path(args.out) / f"{config.stem}-{layers}-layers.json"
+        path.write_text(json.dumps(values))
+    cache, graphs = ("static", True) if args.device.startswith("cuda") else ("dynamic", False)
+    return load_random_weights(path, device=args.device, dtype=args.dtype, n_ctx=1024, cache=cache, graphs=graphs)
+
+
+def forward_costs(model, args, widths) -> dict[str, dict[str, float]]:
+    from specdec.costs import measure_forward_costs
+
+    return {
+        str(rows): {
+            str(w): s
+            for w, s in measure_forward_costs(
+                model, widths, repeats=args.repeats, depth=DEPTH, use_cache=False, rows=rows
+            ).items()
+        }
+        for rows in args.rows
+    }
+
+
+def time_heads(model, args, torch, sync) -> list[dict]:
+    """Every head kind x vocabulary x rows x chain length, eager and graphed."""
+    from specdec.train.modules import Medusa, Prophet
+
+    out_head = model.model.get_output_embeddings().weight.detach()
+    embed = model.model.get_input_embeddings().weight.detach()
+    n_vocab, d = out_head.shape
+    results = []
+    for vocab in args.vocab:
+        v = vocab or n_vocab
+        rows_of = torch.arange(v, device=out_head.device)
+        lm_head, draft_embed = out_head[rows_of].contiguous(), embed[rows_of].contiguous()
+        heads = {
+            "medusa": Medusa(lm_head, HEAD_STEPS),
+            "prophet": Prophet(lm_head, draft_embed, HEAD_STEPS, 8, 1024),
+        }
+        for kind, head in heads.items():
+            head.to(device=out_head.device, dtype=out_head.dtype).eval()
+            for rows in args.rows:
+                feature = torch.randn(rows, d, device=out_head.device, dtype=out_head.dtype)
+                last = torch.randint(0, v, (rows,), device=out_head.device)
+                for k in range(1, HEAD_STEPS + 1):
+                    inputs = (feature, k) if kind == "medusa" else (feature, last, k)
+                    fn = lambda h=head, inputs=inputs: h.draft(*inputs)  # noqa: E731
+                    eager = timed(fn, args.repeats, sync)
+                    with torch.no_grad():
+                        replay = as_graph(fn, torch)
+                    graph = timed(replay, args.repeats, sync) if replay else None
+                    results.append({"kind": kind, "vocab": v, "rows": rows, "k": k, "eager_s": eager, "graph_s": graph})
+        del heads
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--targets", nargs="+", default=["1.5b", "7b"], choices=SHAPES)
+    parser.add_argument("--config-dir", default=str(ROOT / "benchmarks" / "configs"))
+    parser.add_argument("--vocab", type=int, nargs="+", default=[8192, 32768, 0], help="draft vocabularies (0: all)")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    args = parser.parse_args()
+
+    import torch
+
+    import specdec
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cuda = args.device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    device = torch.cuda.get_device_name(0) if cuda else "cpu"
+    versions = {"torch": torch.__version__, "specdec": specdec.__version__}
+    log(f"{device}, torch {torch.__version__}")
+    for shape in args.targets:
+        started = time.perf_counter()
+        config = Path(args.config_dir) / f"qwen2.5-coder-{shape}.json"
+        n_layers = json.loads(config.read_text())["num_hidden_layers"]
+        model = build_target(config, args, None)
+        report = {"device": device, "versions": versions, "config": config.name, "dtype": args.dtype, "depth": DEPTH}
+        report["target"] = forward_costs(model, args, [1, 2, 3, 4, 5])
+        with torch.no_grad():
+            report["heads"] = time_heads(model, args, torch, sync)
+        del model
+        torch.cuda.empty_cache() if cuda else None
+        report["early_exit"] = {}
+        for exit_after in (n_layers // 4, n_layers // 2):
+            model = build_target(config, args, exit_after + 1)
+            report["early_exit"][str(exit_after)] = forward_costs(model, args, [1])
+            del model
+            torch.cuda.empty_cache() if cuda else None
+        (out / f"heads-{shape}.json").write_text(json.dumps(report, indent=1))
+        print_table(shape, report)
+        log(f"== {shape} took {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def print_table(shape: str, report: dict) -> None:
+    for rows, costs in report["target"].items():
+        c1 = costs["1"]
+        log(
+            f"\n{shape}, {rows} row(s): target forward of 1 token {c1 * 1e3:.2f} ms; "
+            + ", ".join(f"{w}: {s / c1:.2f}x" for w, s in costs.items())
+        )
+        log("| head | vocab | k=1 eager | k=3 eager | k=1 graph | k=2 graph | k=3 graph |  (x the 1-token forward)")
+        log("|---|---|---|---|---|---|---|")
+        for kind in ("medusa", "prophet"):
+            for vocab in sorted({h["vocab"] for h in report["heads"]}):
+                got = {
+                    h["k"]: h for h in report["heads"] if (h["kind"], h["vocab"], str(h["rows"])) == (kind, vocab, rows)
+                }
+                eager = [f"{got[k]['eager_s'] / c1:.3f}" for k in (1, 3)]
+                graph = [f"{got[k]['graph_s'] / c1:.3f}" if got[k]["graph_s"] else "-" for k in (1, 2, 3)]
+                log(f"| {kind} | {vocab} | " + " | ".join(eager + graph) + " |")
+        for exit_after, costs_ee in report["early_exit"].items():
+            log(f"early exit after {exit_after} layers + 1 block: {costs_ee[rows]['1'] / c1:.3f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
