@@ -8,11 +8,15 @@ For each target shape (benchmarks/configs/, random weights: the shapes set the c
   the GPU curves use (static cache + CUDA graphs), through forward_rows as the engine calls it;
 - the heads `specdec train` makes, at that target's width: medusa:3 and prophet:3 (8 attention
   heads, MLP 1024 wide), each with a draft vocabulary of every --vocab size (0: the target's
-  whole vocabulary), drafting greedy chains of 1..3 tokens (train.modules' `draft`, the torch
-  mirror of drafters.head), timed eager and as one CUDA graph per chain;
+  whole vocabulary), drafting greedy chains of 1..3 tokens (train.modules' `draft`, what
+  drafters.head runs on a torch target), timed eager and as one CUDA graph per chain;
 - early exit: the target's first L layers plus one trained block, then its norm and output head,
   as a model of L + 1 layers (the draft's one-token forward; the KV cache it would share with
   the target is not modelled), for L a quarter and a half of the target's layers.
+
+With --engine, the engine itself (SpeculativeDecoder) on the target: plain decoding, each head
+drafting k = 1..3 tokens a step (drafters.head on the target's device), and plain again with the
+hidden states kept; per target step its wall time, the drafter's and the target's.
 
 Every time is the median of --repeats synchronised calls after a warm-up; DIR/heads-SHAPE.json
 keeps them all with the device and versions, and the table prints each against the target's
@@ -54,22 +58,6 @@ def timed(fn, repeats: int, sync) -> float:
     return statistics.median(times)
 
 
-def as_graph(fn, torch):
-    """fn captured as one CUDA graph (its inputs fixed): the replay, or None off CUDA."""
-    if not torch.cuda.is_available():
-        return None
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def build_target(config: Path, args, layers: int | None):
     """The random-weight model of `config` (cut to its first `layers` layers when given)."""
     from specdec.models.transformers import load_random_weights
@@ -100,7 +88,8 @@ def forward_costs(model, args, widths) -> dict[str, dict[str, float]]:
 
 def time_heads(model, args, torch, sync) -> list[dict]:
     """Every head kind x vocabulary x rows x chain length, eager and graphed."""
-    from specdec.train.modules import Medusa, Prophet
+    from specdec.models.transformers import cuda_graph
+    from specdec.train.modules import Medusa, Prophet, draft
 
     out_head = model.model.get_output_embeddings().weight.detach()
     embed = model.model.get_input_embeddings().weight.detach()
@@ -120,14 +109,74 @@ def time_heads(model, args, torch, sync) -> list[dict]:
                 feature = torch.randn(rows, d, device=out_head.device, dtype=out_head.dtype)
                 last = torch.randint(0, v, (rows,), device=out_head.device)
                 for k in range(1, HEAD_STEPS + 1):
-                    inputs = (feature, k) if kind == "medusa" else (feature, last, k)
-                    fn = lambda h=head, inputs=inputs: h.draft(*inputs)  # noqa: E731
+                    fn = lambda h=head, f=feature, r=last, k=k: draft(h, f, r, k)  # noqa: E731
                     eager = timed(fn, args.repeats, sync)
-                    with torch.no_grad():
-                        replay = as_graph(fn, torch)
-                    graph = timed(replay, args.repeats, sync) if replay else None
+                    graph = None
+                    if torch.cuda.is_available():
+                        with torch.no_grad():
+                            graph = timed(cuda_graph(fn)[0].replay, args.repeats, sync)
                     results.append({"kind": kind, "vocab": v, "rows": rows, "k": k, "eager_s": eager, "graph_s": graph})
         del heads
+    return results
+
+
+def write_head(model, kind: str, vocab: int, path: Path) -> Path:
+    """A head file of `kind` for `model` at the shapes `specdec train` makes (its initial weights
+    plus noise: a random target's text cannot be learned, so this times the head, not its guesses)."""
+    import numpy as np
+    import torch
+
+    from specdec.train import headfile
+    from specdec.train.modules import Medusa, Prophet
+
+    rows = np.arange(vocab)
+    lm_head = torch.from_numpy(model.head_weights("output", rows))
+    if kind == "medusa":
+        module = Medusa(lm_head, HEAD_STEPS)
+    else:
+        module = Prophet(lm_head, torch.from_numpy(model.head_weights("embedding", rows)), HEAD_STEPS, 8, 1024)
+    with torch.no_grad():
+        for tensor in module.head_tensors().values():
+            tensor.add_(torch.randn_like(tensor) * 0.01)
+    tensors = {name: t.detach().numpy().astype(np.float16) for name, t in module.head_tensors().items()}
+    tensors.update(vocab=rows.astype(np.int32), lm_head=lm_head.numpy().astype(np.float16))
+    n_head, n_ff = (8, 1024) if kind == "prophet" else (0, 0)
+    info = headfile.HeadInfo(kind, model.identity, model.name, model.n_embd, model.vocab_size, HEAD_STEPS, n_head, n_ff)
+    headfile.save(path, info, tensors)
+    return path
+
+
+def time_engine(model, args, out: Path) -> list[dict]:
+    """The engine over one prompt of DEPTH random tokens, --tokens generated: plain decoding, then
+    each head at k = 1..3 (fixed), then plain again with the hidden states kept. Per target step:
+    the wall time, the drafter's and the target's."""
+    import numpy as np
+
+    from specdec import GenerationConfig, SpeculativeDecoder
+    from specdec.spec import parse
+
+    prompt = [int(t) for t in np.random.default_rng(0).integers(300, min(5000, model.vocab_size), DEPTH)]
+    config = GenerationConfig(max_new_tokens=args.tokens, chat=False)
+    results = []
+
+    def run(label: str, decoder) -> None:
+        decoder.generate(prompt, GenerationConfig(max_new_tokens=16, chat=False))  # graphs captured
+        stats = decoder.generate(prompt, config).stats
+        per = {key: getattr(stats, f"{key}_seconds") / stats.steps * 1e3 for key in ("decode", "draft", "target")}
+        row = {"method": label, "steps": stats.steps, "tokens": stats.generated_tokens, "accepted": stats.accepted}
+        results.append({**row, **{f"{key}_ms_per_step": ms for key, ms in per.items()}})
+        log(
+            f"  {label:22s} {per['decode']:7.2f} ms a step = draft {per['draft']:6.2f} + target "
+            f"{per['target']:6.2f} + the rest; {stats.steps} steps, {stats.accepted} drafted tokens kept"
+        )
+
+    run("plain", SpeculativeDecoder(model))
+    for kind in ("medusa", "prophet"):
+        head = write_head(model, kind, args.vocab[0] or model.vocab_size, out / f"{kind}.head")
+        for k in range(1, HEAD_STEPS + 1):
+            run(f"head:{kind} k={k}", SpeculativeDecoder.from_spec(model, parse(f"head:{head}", backend="torch", k=k)))
+        head.unlink()
+    run("plain, states kept", SpeculativeDecoder(model))
     return results
 
 
@@ -139,6 +188,8 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, nargs="+", default=[8192, 32768, 0], help="draft vocabularies (0: all)")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--engine", action="store_true", help="also time the engine drafting with each head")
+    parser.add_argument("--tokens", type=int, default=128, help="tokens the engine generates a run")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     args = parser.parse_args()
@@ -163,6 +214,9 @@ def main() -> int:
         report["target"] = forward_costs(model, args, [1, 2, 3, 4, 5])
         with torch.no_grad():
             report["heads"] = time_heads(model, args, torch, sync)
+        if args.engine:
+            log(f"{shape}: the engine, {args.tokens} tokens after {DEPTH}")
+            report["engine"] = time_engine(model, args, out)
         del model
         torch.cuda.empty_cache() if cuda else None
         report["early_exit"] = {}

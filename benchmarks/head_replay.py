@@ -1,15 +1,16 @@
 """Trained heads on a recording of the target's greedy outputs: each head's agreement per position,
 and the replay of head drafting on any device's cost curves (the H100's in benchmarks/gpu-h100/).
 
-Under greedy decoding a head's guess is kept exactly when it is the target's own next token, and
-a kept guess is the true context for the next one, so one teacher-forced pass per prompt gives, at
+Under greedy decoding a head's guess is kept exactly when it is the target's own next token, and a
+kept guess is the true context for the next one, so one teacher-forced pass per prompt gives, at
 every position, how many of a k-token chain the target would keep (`runs`). A step of k head tokens
 then costs the target's forward of k + 1 tokens plus k head steps. On the H100 the head's step is
 its share of the target's one-token forward as timed there (--head-costs, from
-benchmarks/gpu_heads.py: the head's torch module at the target's real shapes, as one CUDA graph); on
-this CPU's curve, and on the H100 with --head-costs none, it is an estimate: the larger of two
-shares of the target's one-token forward, its multiply-adds against the target's, and its kernels
-(one layer and an output head) against the target's (its layers and output head).
+benchmarks/gpu_heads.py: the engine drafting with the head at the target's real shapes, and what
+keeping the target's hidden states adds to every step); on this CPU's curve, and on the H100 with
+--head-costs none, it is an estimate: the larger of two shares of the target's one-token forward,
+its multiply-adds against the target's, and its kernels (one layer and an output head) against the
+target's (its layers and output head).
 
     python benchmarks/head_replay.py --head /work/heads-v2/prophet3-60000.head \\
         --runs-out benchmarks/cpu/head-runs.jsonl
@@ -124,16 +125,23 @@ def head_share(info, w: dict, config: dict) -> tuple[float, float]:
     return step / target, 2 / (L + 1)
 
 
-def measured_share(report: dict, info, vocab: int) -> float:
-    """A head step's share of the target's one-token forward as timed by benchmarks/gpu_heads.py
-    (one row, a graphed chain of the head's steps, per step), at the smallest timed draft
-    vocabulary that holds the head's."""
+def measured_share(report: dict, info, vocab: int) -> tuple[float, float]:
+    """(a head step, keeping the states) as shares of the target's one-token step, timed by
+    benchmarks/gpu_heads.py: from its engine runs where it has them (the drafter's time a step at
+    the head's full chain, per token; plain with the states kept against plain), else from its
+    module timing (one row, a graphed chain, per step; nothing for the states)."""
+    engine = {row["method"]: row for row in report.get("engine", [])}
+    chain = engine.get(f"head:{info.kind} k={info.steps}")
+    if chain and "plain" in engine and "plain, states kept" in engine:
+        plain = engine["plain"]["decode_ms_per_step"]
+        keep = engine["plain, states kept"]["decode_ms_per_step"] / plain - 1
+        return chain["draft_ms_per_step"] / info.steps / plain, max(0.0, keep)
     timed = sorted({h["vocab"] for h in report["heads"] if h["kind"] == info.kind})
     size = next((v for v in timed if v >= vocab), timed[-1])
     [chain] = [
         h for h in report["heads"] if (h["kind"], h["vocab"], h["rows"], h["k"]) == (info.kind, size, 1, info.steps)
     ]
-    return (chain["graph_s"] or chain["eager_s"]) / info.steps / report["target"]["1"]["1"]
+    return (chain["graph_s"] or chain["eager_s"]) / info.steps / report["target"]["1"]["1"], 0.0
 
 
 def median(rows: list[dict], key: str, k: int | None = None) -> float:
@@ -170,7 +178,7 @@ def main() -> None:
     parser.add_argument("--config", default=str(HERE / "configs" / "qwen2.5-coder-1.5b.json"))
     parser.add_argument(
         "--head-costs",
-        default=str(HERE / "gpu-h100" / "heads-1.5b.json"),
+        default=str(HERE / "gpu-h100" / "heads-engine-1.5b.json"),
         help="the head's step on the --curve's device, timed there by benchmarks/gpu_heads.py "
         "('none': estimate it from its multiply-adds and kernels there too)",
     )
@@ -204,7 +212,7 @@ def main() -> None:
     for path in args.head:
         info, w = headfile.load(path)
         flops, kernels = head_share(info, w, config)
-        shares = {device: max(flops, kernels) for device in devices}
+        shares = {device: (max(flops, kernels), 0.0) for device in devices}
         print(
             f"\n## {path} ({info.kind}, {info.steps} steps): a head step = max({flops:.3f}, {kernels:.3f}) "
             "of the target's one-token forward (multiply-adds, kernels)"
@@ -214,8 +222,9 @@ def main() -> None:
             device = list(devices)[1]
             shares[device] = measured_share(report, info, len(w["vocab"]))
             print(
-                f"on the {device.split()[0]}: {shares[device]:.3f}, timed by benchmarks/gpu_heads.py "
-                f"({report['device']}, {args.head_costs}: a graphed chain, one row)"
+                f"on the {device.split()[0]}: {shares[device][0]:.3f}, and keeping the target's states "
+                f"{shares[device][1]:.3f} a step, timed by benchmarks/gpu_heads.py ({report['device']}, "
+                f"{args.head_costs})"
             )
         for device, (costs, draft_costs) in devices.items():
             print(f"\n### {device}")
@@ -226,8 +235,9 @@ def main() -> None:
             print("|---|---|---|---|---|---|---|---|---|")
             by_category: dict[str, list[dict]] = {}
             for r, run in zip(records, runs[path]):
-                step = shares[device] * curve_at(costs, len(r["prompt"]))[0]
-                by_category.setdefault(r["category"], []).append(head_replay(r, run, costs, draft_costs, step))
+                share, keep = shares[device]
+                step = share * curve_at(costs, len(r["prompt"]))[0]
+                by_category.setdefault(r["category"], []).append(head_replay(r, run, costs, draft_costs, step, keep))
             for category, rows in by_category.items():
                 print(
                     f"| {category} | {median(rows, 'first'):.2f} | "

@@ -139,6 +139,8 @@ def test_a_heads_runs_replay_as_fixed_chains_and_a_ceiling():
     assert per_step == pytest.approx(len(output) / steps) and speedup == pytest.approx(per_step)
     slower, same = fixed_speedup(runs, head_steps(curves, 0.25), curves, 3)
     assert same == per_step and slower < speedup
+    kept, same = fixed_speedup(runs, head_steps(curves, 0.0, keep=0.5), curves, 3)  # every step 1.5x
+    assert same == per_step and kept == pytest.approx(speedup / 1.5)
     assert head_ceiling(runs, head_steps(curves, 0.0), curves) >= speedup - 1e-9
     assert head_ceiling([None] + [0] * (len(output) - 1), head_steps(curves, 0.0), curves) == pytest.approx(1.0)
     record = {"prompt": prompt, "output": output, "draft_agrees": "1" * len(output)}

@@ -249,20 +249,30 @@ def torch_pair():
     return target, draft
 
 
-def torch_decoder(kind: str, target, draft) -> SpeculativeDecoder:
+def torch_decoder(kind: str, target, draft, tmp_path=None) -> SpeculativeDecoder:
+    if kind.startswith("head "):  # a random head drafting from 6 of the 8 tokens (q is 0 at the others)
+        from specdec.drafters.head import HeadDrafter
+
+        from .drafters.heads import random_head
+
+        head = kind.split()[1]
+        drafter = HeadDrafter(target, random_head(target, head, tmp_path / f"{head}.head", vocab=6, scale=0.5))
+        assert drafter._torch is not None  # the chain runs in torch, rows batched
+        return SpeculativeDecoder(target, drafter, k=TORCH_N - 1)
     drafter = {"draft model": draft, "draft tree": ModelDrafter(draft, width=2)}.get(kind, kind)
     return SpeculativeDecoder(target, drafter, k=TORCH_N - 1)
 
 
-@pytest.mark.parametrize("kind", ["draft model", "ngram", "draft tree"])
-def test_batched_torch_rows_sample_the_target(torch_pair, kind):
+@pytest.mark.parametrize("kind", ["draft model", "ngram", "draft tree", "head medusa", "head prophet"])
+def test_batched_torch_rows_sample_the_target(torch_pair, kind, tmp_path):
     """2 000 rows in each forward (auto's choice is the toy harness's: it is the same controller
-    on any backend, and at batch sizes where it drafts, the torch runs take minutes)."""
+    on any backend, and at batch sizes where it drafts, the torch runs take minutes). A head's
+    rows draft side by side in one batched chain, each token drawn from its own row's q."""
     target, draft = torch_pair
     prompt = [1, 2, 3, 4, 1, 2, 3]
     config = GenerationConfig(max_new_tokens=TORCH_N, chat=False, **FILTERS["t1-top3"])
     expected = exact_outcomes(target, prompt, config.sampling, TORCH_N)
-    decoder = torch_decoder(kind, target, draft)
+    decoder = torch_decoder(kind, target, draft, tmp_path)
     chi2, chi2_max, tv, tv_max = distance(sampled_outcomes(decoder, prompt, config), expected)
     assert chi2 < chi2_max and tv < tv_max, (kind, chi2, chi2_max, tv, tv_max)
 

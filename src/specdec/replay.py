@@ -345,10 +345,11 @@ def draft_ceiling(prompt: Sequence[int], output: Sequence[int], agrees: str, cos
     return _plain_time(curves) / _best_time(lengths, _draft_steps(curves, draft_costs, len(prompt)))
 
 
-def head_steps(curves: Sequence[Sequence[float]], head_step: float) -> list[list[float]]:
+def head_steps(curves: Sequence[Sequence[float]], head_step: float, keep: float = 0.0) -> list[list[float]]:
     """Per position, the seconds of a step of k trained-head tokens: the target's forward of k + 1
-    tokens and k steps of the head (it reads the target's state: nothing to catch up on)."""
-    return [[costs[k] + k * head_step for k in range(len(costs))] for costs in curves]
+    tokens, k steps of the head (it reads the target's state: nothing to catch up on) and `keep`
+    of a one-token forward, what keeping the target's hidden states adds to every step."""
+    return [[costs[k] + k * head_step + keep * costs[0] for k in range(len(costs))] for costs in curves]
 
 
 def fixed_speedup(lengths: Sequence[int], steps: Sequence[Sequence[float]], curves, k: int) -> tuple[float, float]:
@@ -371,14 +372,16 @@ def head_ceiling(runs: Sequence[int | None], steps: Sequence[Sequence[float]], c
     return _plain_time(curves) / _best_time([run or 0 for run in runs], steps)
 
 
-def head_replay(record: Mapping, runs: Sequence[int | None], costs, draft_costs, head_step: float) -> dict:
+def head_replay(
+    record: Mapping, runs: Sequence[int | None], costs, draft_costs, head_step: float, keep: float = 0.0
+) -> dict:
     """One recorded prompt with a trained head's runs on one device's curves (head_step: seconds
-    of a head step there): the share of positions where the head's first guess is kept, tokens per
+    of a head step there; keep: see head_steps): the share of positions where the head's first guess is kept, tokens per
     target step and speedup of fixed head:1..3, the head's clairvoyant ceiling, and the recorded
     draft model's draft:4 and ceiling."""
     prompt, output = record["prompt"], record["output"]
     curves = _curves(costs, len(prompt), len(output))
-    steps = head_steps(curves, head_step)
+    steps = head_steps(curves, head_step, keep)
     fixed = [fixed_speedup(runs, steps, curves, k) for k in (1, 2, 3)]
     lengths = [draft_run(record["draft_agrees"], pos, len(curves[0]) - 1) for pos in range(len(output))]
     return {

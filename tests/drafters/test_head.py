@@ -96,7 +96,7 @@ def test_torch_heads_compute_what_the_drafter_computes(tiny, tmp_path):
     from ..conftest import require_module
 
     torch = require_module("torch", "pip install torch")
-    from specdec.train.modules import Medusa, Prophet, load_head
+    from specdec.train.modules import Medusa, Prophet, draft, load_head
 
     rng = np.random.default_rng(1)
     h = rng.normal(size=(2, tiny.n_embd)).astype(np.float32)
@@ -127,8 +127,7 @@ def test_torch_heads_compute_what_the_drafter_computes(tiny, tmp_path):
             for i in range(3):
                 np.testing.assert_allclose(got[i], want[i][b], rtol=1e-4, atol=1e-4)
         # greedy drafting in torch (what a GPU drafter runs) chooses what the NumPy drafter chooses
-        feature, last = torch.from_numpy(h), torch.from_numpy(tokens[:, 0])
-        drafted = module.draft(feature, 3) if kind == "medusa" else module.draft(feature, last, 3)
+        drafted = draft(module, torch.from_numpy(h), torch.from_numpy(tokens[:, 0]), 3)
         for b in range(2):
             if kind == "medusa":
                 want_rows = [int(np.argmax(w["lm_head"] @ f)) for f in medusa_features(w, h[b], 3)]

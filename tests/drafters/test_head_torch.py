@@ -66,6 +66,21 @@ def test_greedy_with_a_head_is_plain_greedy(model, tmp_path, kind):
     assert [r.tokens for r in batch] == plain
 
 
+def test_a_head_arriving_after_plain_steps_keeps_greedy_plain(tmp_path, tokenizer):
+    """keep_hidden on a model that has already run (on a GPU: its CUDA graphs captured without the
+    hook) captures them again, with their memory pool, and drafting from then on stays exact."""
+    layout = tiny_hf.LAYOUTS[-1]
+    target, _ = tiny_hf.pair("qwen2", len(tokenizer))
+    model = TransformersModel(target, tokenizer, name="qwen2", cache=layout.split("+")[0], graphs="graphs" in layout)
+    config = GenerationConfig(max_new_tokens=24, chat=False)
+    plain = SpeculativeDecoder(model).generate("def add(a, b):\n", config).tokens
+    head = random_head(model, "prophet", tmp_path / "prophet.head", scale=0.02)
+    spec = SpeculativeDecoder.from_spec(model, parse(f"head:{head}", backend="torch", k=3))
+    drafted = spec.generate("def add(a, b):\n", config)
+    assert drafted.tokens == plain and drafted.stats.drafted > 0
+    assert SpeculativeDecoder(model).generate("def add(a, b):\n", config).tokens == plain
+
+
 def test_a_folder_is_named_by_its_weights(tmp_path, tokenizer):
     """A head names its target by the weights: the same folder twice is the same model, another
     model's weights are not (a GGUF is named by its sha256, as the llama.cpp backend names it)."""

@@ -70,6 +70,58 @@ class ProphetChain:
         return x + w["w_down"] @ (silu(w["w_gate"] @ h) * (w["w_up"] @ h))  # [d]
 
 
+class TorchHead:
+    """The head on a torch target's device (train.modules: the same math), its rows in one batch,
+    float32 as the NumPy path. Greedy chains run whole on the device, one CUDA graph per (rows, k)
+    there, and come back once; sampled ones step by step, each token drawn on the host from q as
+    the NumPy path draws it."""
+
+    def __init__(self, info, w: dict, device):
+        import torch
+
+        from ..train.modules import Medusa, Prophet, draft, load_head
+
+        lm_head = torch.from_numpy(w["lm_head"])
+        if info.kind == "medusa":
+            module = Medusa(lm_head, info.steps)
+        else:
+            module = Prophet(lm_head, torch.from_numpy(w["embed"][:-1]), info.steps, info.n_head, info.n_ff)
+        load_head(module, w)
+        self.module, self.device, self.torch, self._draft = module.to(device).eval(), device, torch, draft
+        self._graphs: dict[tuple[int, int], tuple] = {}
+
+    def greedy(self, states: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
+        """states [B, d], rows [B] (the embedding row of each state's next token) -> [B, k] rows."""
+        torch = self.torch
+        state, index = torch.from_numpy(states).to(self.device), torch.from_numpy(rows).to(self.device)
+        if self.device.type != "cuda":
+            return self._draft(self.module, state, index, k).numpy()
+        key = (len(rows), k)
+        if key not in self._graphs:
+            from ..models.transformers import cuda_graph
+
+            inputs = (state.clone(), index.clone())
+            with torch.inference_mode():
+                graph, out = cuda_graph(lambda: self._draft(self.module, *inputs, k))
+            self._graphs[key] = (graph, inputs, out)
+        graph, (state_in, index_in), out = self._graphs[key]
+        state_in.copy_(state)
+        index_in.copy_(index)
+        graph.replay()
+        return out.cpu().numpy()
+
+    def sampled(self, states: np.ndarray, rows: np.ndarray, k: int, choose) -> None:
+        """Step by step: choose(i, logits [B, V] on the host) -> the rows drawn at step i [B]."""
+        torch = self.torch
+        with torch.inference_mode():
+            state, index = torch.from_numpy(states).to(self.device), torch.from_numpy(rows).to(self.device)
+            keys: list = []
+            values: list = []
+            for i in range(k):
+                state, logits = self.module.step_logits(state, index, i, keys, values)
+                index = torch.from_numpy(choose(i, logits.cpu().numpy())).to(self.device)
+
+
 class HeadDrafter:
     """Drafts for the target's own rows (the engine's row ids are the target's)."""
 
@@ -91,6 +143,11 @@ class HeadDrafter:
         # target id -> the head's embedding row (the last one: any token outside the vocabulary)
         self.index = np.full(target.vocab_size, len(self.vocab), np.int64)
         self.index[self.vocab] = np.arange(len(self.vocab))
+        # on a torch target the head runs on the target's device (on a GPU its chain is a CUDA
+        # graph: the NumPy chain on the host would cost more than the target's step); elsewhere
+        # the NumPy math runs on the host
+        device = getattr(target, "device", None)
+        self._torch = TorchHead(self.info, self.w, device) if hasattr(device, "type") else None
         self.kind = "head"
         self.name = f"head:{self.info.kind}"
         self._rows: dict[int, tuple[SamplingParams, np.random.Generator]] = {}
@@ -126,7 +183,7 @@ class HeadDrafter:
         seconds = []
         for _ in range(repeats):
             t = time.perf_counter()
-            self._draft(h, 0, self.max_k, params, rng)
+            self._draft_rows({0: (h, 0, self.max_k)}, {0: (params, rng)})
             seconds.append((time.perf_counter() - t) / self.max_k)
         step = float(np.median(seconds))
         return {w: w * step for w in (1, 2, 4, 8, 16, 32)}
@@ -141,30 +198,37 @@ class HeadDrafter:
     def accept(self, n_accepted: Mapping[int, int]) -> None:
         pass  # nothing kept: the next proposal starts from the target's new hidden state
 
-    def _token(self, feature: np.ndarray, params: SamplingParams, rng: np.random.Generator):
-        """A token drawn from the output head on `feature`, and q over the target's whole vocabulary."""
+    def _token(self, head_logits: np.ndarray, params: SamplingParams, rng: np.random.Generator):
+        """A token drawn from the output head's logits over the draft vocabulary, and q over the
+        target's whole vocabulary."""
         logits = np.full(self.target.vocab_size, -np.inf, np.float32)  # [vocab]: q is 0 outside the head's
-        logits[self.vocab] = self.w["lm_head"] @ feature
+        logits[self.vocab] = head_logits
         return draft_token(logits, params, rng)
 
     def propose(self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int]) -> dict[int, Draft]:
         kept = self.target.hidden_rows([row for row, k in ks.items() if k > 0])
-        drafts = {}
+        drafts, todo = {}, {}
         for row, k in ks.items():
             first, states = kept.get(row, (0, np.zeros((0, 1))))
             k = min(k, self.max_k, self.target.n_ctx - len(contexts[row]))
             # the last cached token's state, if the target kept it (not after a prefill without logits)
             if k <= 0 or len(states) == 0 or first + len(states) != len(contexts[row]) - 1:
                 drafts[row] = Draft([])
-                continue
-            drafts[row] = self._draft(states[-1], contexts[row][-1], k, *self._rows[row])
-        return drafts
+            else:
+                todo[row] = (states[-1], contexts[row][-1], k)
+        return {**drafts, **self._draft_rows(todo, self._rows)}
+
+    def _draft_rows(self, todo: Mapping[int, tuple], settings: Mapping[int, tuple]) -> dict[int, Draft]:
+        """Per row (its state, the token after it, k) and (params, rng) -> its draft."""
+        if self._torch is not None and todo:
+            return self._draft_torch(todo, settings)
+        return {row: self._draft(h, last, k, *settings[row]) for row, (h, last, k) in todo.items()}
 
     def _draft(self, h: np.ndarray, last: int, k: int, params, rng) -> Draft:
         tokens, q = [], []
         if self.info.kind == "medusa":
             for feature in medusa_features(self.w, h, k):
-                token, row_q = self._token(feature, params, rng)
+                token, row_q = self._token(self.w["lm_head"] @ feature, params, rng)
                 tokens.append(token)
                 q.append(row_q)
         else:
@@ -172,7 +236,32 @@ class HeadDrafter:
             feature, token = h, last
             for _ in range(k):
                 feature = chain.step(feature, self.index[token])
-                token, row_q = self._token(feature, params, rng)
+                token, row_q = self._token(self.w["lm_head"] @ feature, params, rng)
                 tokens.append(token)
                 q.append(row_q)
         return Draft(tokens, None if q[0] is None else np.stack(q))
+
+    def _draft_torch(self, todo: Mapping[int, tuple], settings: Mapping[int, tuple]) -> dict[int, Draft]:
+        """All rows' chains at once on the target's device (TorchHead), as long as the longest."""
+        rows = list(todo)
+        states = np.stack([todo[row][0] for row in rows]).astype(np.float32, copy=False)
+        index = self.index[[todo[row][1] for row in rows]]
+        ks = [todo[row][2] for row in rows]
+        if all(settings[row][0].greedy for row in rows):
+            chosen = self._torch.greedy(states, index, max(ks))  # [rows, k] draft-vocabulary rows
+            return {row: Draft(self.vocab[chosen[j, : ks[j]]].tolist()) for j, row in enumerate(rows)}
+        tokens: dict[int, list] = {row: [] for row in rows}
+        q: dict[int, list] = {row: [] for row in rows}
+
+        def choose(i: int, logits: np.ndarray) -> np.ndarray:
+            drawn = logits.argmax(-1)  # a row past its own k draws nothing from its rng
+            for j, row in enumerate(rows):
+                if i < ks[j]:
+                    token, row_q = self._token(logits[j], *settings[row])
+                    drawn[j] = self.index[token]
+                    tokens[row].append(token)
+                    q[row].append(row_q)
+            return drawn
+
+        self._torch.sampled(states, index, max(ks), choose)
+        return {row: Draft(tokens[row], None if q[row][0] is None else np.stack(q[row])) for row in rows}

@@ -89,7 +89,8 @@ class HiddenStates(Protocol):
     """What a trained head drafts from (drafters.head): the target's final hidden state, after the
     final norm (the vector its output head turns into logits), kept for the tokens a forward
     returns logits for. A backend keeps them only once asked (`keep_hidden`): a plain run pays
-    nothing. Implemented by llama.cpp (its embeddings output) and the NumPy reference."""
+    nothing. Implemented by llama.cpp (its embeddings output), the NumPy reference and torch (a hook
+    on the final norm)."""
 
     n_embd: int  # width of a hidden state
     identity: str  # what a head file names its target by: the GGUF's sha256

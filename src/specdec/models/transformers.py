@@ -87,6 +87,22 @@ def _torch():
     return torch
 
 
+def cuda_graph(run: Callable, pool=None):
+    """(graph, output): `run` captured as a CUDA graph, warmed up first on a side stream as
+    torch.cuda.graphs asks. Each graph.replay() reruns it on the tensors it captured, refilling its
+    output (call under inference_mode when run computes with inference tensors)."""
+    torch = _torch()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = run()
+    return graph, out
+
+
 def pick_device(device: str = "auto") -> str:
     torch = _torch()
     if device == "auto":
@@ -344,7 +360,7 @@ class TransformersModel(SingleRow):
             self._valid_buf = torch.cat([self._valid_buf, torch.zeros((n, C), dtype=torch.bool, device=self.device)])
             self._pos_buf = torch.cat([self._pos_buf, torch.full((n, C), -1, dtype=torch.long, device=self.device)])
             self._set_end(self._end)
-            self._graph_cache.clear()  # the buffers moved: captured graphs point at the old ones
+            self._drop_graphs()  # the buffers moved: captured graphs point at the old ones
         else:
             L = self._valid.shape[1]
             self._valid = torch.cat([self._valid, torch.zeros((n, L), dtype=torch.bool, device=self.device)])
@@ -380,7 +396,7 @@ class TransformersModel(SingleRow):
         if self.static:
             self._valid_buf, self._pos_buf = self._valid_buf[index], self._pos_buf[index]
             self._set_end(self._end)
-            self._graph_cache.clear()
+            self._drop_graphs()
         else:
             self._valid, self._pos = self._valid[index], self._pos[index]
         self._past = [self._past[i] for i in keep]
@@ -571,6 +587,7 @@ class TransformersModel(SingleRow):
 
         norm.register_forward_hook(hook)
         self._hidden = {}
+        self._drop_graphs()  # captured without the hook: captured again with it
 
     def _keep_states(self, tokens, trees, lengths: list[int], wants: list[int]) -> None:
         """The last forward's states of the tokens each row asked logits for (a tree's: none)."""
@@ -628,8 +645,7 @@ class TransformersModel(SingleRow):
         self._set_end(L + W)
         mask = self._mask(self._valid_buf[:, :view], self._pos_buf[:, :view], pos, L, new_allowed)  # [rows, 1, W, view]
         self._slot.view = view
-        # (a replayed graph runs no hook: while hidden states are kept, forwards run eagerly)
-        if self.graphs and W <= GRAPH_MAX_WIDTH and not self._sliding and self._layers() and self._hidden is None:
+        if self.graphs and W <= GRAPH_MAX_WIDTH and not self._sliding and self._layers():
             logits = self._replay(ids, position_ids, mask, L, view)  # [rows, W, vocab]
             return L, logits[:, need] if need else logits[:, :0]
         self._slot.cols = torch.arange(L, L + W, device=self.device)
@@ -646,6 +662,12 @@ class TransformersModel(SingleRow):
                 logits_to_keep=keep,
                 **{self._cache_kw: self._cache},
             )
+
+    def _drop_graphs(self) -> None:
+        """Forget the captured graphs, and their memory pool with them: a pool whose graphs are
+        all gone is freed, and capturing into it again fails inside torch."""
+        self._graph_cache.clear()
+        self._graph_pool = None
 
     def _replay(self, ids, position_ids, mask, L: int, view: int):
         """The forward as a CUDA graph: captured once per (rows, width, view), then its inputs are
@@ -669,16 +691,11 @@ class TransformersModel(SingleRow):
                 ).logits
 
             with torch.inference_mode():
-                # warm up on a side stream (as torch.cuda.graphs asks): the writes land on the
-                # columns this very forward is about to write anyway
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    run()
-                torch.cuda.current_stream().wait_stream(stream)
-                graph.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph.graph, pool=self._graph_pool):
-                    graph.logits = run()
+                # (the warm-up's writes land on the columns this very forward is about to write anyway)
+                graph.graph, graph.logits = cuda_graph(run, self._graph_pool)
+                # a replay runs no hook, but the final norm's output, which the hook saw during
+                # the capture, is the graph's own tensor: each replay refills it
+                graph.normed = self._normed
             self._graph_pool = graph.graph.pool()
             self._graph_cache[key] = graph
         else:
@@ -687,6 +704,7 @@ class TransformersModel(SingleRow):
             graph.mask.copy_(mask)
             graph.cols.copy_(torch.arange(L, L + W, device=self.device))
         graph.graph.replay()
+        self._normed = graph.normed
         return graph.logits
 
     def _compact(self) -> None:
@@ -862,6 +880,7 @@ class _Graph:
         self.ids, self.position_ids, self.mask, self.cols = ids, position_ids, mask, cols
         self.graph = None
         self.logits = None  # [rows, W, vocab], rewritten by every replay
+        self.normed = None  # [rows, W, n_embd]: the final norm's output, where hidden states are kept
 
 
 class ByteTokenizer:

@@ -29,10 +29,9 @@ class Medusa(nn.Module):
         """h [B, d] -> per head the logits [B, V] over the draft vocabulary."""
         return [(h + F.silu(block(h))) @ self.lm_head.T for block in self.blocks]
 
-    @torch.no_grad()
-    def draft(self, h: torch.Tensor, k: int) -> torch.Tensor:
-        """Greedy drafting: h [B, d] -> the first k heads' choices [B, k] (draft-vocabulary indices)."""
-        return torch.stack([((h + F.silu(block(h))) @ self.lm_head.T).argmax(-1) for block in self.blocks[:k]], 1)
+    def step_logits(self, h: torch.Tensor, rows, i: int, keys: list, values: list):
+        """Drafting step i (see `draft`): head i on h; the state stays h (the heads read no tokens)."""
+        return h, (h + F.silu(self.blocks[i](h))) @ self.lm_head.T
 
     def head_tensors(self) -> dict[str, torch.Tensor]:
         out = {}
@@ -98,20 +97,28 @@ class Prophet(nn.Module):
             logits.append(feature @ self.lm_head.T)
         return features, logits
 
-    @torch.no_grad()
-    def draft(self, feature: torch.Tensor, rows: torch.Tensor, k: int) -> torch.Tensor:
-        """Greedy drafting: feature [B, d] and the embedding rows [B] of the token after it -> a
-        chain of k choices [B, k] (draft-vocabulary indices, each also its own embedding row)."""
-        keys, values, out = [], [], []
-        for i in range(k):
-            feature = self._step(feature, rows, i, keys, values)
-            rows = (feature @ self.lm_head.T).argmax(-1)
-            out.append(rows)
-        return torch.stack(out, 1)
+    def step_logits(self, feature: torch.Tensor, rows: torch.Tensor, i: int, keys: list, values: list):
+        """Drafting step i (see `draft`): the next feature and its logits over the draft vocabulary."""
+        feature = self._step(feature, rows, i, keys, values)
+        return feature, feature @ self.lm_head.T
 
     def head_tensors(self) -> dict[str, torch.Tensor]:
         names = ("embed", "step", "attn_norm", "ffn_norm", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
         return {"fuse.weight": self.fuse.weight, **{name: getattr(self, name) for name in names}}
+
+
+@torch.no_grad()
+def draft(head: Medusa | Prophet, state: torch.Tensor, rows: torch.Tensor, k: int) -> torch.Tensor:
+    """Greedy drafting with either head: the target's state [B, d] and the embedding rows [B] of
+    the token after it -> k choices [B, k] (draft-vocabulary indices, each its own embedding row)."""
+    keys: list = []
+    values: list = []
+    out = []
+    for i in range(k):
+        state, logits = head.step_logits(state, rows, i, keys, values)
+        rows = logits.argmax(-1)
+        out.append(rows)
+    return torch.stack(out, 1)
 
 
 def load_head(module: nn.Module, tensors: dict) -> None:
