@@ -229,6 +229,7 @@ class CostAwareController:
         explore_growth: float | None = None,
         stops: frozenset[int] = frozenset(),
         objective: str = "throughput",
+        reach: float = REACH,  # prompt lookup's drafts at most reach x its match (REACH's comment)
     ):
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
@@ -239,6 +240,7 @@ class CostAwareController:
         # curve has timed (costs.WIDE): inside a verbatim copy its guesses keep landing, and on this CPU a
         # forward's cost per token keeps falling past 16 tokens (REACH still bounds it by the match).
         self.k_free = max(K_MAX, self.target_cost.widths[-1] - 1)
+        self.reach = reach
         self.stops = stops  # end-of-generation tokens: a free proposal is valued up to its first
         if free is None:
             free = []
@@ -325,7 +327,7 @@ class CostAwareController:
                 match = max(1, proposal.evidence.get("match", 1))
                 kind = MatchAcceptance.evidence(proposal.evidence.get("votes", (1, 1)))
                 state.shadow[drafter.name] = (list(proposal.tokens), match, kind)
-                reach = min(len(proposal.tokens), max(1, int(REACH * match)))
+                reach = min(len(proposal.tokens), max(1, int(self.reach * match)))
                 if whole_copy(match, len(contexts[row]) - state.prompt_len):
                     reach = len(proposal.tokens)  # a whole copy: its own estimates decide
                 expected = self.match_accept[drafter.name].expected_tokens(

@@ -45,7 +45,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .controller import CostAwareController, FixedController, Outcome
+from .controller import REACH, CostAwareController, FixedController, Outcome
 from .costs import CostTable
 from .drafters.base import Draft
 from .drafters.ngram import NgramDrafter
@@ -57,6 +57,14 @@ from .sampling import SamplingParams
 # why: between a GPU's flat curve (~0.01) and this CPU's llama.cpp (~0.35 up to 16 tokens); a guess
 # that the live ratios correct, stated as one; history: docs/provenance.md#prior_slope
 PRIOR_SLOPE = 0.3
+# On a curve this flat (a draft token costs at most FLAT_SLOPE of a one-token step, widths 1-17) the
+# proposer lets prompt lookup and the suffix cache draft FLAT_REACH x their match (controller.REACH
+# is 0.5 x).
+# why: REACH guards llama.cpp's steep CPU curve, where a failed long draft costs most of a step; on
+# vLLM's CPU curve (0.011 a token) an offline replay of the suite did best at 2 (new prompts +18%,
+# repeats unchanged); history: docs/provenance.md#flat_reach
+FLAT_SLOPE = 0.05
+FLAT_REACH = 2.0
 PRIOR_WIDTHS = (*range(1, 17), 24, 32, 48, 64)
 # A tracked request unseen for this many calls has left (finished, or preempted: it begins anew).
 GONE_AFTER = 2
@@ -92,6 +100,13 @@ def load_costs(model: str):
         return {int(w): float(s) for w, s in data["seconds"].items()}
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _slope(curve: dict[int, float]) -> float:
+    """A draft token's cost in one-token steps, over widths 1 to 17 (or the widest timed)."""
+    table = CostTable(curve)
+    wide = min(17, max(curve))
+    return (table(wide) / table(1) - 1.0) / max(1, wide - 1)
 
 
 def prior_curve(slope: float = PRIOR_SLOPE) -> dict[int, float]:
@@ -172,7 +187,9 @@ class Proposer:
         self.timed = load_costs(self.model_path)
         if self.spec == "auto":
             curve = self.timed or prior_curve()
-            self.controller = CostAwareController(self.drafters, None, curve, stops=self.stops)
+            flat = self.timed is not None and _slope(self.timed) <= FLAT_SLOPE
+            reach = FLAT_REACH if flat else REACH
+            self.controller = CostAwareController(self.drafters, None, curve, stops=self.stops, reach=reach)
             if self.timed is None:
                 print(
                     f"specdec: no timed cost curve for {self.model_path}; starting from a prior and learning "
