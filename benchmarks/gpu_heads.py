@@ -89,7 +89,9 @@ def forward_costs(model, args, widths) -> dict[str, dict[str, float]]:
 def time_heads(model, args, torch, sync) -> list[dict]:
     """Every head kind x vocabulary x rows x chain length, eager and graphed."""
     from specdec.models.transformers import cuda_graph
-    from specdec.train.modules import Medusa, Prophet, draft
+    from specdec.train.headfile import KINDS
+    from specdec.train.modules import build, draft
+    from specdec.train.trainer import TrainConfig
 
     out_head = model.model.get_output_embeddings().weight.detach()
     embed = model.model.get_input_embeddings().weight.detach()
@@ -99,10 +101,8 @@ def time_heads(model, args, torch, sync) -> list[dict]:
         v = vocab or n_vocab
         rows_of = torch.arange(v, device=out_head.device)
         lm_head, draft_embed = out_head[rows_of].contiguous(), embed[rows_of].contiguous()
-        heads = {
-            "medusa": Medusa(lm_head, HEAD_STEPS),
-            "prophet": Prophet(lm_head, draft_embed, HEAD_STEPS, 8, 1024),
-        }
+        config = TrainConfig("prophet", steps=HEAD_STEPS)  # the shapes `specdec train` makes
+        heads = {kind: build(kind, lm_head, draft_embed, HEAD_STEPS, config.n_head, config.n_ff) for kind in KINDS}
         for kind, head in heads.items():
             head.to(device=out_head.device, dtype=out_head.dtype).eval()
             for rows in args.rows:
@@ -127,22 +127,20 @@ def write_head(model, kind: str, vocab: int, path: Path) -> Path:
     import torch
 
     from specdec.train import headfile
-    from specdec.train.modules import Medusa, Prophet
+    from specdec.train.modules import build, file_tensors
+    from specdec.train.trainer import TrainConfig
 
-    rows = np.arange(vocab)
-    lm_head = torch.from_numpy(model.head_weights("output", rows))
-    if kind == "medusa":
-        module = Medusa(lm_head, HEAD_STEPS)
-    else:
-        module = Prophet(lm_head, torch.from_numpy(model.head_weights("embedding", rows)), HEAD_STEPS, 8, 1024)
+    rows, config = np.arange(vocab), TrainConfig(kind, steps=HEAD_STEPS)
+    embed = torch.from_numpy(model.head_weights("embedding", rows))
+    head = build(
+        kind, torch.from_numpy(model.head_weights("output", rows)), embed, HEAD_STEPS, config.n_head, config.n_ff
+    )
     with torch.no_grad():
-        for tensor in module.head_tensors().values():
+        for tensor in head.head_tensors().values():
             tensor.add_(torch.randn_like(tensor) * 0.01)
-    tensors = {name: t.detach().numpy().astype(np.float16) for name, t in module.head_tensors().items()}
-    tensors.update(vocab=rows.astype(np.int32), lm_head=lm_head.numpy().astype(np.float16))
-    n_head, n_ff = (8, 1024) if kind == "prophet" else (0, 0)
+    n_head, n_ff = (config.n_head, config.n_ff) if kind == "prophet" else (0, 0)
     info = headfile.HeadInfo(kind, model.identity, model.name, model.n_embd, model.vocab_size, HEAD_STEPS, n_head, n_ff)
-    headfile.save(path, info, tensors)
+    headfile.save(path, info, file_tensors(head, rows))
     return path
 
 
@@ -154,6 +152,7 @@ def time_engine(model, args, out: Path) -> list[dict]:
 
     from specdec import GenerationConfig, SpeculativeDecoder
     from specdec.spec import parse
+    from specdec.train.headfile import KINDS
 
     prompt = [int(t) for t in np.random.default_rng(0).integers(300, min(5000, model.vocab_size), DEPTH)]
     config = GenerationConfig(max_new_tokens=args.tokens, chat=False)
@@ -166,12 +165,12 @@ def time_engine(model, args, out: Path) -> list[dict]:
         row = {"method": label, "steps": stats.steps, "tokens": stats.generated_tokens, "accepted": stats.accepted}
         results.append({**row, **{f"{key}_ms_per_step": ms for key, ms in per.items()}})
         log(
-            f"  {label:22s} {per['decode']:7.2f} ms a step = draft {per['draft']:6.2f} + target "
-            f"{per['target']:6.2f} + the rest; {stats.steps} steps, {stats.accepted} drafted tokens kept"
+            f"  {label:22s} {per['decode']:7.2f} ms a step; in it the drafter {per['draft']:6.2f}, the target "
+            f"{per['target']:6.2f}; {stats.steps} steps, {stats.accepted} drafted tokens kept"
         )
 
     run("plain", SpeculativeDecoder(model))
-    for kind in ("medusa", "prophet"):
+    for kind in KINDS:
         head = write_head(model, kind, args.vocab[0] or model.vocab_size, out / f"{kind}.head")
         for k in range(1, HEAD_STEPS + 1):
             run(f"head:{kind} k={k}", SpeculativeDecoder.from_spec(model, parse(f"head:{head}", backend="torch", k=k)))

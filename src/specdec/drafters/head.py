@@ -79,13 +79,10 @@ class TorchHead:
     def __init__(self, info, w: dict, device):
         import torch
 
-        from ..train.modules import Medusa, Prophet, draft, load_head
+        from ..train.modules import build, draft, load_head
 
-        lm_head = torch.from_numpy(w["lm_head"])
-        if info.kind == "medusa":
-            module = Medusa(lm_head, info.steps)
-        else:
-            module = Prophet(lm_head, torch.from_numpy(w["embed"][:-1]), info.steps, info.n_head, info.n_ff)
+        embed = torch.from_numpy(w["embed"][:-1]) if "embed" in w else None
+        module = build(info.kind, torch.from_numpy(w["lm_head"]), embed, info.steps, info.n_head, info.n_ff)
         load_head(module, w)
         self.module, self.device, self.torch, self._draft = module.to(device).eval(), device, torch, draft
         self._graphs: dict[tuple[int, int], tuple] = {}

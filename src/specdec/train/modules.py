@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -105,6 +106,21 @@ class Prophet(nn.Module):
     def head_tensors(self) -> dict[str, torch.Tensor]:
         names = ("embed", "step", "attn_norm", "ffn_norm", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
         return {"fuse.weight": self.fuse.weight, **{name: getattr(self, name) for name in names}}
+
+
+def build(kind: str, lm_head: torch.Tensor, embed: torch.Tensor | None, steps: int, n_head: int = 0, n_ff: int = 0):
+    """A head of `kind` on the draft vocabulary's rows of the output head (and, for the prophet, of
+    the input embedding): Medusa with `steps` heads, or the prophet's chain of `steps`."""
+    if kind == "medusa":
+        return Medusa(lm_head, steps)
+    return Prophet(lm_head, embed, steps, n_head, n_ff)
+
+
+def file_tensors(head: Medusa | Prophet, vocab: np.ndarray) -> dict[str, np.ndarray]:
+    """A head's tensors as its file keeps them (train.headfile): float16, with the draft
+    vocabulary (target ids, int32) and its rows of the output head."""
+    tensors = {name: t.detach().cpu().numpy().astype(np.float16) for name, t in head.head_tensors().items()}
+    return {**tensors, "vocab": np.asarray(vocab, np.int32), "lm_head": head.lm_head.cpu().numpy().astype(np.float16)}
 
 
 @torch.no_grad()

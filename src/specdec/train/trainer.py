@@ -83,14 +83,6 @@ class _Batches:
         )
 
 
-def _model(kind, config: TrainConfig, lm_head, embed):
-    from .modules import Medusa, Prophet
-
-    if kind == "medusa":
-        return Medusa(lm_head, config.steps)
-    return Prophet(lm_head, embed, config.steps, config.n_head, config.n_ff)
-
-
 def _losses(model, config: TrainConfig, batch, outside: int):
     """(loss, per-step agreement counts [steps], counted rows) for one batch."""
     import torch
@@ -153,6 +145,7 @@ def train(target, f: Features, config: TrainConfig, out: Path, data: dict, progr
         import torch
     except ImportError as exc:
         raise SpecdecError("training a head needs torch: pip install 'specdec[train]'") from exc
+    from .modules import build, file_tensors
 
     torch.manual_seed(config.seed)
     d = target.n_embd
@@ -165,7 +158,7 @@ def train(target, f: Features, config: TrainConfig, out: Path, data: dict, progr
     index[vocab] = np.arange(len(vocab))
     lm_head = torch.from_numpy(target.head_weights("output", vocab))  # [V, d]
     embed = torch.from_numpy(target.head_weights("embedding", vocab)) if config.kind == "prophet" else None
-    model = _model(config.kind, config, lm_head, embed)
+    model = build(config.kind, lm_head, embed, config.steps, config.n_head, config.n_ff)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr, weight_decay=0.0)
     positions = start_positions(training, config.steps)
     if len(positions) == 0:
@@ -227,10 +220,7 @@ def train(target, f: Features, config: TrainConfig, out: Path, data: dict, progr
         },
         held_out=held_out,
     )
-    tensors = {name: t.detach().numpy().astype(np.float16) for name, t in model.head_tensors().items()}
-    tensors["vocab"] = vocab
-    tensors["lm_head"] = lm_head.numpy().astype(np.float16)
-    headfile.save(out, info, tensors)
+    headfile.save(out, info, file_tensors(model, vocab))
     if checkpoint.exists():
         os.unlink(checkpoint)
     return info
