@@ -112,7 +112,7 @@ def time_heads(model, args, torch, sync) -> list[dict]:
                     fn = lambda h=head, f=feature, r=last, k=k: draft(h, f, r, k)  # noqa: E731
                     eager = timed(fn, args.repeats, sync)
                     graph = None
-                    if torch.cuda.is_available():
+                    if out_head.device.type == "cuda":  # (--device cpu on a GPU machine: eager only)
                         with torch.no_grad():
                             graph = timed(cuda_graph(fn)[0].replay, args.repeats, sync)
                     results.append({"kind": kind, "vocab": v, "rows": rows, "k": k, "eager_s": eager, "graph_s": graph})
