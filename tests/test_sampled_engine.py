@@ -134,6 +134,7 @@ def toy_decoder(kind: str, target) -> SpeculativeDecoder:
     drafter = {
         "draft model": lambda: same_vocab_draft(target),
         "draft tree": lambda: ModelDrafter(same_vocab_draft(target), width=2),
+        "draft tree by path": lambda: ModelDrafter(same_vocab_draft(target), width=3, nodes=4),
         "ngram": lambda: "ngram",
         "suffix": lambda: "suffix",
         "string:": lambda: CrossVocabDrafter(draft_lm(), target, "string"),
@@ -142,7 +143,7 @@ def toy_decoder(kind: str, target) -> SpeculativeDecoder:
     return SpeculativeDecoder(target, drafter, k=N - 1)
 
 
-KINDS = ["draft model", "ngram", "suffix", "auto", "string:", "intersect:", "draft tree"]
+KINDS = ["draft model", "ngram", "suffix", "auto", "string:", "intersect:", "draft tree", "draft tree by path"]
 
 
 @pytest.fixture(scope="module")

@@ -77,6 +77,7 @@ def test_auto_s_draft_model_must_be_a_model():
         ("auto:nosuffix", DraftSpec("auto", k=0, suffix=False)),
         ("draft:6", DraftSpec("model", k=6)),
         ("draft:4x2", DraftSpec("model", k=4, width=2)),
+        ("draft:8x2/8", DraftSpec("model", k=8, width=2, nodes=8)),
         ("ngram:8", DraftSpec("ngram", k=8)),
         ("suffix:16", DraftSpec("suffix", k=16)),
         ("early-exit:2:3", DraftSpec("early-exit", k=3, layers=2)),
@@ -88,7 +89,10 @@ def test_bench_methods_parse_to_the_same_specs(method, spec):
 
 @pytest.mark.parametrize(
     "method",
-    ["ngram", "ngram:0", "auto:ngram", "draft:x", "draft:4x", "draft:4x0", "draft:0x2", "early-exit:1", "gemma:4"],
+    [
+        *("ngram", "ngram:0", "auto:ngram", "draft:x", "draft:4x", "draft:4x0", "draft:0x2", "early-exit:1", "gemma:4"),
+        *("draft:4x2/", "draft:4x2/0", "draft:4x1/3", "draft:4x2/x"),
+    ],
 )
 def test_what_is_not_one_of_our_methods_is_none(method):
     assert parse_method(method) is None
@@ -122,6 +126,9 @@ def test_one_factory_makes_every_drafter():
     assert isinstance(tree, ModelDrafter) and tree.width == 3 and tree.name == "draft:samex3"
     given = make_drafter(DraftSpec("model", width=2), target, draft=make_drafter(parse("same"), target, loaded.get))
     assert isinstance(given, ModelDrafter) and given.width == 2 and given.model is same  # bench's draft:KxW
+    shaped = make_drafter(parse_method("draft:4x2/4"), target, draft=given)  # bench's draft:KxW/N
+    assert (shaped.width, shaped.nodes, shaped.model, shaped.name) == (2, 4, same, "draft:samex2/4")
+    assert make_drafter(parse("same", width=3, nodes=5), target, loaded.get).nodes == 5  # --draft-nodes
     with pytest.raises(SpecdecError, match="needs a draft model of the target's vocabulary"):
         make_drafter(DraftSpec("model", width=2), target, draft=make_drafter(parse("other"), target, loaded.get))
     _, _, chain = auto_drafters(target, tree)  # auto prices chains: it drafts them from the same model

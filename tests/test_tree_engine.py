@@ -172,6 +172,13 @@ def test_a_draft_models_greedy_tree_writes_plain_greedy(tmp_path, backend):
     assert tree.stats.generated_tokens / tree.stats.steps >= chain.stats.generated_tokens / chain.stats.steps
     batch = tree_decoder.generate_batch([PROMPT, PROMPT + " then"], config)
     assert batch[0].tokens == plain.tokens
+    # shaped by the draft's path probabilities: 4 of the 4 x 3 candidates a step
+    shaped_decoder = SpeculativeDecoder(target, ModelDrafter(draft, width=3, nodes=4), k=4)
+    shaped = shaped_decoder.generate(PROMPT, config)
+    assert shaped.tokens == plain.tokens
+    assert 0 < shaped.stats.drafted <= 4 * shaped.stats.steps
+    batch = shaped_decoder.generate_batch([PROMPT, PROMPT + " then"], config)
+    assert batch[0].tokens == plain.tokens
 
 
 def test_a_sampled_trees_q_follows_its_nodes():

@@ -139,6 +139,8 @@ USER_ERRORS = [
     ),
     _row("tree-of-auto", ["serve", "--draft-width", "3"], "give --draft a model name or path (not auto)"),
     _row("tree-too-wide", ["generate", "-p", "x", "--draft-width", "99"], "--draft-width"),
+    _row("tree-nodes-without-width", ["generate", "-p", "x", "--draft-nodes", "4"], "give --draft-width 2 or more"),
+    _row("tree-nodes-negative", ["generate", "-p", "x", "--draft-width", "2", "--draft-nodes", "-1"], "--draft-nodes"),
     _row("unknown-dtype", ["generate", "-p", "x", "--dtype", "float8"], "invalid choice"),
     _row("exact-on-numpy", ["generate", "-p", "x", "--exact", "--backend", "numpy"], "exact mode is for the llama"),
     _row("serve-exact-on-torch", ["serve", "--exact", "--backend", "torch"], "exact mode is for the llama"),

@@ -52,6 +52,7 @@ class DraftSpec:
     suffix: bool | None = None  # auto: consult the suffix cache (None: AUTO_SUFFIX)
     head: str = ""  # head: the head file (specdec train); auto: a head it drafts with, as with a draft model
     width: int = 1  # model: candidates per draft position (> 1: a tree, drafters.model)
+    nodes: int = 0  # model tree: the most probable paths' nodes it keeps (0: all k x width)
 
     @property
     def is_auto(self) -> bool:
@@ -74,12 +75,20 @@ class DraftSpec:
 
 
 def parse(
-    text: str | None, backend: str | None = None, k: int = DEFAULT_K, draft_model: str | None = None, width: int = 1
+    text: str | None,
+    backend: str | None = None,
+    k: int = DEFAULT_K,
+    draft_model: str | None = None,
+    width: int = 1,
+    nodes: int = 0,
 ) -> DraftSpec:
     """A drafter name (the grammar above) -> DraftSpec, validated before anything is loaded.
     `backend` is the target's, if known; `k` the draft tokens of a fixed drafter; `draft_model`
     (auto only) names the draft model auto may use ('none' or None: none); `width` a draft
-    model's candidates per position (> 1: trees)."""
+    model's candidates per position (> 1: trees), and `nodes` how many of the k x width the tree
+    keeps (0: all), chosen by the draft's path probabilities."""
+    if nodes and width < 2:
+        raise SpecdecError(f"--draft-nodes {nodes} shapes a tree: give --draft-width 2 or more as well")
     if width > 1:
         spec = parse(text, backend, k, draft_model)
         if spec.kind != "model" or spec.vocab:
@@ -87,7 +96,7 @@ def parse(
                 f"--draft-width {width} drafts trees from a draft model of the target's vocabulary: "
                 f"give --draft a model name or path (not {text or 'none'})"
             )
-        return replace(spec, width=width)
+        return replace(spec, width=width, nodes=nodes)
     text = (text or "").strip()
     if text in ("", "none"):
         return DraftSpec("none", k=0)
@@ -147,10 +156,11 @@ def parse_method(method: str) -> DraftSpec | None:
                 return DraftSpec("head", k=int(k), head=path)
         elif head in ("draft", "ngram", "suffix") and rest.isdigit() and int(rest) >= 1:
             return DraftSpec("model" if head == "draft" else head, k=int(rest))
-        elif head == "draft" and "x" in rest:  # draft:KxW
-            k, _, width = rest.partition("x")
-            if int(k) >= 1 and int(width) >= 1:
-                return DraftSpec("model", k=int(k), width=int(width))
+        elif head == "draft" and "x" in rest:  # draft:KxW, or draft:KxW/N (the N most probable nodes)
+            k, _, shape = rest.partition("x")
+            width, slash, nodes = shape.partition("/")
+            if int(k) >= 1 and int(width) >= 1 and (not slash or (int(nodes) >= 1 and int(width) >= 2)):
+                return DraftSpec("model", k=int(k), width=int(width), nodes=int(nodes) if slash else 0)
     except ValueError:
         pass
     return None
@@ -199,15 +209,20 @@ def make_drafter(spec: DraftSpec | str, target, load: Callable[[str], object] | 
         return HeadDrafter(target, spec.head)
     if spec.kind == "model":
         if not spec.model and draft is not None:
-            if isinstance(draft, Drafter) and getattr(draft, "width", spec.width) != spec.width:
+            shape = (getattr(draft, "width", spec.width), getattr(draft, "nodes", spec.nodes))
+            if isinstance(draft, Drafter) and shape != (spec.width, spec.nodes):
                 from .drafters.model import ModelDrafter
 
                 # the caller's draft model, drafting this spec's tree (or chain) shape
-                return ModelDrafter(draft.model, width=spec.width)
+                return ModelDrafter(draft.model, width=spec.width, nodes=spec.nodes)
             if isinstance(draft, Drafter) and spec.width > 1 and not hasattr(draft, "width"):
                 raise SpecdecError(f"a draft tree (width {spec.width}) needs a draft model of the target's vocabulary")
-            return draft if isinstance(draft, Drafter) else model_drafter(draft, target, spec.vocab, spec.width)
+            return (
+                draft
+                if isinstance(draft, Drafter)
+                else model_drafter(draft, target, spec.vocab, spec.width, spec.nodes)
+            )
         if load is None:
             raise SpecdecError(f"draft {spec.model}: no loader given for a draft model")
-        return model_drafter(load(spec.model), target, spec.vocab, spec.width)
+        return model_drafter(load(spec.model), target, spec.vocab, spec.width, spec.nodes)
     raise SpecdecError(f"'{spec.kind}' is a policy, not a drafter: use SpeculativeDecoder(target, 'auto')")

@@ -105,6 +105,15 @@ def _add_model_flags(
             "depth when greedy, W draws without replacement when sampling), all scored by one target "
             "forward (default: 1, a chain)",
         )
+        g.add_argument(
+            "--draft-nodes",
+            type=_int_in(0, MAX_DRAFT_TOKENS * MAX_DRAFT_WIDTH),
+            default=0,
+            metavar="N",
+            help="with --draft-width: keep the N candidates whose paths the draft model finds most probable "
+            "(width where it is unsure, depth where it is sure; the chain stops once nothing deeper could "
+            "be kept), so the target scores N tokens a step (default: 0, all of them)",
+        )
         then("--draft-tokens")
     g.add_argument("--backend", choices=BACKENDS, default="llama", help=backend_help)
     if draft_backend_help is not None:

@@ -70,6 +70,7 @@ def _decoder(args):
         args.draft_tokens,
         draft_model=draft_model or "none",
         width=getattr(args, "draft_width", 1),
+        nodes=getattr(args, "draft_nodes", 0),
     )
     _check_suffix_flags(args, spec.kind)  # so do bad suffix cache flags
     _check_device(args)  # and a bad --device

@@ -134,7 +134,14 @@ def cmd_serve(args) -> int:
     if args.api_key is not None and not args.api_key.strip():
         # an empty key would print "no key needed" yet refuse requests without a header
         raise SpecdecError("--api-key (or $SPECDEC_API_KEY) is empty: give a key, or unset it to serve without one")
-    spec = parse(args.draft, args.backend, args.draft_tokens, draft_model=args.draft_model, width=args.draft_width)
+    spec = parse(
+        args.draft,
+        args.backend,
+        args.draft_tokens,
+        draft_model=args.draft_model,
+        width=args.draft_width,
+        nodes=args.draft_nodes,
+    )
     if spec.kind == "early-exit":
         raise SpecdecError("specdec serve takes --draft auto, ngram, suffix, none, a draft model or head:FILE")
     # any request may ask for auto or suffix, whatever the default: the flags hold for every --draft
@@ -152,7 +159,7 @@ def cmd_serve(args) -> int:
     if draft is not None and (draft_spec.vocab or spec.width > 1):  # across tokenizers, or trees
         from ..drafters import model_drafter
 
-        draft = model_drafter(draft, target, draft_spec.vocab, spec.width)
+        draft = model_drafter(draft, target, draft_spec.vocab, spec.width, spec.nodes)
     if head_spec is not None:  # requests may then ask for it by name ('head'); auto may use it
         from ..spec import make_drafter
 

@@ -7,10 +7,10 @@ model's drafter and an empty suffix cache for a target.
 from __future__ import annotations
 
 
-def model_drafter(model, target, vocab: str = "", width: int = 1):
+def model_drafter(model, target, vocab: str = "", width: int = 1, nodes: int = 0):
     """The drafter of a draft model for `target`: token ids directly when the vocabularies are the
     same (and `vocab` is ""), else across tokenizers, `vocab` saying how (default: string-level).
-    `width` > 1 drafts trees (same vocabulary only)."""
+    `width` > 1 drafts trees (same vocabulary only), of the `nodes` most probable (0: all)."""
     from ..errors import VocabMismatchError
     from ..models.base import check_same_vocab
     from .cross_vocab import DEFAULT_MODE, CrossVocabDrafter
@@ -19,7 +19,7 @@ def model_drafter(model, target, vocab: str = "", width: int = 1):
     if not vocab:
         try:
             check_same_vocab(target, model)
-            return ModelDrafter(model, width=width)  # checked just now
+            return ModelDrafter(model, width=width, nodes=nodes)  # checked just now
         except VocabMismatchError:
             vocab = DEFAULT_MODE
     if width > 1:

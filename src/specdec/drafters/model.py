@@ -11,10 +11,20 @@ chain and the next w - 1 candidates of the same distribution hang beside it as l
 ones when greedy, else further draws without replacement): where the chain's token fails, the
 target may keep a sibling. The siblings cost the draft model nothing and the target w - 1 more
 tokens a depth in the same forward (tree attention, models' forward_tree_rows).
+
+With `nodes` n as well, the tree is shaped by the draft's own confidence (EAGLE-2's idea, on the
+chain the draft model drafts): of the k x w candidates, the n whose paths the draft finds most
+probable (the product of its probabilities from the root; q when sampled, the softmax of its logits
+when greedy). Width goes where the draft is unsure and depth where it is sure, and a tree of n
+nodes scores as many tokens as a chain of n. The chain stops early once no deeper node could be
+chosen. Which nodes are kept depends on the draft alone, and a depth's siblings are kept in the
+order they were drawn (a sibling only after the chain's token and the siblings drawn before it),
+so sampled trees keep the rule of verify_tree exact.
 """
 
 from __future__ import annotations
 
+import heapq
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -34,13 +44,16 @@ class _Row:
 
 
 class ModelDrafter:
-    def __init__(self, model: RowModel, target: RowModel | None = None, width: int = 1):
+    def __init__(self, model: RowModel, target: RowModel | None = None, width: int = 1, nodes: int = 0):
         if target is not None:
             check_same_vocab(target, model)
         if width < 1:
             raise ValueError(f"a draft tree's width is at least 1 (a chain), not {width}")
-        self.model, self.width = model, width
-        self.name, self.kind = f"draft:{model.name}" + (f"x{width}" if width > 1 else ""), "draft"
+        if nodes < 0 or (nodes and width < 2):
+            raise ValueError(f"a tree's node budget is >= 1 and needs a width of 2 or more, not {nodes} x {width}")
+        self.model, self.width, self.nodes = model, width, nodes
+        shape = (f"x{width}" if width > 1 else "") + (f"/{nodes}" if nodes else "")
+        self.name, self.kind = f"draft:{model.name}{shape}", "draft"
         self._rows: dict[int, _Row] = {}
 
     def begin(self, row: int, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
@@ -88,34 +101,85 @@ class ModelDrafter:
             state.fed = list(context)
         model.rollback_rows(keep)
         logits = model.forward_rows(feed, {r: 1 for r in feed})  # per row [1, vocab]
-        # 2. one forward per draft position over the rows still drafting
-        tokens = {row: [] for row in live}
-        q = {row: [] for row in live}
-        parents = {row: [] for row in live}  # a tree's (width > 1)
-        chain = {row: -1 for row in live}  # the chain's last node, under which the next depth hangs
+        # 2. one forward per draft position over the rows still drafting; each depth's candidates:
+        # the chain's token first, then its siblings, with the draft's probability of each
+        levels: dict[int, list[tuple[list[int], list[float], np.ndarray | None]]] = {row: [] for row in live}
+        depth = {row: ks[row] for row in live}
         for i in range(max(ks[row] for row in live)):
             feed = {}
             for row, state in live.items():
-                if i >= ks[row]:
+                if i >= depth[row]:
                     continue
                 row_logits = logits[state.model_row][0]
                 token, row_q = draft_token(row_logits, state.params, state.rng)
-                above, chain[row] = chain[row], len(tokens[row])
-                for t in [token, *self._siblings(row_logits, token, row_q, state)]:
-                    tokens[row].append(t)
-                    parents[row].append(above)
-                    if row_q is not None:
-                        q[row].append(row_q)
-                if i + 1 < ks[row]:  # the last draft token need not be fed: nothing reads it
+                candidates = [token, *self._siblings(row_logits, token, row_q, state)]
+                probs = self._probs(row_logits, row_q, candidates) if self.nodes else []  # shaped trees only
+                levels[row].append((candidates, probs, row_q))
+                if self.nodes and self._settled(levels[row]):
+                    depth[row] = i + 1  # no deeper node could be chosen: the chain ends here
+                if i + 1 < depth[row]:  # the last draft token need not be fed: nothing reads it
                     feed[state.model_row] = [token]
                     state.fed.append(token)
             if feed:
                 logits = model.forward_rows(feed, {r: 1 for r in feed})
         for row, state in live.items():
-            state.drafted = ks[row]  # chain tokens: the depth
-            tree = parents[row] if self.width > 1 else None
-            drafts[row] = Draft(tokens[row], np.stack(q[row]) if q[row] else None, {}, tree)
+            state.drafted = depth[row]  # chain tokens: the depth
+            drafts[row] = self._draft(levels[row])
         return drafts
+
+    def _draft(self, levels) -> Draft:
+        """A row's Draft from its depths' candidates: the chain (width 1), every candidate (the
+        fishbone), or the `nodes` most probable paths."""
+        chosen = self._choose(levels) if self.nodes else [len(c) for c, _, _ in levels]
+        tokens, parents, q = [], [], []
+        above = -1  # the chain's node of the depth before, under which a depth's candidates hang
+        for (candidates, _, row_q), n in zip(levels, chosen):
+            if n == 0:
+                break
+            for t in candidates[:n]:
+                tokens.append(t)
+                parents.append(above)
+                if row_q is not None:
+                    q.append(row_q)
+            above = len(tokens) - n
+        tree = parents if self.width > 1 else None
+        return Draft(tokens, np.stack(q) if q else None, {}, tree)
+
+    def _choose(self, levels) -> list[int]:
+        """How many of each depth's candidates the tree keeps: best first by path probability,
+        among the candidates whose chain node above and earlier siblings are already kept."""
+        above = [1.0]  # the path probability of each depth's parent (the chain's node before it)
+        for _, probs, _ in levels[:-1]:
+            above.append(above[-1] * probs[0])
+        chosen = [0] * len(levels)
+        heap = [(-levels[0][1][0], 0, 0)]  # (-path probability, depth, candidate)
+        while heap and sum(chosen) < self.nodes:
+            _, d, j = heapq.heappop(heap)
+            chosen[d] = j + 1
+            candidates, probs, _ = levels[d]
+            if j == 0 and d + 1 < len(levels):  # the chain's node: the next depth opens below it
+                heapq.heappush(heap, (-above[d + 1] * levels[d + 1][1][0], d + 1, 0))
+            if j + 1 < len(candidates):  # the sibling drawn next
+                heapq.heappush(heap, (-above[d] * probs[j + 1], d, j + 1))
+        return chosen
+
+    def _settled(self, levels) -> bool:
+        """Whether `nodes` candidates found so far are at least as probable as the chain's last node,
+        which bounds every node below it: no deeper node could be chosen."""
+        path, values = 1.0, []
+        for _, probs, _ in levels:
+            values += [path * p for p in probs]
+            path *= probs[0]
+        return sum(v >= path for v in values) >= self.nodes
+
+    @staticmethod
+    def _probs(logits: np.ndarray, q: np.ndarray | None, tokens: list[int]) -> list[float]:
+        """The draft's probability of each token: q when sampled, else the softmax of its logits."""
+        if q is not None:
+            return [float(q[t]) for t in tokens]
+        top = float(np.max(logits))
+        log_z = top + float(np.log(np.sum(np.exp(logits - top))))
+        return [float(np.exp(logits[t] - log_z)) for t in tokens]
 
     def _siblings(self, logits: np.ndarray, token: int, q: np.ndarray | None, state: _Row) -> list[int]:
         """The width - 1 candidates after `token` at one depth: the next best by the draft's logits

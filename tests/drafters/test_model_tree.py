@@ -1,0 +1,96 @@
+"""The draft model's tree shaped by its own confidence (drafters.model, `nodes`): which of the
+candidates it keeps, that the kept ones form a tree whose sampled siblings stay in draw order, and
+that its chain stops where nothing deeper could be kept."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec.drafters.model import ModelDrafter
+from specdec.sampling import SamplingParams
+
+from ..toy import ToyLM
+
+
+def levels(*probs):
+    """Depths' candidates (token ids from 0) with the draft's probabilities, chain token first."""
+    out, token = [], 0
+    for row in probs:
+        out.append((list(range(token, token + len(row))), list(row), None))
+        token += len(row)
+    return out
+
+
+def chooser(nodes: int) -> ModelDrafter:
+    return ModelDrafter(ToyLM(), width=3, nodes=nodes)
+
+
+def test_a_sure_draft_keeps_its_chain():
+    assert chooser(4)._choose(levels([0.9, 0.05], [0.9, 0.05], [0.9, 0.05], [0.9, 0.05], [0.9, 0.05])) == [
+        1,
+        1,
+        1,
+        1,
+        0,
+    ]
+
+
+def test_width_goes_where_the_draft_is_unsure():
+    # paths: .95, then .475 (chain) and .4275 (sibling) at depth 2, .38 at depth 3
+    assert chooser(4)._choose(levels([0.95, 0.03], [0.5, 0.45], [0.8, 0.1], [0.9, 0.05])) == [1, 2, 1, 0]
+    # the sibling of depth 1 outranks every chain node below it
+    assert chooser(3)._choose(levels([0.5, 0.4], [0.6, 0.3], [0.9, 0.05])) == [2, 1, 0]
+
+
+def test_sampled_siblings_are_kept_in_the_order_they_were_drawn():
+    """A chain token drawn against the odds, then siblings of rising probability: the second
+    sibling is kept only after the first, however probable, so the kept ones are the first draws
+    (the without-replacement rule verifies them in that order)."""
+    assert chooser(2)._choose(levels([0.1, 0.2, 0.6], [0.9, 0.05, 0.01])) == [2, 0]
+    assert chooser(3)._choose(levels([0.1, 0.2, 0.6], [0.9, 0.05, 0.01])) == [3, 0]
+    assert chooser(4)._choose(levels([0.1, 0.2, 0.6], [0.9, 0.05, 0.01])) == [3, 1]
+
+
+def test_the_tree_has_the_budgets_nodes_chain_tokens_first():
+    shaped = chooser(4)._draft(levels([0.95, 0.03], [0.5, 0.45], [0.8, 0.1], [0.9, 0.05]))
+    # depth 1: node 0; depth 2: nodes 1 (chain) and 2 under node 0; depth 3: node 3 under node 1
+    assert shaped.tokens == [0, 2, 3, 4] and shaped.parents == [-1, 0, 0, 1]
+
+
+def _propose(draft: ToyLM, nodes: int, k: int, params: SamplingParams, seed=0):
+    drafter = ModelDrafter(draft, width=3, nodes=nodes)
+    drafter.begin(0, [3, 4, 5], params, np.random.default_rng(seed))
+    out = drafter.propose({0: [3, 4, 5]}, {0: k})[0]
+    return drafter, out
+
+
+def _check_tree(draft, budget):
+    assert len(draft.tokens) <= budget and len(draft.parents) == len(draft.tokens)
+    for i, parent in enumerate(draft.parents):
+        assert parent < i
+        if parent >= 0:  # a node hangs under its depth's chain node: the first child of its parent
+            assert draft.parents.index(draft.parents[parent]) == parent
+
+
+def test_greedy_and_sampled_trees_keep_the_budget():
+    toy = ToyLM(seed=3, sharpness=1.0)  # unsure: the budget goes to siblings too
+    for params in (SamplingParams(), SamplingParams(temperature=1.0)):
+        for seed in range(5):
+            drafter, draft = _propose(toy, 5, 6, params, seed)
+            assert len(draft.tokens) == 5
+            _check_tree(draft, 5)
+            if params.greedy:
+                assert draft.q is None
+            else:  # each node's row: the distribution it was drawn from (its depth's)
+                assert draft.q.shape == (5, toy.vocab_size)
+                assert all(abs(row.sum() - 1) < 1e-6 for row in draft.q)
+
+
+def test_a_sure_draft_stops_drafting_at_the_budget():
+    """Its chain's nodes outrank every sibling: nothing below the budget's depth could be kept, so
+    the draft model is not run there."""
+    sure = ToyLM(seed=3, sharpness=40.0)
+    drafter, draft = _propose(sure, 3, 8, SamplingParams())
+    assert draft.parents == [-1, 0, 1]  # a chain of 3
+    assert drafter._rows[0].drafted == 3  # not 8
+    assert len(sure.forward_calls) == 3  # catch-up, then depths 1 and 2 fed (the third is not)
