@@ -476,10 +476,15 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log p [vocab] of one position's raw logits (temperature 1, no filters), in float64."""
+    shifted = logits.astype(np.float64) - float(np.max(logits))
+    return shifted - np.log(np.sum(np.exp(shifted)))
+
+
 def token_logprob(logits: np.ndarray, token: int, top: int = 0) -> TokenLogprob:
     """TokenLogprob of `token` from one position's logits [vocab]."""
-    shifted = logits.astype(np.float64) - float(np.max(logits))
-    logp = shifted - np.log(np.sum(np.exp(shifted)))
+    logp = log_softmax(logits)
     best = ()
     if top:
         ids = np.argpartition(-logp, top - 1)[:top] if top < len(logp) else np.arange(len(logp))

@@ -30,7 +30,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..models.base import RowModel, check_same_vocab
-from ..sampling import SamplingParams, draft_token, sample
+from ..sampling import SamplingParams, draft_token, log_softmax, sample
 from .base import Draft
 
 
@@ -177,9 +177,8 @@ class ModelDrafter:
         """The draft's probability of each token: q when sampled, else the softmax of its logits."""
         if q is not None:
             return [float(q[t]) for t in tokens]
-        top = float(np.max(logits))
-        log_z = top + float(np.log(np.sum(np.exp(logits - top))))
-        return [float(np.exp(logits[t] - log_z)) for t in tokens]
+        logp = log_softmax(logits)
+        return [float(np.exp(logp[t])) for t in tokens]
 
     def _siblings(self, logits: np.ndarray, token: int, q: np.ndarray | None, state: _Row) -> list[int]:
         """The width - 1 candidates after `token` at one depth: the next best by the draft's logits
