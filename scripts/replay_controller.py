@@ -171,12 +171,14 @@ def loo(args) -> None:
     import specdec.controller as controller
 
     extra = {}
-    for setting in args.set or []:  # NAME=VALUE: a module constant (REACH, MARGIN) or a controller argument
+    for setting in args.set or []:  # NAME=VALUE: a module constant (MARGIN) or a controller argument (reach)
         name, value = setting.split("=", 1)
         if name.isupper():  # set where it is read: the controller's, or the acceptance tables' (OVERLAY_LONG)
-            for module in (controller, acceptance):
-                if hasattr(module, name):
-                    setattr(module, name, float(value))
+            modules = [module for module in (controller, acceptance) if hasattr(module, name)]
+            if not modules:
+                raise SystemExit(f"--set: no constant {name} in specdec.controller or specdec.acceptance")
+            for module in modules:
+                setattr(module, name, float(value))
         else:
             extra[name] = float(value)
     result = leave_one_category_out(records, costs, draft_costs, stops(header), **extra)
@@ -281,10 +283,9 @@ def verdict(args) -> int:
     names = list(next(iter(result.values()))["holds"])
     print(
         "| category | prompts | auto (held out) | clairvoyant | auto / clairvoyant | best fixed | best peer | "
-        + " | ".join(names)
-        + " |"
+        "their best / clairvoyant | " + " | ".join(names) + " |"
     )
-    print("|---" * (7 + len(names)) + "|")
+    print("|---" * (8 + len(names)) + "|")
     failed = []
     for category, r in result.items():
         (fixed, f), (peer, p) = r["best fixed"], r["best peer"]
@@ -292,7 +293,7 @@ def verdict(args) -> int:
         failed += [f"{category}: {n}" for n in names if not r["holds"][n]]
         print(
             f"| {category} | {r['prompts']} | {r['auto']:.2f}x | {r['clairvoyant']:.2f}x | {r['ratio']:.2f} "
-            f"| {fixed} {f:.2f}x | {peer} {p:.2f}x | " + " | ".join(marks) + " |"
+            f"| {fixed} {f:.2f}x | {peer} {p:.2f}x | {max(f, p) / r['clairvoyant']:.2f} | " + " | ".join(marks) + " |"
         )
     print(f"\n{len(failed)} of {len(result) * len(names)} bars fail" + (": " + "; ".join(failed) if failed else ""))
     return 1 if args.check and failed else 0
@@ -368,8 +369,8 @@ def main() -> int:
         "--set",
         nargs="+",
         metavar="NAME=VALUE",
-        help="try other values: controller constants (REACH=1, MARGIN=0.05) or arguments "
-        "(overlay_weight=16, shared_rate=0.02, explore_growth=1)",
+        help="try other values: controller constants (MARGIN=0.05) or arguments "
+        "(reach=0.5, overlay_weight=16, shared_rate=0.02, explore_growth=1)",
     )
     ver = sub.add_parser("verdict", help="auto's bars per category: clairvoyant, best fixed, best peer policy")
     _replay_inputs(ver)

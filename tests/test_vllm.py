@@ -127,16 +127,15 @@ def test_auto_drafts_long_on_a_flat_curve_and_steps_aside_on_a_steep_one(tmp_pat
 
 
 def test_a_flat_timed_curve_lets_free_drafts_reach_past_their_match(tmp_path, monkeypatch):
-    from specdec.controller import REACH
     from tests.vllm_runner import vllm_config
 
     reach = {}
     for name, seconds in (("flat", lambda w: 0.056 + 0.0006 * (w - 1)), ("steep", lambda w: 0.01 * w)):
         timed_curve(tmp_path, monkeypatch, seconds)
         reach[name] = sv.Proposer(vllm_config(16)).controller.reach
-    assert reach == {"flat": sv.FLAT_REACH, "steep": REACH}
+    assert reach == {"flat": sv.FLAT_REACH, "steep": sv.STEEP_REACH}
     monkeypatch.delenv("SPECDEC_VLLM_COSTS")  # the prior: a slope of its own, learned live
-    assert sv.Proposer(vllm_config(16)).controller.reach == REACH
+    assert sv.Proposer(vllm_config(16)).controller.reach == sv.STEEP_REACH
 
 
 def test_auto_learns_the_step_cost_from_the_time_between_its_calls():

@@ -165,11 +165,26 @@ class MatchAcceptance:
         shared = self.tables[kind][b]
         return shared if overlay is None else float(overlay.blend(shared, self._group(kind, b)))
 
-    def expected_tokens(self, m: int, k_max: int, kind: str = "single", overlay: Overlay | None = None) -> np.ndarray:
+    def expected_tokens(
+        self, m: int, k_max: int, kind: str = "single", overlay: Overlay | None = None, cautious: bool = False
+    ) -> np.ndarray:
         """[k_max + 1] E[emitted tokens | k] for k = 0..k_max, the match spanning m tokens now
-        (this request's estimate when its overlay is given)."""
+        (this request's estimate when its overlay is given; with `cautious`, each rate one standard
+        error below its estimate: what the controller drafts on)."""
         a = np.array([self._estimate(self._kind(i, kind), self.bucket(m + i), overlay) for i in range(k_max)])
+        if cautious:
+            a = self.cautious(a)
         return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(a))])
+
+    def cautious(self, a: np.ndarray) -> np.ndarray:
+        """Rates one standard error below `a`: a moving average at rate r weighs about (2 - r) / r
+        observations, so a rate h is known to about sqrt(h (1 - h) / ((2 - r) / r + 1)).
+        why: a draft's worth is a product of rates, so the errors of a long draft's rates compound,
+        and a long draft that fails costs most where a wide forward is dear: one error below each
+        rate cuts long drafts short on a steep curve and barely on a flat one, as the half-the-match
+        cap it replaces did only on the steep one; history: docs/provenance.md#reach"""
+        n = (2.0 - self.rate) / self.rate
+        return np.clip(a - np.sqrt(a * (1.0 - a) / (n + 1.0)), 0.0, 1.0)
 
     def observe(self, m: int, checked: int, matched: int, kind: str = "single", overlay: Overlay | None = None) -> None:
         """`checked` guesses of a proposal from a match of m tokens were compared with what the

@@ -45,10 +45,6 @@ OBJECTIVES = ("throughput", "latency")
 # why: the estimates it wins on are picked for being the highest, so they err high (and step costs
 # vary by about that); history: docs/provenance.md#margin
 MARGIN = 0.1
-# Prompt lookup drafts at most REACH x its match length: a copy that has held for m tokens is
-# trusted for m / 2 more.
-# why: the long drafts that failed were the ones from short matches; history: docs/provenance.md#reach
-REACH = 0.5
 # A request's own evidence weighs as much as OVERLAY_WEIGHT guesses from the shared table (Overlay):
 # after 3 x OVERLAY_WEIGHT guesses of a kind its own rate has 3/4 of the say.
 # why: best on code and RAG, the categories where requests differ most; history: docs/provenance.md#overlay_weight
@@ -58,8 +54,9 @@ OVERLAY_WEIGHT = 8.0
 SHARED_RATE = EMA
 # A response that has been a verbatim copy of its context nearly since its first token (a match of
 # at least WHOLE_COPY_MIN tokens spanning at least WHOLE_COPY_SHARE of the tokens generated) is a
-# copy task: a rewrite of given code, an extract from a passage. REACH does not bound its drafts.
-# why: inside such a copy the next 63 guesses are mostly all right, and a REACH-capped ramp spends 6-8
+# copy task: a rewrite of given code, an extract from a passage. A cap on reach (the controller's
+# `reach`, which only the vLLM proposer sets) does not bound its drafts.
+# why: inside such a copy the next 63 guesses are mostly all right, and a capped ramp spends 6-8
 # steps getting there; a long match alone is no licence;
 # history: docs/provenance.md#whole_copy_min, docs/provenance.md#whole_copy_share
 WHOLE_COPY_MIN = 16
@@ -229,7 +226,7 @@ class CostAwareController:
         explore_growth: float | None = None,
         stops: frozenset[int] = frozenset(),
         objective: str = "throughput",
-        reach: float = REACH,  # prompt lookup's drafts at most reach x its match (REACH's comment)
+        reach: float | None = None,  # a cap: free drafts at most reach x their match (None: none)
     ):
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
@@ -238,8 +235,13 @@ class CostAwareController:
         self.target_cost = CostTable.of(target_costs)
         # A free drafter (prompt lookup, the suffix cache) may draft as far as the widest forward the cost
         # curve has timed (costs.WIDE): inside a verbatim copy its guesses keep landing, and on this CPU a
-        # forward's cost per token keeps falling past 16 tokens (REACH still bounds it by the match).
+        # forward's cost per token keeps falling past 16 tokens.
         self.k_free = max(K_MAX, self.target_cost.widths[-1] - 1)
+        # How far past its match a free draft is trusted is the acceptance tables' estimate (the
+        # survival of a copy by match length and position, each rate one standard error below its
+        # estimate: MatchAcceptance.cautious), priced on the curve: a flat curve drafts long, a steep
+        # one short. `reach` adds a cap for callers that measured one (vllm.py).
+        # history: docs/provenance.md#reach
         self.reach = reach
         self.stops = stops  # end-of-generation tokens: a free proposal is valued up to its first
         if free is None:
@@ -327,11 +329,11 @@ class CostAwareController:
                 match = max(1, proposal.evidence.get("match", 1))
                 kind = MatchAcceptance.evidence(proposal.evidence.get("votes", (1, 1)))
                 state.shadow[drafter.name] = (list(proposal.tokens), match, kind)
-                reach = min(len(proposal.tokens), max(1, int(self.reach * match)))
-                if whole_copy(match, len(contexts[row]) - state.prompt_len):
-                    reach = len(proposal.tokens)  # a whole copy: its own estimates decide
+                reach = len(proposal.tokens)
+                if self.reach is not None and not whole_copy(match, len(contexts[row]) - state.prompt_len):
+                    reach = min(reach, max(1, int(self.reach * match)))  # a cap, except in a whole copy
                 expected = self.match_accept[drafter.name].expected_tokens(
-                    match, reach, kind, state.overlays[drafter.name]
+                    match, reach, kind, state.overlays[drafter.name], cautious=True
                 )
                 k, value = self._value(expected, lambda k: 0.0, depth)
                 if k and value > best_value:

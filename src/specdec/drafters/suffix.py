@@ -45,7 +45,7 @@ from .base import Draft
 # already match that far (a 16-token key finds a repeated prompt among thousands of "    return"s);
 # the shorter ones still find a 1-token match when nothing longer exists, as prompt lookup does.
 KEY_LENGTHS = (1, 2, 4, 8, 16)
-DEPTH = 128  # the longest match measured: twice the longest draft (controller.REACH)
+DEPTH = 128  # the longest match measured: twice the widest draft (63) the controller times
 CANDIDATES = 64  # occurrences of the key compared per store, the most recent first
 # A chain stops where it is unlikely to be accepted anyway (what a fixed k would otherwise draft):
 # past as many tokens as its match spans (a 1-token match earns a 1-token draft, as SuffixDecoding
