@@ -176,7 +176,8 @@ def loo(args) -> None:
         if name.isupper():  # set where it is read: the controller's, or the acceptance tables' (OVERLAY_LONG)
             modules = [module for module in (controller, acceptance) if hasattr(module, name)]
             if not modules:
-                raise SystemExit(f"--set: no constant {name} in specdec.controller or specdec.acceptance")
+                print(f"error: --set: no constant {name} in specdec.controller or specdec.acceptance", file=sys.stderr)
+                raise SystemExit(2)
             for module in modules:
                 setattr(module, name, float(value))
         else:

@@ -276,3 +276,22 @@ def test_the_verdict_names_the_best_fixed_method_and_peer_and_checks_the_bars(tm
     )
     assert proc.returncode == (1 if failing else 0), proc.stderr
     assert "best peer" in proc.stdout and ("FAILS" in proc.stdout) == failing
+
+
+def test_loo_refuses_a_constant_it_would_not_set():
+    """`loo --set NAME=VALUE` with an upper-case NAME that neither the controller nor the acceptance
+    tables define is a one-line error and exit 2 (REACH, once a constant, is now the argument
+    `reach`: setting the old name used to change nothing, silently)."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "replay_controller.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "loo", "--recording", str(RECORDINGS[1]), "--set", "REACH=1"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "error: --set: no constant REACH in specdec.controller or specdec.acceptance"
+    ]
