@@ -9,9 +9,9 @@ Servers: specdec:<draft> (auto, none, ngram, or a draft model name), optionally 
 (the 0.5B draft model, 4 tokens), and `vllm serve` (`make vllm-peer`) as vllm:plain, vllm:ngram:K,
 vllm:draft:K, vllm:suffix:K, or with our proposers inside it, vllm:specdec:auto:K,
 vllm:specdec:ngram:K, vllm:specdec:suffix:K (specdec.vllm_peer.speculative_config).
-With --repeats R every cell runs R times, the servers taking turns within each round (a drifting
-machine then moves every server alike), and a last table gives each cell's median and its spread
-(max / min tokens/s over the repeats).
+With --repeats R every cell runs R times, the servers taking turns within each round, in the
+reverse order every other round (a drifting machine then moves every server alike), and a last
+table gives each cell's median and its spread (max / min tokens/s over the repeats).
 Take the CPU to yourself while it runs: timings on a shared CPU mean nothing.
 """
 
@@ -179,9 +179,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     print(serve_load.HEADER, flush=True)
     rows = []
-    for _ in range(args.repeats):
+    for round_ in range(args.repeats):
         for c in args.concurrency:
-            for server in args.servers:
+            # every other round in the reverse order, so no server always runs first (or right
+            # after the same neighbour) in a cell
+            for server in args.servers if round_ % 2 == 0 else args.servers[::-1]:
                 rows.append(run_cell(server, c, args))
     if args.repeats > 1:
         print("\nmedian over the repeats (spread: max / min tokens/s)", flush=True)
