@@ -1,9 +1,9 @@
 """Sampled output follows the target's distribution through the whole engine, for every drafter kind:
 the draft model (a real q; and its trees, siblings drawn without replacement), prompt lookup and the
-suffix cache (one-hot drafts), `auto` (all of them, chosen per step), and drafts from a model of
-another vocabulary (string-level and intersected). Drafts run up to 4 tokens, rows run in batches
-that share the suffix cache, the target's end-of-generation token ends rows early, and sampling
-filters cut p and q alike.
+suffix cache (one-hot drafts; the cache's trees, fixed candidates), `auto` (all of them, chosen per
+step), and drafts from a model of another vocabulary (string-level and intersected). Drafts run up
+to 4 tokens, rows run in batches that share the suffix cache, the target's end-of-generation token
+ends rows early, and sampling filters cut p and q alike.
 
 The check: the first N emitted tokens of many seeded rows against their exact probability under the
 target alone, enumerated from the target's own logits (chi-square with small cells pooled and a
@@ -22,6 +22,7 @@ from specdec import GenerationConfig, SpeculativeDecoder
 from specdec.costs import CostTable
 from specdec.drafters.cross_vocab import CrossVocabDrafter
 from specdec.drafters.model import ModelDrafter
+from specdec.drafters.suffix import SuffixCacheDrafter
 from specdec.sampling import VERIFICATION_RULES, SamplingParams, logits_to_probs
 
 from .drafters.test_cross_vocab import draft_lm, target_lm
@@ -137,13 +138,17 @@ def toy_decoder(kind: str, target) -> SpeculativeDecoder:
         "draft tree by path": lambda: ModelDrafter(same_vocab_draft(target), width=3, nodes=4),
         "ngram": lambda: "ngram",
         "suffix": lambda: "suffix",
+        "suffix tree": lambda: SuffixCacheDrafter(width=2),  # fixed candidates (no q) under sampling
         "string:": lambda: CrossVocabDrafter(draft_lm(), target, "string"),
         "intersect:": lambda: CrossVocabDrafter(draft_lm(), target, "intersect"),
     }[kind]()
     return SpeculativeDecoder(target, drafter, k=N - 1)
 
 
-KINDS = ["draft model", "ngram", "suffix", "auto", "string:", "intersect:", "draft tree", "draft tree by path"]
+KINDS = [
+    *("draft model", "ngram", "suffix", "auto", "string:", "intersect:", "draft tree", "draft tree by path"),
+    "suffix tree",
+]
 
 
 @pytest.fixture(scope="module")

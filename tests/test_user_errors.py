@@ -137,7 +137,12 @@ USER_ERRORS = [
         ["generate", "-p", "x", "--draft", "ngram", "--draft-width", "2"],
         "drafts trees from a draft model",
     ),
-    _row("tree-of-auto", ["serve", "--draft-width", "3"], "give --draft a model name or path (not auto)"),
+    _row("tree-of-auto", ["serve", "--draft-width", "3"], "give --draft suffix, or a model name or path (not auto)"),
+    _row(
+        "serve-suffix-tree",
+        ["serve", "--draft", "suffix", "--draft-width", "2"],
+        "drafts chains from its one suffix cache",
+    ),
     _row("tree-too-wide", ["generate", "-p", "x", "--draft-width", "99"], "--draft-width"),
     _row("tree-nodes-without-width", ["generate", "-p", "x", "--draft-nodes", "4"], "give --draft-width 2 or more"),
     _row("tree-nodes-negative", ["generate", "-p", "x", "--draft-width", "2", "--draft-nodes", "-1"], "--draft-nodes"),

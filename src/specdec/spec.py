@@ -36,6 +36,7 @@ GRAMMAR = (
 AUTO_SUFFIX = True
 METHODS = (
     "plain, auto, auto:suffix, auto:nosuffix, draft:K, draft:KxW (a tree: W candidates a depth), ngram:K, suffix:K, "
+    "suffix:KxW (a tree: the cache's W likeliest continuations under each node), "
     "early-exit:L:K (--backend numpy), head:K:FILE, auto:head:FILE (auto with the head in the draft model's place)"
 )
 
@@ -51,8 +52,10 @@ class DraftSpec:
     vocab: str = ""  # a model's: "string" / "intersect" (across tokenizers); "": by vocabulary
     suffix: bool | None = None  # auto: consult the suffix cache (None: AUTO_SUFFIX)
     head: str = ""  # head: the head file (specdec train); auto: a head it drafts with, as with a draft model
-    width: int = 1  # model: candidates per draft position (> 1: a tree, drafters.model)
-    nodes: int = 0  # model tree: the most probable paths' nodes it keeps (0: all k x width)
+    # model: candidates per draft position (> 1: a tree, drafters.model); suffix: continuations
+    # under each node (> 1: a tree, drafters.suffix)
+    width: int = 1
+    nodes: int = 0  # a tree: the most probable paths' nodes it keeps (0: k x width)
 
     @property
     def is_auto(self) -> bool:
@@ -85,16 +88,17 @@ def parse(
     """A drafter name (the grammar above) -> DraftSpec, validated before anything is loaded.
     `backend` is the target's, if known; `k` the draft tokens of a fixed drafter; `draft_model`
     (auto only) names the draft model auto may use ('none' or None: none); `width` a draft
-    model's candidates per position (> 1: trees), and `nodes` how many of the k x width the tree
-    keeps (0: all), chosen by the draft's path probabilities."""
+    model's candidates per position, or the suffix cache's continuations per node (> 1: trees),
+    and `nodes` how many of the k x width the tree keeps (0: all), chosen by their paths'
+    probabilities (the draft model's, or the share of the cache's occurrences)."""
     if nodes and width < 2:
         raise SpecdecError(f"--draft-nodes {nodes} shapes a tree: give --draft-width 2 or more as well")
     if width > 1:
         spec = parse(text, backend, k, draft_model)
-        if spec.kind != "model" or spec.vocab:
+        if not (spec.kind == "model" and not spec.vocab) and spec.kind != "suffix":
             raise SpecdecError(
-                f"--draft-width {width} drafts trees from a draft model of the target's vocabulary: "
-                f"give --draft a model name or path (not {text or 'none'})"
+                f"--draft-width {width} drafts trees from a draft model of the target's vocabulary or "
+                f"from the suffix cache: give --draft suffix, or a model name or path (not {text or 'none'})"
             )
         return replace(spec, width=width, nodes=nodes)
     text = (text or "").strip()
@@ -156,11 +160,12 @@ def parse_method(method: str) -> DraftSpec | None:
                 return DraftSpec("head", k=int(k), head=path)
         elif head in ("draft", "ngram", "suffix") and rest.isdigit() and int(rest) >= 1:
             return DraftSpec("model" if head == "draft" else head, k=int(rest))
-        elif head == "draft" and "x" in rest:  # draft:KxW, or draft:KxW/N (the N most probable nodes)
+        elif head in ("draft", "suffix") and "x" in rest:  # KxW, or KxW/N (the N most probable nodes)
             k, _, shape = rest.partition("x")
             width, slash, nodes = shape.partition("/")
             if int(k) >= 1 and int(width) >= 1 and (not slash or (int(nodes) >= 1 and int(width) >= 2)):
-                return DraftSpec("model", k=int(k), width=int(width), nodes=int(nodes) if slash else 0)
+                kind = "model" if head == "draft" else "suffix"
+                return DraftSpec(kind, k=int(k), width=int(width), nodes=int(nodes) if slash else 0)
     except ValueError:
         pass
     return None
@@ -199,8 +204,10 @@ def make_drafter(spec: DraftSpec | str, target, load: Callable[[str], object] | 
         return None
     if spec.kind == "ngram":
         return NgramDrafter()
-    if spec.kind == "suffix":
-        return suffix if suffix is not None else new_suffix_cache(target)
+    if spec.kind == "suffix":  # the cache given (shared, loaded from the flags) drafts this spec's shape
+        cache = suffix if suffix is not None else new_suffix_cache(target)
+        cache.shape(spec.width, spec.nodes)
+        return cache
     if spec.kind == "early-exit":
         return EarlyExitDrafter(target, spec.layers)
     if spec.kind == "head":

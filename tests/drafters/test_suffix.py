@@ -15,7 +15,7 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.suffix import DEPTH, EVICT_TO, FORMAT, SuffixCacheDrafter, tokenizer_fingerprint
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
-from specdec.spec import make_drafter, parse
+from specdec.spec import make_drafter, parse, parse_method
 
 from ..toy import ToyLM, on_virtual_clock
 
@@ -236,6 +236,102 @@ def test_the_grammar_names_it():
     assert isinstance(make_drafter("suffix", target), SuffixCacheDrafter)
     mine = SuffixCacheDrafter()
     assert make_drafter("suffix", target, suffix=mine) is mine
+    # the cache given drafts the spec's shape: --draft suffix --draft-width 2 --draft-nodes 6
+    assert make_drafter(parse("suffix", width=2, nodes=6), target, suffix=mine) is mine
+    assert (mine.width, mine.nodes) == (2, 6)
+    make_drafter(parse("suffix"), target, suffix=mine)
+    assert (mine.width, mine.nodes) == (1, 0)
+
+
+# -- trees: where earlier continuations parted, both sides --------------------------------------------
+
+
+def parted_cache(width=2, nodes=0) -> SuffixCacheDrafter:
+    """After 1 2 3: 10 11 12 twice, 20 21 22 once, 30 31 32 once (the oldest)."""
+    cache = SuffixCacheDrafter(width=width, nodes=nodes)
+    for tail in ([30, 31, 32], [10, 11, 12], [20, 21, 22], [10, 11, 12]):
+        cache.add([1, 2, 3, *tail])
+    return cache
+
+
+def test_a_tree_keeps_the_continuations_earlier_answers_parted_into():
+    draft = propose(parted_cache(width=2), [5, 1, 2, 3], k=3)
+    # best first by the share agreeing with the whole path: 10 11 12 (2 of 4), then 20 21 22
+    # (1 of 4, the more recent of the two singles); 30 is the third child of the root: width 2
+    assert draft.tokens == [10, 11, 12, 20, 21, 22]
+    assert draft.parents == [-1, 0, 1, -1, 3, 4]
+    assert draft.evidence == {"match": 3, "votes": (2, 4)}
+    wide = propose(parted_cache(width=3), [5, 1, 2, 3], k=3)
+    # k x width = 9 nodes; paths of equal share in the order they were found (30 before 21)
+    assert wide.tokens == [10, 11, 12, 20, 30, 21, 31, 22, 32]
+    assert wide.parents == [-1, 0, 1, -1, -1, 3, 4, 5, 6]
+
+
+def test_a_tree_stops_at_its_node_budget_and_one_that_never_branched_is_a_chain():
+    three = propose(parted_cache(width=2, nodes=3), [5, 1, 2, 3], k=3)
+    assert three.tokens == [10, 11, 12] and three.parents is None  # the majority's chain alone
+    four = propose(parted_cache(width=2, nodes=4), [5, 1, 2, 3], k=3)
+    assert four.tokens == [10, 11, 12, 20] and four.parents == [-1, 0, 1, -1]
+
+
+def test_a_tree_reaches_no_further_than_its_match_nor_below_min_share():
+    cache = parted_cache(width=2)
+    short = propose(cache, [5, 9, 3], k=3)  # a 1-token match: 1 deep, two roots
+    assert short.tokens == [10, 20] and short.parents == [-1, -1]
+    for tail in range(40, 52):  # 12 more answers part after 1 2 3 10
+        cache.add([1, 2, 3, 10, tail])
+    draft = propose(cache, [5, 1, 2, 3], k=3)
+    # 10 now holds 14 of 16; below it 11 holds 2 of 14 (share 1/8) and each new tail 1 of 14
+    # (1/16, under MIN_SHARE); 20 and 30 hold 1/16 each
+    assert draft.tokens == [10, 11, 12] and draft.parents is None
+
+
+def test_at_width_one_the_tree_is_the_chain():
+    rng = np.random.default_rng(5)
+    cache = SuffixCacheDrafter()
+    for _ in range(40):
+        cache.add(rng.integers(0, 6, rng.integers(3, 30)).tolist())
+    for _ in range(200):
+        context = rng.integers(0, 6, rng.integers(1, 12)).tolist()
+        k = int(rng.integers(1, 10))
+        cache.begin(0, context, PARAMS, RNG)
+        state = cache._rows.pop(0)
+        chain = cache.propose_one(state, context, k)
+        cache.shape(2, nodes=10_000)  # no budget to run out of: every node at MIN_SHARE or above
+        tree = cache.propose_one(state, context, k)
+        cache.shape(1)
+        assert tree.evidence == chain.evidence
+        # the tree's first branch (each node's first child) is the chain; a tree that kept no
+        # second branch goes as the chain itself
+        assert tree.first_branch().tokens == chain.tokens
+        found = [(cache._store, end, m) for end, m in cache._store.candidates(tuple(context[-1:]), context, 64)]
+        if found:
+            assert SuffixCacheDrafter._tree(found, k, 1, k).tokens == SuffixCacheDrafter._chain(found, k).tokens
+
+
+def test_a_suffix_tree_writes_plain_greedy_and_drafts_the_branch_the_target_takes():
+    """The cache holds a wrong answer twice and the target's own once after each prompt: the chain
+    drafts the majority's and loses its first step; the tree drafts both, and the target takes
+    the second branch. Afterwards the right answer's longer match leads both."""
+    target = ToyLM(vocab_size=32, seed=1)
+    plain = [SpeculativeDecoder(target, None).generate(p, max_new_tokens=30).tokens for p in PROMPTS]
+    runs = {}
+    for method in ("suffix:6", "suffix:6x2"):
+        cache = SuffixCacheDrafter()
+        for prompt, right in zip(PROMPTS, plain):
+            wrong = [(t + 1) % 32 for t in right]
+            for tail in (wrong, right, wrong):  # the majority is wrong, the most recent too
+                cache.add([*prompt, *tail])
+        decoder = SpeculativeDecoder.from_spec(target, parse_method(method), suffix=cache)
+        if method == "suffix:6x2":
+            for prompt, right in zip(PROMPTS, plain):
+                first = propose(cache, prompt, k=6)
+                assert first.parents is not None and first.first_branch().tokens == [(t + 1) % 32 for t in right[:6]]
+                second = first.parents.index(-1, 1)  # the second root: the right answer's branch
+                assert first.tokens[second : second + 6] == right[:6]
+        runs[method] = [decoder.generate(p, max_new_tokens=30) for p in PROMPTS]
+        assert [r.tokens for r in runs[method]] == plain, method
+    assert sum(r.stats.steps for r in runs["suffix:6x2"]) < sum(r.stats.steps for r in runs["suffix:6"])
 
 
 # -- in the engine: greedy output unchanged --------------------------------------------------------

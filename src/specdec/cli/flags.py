@@ -103,7 +103,8 @@ def _add_model_flags(
             metavar="W",
             help="candidates per draft position from a draft model: W > 1 drafts a tree (its top W at each "
             "depth when greedy, W draws without replacement when sampling), all scored by one target "
-            "forward (default: 1, a chain)",
+            "forward; with --draft suffix, the cache's W most frequent continuations under each node "
+            "(default: 1, a chain)",
         )
         g.add_argument(
             "--draft-nodes",
@@ -112,7 +113,8 @@ def _add_model_flags(
             metavar="N",
             help="with --draft-width: keep the N candidates whose paths the draft model finds most probable "
             "(width where it is unsure, depth where it is sure; the chain stops once nothing deeper could "
-            "be kept), so the target scores N tokens a step (default: 0, all of them)",
+            "be kept), so the target scores N tokens a step; with --draft suffix, the N whose paths most "
+            "of the cache's occurrences agree with (default: 0, all of them; the suffix cache: K x W)",
         )
         then("--draft-tokens")
     g.add_argument("--backend", choices=BACKENDS, default="llama", help=backend_help)

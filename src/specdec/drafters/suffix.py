@@ -18,6 +18,13 @@ chain is as long as the match or too few occurrences still agree (MIN_SHARE). Th
 length and the vote behind the first token, ("match": m, "votes": (chosen, total)), are the
 evidence the cost-aware controller predicts acceptance from, as it does for prompt lookup.
 
+With `width` > 1 the tree is kept instead (`suffix:KxW`, `suffix:KxW/N`): under every node the
+`width` tokens most of its occurrences continue with, grown best first by the share of occurrences
+that agree with the whole path, to at most `nodes` nodes (k x width without a count), no deeper
+than k or the match, none below MIN_SHARE. Where earlier answers parted (a file rewritten with
+different changes, an answer whose greedy text moved), the target then scores both sides in one
+forward instead of the majority's alone. A tree that never branches goes as a chain.
+
 Memory is bounded by `cap` tokens stored. Past it, the oldest sequences (not the corpus) are
 dropped until the store is at EVICT_TO of the cap, and the index is rebuilt from what remains,
 so the rebuild's cost is paid once per (1 - EVICT_TO) x cap new tokens (0.8 s at the default
@@ -27,7 +34,9 @@ cap on the 2-core development machine: a pause of the row that ends then, not a 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import io
+import itertools
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -141,18 +150,32 @@ class SuffixCacheDrafter:
     process has seen (module docstring). One instance serves every row and every request."""
 
     def __init__(
-        self, cap: int = DEFAULT_CAP, candidates: int = CANDIDATES, fingerprint: str = "", vocab_size: int = 0
+        self,
+        cap: int = DEFAULT_CAP,
+        candidates: int = CANDIDATES,
+        fingerprint: str = "",
+        vocab_size: int = 0,
+        width: int = 1,
+        nodes: int = 0,
     ):
         if cap < 1 or candidates < 1:
             raise ValueError(f"need cap >= 1 and candidates >= 1, got {cap}, {candidates}")
         self.name = self.kind = "suffix"
         self.cap, self.limit = cap, candidates
+        self.shape(width, nodes)
         self.fingerprint = fingerprint  # the tokenizer's, checked when a cache is loaded
         self.vocab_size = vocab_size  # a loaded cache's ids must lie in [0, vocab_size) (0: unchecked)
         self._static: list[list[int]] = []  # corpus sequences: never evicted, never saved
         self._seqs: list[list[int]] = []  # sequences seen, oldest first
         self._store = _Store()
         self._rows: dict[int, _Row] = {}
+
+    def shape(self, width: int = 1, nodes: int = 0) -> None:
+        """What it drafts from now on: a chain (width 1), or a tree of the `width` most frequent
+        continuations under each node, at most `nodes` nodes (0: k x width)."""
+        if width < 1 or nodes < 0 or (nodes and width < 2):
+            raise ValueError(f"need width >= 1 and nodes >= 0 (nodes only for a tree), got {width}, {nodes}")
+        self.width, self.nodes = width, nodes
 
     # -- what it holds ----------------------------------------------------------------------------
 
@@ -240,6 +263,8 @@ class SuffixCacheDrafter:
             key = tuple(context[-n:])
             found = [(s, end, m) for s in stores for end, m in s.candidates(key, context, self.limit)]
             if found:
+                if self.width > 1:
+                    return self._tree(found, k, self.width, self.nodes or k * self.width)
                 return self._chain(found, k)
         return Draft([])
 
@@ -269,6 +294,54 @@ class SuffixCacheDrafter:
         if not chain:
             return Draft([])
         return Draft(chain, evidence={"match": best, "votes": votes})
+
+    @staticmethod
+    def _tree(found: list[tuple[_Store, int, int]], k: int, width: int, budget: int) -> Draft:
+        """The occurrences sharing the longest match, as a tree of at most `budget` nodes: under each
+        node the `width` tokens most of the occurrences reaching it continue with (the most recent
+        first in a tie), taken best first by the share of all occurrences that agree with the whole
+        path. As deep as the match, at most k; the first node always, then none below MIN_SHARE
+        (every later one would be lower still). At width 1 it is _chain's chain."""
+        best = max(m for _, _, m in found)
+        alive = [(s.tokens, end) for s, end, m in found if m == best]  # most recent first per store
+        deepest = min(k, best)
+        tokens: list[int] = []
+        parents: list[int] = []
+        votes = (0, 0)
+        order = itertools.count()  # heap ties: the earlier pushed first (a parent's order among its children)
+        # (-share of the path, order, parent node, depth, token, its occurrences one further on, vote)
+        heap: list = []
+
+        def expand(parent: int, depth: int, share: float, occurrences) -> None:
+            if depth >= deepest:
+                return
+            groups: dict[int, list] = {}
+            for seq, pos in occurrences:
+                if pos < len(seq) and seq[pos] != _Store.SEP:
+                    groups.setdefault(seq[pos], []).append((seq, pos + 1))
+            total = sum(map(len, groups.values()))
+            for token in sorted(groups, key=lambda t: len(groups[t]), reverse=True)[:width]:  # stable: ties by recency
+                n = len(groups[token])
+                heapq.heappush(
+                    heap, (-share * n / total, next(order), parent, depth + 1, token, groups[token], (n, total))
+                )
+
+        expand(-1, 0, 1.0, alive)
+        while heap and len(tokens) < budget:
+            neg_share, _, parent, depth, token, occurrences, vote = heapq.heappop(heap)
+            if tokens and -neg_share < MIN_SHARE:
+                break
+            if not tokens:
+                votes = vote
+            tokens.append(token)
+            parents.append(parent)
+            expand(len(tokens) - 1, depth, -neg_share, occurrences)
+        if not tokens:
+            return Draft([])
+        evidence = {"match": best, "votes": votes}
+        if parents == list(range(-1, len(tokens) - 1)):  # it never branched: a chain
+            return Draft(tokens, evidence=evidence)
+        return Draft(tokens, evidence=evidence, parents=parents)
 
     # -- on disk ----------------------------------------------------------------------------------
 
