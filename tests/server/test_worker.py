@@ -159,3 +159,45 @@ def test_requests_arriving_together_start_together(monkeypatch):
         assert [out[-1] for out in outs] == [("end", 200)] * 2
         first = seen[0]
         assert len(first) == 2 and not any(logits for _, logits in first.values())  # both prompts, together
+
+
+def _first_forward_rows(monkeypatch, gather, gather_max, gap, n):
+    """Sends n requests `gap` seconds apart to an idle toy server; how many rows its first
+    forward prefilled."""
+    from specdec.server import worker
+
+    monkeypatch.setattr(worker, "GATHER", gather)
+    monkeypatch.setattr(worker, "GATHER_MAX", gather_max)
+    with toy_server(delay=0.01) as (base, service):
+        target = service.worker.target
+        seen = []
+        inner = target.forward_rows
+
+        def forward_rows(tokens, n_logits=None):
+            seen.append(len(tokens))
+            return inner(tokens, n_logits)
+
+        target.forward_rows = forward_rows
+        outs = [[] for _ in range(n)]
+        body = {"prompt": "abcdefgh", "max_tokens": 3, "speculative": {"draft": "none"}}
+        threads = []
+        for out in outs:
+            threads.append(_stream_in_thread(base, body, out))
+            time.sleep(gap)
+        for thread in threads:
+            thread.join(30)
+        assert [out[-1] for out in outs] == [("end", 200)] * n
+        return seen[0]
+
+
+def test_the_gathering_window_slides_with_each_arrival(monkeypatch):
+    """Four requests 0.15 s apart, 0.6 s from first to last: each came within GATHER (0.5 s) of
+    the one before, so all four prefill in the first forward, though the last came after
+    GATHER from the first (a fixed window once missed the last of 8 clients)."""
+    assert _first_forward_rows(monkeypatch, gather=0.5, gather_max=5.0, gap=0.15, n=4) == 4
+
+
+def test_the_gathering_window_stops_at_gather_max(monkeypatch):
+    """A stream of arrivals never holds the first request back longer than GATHER_MAX: requests
+    0.3 s apart with GATHER_MAX 0.45 s, so the third is left to the next step."""
+    assert _first_forward_rows(monkeypatch, gather=1.0, gather_max=0.45, gap=0.3, n=3) == 2

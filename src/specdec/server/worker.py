@@ -25,12 +25,15 @@ from ..spec import DraftSpec
 from .metrics import Metrics
 from .protocol import Job, RequestError
 
-# An idle engine woken by a request waits this long for others before its first step, so that
-# clients arriving together start together: their prompts prefill in one forward, and none of them
-# is already decoding while the others' prompts ride in its steps.
-# why: requests sent at once reach the engine a few milliseconds apart, and a first step
-# (a whole prompt's prefill) takes seconds; history: docs/provenance.md#gather
+# An idle engine woken by a request waits until no other has come for this long before its first
+# step (but no longer than GATHER_MAX in all), so that clients arriving together start together:
+# their prompts prefill in one forward, and none of them is already decoding while the others'
+# prompts ride in its steps.
+# why: requests sent at once reach the engine a few milliseconds apart, one after another as the
+# HTTP side reads them, and a first step (a whole prompt's prefill) takes seconds; a fixed window
+# from the first arrival missed the last of 8 (history: docs/provenance.md#gather)
 GATHER = 0.02
+GATHER_MAX = 0.25
 
 log = logging.getLogger("specdec.server")
 
@@ -102,12 +105,14 @@ class Worker:
             commands = []
             if not self.engine.busy and not stopping:
                 commands.append(self.inbox.get())  # idle: sleep until something arrives
-                deadline = time.monotonic() + GATHER
+                cap = time.monotonic() + GATHER_MAX
+                deadline = min(cap, time.monotonic() + GATHER)
                 while commands[-1][0] == "add" and (left := deadline - time.monotonic()) > 0:
                     try:
                         commands.append(self.inbox.get(timeout=left))
                     except queue.Empty:
                         break
+                    deadline = min(cap, time.monotonic() + GATHER)  # quiet for GATHER since the last one
             while True:
                 try:
                     commands.append(self.inbox.get_nowait())
