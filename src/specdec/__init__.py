@@ -43,6 +43,7 @@ def load_model(
     dtype: str = "auto",
     max_rows: int = 1,
     exact: bool = False,
+    trees: bool = True,
 ):
     """A built-in model name (see `specdec models`) or a path to a .gguf file, loaded on a backend:
     'llama' (llama.cpp, the default), 'numpy' (the pure-NumPy reference, models/numpy_ref.py) or
@@ -52,6 +53,9 @@ def load_model(
     `exact` (llama.cpp only): every row's logits from a forward of many tokens bit-identical to a
     one-token forward's, so speculative greedy is plain greedy token for token (docs/exact.md);
     a process is exact or not from its first llama.cpp model on.
+    `trees` (llama.cpp only): whether the model will score tree drafts; without them each row
+    keeps a KV cache stream of its own, and a step over many rows reads only its own cells
+    (models/llama_cpp.py).
     Built-in models are assembled from their installed packages on first use."""
     from pathlib import Path
 
@@ -98,7 +102,7 @@ def load_model(
     else:
         from .models.llama_cpp import LlamaCppModel
 
-        model = LlamaCppModel(path, n_ctx=n_ctx, n_threads=threads, max_rows=max_rows, exact=exact)
+        model = LlamaCppModel(path, n_ctx=n_ctx, n_threads=threads, max_rows=max_rows, exact=exact, trees=trees)
     if str(name_or_path) in CATALOG:
         model.name = str(name_or_path)
         model.is_instruct = CATALOG[model.name].chat

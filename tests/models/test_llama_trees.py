@@ -112,10 +112,38 @@ def test_a_rollback_or_a_forward_gives_the_trees_sequences_back(tiny_path):
     model.close()
 
 
-def test_the_exact_mode_refuses_trees():
+def test_a_model_of_row_streams_refuses_trees():
+    """The exact mode, and a model loaded with trees=False, keep a cache stream per row."""
     from specdec.models.llama_cpp import LlamaCppModel
 
     model = object.__new__(LlamaCppModel)
-    model.exact = True
-    with pytest.raises(SpecdecError, match="exact mode keeps one cache stream per row"):
+    model.exact, model.scores_trees = True, False
+    with pytest.raises(SpecdecError, match="keeps one cache stream per row"):
         model.forward_tree_rows({0: ([1], [-1])})
+
+
+def test_rows_in_streams_of_their_own_score_as_rows_in_one_pool(tiny_path):
+    """trees=False (what `specdec serve` loads without tree drafts): every row gets a stream of
+    n_ctx cells, scores no trees, and its rows' logits are the pooled model's, step by step, as
+    rows join and leave; a row still holds the whole n_ctx."""
+    from specdec.models.llama_cpp import LlamaCppModel
+
+    models = [LlamaCppModel(tiny_path, n_ctx=128, max_rows=3, n_threads=1, trees=t) for t in (True, False)]
+    assert [m.scores_trees for m in models] == [True, False] and [m.n_ctx for m in models] == [128, 128]
+    prompts = [models[0].tokenizer.encode(text) for text in ("the cat", "in a hat", "a")]
+    outs = []
+    for model in models:
+        rows = model.add_rows(3)
+        steps = [model.forward_rows(dict(zip(rows, prompts)), {r: 1 for r in rows})]
+        model.drop_rows([rows[1]])
+        for token in (5, 9, 13):
+            steps.append(model.forward_rows({rows[0]: [token], rows[2]: [token, token]}, {rows[0]: 1, rows[2]: 2}))
+        (again,) = model.add_rows(1)
+        steps.append(model.forward_rows({again: prompts[1], rows[0]: [7]}, {again: 1, rows[0]: 1}))
+        assert not model._free  # three rows at most
+        model.forward_rows({rows[2]: [3] * (128 - model.row_length(rows[2]))}, {})  # the whole n_ctx
+        outs.append([[v for _, v in sorted(step.items())] for step in steps])
+        model.close()
+    for pooled, streams in zip(*outs):
+        for a, b in zip(pooled, streams):
+            assert np.abs(a - b).max() < TOLERANCE

@@ -27,12 +27,12 @@ def _check_threads(args) -> None:
 
 
 def _model_loader(args, rows: int):
-    """load(name, backend=--backend): a model as the model flags ask (--ctx, --threads, --device,
-    --dtype), with room for `rows` sequences at once; every command that loads models through the
-    model flags loads them here."""
+    """load(name, backend=--backend, trees=True): a model as the model flags ask (--ctx, --threads,
+    --device, --dtype), with room for `rows` sequences at once (`trees`: it will score tree drafts,
+    load_model's); every command that loads models through the model flags loads them here."""
     from .. import load_model
 
-    def load(name, backend=args.backend):
+    def load(name, backend=args.backend, trees=True):
         return load_model(
             name,
             backend=backend,
@@ -42,6 +42,7 @@ def _model_loader(args, rows: int):
             dtype=args.dtype,
             max_rows=rows,
             exact=args.exact,
+            trees=trees,
         )
 
     return load

@@ -159,8 +159,10 @@ def cmd_serve(args) -> int:
     head = None
     draft_name = args.draft if spec.kind == "model" else (None if draft_spec.kind == "none" else args.draft_model)
     load = _model_loader(args, args.max_batch)
-    target = load(args.target)
-    draft = load(draft_spec.model, args.draft_backend or args.backend) if draft_name else None
+    # the target scores trees only for a tree-drafting draft model; without them every row keeps a
+    # cache stream of its own (faster steps over many rows); a draft model scores no trees
+    target = load(args.target, trees=spec.width > 1)
+    draft = load(draft_spec.model, args.draft_backend or args.backend, trees=False) if draft_name else None
     if draft is not None and (draft_spec.vocab or spec.width > 1):  # across tokenizers, or trees
         from ..drafters import model_drafter
 

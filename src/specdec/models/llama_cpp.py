@@ -6,8 +6,12 @@ the KV cache back with `llama_memory_seq_rm`.
 
 Rows are llama.cpp sequences (seq_id 0 .. max_rows - 1) in one context, the way llama-server's
 slots share theirs: one `llama_batch` carries every row's tokens at the row's own positions with
-its seq_id, so a step over many rows is one `llama_decode`. The KV cache is unified (all rows
-draw cells from one pool of max_rows x n_ctx), so a row may use the whole --ctx.
+its seq_id, so a step over many rows is one `llama_decode`. Where trees are drafted (`trees`, the
+default) the KV cache is unified: all rows draw cells from one pool of max_rows x n_ctx, so a
+tree's nodes can share cells across the sequences of its leaves. Without trees each row has a
+stream of n_ctx cells of its own, as llama-server's slots have: a step over many rows then reads
+only each row's own cells, where in one pool every row's attention spans every row's cells
+(llama-batched-bench, 8 rows 450 deep: 242 ms a step with streams, 272 in one pool).
 
 The exact mode (exact=True) makes every row's logits from a forward of W tokens bit-identical to a
 one-token forward's at the same position, alone or beside other rows, so speculative greedy IS plain
@@ -224,11 +228,15 @@ class LlamaCppModel(SingleRow):
         n_gpu_layers: int = 0,
         max_rows: int = 1,
         exact: bool = False,
+        trees: bool = True,
     ):
         lib = _lib(exact)
         self.exact = exact
         self.exact_build = EXACT_BUILD if exact else None  # keys cached cost curves (costs._cache_file)
-        self.scores_trees = not exact  # forward_tree_rows (the exact mode's streams share no cells)
+        # one pool of cells for every row, which trees need (module docstring); the exact mode and
+        # a model told it will score no trees keep a stream per row instead
+        pooled = trees and not exact
+        self.scores_trees = pooled  # forward_tree_rows (rows' own streams share no cells)
         self.path = Path(path)
         _check_gguf_header(self.path)
         self.name = self.path.name
@@ -248,14 +256,15 @@ class LlamaCppModel(SingleRow):
             )
         cparams = lib.llama_context_default_params()
         streams = max_rows + 1  # + the one-sequence calls' own (models.base.SingleRow)
-        # exact: a stream of n_ctx cells per sequence, so a row's cells never interleave with another's
-        cparams.n_ctx = n_ctx * (streams if exact else max_rows)
+        # not pooled: a stream of n_ctx cells per sequence, so a row's cells never interleave with
+        # another's (the exact mode: the order of the attention sums stays a row's own)
+        cparams.n_ctx = n_ctx * (max_rows if pooled else streams)
         cparams.n_batch = cparams.n_ubatch = min(n_batch, n_ctx)
-        # the default build lends up to TREE_SEQS more sequence ids to trees (llama.cpp aborts where
-        # n_seq_max exceeds n_batch); the exact mode's streams cannot share cells, so it has none
-        tree_seqs = 0 if exact else max(0, min(TREE_SEQS, cparams.n_batch - streams))
+        # a pool lends up to TREE_SEQS more sequence ids to trees (llama.cpp aborts where n_seq_max
+        # exceeds n_batch); streams cannot share cells, so they have none
+        tree_seqs = max(0, min(TREE_SEQS, cparams.n_batch - streams)) if pooled else 0
         cparams.n_seq_max = streams + tree_seqs
-        cparams.kv_unified = not exact  # one pool of cells: a row is not limited to n_ctx / max_rows
+        cparams.kv_unified = pooled  # one pool of cells: a row is not limited to n_ctx / max_rows
         if exact:
             cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
@@ -269,7 +278,7 @@ class LlamaCppModel(SingleRow):
             )
         self._mem = lib.llama_get_memory(self._ctx)
         # llama.cpp pads the context to a multiple of 256 (--ctx 32 would hold 256): honour what was asked
-        self.n_ctx = min(n_ctx, lib.llama_n_ctx(self._ctx) // (streams if exact else max_rows))
+        self.n_ctx = min(n_ctx, lib.llama_n_ctx(self._ctx) // (max_rows if pooled else streams))
         self.max_rows = max_rows
         self.n_batch = cparams.n_batch
         self._batch = lib.llama_batch_init(self.n_batch, 0, max(1, tree_seqs))
@@ -398,10 +407,10 @@ class LlamaCppModel(SingleRow):
         holding a copy of the row (llama.cpp shares the cells) and each node belongs to the
         sequences of the leaves below it, at the position of its depth: a node then attends to
         the row and its own ancestors, as a chain of its path would. keep_path_rows follows."""
-        if self.exact:
+        if not self.scores_trees:
             raise SpecdecError(
-                "tree drafts need the default build: the exact mode keeps one cache stream per row, "
-                "and a tree's nodes share cells across sequences"
+                "tree drafts need one pool of cache cells (the default build, loaded with trees=True): "
+                "this model keeps one cache stream per row, and a tree's nodes share cells across sequences"
             )
         lib = _lib()
         items, layout = [], []
