@@ -340,7 +340,9 @@ def test_special_tokens_in_messages_only_when_the_server_says_so(monkeypatch, tm
     from ..test_request import INJECTION, chatml_model
 
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))  # auto's cost curve is timed and cached there
-    monkeypatch.setattr(cli_serve, "_model_loader", lambda args, rows: lambda name, backend=None: chatml_model())
+    monkeypatch.setattr(
+        cli_serve, "_model_loader", lambda args, rows: lambda name, backend=None, trees=True: chatml_model()
+    )
     services = []
     monkeypatch.setattr(server_app, "serve", lambda service, *args, **kwargs: services.append(service) or 0)
     for flags in ([], ["--special-in-turns"]):
