@@ -263,37 +263,8 @@ class SuffixCacheDrafter:
             key = tuple(context[-n:])
             found = [(s, end, m) for s in stores for end, m in s.candidates(key, context, self.limit)]
             if found:
-                if self.width > 1:
-                    return self._tree(found, k, self.width, self.nodes or k * self.width)
-                return self._chain(found, k)
+                return self._tree(found, k, self.width, self.nodes or k * self.width)
         return Draft([])
-
-    @staticmethod
-    def _chain(found: list[tuple[_Store, int, int]], k: int) -> Draft:
-        """The occurrences sharing the longest match, reduced greedily to one chain of k tokens."""
-        best = max(m for _, _, m in found)
-        alive = [(s.tokens, end) for s, end, m in found if m == best]  # most recent first per store
-        chain: list[int] = []
-        votes = (0, 0)
-        share = 1.0
-        while len(chain) < min(k, best):
-            counts: dict[int, int] = {}
-            for seq, pos in alive:
-                if pos < len(seq) and seq[pos] != _Store.SEP:
-                    counts[seq[pos]] = counts.get(seq[pos], 0) + 1
-            if not counts:
-                break
-            token = max(counts, key=counts.get)  # dicts keep insertion order: most recent wins ties
-            share *= counts[token] / sum(counts.values())
-            if not chain:
-                votes = (counts[token], sum(counts.values()))
-            elif share < MIN_SHARE:
-                break
-            chain.append(token)
-            alive = [(seq, pos + 1) for seq, pos in alive if pos < len(seq) and seq[pos] == token]
-        if not chain:
-            return Draft([])
-        return Draft(chain, evidence={"match": best, "votes": votes})
 
     @staticmethod
     def _tree(found: list[tuple[_Store, int, int]], k: int, width: int, budget: int) -> Draft:
@@ -301,7 +272,8 @@ class SuffixCacheDrafter:
         node the `width` tokens most of the occurrences reaching it continue with (the most recent
         first in a tie), taken best first by the share of all occurrences that agree with the whole
         path. As deep as the match, at most k; the first node always, then none below MIN_SHARE
-        (every later one would be lower still). At width 1 it is _chain's chain."""
+        (every later one would be lower still). At width 1 it is the chain: the majority's token at
+        every position, while the share agreeing with it all the way stays at MIN_SHARE or above."""
         best = max(m for _, _, m in found)
         alive = [(s.tokens, end) for s, end, m in found if m == best]  # most recent first per store
         deepest = min(k, best)
