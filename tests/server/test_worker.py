@@ -131,13 +131,14 @@ def test_a_prompt_too_long_for_any_tokenization_is_refused_untokenized():
         assert r.status_code == 200 and calls == [240]  # one that fits: tokenized, served
 
 
-def test_requests_arriving_together_start_together(monkeypatch):
-    """An idle server woken by a request waits GATHER for others: two requests sent 50 ms apart
-    (GATHER 0.5 s here, so that a slow machine cannot split them) prefill in ONE forward, so
-    neither is decoding while the other's prompt rides in its steps."""
+def _first_forward(monkeypatch, gather, gap, n, gather_max=None, max_tokens=3):
+    """Sends n requests `gap` seconds apart to an idle toy server (worker.GATHER and GATHER_MAX
+    set as given); its first forward's rows: {row: (tokens fed, whether logits were asked)}."""
     from specdec.server import worker
 
-    monkeypatch.setattr(worker, "GATHER", 0.5)
+    monkeypatch.setattr(worker, "GATHER", gather)
+    if gather_max is not None:
+        monkeypatch.setattr(worker, "GATHER_MAX", gather_max)
     with toy_server(delay=0.01) as (base, service):
         target = service.worker.target
         seen = []
@@ -148,38 +149,8 @@ def test_requests_arriving_together_start_together(monkeypatch):
             return inner(tokens, n_logits)
 
         target.forward_rows = forward_rows
-        outs = [[], []]
-        body = {"prompt": "abcdefgh", "max_tokens": 5, "speculative": {"draft": "none"}}
-        threads = []
-        for out in outs:
-            threads.append(_stream_in_thread(base, body, out))
-            time.sleep(0.05)
-        for thread in threads:
-            thread.join(30)
-        assert [out[-1] for out in outs] == [("end", 200)] * 2
-        first = seen[0]
-        assert len(first) == 2 and not any(logits for _, logits in first.values())  # both prompts, together
-
-
-def _first_forward_rows(monkeypatch, gather, gather_max, gap, n):
-    """Sends n requests `gap` seconds apart to an idle toy server; how many rows its first
-    forward prefilled."""
-    from specdec.server import worker
-
-    monkeypatch.setattr(worker, "GATHER", gather)
-    monkeypatch.setattr(worker, "GATHER_MAX", gather_max)
-    with toy_server(delay=0.01) as (base, service):
-        target = service.worker.target
-        seen = []
-        inner = target.forward_rows
-
-        def forward_rows(tokens, n_logits=None):
-            seen.append(len(tokens))
-            return inner(tokens, n_logits)
-
-        target.forward_rows = forward_rows
         outs = [[] for _ in range(n)]
-        body = {"prompt": "abcdefgh", "max_tokens": 3, "speculative": {"draft": "none"}}
+        body = {"prompt": "abcdefgh", "max_tokens": max_tokens, "speculative": {"draft": "none"}}
         threads = []
         for out in outs:
             threads.append(_stream_in_thread(base, body, out))
@@ -190,14 +161,22 @@ def _first_forward_rows(monkeypatch, gather, gather_max, gap, n):
         return seen[0]
 
 
+def test_requests_arriving_together_start_together(monkeypatch):
+    """An idle server woken by a request waits GATHER for others: two requests sent 50 ms apart
+    (GATHER 0.5 s here, so that a slow machine cannot split them) prefill in ONE forward, so
+    neither is decoding while the other's prompt rides in its steps."""
+    first = _first_forward(monkeypatch, gather=0.5, gap=0.05, n=2, max_tokens=5)
+    assert len(first) == 2 and not any(logits for _, logits in first.values())  # both prompts, together
+
+
 def test_the_gathering_window_slides_with_each_arrival(monkeypatch):
     """Four requests 0.15 s apart, 0.6 s from first to last: each came within GATHER (0.5 s) of
     the one before, so all four prefill in the first forward, though the last came after
     GATHER from the first (a fixed window once missed the last of 8 clients)."""
-    assert _first_forward_rows(monkeypatch, gather=0.5, gather_max=5.0, gap=0.15, n=4) == 4
+    assert len(_first_forward(monkeypatch, gather=0.5, gather_max=5.0, gap=0.15, n=4)) == 4
 
 
 def test_the_gathering_window_stops_at_gather_max(monkeypatch):
     """A stream of arrivals never holds the first request back longer than GATHER_MAX: requests
     0.3 s apart with GATHER_MAX 0.45 s, so the third is left to the next step."""
-    assert _first_forward_rows(monkeypatch, gather=1.0, gather_max=0.45, gap=0.3, n=3) == 2
+    assert len(_first_forward(monkeypatch, gather=1.0, gather_max=0.45, gap=0.3, n=3)) == 2
