@@ -5,8 +5,9 @@ by benchmarks/serve_load.py the same way. Prints one markdown table (and appends
         --servers specdec:auto specdec:none llama:plain llama:ngram-simple llama:draft -c 1 2 4 8
 
 Servers: specdec:<draft> (auto, none, ngram, or a draft model name), optionally with
-",stall=X" (its --prefill-stall), llama:plain, llama:ngram-simple, llama:ngram-mod, llama:draft
-(the 0.5B draft model, 4 tokens), and `vllm serve` (`make vllm-peer`) as vllm:plain, vllm:ngram:K,
+",stall=X", ",waste=W", ",objective=latency" (its --prefill-stall, --prefill-waste, --objective),
+llama:plain, llama:ngram-simple, llama:ngram-mod, llama:draft (the 0.5B draft model, 4 tokens),
+and `vllm serve` (`make vllm-peer`) as vllm:plain, vllm:ngram:K,
 vllm:draft:K, vllm:suffix:K, or with our proposers inside it, vllm:specdec:auto:K,
 vllm:specdec:ngram:K, vllm:specdec:suffix:K (specdec.vllm_peer.speculative_config).
 With --repeats R every cell runs R times, the servers taking turns within each round, in the
@@ -59,7 +60,11 @@ def command(server: str, c: int, port: int, args) -> list[str]:
     kind, _, variant = name.partition(":")
     options = dict(o.split("=", 1) for o in options)
     if kind == "specdec":
-        extra = ["--prefill-stall", options["stall"]] if "stall" in options else []
+        flags = {"stall": "--prefill-stall", "waste": "--prefill-waste", "objective": "--objective"}
+        unknown = set(options) - set(flags)
+        if unknown:
+            raise SystemExit(f"{server}: unknown option(s) {', '.join(sorted(unknown))} (known: {', '.join(flags)})")
+        extra = [part for key, value in options.items() for part in (flags[key], value)]
         return [
             sys.executable,
             "-m",

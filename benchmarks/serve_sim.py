@@ -33,7 +33,7 @@ from tests.toy import ToyLM  # noqa: E402
 from specdec import GenerationConfig  # noqa: E402
 from specdec.controller import FixedController  # noqa: E402
 from specdec.costs import cost_table, step_depth  # noqa: E402
-from specdec.engine import Engine  # noqa: E402
+from specdec.engine import PREFILL_WASTE, Engine  # noqa: E402
 
 
 class ClockedToy(ToyLM):
@@ -63,10 +63,12 @@ def prompt_lengths(target: str, n: int) -> list[int]:
     ]
 
 
-def simulate(curve, lengths: list[int], c: int, stall: float, max_tokens: list[int]) -> dict:
+def simulate(curve, lengths: list[int], c: int, stall: float, max_tokens: list[int], waste: float) -> dict:
     target = ClockedToy(curve, n_ctx=max(lengths) + max(max_tokens) + 8, max_rows=c)
     if stall > 0:
-        engine = Engine(target, FixedController(None, 0), max_rows=c, costs=curve, prefill_stall=stall)
+        engine = Engine(
+            target, FixedController(None, 0), max_rows=c, costs=curve, prefill_stall=stall, prefill_waste=waste
+        )
     else:  # fixed chunks of -stall tokens, the scheduling before mixed steps
         engine = Engine(target, FixedController(None, 0), max_rows=c, prefill_chunk=int(-stall))
     todo = list(enumerate(lengths))
@@ -101,7 +103,7 @@ def simulate(curve, lengths: list[int], c: int, stall: float, max_tokens: list[i
     tokens = sum(rec["seen"] for rec in done)
     q = lambda xs, p: statistics.quantiles(xs, n=100, method="inclusive")[p - 1] if len(xs) > 1 else xs[0]  # noqa: E731
     return {
-        "label": f"stall {stall:g}" if stall > 0 else f"chunk {-stall:g}",
+        "label": (f"stall {stall:g}, waste {waste:g}" if stall > 0 else f"chunk {-stall:g}"),
         "concurrency": c,
         "tokens_per_s": tokens / target.now,
         "ttft_p50": statistics.median(ttft),
@@ -129,6 +131,13 @@ def main(argv=None) -> int:
         help="--prefill-stall values; a negative -N: fixed N-token chunks, as before mixed steps "
         "(default: %(default)s)",
     )
+    p.add_argument(
+        "--wastes",
+        type=float,
+        nargs="+",
+        default=[PREFILL_WASTE],
+        help="--prefill-waste values (inf: every chunk rides, as before the waste rule) (default: %(default)s)",
+    )
     p.add_argument("-c", "--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("-n", "--prompts", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=128)
@@ -149,9 +158,10 @@ def main(argv=None) -> int:
     print(serve_load.HEADER.replace("| acceptance |", "| ITL max ms |").replace("|---|\n", "|\n", 0), flush=True)
     for c in args.concurrency:
         for stall in args.stalls:
-            row = simulate(curve, lengths, c, stall, max_tokens)
-            line = serve_load.fmt(row).rsplit("|", 2)[0] + f"| {1000 * row['itl_max']:.0f} |"
-            print(line, flush=True)
+            for waste in args.wastes if stall > 0 else [float("inf")]:
+                row = simulate(curve, lengths, c, stall, max_tokens, waste)
+                line = serve_load.fmt(row).rsplit("|", 2)[0] + f"| {1000 * row['itl_max']:.0f} |"
+                print(line, flush=True)
     return 0
 
 

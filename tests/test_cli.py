@@ -281,7 +281,9 @@ def test_serve_passes_the_scheduling_flags_to_the_service(monkeypatch):
         lambda args, rows: lambda *a, **k: __import__("types").SimpleNamespace(name="t", n_ctx=64),
     )
     monkeypatch.setattr(serve, "_suffix_cache", lambda args, target: None)
-    args = build_parser().parse_args(["serve", "--draft", "none", "--prefill-stall", "3.5", "--objective", "latency"])
+    args = build_parser().parse_args(
+        ["serve", "--draft", "none", "--prefill-stall", "3.5", "--prefill-waste", "inf", "--objective", "latency"]
+    )
     with pytest.raises(Stopped):
         serve.cmd_serve(args)
-    assert (seen["prefill_stall"], seen["objective"]) == (3.5, "latency")
+    assert (seen["prefill_stall"], seen["prefill_waste"], seen["objective"]) == (3.5, float("inf"), "latency")

@@ -672,10 +672,10 @@ def test_each_row_of_a_batch_probes_the_draft_model_now_and_then():
     assert all(len(call) == 2 for call in model.calls)  # the rows' probes share one call
 
 
-def _copy_row_and_three_others(objective: str, rows: int = 4) -> dict[int, int]:
+def _copy_row_and_three_others(objective: str, rows: int = 4, curve=STEEP_THEN_FLAT) -> dict[int, int]:
     """Row 0 inside a long sure copy, the others with nothing to copy, on a steep-then-flat curve:
     each row's k."""
-    c = CostAwareController(FixedProposals(range(40)), None, STEEP_THEN_FLAT, objective=objective)
+    c = CostAwareController(FixedProposals(range(40)), None, curve, objective=objective)
     for table in c.ngram_accept.tables.values():
         table[:] = 0.99
     for row in range(rows):
@@ -690,12 +690,30 @@ def _copy_row_and_three_others(objective: str, rows: int = 4) -> dict[int, int]:
 def test_latency_first_keeps_one_rows_long_draft_from_slowing_the_others():
     """Throughput first, the copying row drafts long: the batch's tokens per second rise though
     the three other streams each get one token per much longer step. Latency first (the rows' own
-    speeds, geometric mean), that step is not worth it; alone, a row decides the same either way."""
+    speeds, geometric mean), that step is not worth it."""
     throughput, latency = _copy_row_and_three_others("throughput"), _copy_row_and_three_others("latency")
     assert throughput[0] >= 16 and set(throughput.values()) - {throughput[0]} == {0}, throughput
     assert latency == {0: 0, 1: 0, 2: 0, 3: 0}, latency
-    assert _copy_row_and_three_others("throughput", rows=1) == _copy_row_and_three_others("latency", rows=1)
-    assert _copy_row_and_three_others("latency", rows=1)[0] >= 16
+    assert _copy_row_and_three_others("throughput", rows=1)[0] >= 16
+
+
+def test_latency_first_bounds_a_step_to_latency_step_plain_steps():
+    """Latency first, even a row alone drafts no further than keeps its step within LATENCY_STEP
+    (2) plain steps: on a curve where each token adds a quarter of a plain step, 4 draft tokens
+    (5 scored: exactly 2 steps), though the sure copy would pay further (throughput first: 8 or more).
+    On a flat curve the bound never binds: alone, latency drafts as long as throughput."""
+    from specdec.controller import LATENCY_STEP
+
+    assert LATENCY_STEP == 2.0
+    quarter = {w: 0.04 * (1 + 0.25 * (w - 1)) for w in list(range(1, 17)) + [24, 32, 48, 64]}
+    assert _copy_row_and_three_others("latency", rows=1, curve=quarter) == {0: 4}
+    assert _copy_row_and_three_others("throughput", rows=1, curve=quarter)[0] >= 8
+    flat = {w: 0.04 for w in list(range(1, 17)) + [24, 32, 48, 64]}
+    alone = _copy_row_and_three_others("latency", rows=1, curve=flat)
+    assert alone == _copy_row_and_three_others("throughput", rows=1, curve=flat) and alone[0] >= 16
+
+
+def test_an_unknown_objective_is_refused():
     with pytest.raises(ValueError, match="objective must be one of throughput, latency"):
         CostAwareController(None, None, CURVE, objective="fast")
 

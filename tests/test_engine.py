@@ -446,6 +446,65 @@ def test_a_step_already_past_the_budget_still_moves_the_first_joiner(target):
     assert b.result.tokens == solo.generate(b.prompt_tokens, max_new_tokens=3).tokens
 
 
+def test_a_joiner_waits_where_its_chunk_would_cost_too_much(target):
+    """On a concave curve (a CPU's: a few tokens cost more each than many), the 3 tokens that fit a
+    step at prefill_stall 2 would cost twice, per token, what the prompt costs read alone: the
+    joiner waits rather than crawl, for as many steps as the crawl would take (39 tokens, 3 a
+    step: 13), then rides; the decoding row steps at its plain width meanwhile, and both rows
+    keep their solo runs' tokens."""
+    engine, first, late, calls = _join_while_decoding(target, lambda w, depth=None: w**0.5, 2.0, steps=14)
+    assert calls[:13] == [{first.row: (1, True)}] * 13  # waiting: the decoding row alone
+    assert calls[13] == {first.row: (1, True), late.row: (3, False)}  # patience spent: it rides
+    assert late.prefilled == 3
+    engine.run([first, late])
+    solo = SpeculativeDecoder(target, None, 0)
+    assert late.result.tokens == solo.generate(late.prompt_tokens, max_new_tokens=10).tokens
+    assert first.result.tokens == solo.generate([5, 6, 7], max_new_tokens=60).tokens
+
+
+def test_a_waiting_joiner_reads_its_prompt_at_once_when_the_decoding_rows_end(target):
+    """The same curve, with a decoding row that ends before the joiner's patience does: the joiner
+    reads its whole prompt in one forward (nobody decodes), then decodes."""
+    from specdec.controller import FixedController
+    from specdec.engine import Engine
+
+    counted = CountedRows(target)
+    engine = Engine(target, FixedController(None, 0), costs=lambda w, depth=None: w**0.5, prefill_stall=2.0)
+    first = engine.add([5, 6, 7], GenerationConfig(max_new_tokens=5))
+    engine.step()
+    late = engine.add([(i * 5) % 31 + 1 for i in range(40)], GenerationConfig(max_new_tokens=4))
+    engine.step()  # admitted (its row is freed when it ends)
+    row = late.row
+    counted.calls.clear()
+    engine.run([first, late])
+    prompt_reads = [call[row][0] for call in counted.calls if row in call and not call[row][1]]
+    assert prompt_reads == [39]
+    assert (
+        late.result.tokens == SpeculativeDecoder(target, None, 0).generate(late.prompt_tokens, max_new_tokens=4).tokens
+    )
+
+
+def test_prefill_waste_inf_lets_every_chunk_ride(target):
+    """prefill_waste=inf: the joiner rides from its first step, as before the waste rule."""
+    from specdec.controller import FixedController
+    from specdec.engine import Engine
+
+    counted = CountedRows(target)
+    engine = Engine(
+        target,
+        FixedController(None, 0),
+        costs=lambda w, depth=None: w**0.5,
+        prefill_stall=2.0,
+        prefill_waste=float("inf"),
+    )
+    first = engine.add([5, 6, 7], GenerationConfig(max_new_tokens=30))
+    engine.step()
+    late = engine.add([(i * 5) % 31 + 1 for i in range(40)], GenerationConfig(max_new_tokens=4))
+    counted.calls.clear()
+    engine.step()
+    assert counted.calls == [{first.row: (1, True), late.row: (3, False)}]
+
+
 def test_joining_rows_under_auto_keep_their_solo_output(target):
     """auto's engine sizes chunks by its own cost curve; rows joining a running batch of
     speculating rows at a steep curve still give their solo runs' tokens."""
@@ -463,6 +522,14 @@ def test_joining_rows_under_auto_keep_their_solo_output(target):
     assert 0 < others[0].prefilled < len(prompts[1]) - 1  # chunked behind the decoding row
     engine.run([first, *others])
     assert [r.result.tokens for r in (first, *others)] == solo
+
+
+def test_prefill_waste_below_one_is_refused(target):
+    from specdec.controller import FixedController
+    from specdec.engine import Engine
+
+    with pytest.raises(SpecdecError, match="prefill_waste must be at least 1"):
+        Engine(target, FixedController(None, 0), prefill_waste=0.9)
 
 
 def test_prefill_stall_below_one_is_refused(target):

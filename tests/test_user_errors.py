@@ -203,6 +203,8 @@ USER_ERRORS = [
     _row("serve-timeout-nan", ["serve", "--request-timeout", "nan"], "--request-timeout", "finite"),
     _row("serve-timeout-inf", ["serve", "--request-timeout", "inf"], "--request-timeout", "finite"),
     _row("serve-prefill-stall-below-one", ["serve", "--prefill-stall", "0.5"], "--prefill-stall", "must be >= 1"),
+    _row("serve-prefill-waste-below-one", ["serve", "--prefill-waste", "0.9"], "--prefill-waste", "must be >= 1"),
+    _row("serve-prefill-waste-nan", ["serve", "--prefill-waste", "nan"], "--prefill-waste", "must be a finite number"),
     _row("serve-objective-unknown", ["serve", "--objective", "fast"], "--objective", "invalid choice"),
     _row(
         "generate-verification-unknown",

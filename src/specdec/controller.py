@@ -41,6 +41,12 @@ from .drafters.base import Draft, Drafter, DraftModel
 # What a step maximises over its rows: the batch's tokens per second, or each row's own (the
 # geometric mean of the rows' tokens per second: a server that puts its streams' pace first).
 OBJECTIVES = ("throughput", "latency")
+# Objective "latency" also bounds a step: its drafts may make it cost at most this many times the
+# rows' plain step (on the cost curve), so no stream's gap between tokens grows past that.
+# why: the serving bar (issue 34) holds a stream's 99th-percentile gap within 2x a plain server's;
+# on this CPU's steep curve that allows drafts of one or two tokens, on a GPU's flat one long ones;
+# history: docs/provenance.md#latency_step
+LATENCY_STEP = 2.0
 # A speculative step must promise 10% more tokens per second than a plain step.
 # why: the estimates it wins on are picked for being the highest, so they err high (and step costs
 # vary by about that); history: docs/provenance.md#margin
@@ -368,7 +374,8 @@ class CostAwareController:
         """k per row, the promised speed, and that of a plain step for every row. The speed is the
         batch's tokens per second (objective "throughput"), or the geometric mean of the rows' own
         tokens per second (objective "latency": a long draft for one row slows every other row's
-        stream, and the mean of logs counts that where a sum of tokens does not)."""
+        stream, and the mean of logs counts that where a sum of tokens does not; and no step may
+        cost more than LATENCY_STEP plain steps)."""
         latency = self.objective == "latency"
         # a row's gain from its next draft token: in expected tokens, or in their log
         gain = (lambda e, k: np.log(e[k + 1] / e[k])) if latency else (lambda e, k: e[k + 1] - e[k])
@@ -382,12 +389,16 @@ class CostAwareController:
         total = 0.0 if latency else float(n)
         plain = speed(total)
         best = (dict(ks), plain)
+        cap = LATENCY_STEP * self._step_cost(ks, options) if latency else np.inf
         # every row's next draft token, by marginal gain (E and log E are concave: a row's gains only shrink)
         heap = [(-gain(o.expected, 0), row) for row, o in options.items() if len(o.expected) > 1]
         heapq.heapify(heap)
         while heap:
             g, row = heapq.heappop(heap)
             ks[row] += 1
+            if self._step_cost(ks, options) > cap:  # a longer draft only widens the step further
+                ks[row] -= 1
+                break
             total -= g
             value = speed(total)
             if value > best[1]:

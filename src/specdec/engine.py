@@ -48,6 +48,14 @@ PREFILL_CHUNK = 256
 # join, on any curve (on a GPU's flat curve hundreds of prompt tokens ride along, on this CPU's steep
 # one a few); history: docs/provenance.md#prefill_stall
 PREFILL_STALL = 1.5
+# A joining row's chunk rides along only where its prompt tokens cost at most this many times, per
+# token, what they cost read alone in one forward (on the cost curve); else the row waits for the
+# decoding rows to end (then it reads its prompt at once), at most as many steps as reading it
+# chunk by chunk would take.
+# why: on a steep curve (this CPU's) the few tokens that fit a step cost twice what they cost read
+# in bulk, and every decoding row's step is slower the whole time; on a flat one (a GPU's) chunks
+# ride almost free and this never holds a joiner back; history: docs/provenance.md#prefill_waste
+PREFILL_WASTE = 1.5
 
 
 @dataclass
@@ -95,6 +103,7 @@ class Request:
         self._pieces: list[str] = []
         self._logprobs_read = 0
         self._t_decode = 0.0
+        self._waited = 0  # steps it joined, but its chunk would have cost too much (Engine._chunks)
 
     @property
     def done(self) -> bool:
@@ -135,12 +144,15 @@ class Engine:
         clock: Callable[[], float] = time.perf_counter,
         costs: Callable[[int, float | None], float] | None = None,
         prefill_stall: float = PREFILL_STALL,
+        prefill_waste: float = PREFILL_WASTE,
     ):
         if prefill_stall < 1.0:
             raise SpecdecError(f"prefill_stall must be at least 1 (times a plain step), got {prefill_stall}")
+        if prefill_waste < 1.0:
+            raise SpecdecError(f"prefill_waste must be at least 1 (times a token read alone), got {prefill_waste}")
         self.target, self.controller, self.drafters = target, controller, list(drafters)
         self.prefill_chunk = prefill_chunk
-        self.costs, self.prefill_stall = costs, prefill_stall
+        self.costs, self.prefill_stall, self.prefill_waste = costs, prefill_stall, prefill_waste
         # what the engine times its forwards with (the stats, and the costs the controller
         # learns): a test gives a virtual clock so that decisions never depend on machine load
         self.clock = clock
@@ -341,7 +353,9 @@ class Engine:
         """The joining rows' next prompt chunks for a step whose decoding rows feed `inputs` (at
         cache depths `depths`), in the order the rows joined: the most prompt tokens that keep the
         step within prefill_stall times the decoding rows' plain step (the cost curve's estimate;
-        the first joiner gets at least one token), or prefill_chunk tokens without a curve."""
+        the first joiner gets at least one token), or prefill_chunk tokens without a curve. A chunk
+        that would cost more than prefill_waste times what its tokens cost read alone waits
+        (PREFILL_WASTE), unless the row has waited as many steps as such chunks would take."""
         fed = {row: len(tokens) for row, tokens in inputs.items()}
         depths = dict(depths)
         if self.costs is not None:
@@ -359,12 +373,22 @@ class Engine:
                     mid = (lo + hi + 1) // 2
                     lo, hi = (mid, hi) if self._seconds({**fed, r.row: mid}, depths) <= limit else (lo, mid - 1)
                 n = lo if lo or chunks else min(1, wanted)
+                if n > 0 and r._waited * n < wanted and self._wasteful(fed, r, n, wanted, depths):
+                    r._waited += 1
+                    continue
             if n <= 0:
                 break
             chunks[r.row] = r.prompt_tokens[r.prefilled : r.prefilled + n]
             fed[r.row] = n
             budget -= n
         return chunks
+
+    def _wasteful(self, fed: Mapping[int, int], r: Request, n: int, wanted: int, depths: Mapping[int, int]) -> bool:
+        """Whether n of row r's prompt tokens cost more, per token, riding in a step that feeds `fed`
+        than prefill_waste times what its remaining `wanted` tokens cost read alone."""
+        riding = (self._seconds({**fed, r.row: n}, depths) - self._seconds(fed, depths)) / n
+        alone = self._seconds({r.row: wanted}, depths) / wanted
+        return riding > self.prefill_waste * alone
 
     def _seconds(self, fed: Mapping[int, int], depths: Mapping[int, int]) -> float:
         """The cost curve's estimate of a forward feeding fed[row] tokens to each row."""

@@ -63,6 +63,11 @@ def _at_least_one(text: str) -> float:
     return value
 
 
+def _at_least_one_or_inf(text: str) -> float:
+    """A factor >= 1, or inf (no bound)."""
+    return math.inf if text.strip().lower() in ("inf", "infinity") else _at_least_one(text)
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)

@@ -6,12 +6,12 @@ import os
 import sys
 
 from .. import catalog
-from ..controller import OBJECTIVES
-from ..engine import PREFILL_STALL
+from ..controller import LATENCY_STEP, OBJECTIVES
+from ..engine import PREFILL_STALL, PREFILL_WASTE
 from ..errors import SpecdecError
 from .flags import _add_model_flags, _add_suffix_flags
 from .loading import _check_device, _check_suffix_flags, _model_loader, _suffix_cache
-from .options import _at_least_one, _non_negative_int, _port, _positive
+from .options import _at_least_one, _at_least_one_or_inf, _non_negative_int, _port, _positive
 
 
 def _add_serve_parser(sub) -> None:
@@ -69,12 +69,24 @@ def _add_serve_parser(sub) -> None:
         f"pause longer; alone, a prompt is prefilled at once (default: {PREFILL_STALL:g})",
     )
     g.add_argument(
+        "--prefill-waste",
+        type=_at_least_one_or_inf,
+        default=PREFILL_WASTE,
+        metavar="W",
+        help="a chunk whose prompt tokens would cost more than W times, per token, what they cost "
+        "read in one piece (on the cost curve, as on a CPU where a few tokens are dear) waits "
+        "instead: the new request reads its prompt when the running ones end, or, if they run "
+        "on, after waiting as many steps as the chunks would take (default: "
+        f"{PREFILL_WASTE:g}; inf: every chunk rides)",
+    )
+    g.add_argument(
         "--objective",
         choices=OBJECTIVES,
         default="throughput",
         help="what 'auto' maximises each step over the requests running together: throughput, "
         "their tokens per second all told, or latency, each request's own (the geometric mean), so "
-        "that a long draft for one request does not slow every other stream (default: throughput)",
+        "that a long draft for one request does not slow every other stream, with no step costing "
+        f"more than {LATENCY_STEP:g} plain steps (default: throughput)",
     )
     g.add_argument(
         "--max-queue",
@@ -192,6 +204,7 @@ def cmd_serve(args) -> int:
         special_in_turns=args.special_in_turns,
         reproducible=args.reproducible,
         prefill_stall=args.prefill_stall,
+        prefill_waste=args.prefill_waste,
         objective=args.objective,
     )
 

@@ -25,7 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine import PREFILL_STALL, Engine
+from ..engine import PREFILL_STALL, PREFILL_WASTE, Engine
 from ..errors import PromptError, SpecdecError
 from ..request import prepare
 from ..spec import DraftSpec
@@ -130,6 +130,7 @@ def build_service(
     suffix=None,
     head=None,
     prefill_stall: float = PREFILL_STALL,
+    prefill_waste: float = PREFILL_WASTE,
     objective: str = "throughput",
     **limits,
 ) -> Service:
@@ -141,7 +142,8 @@ def build_service(
     cache (as SpeculativeDecoder takes it): ONE for every request, whatever its policy, so each
     request drafts from all the requests before it. `head` is a trained head's drafter
     (drafters.head), which requests name as 'head'. `prefill_stall`: a step that carries joining
-    requests' prompt chunks costs at most this many plain steps of the decoding rows (Engine).
+    requests' prompt chunks costs at most this many plain steps of the decoding rows, and a chunk
+    rides only where its tokens cost at most `prefill_waste` times what they cost read alone (Engine).
     `objective`: what 'auto' maximises over the batch, its tokens per second ("throughput") or
     each request's own ("latency"; controller.OBJECTIVES)."""
     from ..controller import auto_controller
@@ -157,6 +159,7 @@ def build_service(
         max_rows=max_batch,
         costs=router.auto.target_cost,
         prefill_stall=prefill_stall,
+        prefill_waste=prefill_waste,
     )
     router.engine = engine
     draft_names = {"auto": "auto", "ngram": "ngram", "none": "none"}
