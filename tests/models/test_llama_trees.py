@@ -147,3 +147,28 @@ def test_rows_in_streams_of_their_own_score_as_rows_in_one_pool(tiny_path):
     for pooled, streams in zip(*outs):
         for a, b in zip(pooled, streams):
             assert np.abs(a - b).max() < TOLERANCE
+
+
+def test_rows_in_streams_go_to_llama_cpp_in_seq_id_order(tiny_path):
+    """llama.cpp runs a batch over cache streams in one pass only while its seq ids ascend by one
+    (split_equal, sequential): given rows in any order, a streams model sends them in seq id
+    order and hands each row its own logits; a freed row's id is lent again before higher ones,
+    so the ids of live rows stay without gaps."""
+    from specdec.models.llama_cpp import LlamaCppModel
+
+    model = LlamaCppModel(tiny_path, n_ctx=128, max_rows=4, n_threads=1, trees=False)
+    rows = model.add_rows(4)
+    assert rows == [0, 1, 2, 3]
+    tokens = {3: [5, 6], 1: [7], 0: [9, 10, 11], 2: [4]}
+    sent, decode = [], model._decode
+    model._decode = lambda items: (sent.append([seqs[0] for seqs, *_ in items]), decode(items))[1]
+    out = model.forward_rows(tokens, {row: len(t) for row, t in tokens.items()})
+    assert sent == [[0, 0, 0, 1, 2, 3, 3]]
+    model._decode = decode
+    model.rollback_rows({row: 0 for row in rows})
+    for row, toks in tokens.items():  # each row alone: the same logits
+        alone = model.forward_rows({row: toks}, {row: len(toks)})[row]
+        assert np.abs(alone - out[row]).max() < TOLERANCE
+    model.drop_rows([2, 0])
+    assert model.add_rows(1) == [0] and model.add_rows(1) == [2]
+    model.close()

@@ -308,6 +308,9 @@ class LlamaCppModel(SingleRow):
                 f"{self.name} holds {self.max_rows} rows at once and {self.max_rows - len(self._free)} "
                 f"are in use; load it with more rows (max_rows, --batch-size)"
             )
+        # the lowest free seq ids: streams decode rows in one pass only while their seq ids run
+        # without a gap (forward_rows)
+        self._free.sort(reverse=True)
         rows = [self._free.pop() for _ in range(n)]
         for row in rows:
             self._len[row] = 0
@@ -335,6 +338,10 @@ class LlamaCppModel(SingleRow):
 
     def forward_rows(self, tokens, n_logits=None) -> dict[int, np.ndarray]:
         n_logits = n_logits or {}
+        if not self.scores_trees:
+            # streams: llama.cpp splits a batch into passes at every seq id that is not the last
+            # one + 1 (its split_equal, sequential), so rows go in seq id order; a pool takes any
+            tokens = dict(sorted(tokens.items()))
         # every (row, position, token, wants logits) of the forward, row after row
         items = []
         for row, row_tokens in tokens.items():
