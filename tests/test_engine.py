@@ -446,25 +446,25 @@ def test_a_step_already_past_the_budget_still_moves_the_first_joiner(target):
     assert b.result.tokens == solo.generate(b.prompt_tokens, max_new_tokens=3).tokens
 
 
-def test_a_joiner_behind_a_long_running_row_reads_its_whole_prompt_at_once(target):
+def test_a_joiner_waits_where_its_chunk_would_cost_too_much(target):
     """On a concave curve (a CPU's: a few tokens cost more each than many), the 3 tokens that fit a
-    step at prefill_stall 2 would cost twice, per token, what the prompt costs read alone; the
-    decoding row may run 58 more steps, longer than the prompt takes to read, so rather than crawl
-    the joiner reads its whole prompt in the decoding row's next step (as llama-server does), then
-    decodes beside it; both keep their solo runs' tokens."""
-    engine, first, late, calls = _join_while_decoding(target, lambda w, depth=None: w**0.5, 2.0, steps=2)
-    assert calls[0] == {first.row: (1, True), late.row: (39, False)}
-    assert calls[1] == {first.row: (1, True), late.row: (1, True)}
+    step at prefill_stall 2 would cost twice, per token, what the prompt costs read alone: the
+    joiner waits rather than crawl, for as many steps as the crawl would take (39 tokens, 3 a
+    step: 13), then rides; the decoding row steps at its plain width meanwhile, and both rows
+    keep their solo runs' tokens."""
+    engine, first, late, calls = _join_while_decoding(target, lambda w, depth=None: w**0.5, 2.0, steps=14)
+    assert calls[:13] == [{first.row: (1, True)}] * 13  # waiting: the decoding row alone
+    assert calls[13] == {first.row: (1, True), late.row: (3, False)}  # patience spent: it rides
+    assert late.prefilled == 3
     engine.run([first, late])
     solo = SpeculativeDecoder(target, None, 0)
     assert late.result.tokens == solo.generate(late.prompt_tokens, max_new_tokens=10).tokens
     assert first.result.tokens == solo.generate([5, 6, 7], max_new_tokens=60).tokens
 
 
-def test_a_joiner_waits_for_decoding_rows_about_to_end(target):
-    """The same curve, with a decoding row that has 4 tokens left (4 plain steps, less than the
-    joiner's prompt takes to read alone): the joiner waits, the row steps alone, and once it has
-    ended the joiner reads its whole prompt in one forward, then decodes."""
+def test_a_waiting_joiner_reads_its_prompt_at_once_when_the_decoding_rows_end(target):
+    """The same curve, with a decoding row that ends before the joiner's patience does: the joiner
+    reads its whole prompt in one forward (nobody decodes), then decodes."""
     from specdec.controller import FixedController
     from specdec.engine import Engine
 
@@ -473,13 +473,12 @@ def test_a_joiner_waits_for_decoding_rows_about_to_end(target):
     first = engine.add([5, 6, 7], GenerationConfig(max_new_tokens=5))
     engine.step()
     late = engine.add([(i * 5) % 31 + 1 for i in range(40)], GenerationConfig(max_new_tokens=4))
-    engine.step()  # admitted, waiting (its row is freed when it ends)
-    row, mine = late.row, first.row
-    assert late.prefilled == 0
+    engine.step()  # admitted (its row is freed when it ends)
+    row = late.row
     counted.calls.clear()
     engine.run([first, late])
-    assert counted.calls[:3] == [{mine: (1, True)}] * 3  # the decoding row alone to its end
-    assert counted.calls[3] == {row: (39, False)}  # then the whole prompt, nobody decoding
+    prompt_reads = [call[row][0] for call in counted.calls if row in call and not call[row][1]]
+    assert prompt_reads == [39]
     assert (
         late.result.tokens == SpeculativeDecoder(target, None, 0).generate(late.prompt_tokens, max_new_tokens=4).tokens
     )

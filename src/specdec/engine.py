@@ -49,13 +49,11 @@ PREFILL_CHUNK = 256
 # one a few); history: docs/provenance.md#prefill_stall
 PREFILL_STALL = 1.5
 # A joining row's chunk rides along only where its prompt tokens cost at most this many times, per
-# token, what they cost read alone in one forward (on the cost curve). Else, where the decoding rows
-# end (at their token limits) sooner than its prompt would take to read, the row waits for them and
-# then reads it at once; where they run on, it reads its whole prompt in this step, as llama-server
-# does (one long pause for the running rows instead of a crawl).
+# token, what they cost read alone in one forward (on the cost curve); else the row waits for the
+# decoding rows to end (then it reads its prompt at once), at most as many steps as reading it
+# chunk by chunk would take.
 # why: on a steep curve (this CPU's) the few tokens that fit a step cost twice what they cost read
-# in bulk, every decoding row's step is slower the whole time, and two rows that end apart never
-# line up again (each joiner crawls, or waits, behind the other); on a flat one (a GPU's) chunks
+# in bulk, and every decoding row's step is slower the whole time; on a flat one (a GPU's) chunks
 # ride almost free and this never holds a joiner back; history: docs/provenance.md#prefill_waste
 PREFILL_WASTE = 1.5
 
@@ -105,6 +103,7 @@ class Request:
         self._pieces: list[str] = []
         self._logprobs_read = 0
         self._t_decode = 0.0
+        self._waited = 0  # steps it joined, but its chunk would have cost too much (Engine._chunks)
 
     @property
     def done(self) -> bool:
@@ -355,9 +354,8 @@ class Engine:
         cache depths `depths`), in the order the rows joined: the most prompt tokens that keep the
         step within prefill_stall times the decoding rows' plain step (the cost curve's estimate;
         the first joiner gets at least one token), or prefill_chunk tokens without a curve. A chunk
-        that would cost more than prefill_waste times what its tokens cost read alone (PREFILL_WASTE)
-        waits where the decoding rows end sooner than the prompt would take to read, and is the
-        whole prompt where they run on."""
+        that would cost more than prefill_waste times what its tokens cost read alone waits
+        (PREFILL_WASTE), unless the row has waited as many steps as such chunks would take."""
         fed = {row: len(tokens) for row, tokens in inputs.items()}
         depths = dict(depths)
         if self.costs is not None:
@@ -375,25 +373,15 @@ class Engine:
                     mid = (lo + hi + 1) // 2
                     lo, hi = (mid, hi) if self._seconds({**fed, r.row: mid}, depths) <= limit else (lo, mid - 1)
                 n = lo if lo or chunks else min(1, wanted)
-                if n > 0 and self._wasteful(fed, r, n, wanted, depths):
-                    if self._end_first(inputs, r, wanted, depths):
-                        continue  # it waits: the decoding rows end before its prompt would be read
-                    n = wanted  # they run on: its whole prompt now, one long step, not a crawl
+                if n > 0 and r._waited * n < wanted and self._wasteful(fed, r, n, wanted, depths):
+                    r._waited += 1
+                    continue
             if n <= 0:
                 break
             chunks[r.row] = r.prompt_tokens[r.prefilled : r.prefilled + n]
             fed[r.row] = n
             budget -= n
         return chunks
-
-    def _end_first(
-        self, inputs: Mapping[int, Sequence[int]], r: Request, wanted: int, depths: Mapping[int, int]
-    ) -> bool:
-        """Whether the decoding rows (feeding `inputs`) end, at the most tokens they may still
-        generate, one plain step each, sooner than row r's remaining `wanted` prompt tokens would
-        take read alone."""
-        left = max(self.rows[row].config.max_new_tokens - self.rows[row].stats.generated_tokens for row in inputs)
-        return left * self._seconds({row: 1 for row in inputs}, depths) <= self._seconds({r.row: wanted}, depths)
 
     def _wasteful(self, fed: Mapping[int, int], r: Request, n: int, wanted: int, depths: Mapping[int, int]) -> bool:
         """Whether n of row r's prompt tokens cost more, per token, riding in a step that feeds `fed`

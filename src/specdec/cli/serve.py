@@ -74,9 +74,9 @@ def _add_serve_parser(sub) -> None:
         default=PREFILL_WASTE,
         metavar="W",
         help="a chunk whose prompt tokens would cost more than W times, per token, what they cost "
-        "read in one piece (on the cost curve, as on a CPU where a few tokens are dear) is not "
-        "read in chunks: the new request waits where the running ones end sooner than its prompt "
-        "takes to read, and reads it whole at once where they run on (default: "
+        "read in one piece (on the cost curve, as on a CPU where a few tokens are dear) waits "
+        "instead: the new request reads its prompt when the running ones end, or, if they run "
+        "on, after waiting as many steps as the chunks would take (default: "
         f"{PREFILL_WASTE:g}; inf: every chunk rides)",
     )
     g.add_argument(
