@@ -382,25 +382,26 @@ class CostAwareController:
         ks = {row: 0 for row in options}
         n = len(ks)
 
-        def speed(total: float) -> float:  # total: the sum of the rows' expected tokens (of their logs)
-            seconds = self._step_cost(ks, options)
+        def speed(total: float, seconds: float) -> float:  # total: the rows' expected tokens (their logs)
             return float(np.exp(total / n)) / seconds if latency else total / seconds
 
         total = 0.0 if latency else float(n)
-        plain = speed(total)
+        seconds = self._step_cost(ks, options)
+        plain = speed(total, seconds)
         best = (dict(ks), plain)
-        cap = LATENCY_STEP * self._step_cost(ks, options) if latency else np.inf
+        cap = LATENCY_STEP * seconds if latency else np.inf
         # every row's next draft token, by marginal gain (E and log E are concave: a row's gains only shrink)
         heap = [(-gain(o.expected, 0), row) for row, o in options.items() if len(o.expected) > 1]
         heapq.heapify(heap)
         while heap:
             g, row = heapq.heappop(heap)
             ks[row] += 1
-            if self._step_cost(ks, options) > cap:  # a longer draft only widens the step further
+            seconds = self._step_cost(ks, options)
+            if seconds > cap:  # a longer draft only widens the step further
                 ks[row] -= 1
                 break
             total -= g
-            value = speed(total)
+            value = speed(total, seconds)
             if value > best[1]:
                 best = (dict(ks), value)
             e, k = options[row].expected, ks[row]
