@@ -287,3 +287,7 @@ def test_serve_passes_the_scheduling_flags_to_the_service(monkeypatch):
     with pytest.raises(Stopped):
         serve.cmd_serve(args)
     assert (seen["prefill_stall"], seen["prefill_waste"], seen["objective"]) == (3.5, float("inf"), "latency")
+    assert seen["prefix_cache"] is True
+    with pytest.raises(Stopped):
+        serve.cmd_serve(build_parser().parse_args(["serve", "--draft", "none", "--no-prefix-cache"]))
+    assert seen["prefix_cache"] is False

@@ -484,6 +484,26 @@ def test_a_waiting_joiner_reads_its_prompt_at_once_when_the_decoding_rows_end(ta
     )
 
 
+def test_the_engine_says_when_its_next_step_only_reads_prompts(target):
+    """reads_prompts_only, the server's cue to wait for more requests: requests are in, no row
+    decodes, and a row is free; not when idle, nor while a row decodes, nor with every row taken."""
+    from specdec.controller import FixedController
+    from specdec.engine import Engine
+
+    engine = Engine(target, FixedController(None, 0), max_rows=2, costs=lambda w, depth=None: w**0.5, prefill_stall=2.0)
+    assert not engine.reads_prompts_only  # idle
+    first = engine.add([5, 6, 7], GenerationConfig(max_new_tokens=3))
+    assert engine.reads_prompts_only
+    engine.step()
+    assert not engine.reads_prompts_only  # first decodes
+    late = engine.add([(i * 5) % 31 + 1 for i in range(40)], GenerationConfig(max_new_tokens=2))
+    while not first.done:
+        engine.step()
+    assert late.prefilled == 0 and engine.reads_prompts_only  # it waited (its chunks cost too much)
+    engine.add([5, 6], GenerationConfig(max_new_tokens=2))
+    assert not engine.reads_prompts_only  # both rows taken
+
+
 def test_prefill_waste_inf_lets_every_chunk_ride(target):
     """prefill_waste=inf: the joiner rides from its first step, as before the waste rule."""
     from specdec.controller import FixedController

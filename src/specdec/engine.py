@@ -56,6 +56,15 @@ PREFILL_STALL = 1.5
 # in bulk, and every decoding row's step is slower the whole time; on a flat one (a GPU's) chunks
 # ride almost free and this never holds a joiner back; history: docs/provenance.md#prefill_waste
 PREFILL_WASTE = 1.5
+# A finished row's cache is kept (Engine(prefix_cache=True), where the target keeps idle rows for
+# free) and a new prompt takes the kept row that already holds the longest start of it, when that
+# start is at least this many tokens; else the kept row with the lowest id (which still reuses what
+# it shares, a chat template's opening say). New rows only once no row is kept.
+# why: llama.cpp's per-row streams pass over the weights once per run of consecutive row ids, so
+# a row taken out of order can cost every step of its request a second pass (rows 0, 1, 3: 96 ms
+# a step, rows 0-1 64 and 0-3 110, this CPU); only a long shared start pays for that;
+# history: docs/provenance.md#prefix_min
+PREFIX_MIN = 256
 
 
 @dataclass
@@ -129,6 +138,9 @@ class Engine:
     4. each row is verified with its own random stream; 5. every row is rolled back to what it
     kept and the drafters are told; 6. each row emits (stop rules, text), finished rows leave,
     queued rows take free rows. While nobody decodes, joining rows prefill whole prompts at once.
+    With `prefix_cache` a finished row keeps its cache (where the target keeps idle rows for
+    free), and a queued prompt that starts as a kept row's cache does takes that row and reads
+    only the rest (PREFIX_MIN).
 
     `costs` (a cost curve, cost(width, depth) -> seconds; the cost-aware controller's) sizes the
     prompt chunks a step carries: the widest that keeps the step within `prefill_stall` times the
@@ -145,6 +157,7 @@ class Engine:
         costs: Callable[[int, float | None], float] | None = None,
         prefill_stall: float = PREFILL_STALL,
         prefill_waste: float = PREFILL_WASTE,
+        prefix_cache: bool = False,
     ):
         if prefill_stall < 1.0:
             raise SpecdecError(f"prefill_stall must be at least 1 (times a plain step), got {prefill_stall}")
@@ -163,6 +176,11 @@ class Engine:
         )
         self.queue: list[Request] = []  # waiting for a row
         self.rows: dict[int, Request] = {}  # target row -> request (prefilling or live)
+        # prefix_cache: finished rows stay in the target with their caches, for prompts that start
+        # the same way (a conversation's next turn, a repeated prompt, a shared system prompt);
+        # only where the target keeps idle rows at no cost to the others (keeps_idle_rows)
+        self.prefix_cache = prefix_cache and bool(getattr(target, "keeps_idle_rows", False))
+        self.idle: dict[int, list[int]] = {}  # kept row -> the tokens its cache holds
         self._ids = itertools.count()
 
     # -- the caller's verbs --------------------------------------------------------------------
@@ -184,6 +202,14 @@ class Engine:
     @property
     def busy(self) -> bool:
         return bool(self.queue or self.rows)
+
+    @property
+    def reads_prompts_only(self) -> bool:
+        """The next step only reads prompts (requests are in, no row decodes yet) and a row is free
+        for one more: a caller that can wait a moment for other requests (the server's gathering
+        window) gets theirs read in the same forward, instead of behind it."""
+        decoding = any(r.prefilled == len(r.prompt_tokens) - 1 for r in self.rows.values())
+        return self.busy and not decoding and len(self.rows) + len(self.queue) < self.max_rows
 
     def run(self, requests: Sequence[Request]) -> None:
         """Step until these requests are done."""
@@ -334,18 +360,43 @@ class Engine:
         sampled_by_position = request.config.reproducible and not request.params.greedy
         return bool(getattr(self.target, "scores_trees", False)) and not sampled_by_position
 
+    def drop_idle(self) -> None:
+        """Forget the kept rows (prefix_cache): a failed step may have left their caches unknown."""
+        if self.idle:
+            self.target.drop_rows(list(self.idle))
+            self.idle.clear()
+
     def _admit(self) -> None:
-        """Queued requests take free rows (their prompts are prefilled by the steps that follow)."""
+        """Queued requests take free rows (their prompts are prefilled by the steps that follow):
+        a kept row whose cache already holds the start of the prompt, else a new one."""
         n = min(len(self.queue), self.max_rows - len(self.rows))
-        if n > 0:  # rows in one call: adding rows to a batched cache copies it
+        if n > 0:
             admitted, self.queue = self.queue[:n], self.queue[n:]
-            for request, row in zip(admitted, self.target.add_rows(n)):
+            kept = [self._kept_row(r) if self.idle else None for r in admitted]  # new rows once none is kept
+            fresh = iter(
+                self.target.add_rows(kept.count(None)) if None in kept else ()
+            )  # one call: a batched cache copies
+            for request, row in zip(admitted, kept):
+                row = next(fresh) if row is None else row
                 request.row = row
                 request._t_decode = self.clock()
                 self.rows[row] = request
                 for drafter in self.drafters:
                     drafter.begin(row, request.prompt_tokens, request.params, request.rng)
                 self.controller.begin(row, request.prompt_tokens)
+
+    def _kept_row(self, request: Request) -> int:
+        """The kept row this request takes, its cache cut to the start of the prompt it holds (the
+        prefill resumes there): the one holding the most of it where that is PREFIX_MIN tokens or
+        more, else the lowest id (the model lends the lowest ids first, so the rows in use stay
+        as close to one run of ids as without the cache)."""
+        head = request.prompt_tokens[:-1]  # the last prompt token opens decoding: never cached
+        shared = {row: _shared_start(tokens, head) for row, tokens in self.idle.items()}
+        row = min(shared, key=lambda r: (-shared[r] if shared[r] >= PREFIX_MIN else 0, r))
+        del self.idle[row]
+        self.target.rollback_rows({row: shared[row]})
+        request.prefilled = request.stats.cached_tokens = shared[row]
+        return row
 
     def _chunks(
         self, joining: Sequence[Request], inputs: Mapping[int, Sequence[int]], depths: Mapping[int, int]
@@ -416,7 +467,12 @@ class Engine:
         cache copies it), their text completed, their results set."""
         rows = [r.row for r in requests if r.row is not None]
         if rows:
-            self.target.drop_rows(rows)
+            if self.prefix_cache:  # kept, holding what the request fed: its context but the last token
+                held = {r.row: _held(r) for r in requests if r.row is not None}
+                self.target.rollback_rows({row: len(tokens) for row, tokens in held.items()})
+                self.idle.update(held)
+            else:
+                self.target.drop_rows(rows)
             for drafter in self.drafters:
                 drafter.end(rows)
             for row in rows:
@@ -435,6 +491,23 @@ class Engine:
                 stats=request.stats,
                 logprobs=request.logprobs[: len(request.text.tokens)] if request.logprobs is not None else None,
             )
+
+
+def _held(request: Request) -> list[int]:
+    """What a request's row holds for certain when it ends: its prompt's prefilled part, or, once it
+    decoded, its context but the last token (a draft kept past an end of generation may follow)."""
+    if request.prefilled < len(request.prompt_tokens) - 1:
+        return request.prompt_tokens[: request.prefilled]
+    return request.context[:-1]
+
+
+def _shared_start(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens a and b share from their start."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if len(differ) else n
 
 
 def _by_parent(q: np.ndarray | None, tree: DraftTree, shape) -> np.ndarray | None:

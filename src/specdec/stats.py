@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of those, found in a kept row's cache (Engine prefix_cache): not prefilled
     generated_tokens: int = 0
     steps: int = 0  # target forwards after the prefill
     drafted: int = 0  # draft tokens proposed

@@ -172,3 +172,32 @@ def test_rows_in_streams_go_to_llama_cpp_in_seq_id_order(tiny_path):
     model.drop_rows([2, 0])
     assert model.add_rows(1) == [0] and model.add_rows(1) == [2]
     model.close()
+
+
+def test_a_kept_stream_answers_a_repeated_prompt_and_a_next_turn_as_a_fresh_row(tiny_path):
+    """The engine's prefix cache on llama.cpp's per-row streams (what `specdec serve` loads): a row
+    kept after its request, cut back to the start a new prompt shares, then fed the rest, gives
+    the greedy tokens of a fresh model."""
+    from specdec import GenerationConfig
+    from specdec.controller import FixedController
+    from specdec.engine import Engine
+    from specdec.models.llama_cpp import LlamaCppModel
+
+    def run(engine, prompt):
+        request = engine.add(prompt, GenerationConfig(max_new_tokens=12))
+        engine.run([request])
+        return request
+
+    model = LlamaCppModel(tiny_path, n_ctx=128, max_rows=2, n_threads=1, trees=False)
+    assert model.keeps_idle_rows
+    engine = Engine(model, FixedController(None, 0), prefix_cache=True)
+    prompt = model.tokenizer.encode("the cat in a hat sat on the mat")
+    first = run(engine, prompt)
+    requests = [run(engine, prompt), run(engine, first.context + prompt[:3]), run(engine, prompt[:4] + [7, 8])]
+    assert [r.stats.cached_tokens for r in requests] == [len(prompt) - 1, len(first.context) - 1, 4]
+    fresh = LlamaCppModel(tiny_path, n_ctx=128, max_rows=1, n_threads=1, trees=False)
+    for r in requests:
+        plain = run(Engine(fresh, FixedController(None, 0)), r.prompt_tokens)
+        assert r.result.tokens == plain.result.tokens
+    model.close()
+    fresh.close()

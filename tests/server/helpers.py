@@ -188,5 +188,8 @@ def _check_metrics(after: str, bodies: list[dict], before: str) -> None:
         )
     assert delta("specdec:generation_tokens_total") == sum(b["usage"]["completion_tokens"] for b in bodies)
     assert delta("specdec:prompt_tokens_total") == sum(b["usage"]["prompt_tokens"] for b in bodies)
+    assert delta("specdec:prefix_cache_hits_total") == sum(
+        b["usage"]["prompt_tokens_details"]["cached_tokens"] for b in bodies
+    )
     assert delta("specdec:time_to_first_token_seconds_count") == len(bodies)
     assert metric(after, "specdec:num_requests_running") == 0 == metric(after, "specdec:num_requests_waiting")

@@ -361,3 +361,18 @@ def test_special_tokens_in_messages_only_when_the_server_says_so(monkeypatch, tm
             assert r.json()["usage"]["prompt_tokens"] == len(want)
             r = httpx.post(base + "/v1/chat/completions", json={**body, "special_in_turns": True})
             assert r.status_code == 400 and r.json()["error"]["param"] == "special_in_turns", r.text
+
+
+def test_a_repeated_prompt_is_read_from_the_kept_cache_and_says_so():
+    """The prefix cache (on by default): the same prompt again is answered from the row the first
+    one left (all but its last token cached, as usage.prompt_tokens_details.cached_tokens says,
+    with the OpenAI client reading it), with the same text; --no-prefix-cache reads it again."""
+    body = dict(model="toy", prompt="hello world hello world hello", max_tokens=12, temperature=0)
+    for cache in (True, False):
+        with toy_server(max_batch=1, prefix_cache=cache) as (base, _):
+            c = client(base)
+            first, again = (c.completions.create(**body) for _ in range(2))
+            assert first.choices[0].text == again.choices[0].text
+            assert first.usage.prompt_tokens_details.cached_tokens == 0
+            want = first.usage.prompt_tokens - 1 if cache else 0
+            assert again.usage.prompt_tokens_details.cached_tokens == want

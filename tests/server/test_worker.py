@@ -180,3 +180,37 @@ def test_the_gathering_window_stops_at_gather_max(monkeypatch):
     """A stream of arrivals never holds the first request back longer than GATHER_MAX: requests
     0.3 s apart with GATHER_MAX 0.45 s, so the third is left to the next step."""
     assert len(_first_forward(monkeypatch, gather=1.0, gather_max=0.45, gap=0.3, n=3)) == 2
+
+
+def test_a_prompt_waiting_for_the_last_row_to_end_gathers_the_next_arrival(monkeypatch):
+    """Two rows. A decodes; B comes while A decodes and waits (no prompt chunk rides in a decoding
+    step here). When A ends, its client at once sends A2: B's prompt is read in one forward with
+    A2's, so the two decode together, instead of A2 waiting behind B's prompt read alone (which
+    kept two closed-loop clients from ever decoding together)."""
+    from specdec.server import worker
+
+    monkeypatch.setattr(worker, "GATHER", 0.5)  # wide, so that a slow machine cannot split them
+    with toy_server(delay=0.01, max_batch=2) as (base, service):
+        engine = service.worker.engine
+        engine.costs, engine.prefill_chunk = None, 0  # no chunk beside a decoding row: B waits for A
+        target = service.worker.target
+        seen, inner = [], target.forward_rows
+
+        def forward_rows(tokens, n_logits=None):
+            seen.append(sorted(len(t) for row, t in tokens.items() if row not in (n_logits or {})))
+            return inner(tokens, n_logits)
+
+        target.forward_rows = forward_rows
+        body = {"max_tokens": 20, "speculative": {"draft": "none"}}
+        a, b, a2 = [], [], []
+        first = _stream_in_thread(base, {**body, "prompt": "a" * 10, "max_tokens": 100}, a)
+        _wait(lambda: len(a) >= 3, 10, "A to decode")
+        second = _stream_in_thread(base, {**body, "prompt": "b" * 20}, b)
+        _wait(lambda: engine.queue or len(engine.rows) == 2, 10, "B to come in")
+        first.join(30)
+        third = _stream_in_thread(base, {**body, "prompt": "c" * 30}, a2)  # A's client, at once
+        for thread in (second, third):
+            thread.join(30)
+        assert [out[-1] for out in (a, b, a2)] == [("end", 200)] * 3
+        prompts = [fed for fed in seen if fed]
+        assert len(prompts) == 2 and len(prompts[1]) == 2, prompts  # A's prompt; then B's with A2's

@@ -80,6 +80,17 @@ def _add_serve_parser(sub) -> None:
         f"{PREFILL_WASTE:g}; inf: every chunk rides)",
     )
     g.add_argument(
+        "--no-prefix-cache",
+        dest="prefix_cache",
+        action="store_false",
+        help="forget each finished request's KV cache. Default: a finished request's row keeps its "
+        "cache, and a new prompt that starts the same way (a conversation's next turn, a repeated "
+        "prompt, a shared system prompt) takes that row and reads only the rest, as llama-server's "
+        "prompt cache and vLLM's prefix caching do; usage.prompt_tokens_details.cached_tokens says "
+        "how many were found. Where a draft model drafts trees (--draft-width > 1) the target's "
+        "rows share one pool of cache cells and none is kept",
+    )
+    g.add_argument(
         "--objective",
         choices=OBJECTIVES,
         default="throughput",
@@ -205,6 +216,7 @@ def cmd_serve(args) -> int:
         reproducible=args.reproducible,
         prefill_stall=args.prefill_stall,
         prefill_waste=args.prefill_waste,
+        prefix_cache=args.prefix_cache,
         objective=args.objective,
     )
 

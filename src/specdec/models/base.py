@@ -11,6 +11,10 @@ drafts together. Row ids are small integers the model hands out (`add_rows`) and
     model.rollback_rows({rows[0]: n_kept})                    # cut a row back to what it kept
     model.drop_rows(rows)                                     # free their caches now
 
+Optional attributes the engine reads where a backend has them: `scores_trees` (forward_tree_rows
+works), and `keeps_idle_rows` (a row not fed costs the other rows nothing, so a finished row's
+cache may stay for a later prompt that starts the same way: Engine's prefix_cache).
+
 Two mixins below give the rest for free:
 - `SingleRow`: the one-sequence calls (forward / rollback / reset / n_past) as a batch of one,
   for backends whose cache is natively many rows (llama.cpp, torch);
@@ -223,6 +227,7 @@ class SequentialRows:
     state is: `_new_state()` (an empty cache), `_get_state()`, `_set_state(state)`."""
 
     max_rows = 1 << 16
+    keeps_idle_rows = True  # a row not fed costs the others nothing (Engine prefix_cache)
 
     def _row_states(self) -> dict:
         if "_states" not in self.__dict__:

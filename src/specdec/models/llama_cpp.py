@@ -237,6 +237,9 @@ class LlamaCppModel(SingleRow):
         # a model told it will score no trees keep a stream per row instead
         pooled = trees and not exact
         self.scores_trees = pooled  # forward_tree_rows (rows' own streams share no cells)
+        # a stream of its own per row: a finished row's cache can stay for a later prompt that
+        # starts the same way (Engine prefix_cache) without taking cells from the running rows
+        self.keeps_idle_rows = not pooled
         self.path = Path(path)
         _check_gguf_header(self.path)
         self.name = self.path.name

@@ -131,6 +131,7 @@ def build_service(
     head=None,
     prefill_stall: float = PREFILL_STALL,
     prefill_waste: float = PREFILL_WASTE,
+    prefix_cache: bool = True,
     objective: str = "throughput",
     **limits,
 ) -> Service:
@@ -144,6 +145,8 @@ def build_service(
     (drafters.head), which requests name as 'head'. `prefill_stall`: a step that carries joining
     requests' prompt chunks costs at most this many plain steps of the decoding rows, and a chunk
     rides only where its tokens cost at most `prefill_waste` times what they cost read alone (Engine).
+    `prefix_cache`: finished requests' rows keep their caches for prompts that start the same way
+    (Engine; where the target keeps idle rows for free).
     `objective`: what 'auto' maximises over the batch, its tokens per second ("throughput") or
     each request's own ("latency"; controller.OBJECTIVES)."""
     from ..controller import auto_controller
@@ -160,6 +163,7 @@ def build_service(
         costs=router.auto.target_cost,
         prefill_stall=prefill_stall,
         prefill_waste=prefill_waste,
+        prefix_cache=prefix_cache,
     )
     router.engine = engine
     draft_names = {"auto": "auto", "ngram": "ngram", "none": "none"}

@@ -424,6 +424,8 @@ def usage_body(stats: GenerationStats) -> dict:
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.generated_tokens,
         "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+        # OpenAI's field (llama-server and vLLM fill it too): prompt tokens found in a kept cache
+        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
     }
 
 

@@ -28,10 +28,12 @@ from .protocol import Job, RequestError
 # An idle engine woken by a request waits until no other has come for this long before its first
 # step (but no longer than GATHER_MAX in all), so that clients arriving together start together:
 # their prompts prefill in one forward, and none of them is already decoding while the others'
-# prompts ride in its steps.
+# prompts ride in its steps. So does an engine whose next step would only read prompts with a row
+# to spare (its last decoding row just ended, and that row's client may be sending its next one).
 # why: requests sent at once reach the engine a few milliseconds apart, one after another as the
 # HTTP side reads them, and a first step (a whole prompt's prefill) takes seconds; a fixed window
-# from the first arrival missed the last of 8 (history: docs/provenance.md#gather)
+# from the first arrival missed the last of 8; a prompt read alone the moment the last row ended
+# kept two closed-loop clients from ever decoding together (history: docs/provenance.md#gather)
 GATHER = 0.02
 GATHER_MAX = 0.25
 
@@ -103,16 +105,11 @@ class Worker:
         stopping = False
         while not (stopping and not self.engine.busy):
             commands = []
-            if not self.engine.busy and not stopping:
+            if not stopping and not self.engine.busy:
                 commands.append(self.inbox.get())  # idle: sleep until something arrives
-                cap = time.monotonic() + GATHER_MAX
-                deadline = min(cap, time.monotonic() + GATHER)
-                while commands[-1][0] == "add" and (left := deadline - time.monotonic()) > 0:
-                    try:
-                        commands.append(self.inbox.get(timeout=left))
-                    except queue.Empty:
-                        break
-                    deadline = min(cap, time.monotonic() + GATHER)  # quiet for GATHER since the last one
+                self._gather(commands)
+            elif not stopping and self.engine.reads_prompts_only:
+                self._gather(commands)  # the last decoding row just ended: its client may send again
             while True:
                 try:
                     commands.append(self.inbox.get_nowait())
@@ -144,6 +141,19 @@ class Worker:
         for handle in list(self.handles.values()):
             self._cancel(handle, "cancelled")
         self._publish()
+
+    def _gather(self, commands: list) -> None:
+        """More requests join `commands` while each comes within GATHER of the one before (GATHER_MAX
+        in all); any other command ends the wait."""
+        cap = time.monotonic() + GATHER_MAX
+        deadline = min(cap, time.monotonic() + GATHER)
+        while (not commands or commands[-1][0] == "add") and (left := deadline - time.monotonic()) > 0:
+            try:
+                commands.append(self.inbox.get(timeout=left))
+            except queue.Empty:
+                break
+            deadline = min(cap, time.monotonic() + GATHER)  # quiet for GATHER since the last one
+        log.debug("gathered %d command(s) in %.1f ms", len(commands), 1000 * (time.monotonic() + GATHER_MAX - cap))
 
     def _add(self, handle: Handle) -> None:
         try:
@@ -181,6 +191,10 @@ class Worker:
         event), their rows freed, and the server goes on."""
         log.error("engine step failed; ending the %d request(s) in it:\n%s", len(self.handles), traceback.format_exc())
         self._end_all(RequestError(f"internal error during generation: {exc}", status=500, type="server_error"))
+        try:
+            self.engine.drop_idle()  # what the kept rows' caches hold is no longer certain
+        except Exception:
+            log.error("dropping the kept rows failed:\n%s", traceback.format_exc())
 
     def _end_all(self, error: RequestError) -> None:
         """Every request in the engine ends with `error` (a response of its status, or an error
@@ -245,6 +259,7 @@ class Worker:
                 m.finished(
                     finish_label(finish),
                     s.prompt_tokens,
+                    s.cached_tokens,
                     n,
                     now - handle.arrived,
                     tpot,

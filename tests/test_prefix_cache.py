@@ -1,0 +1,135 @@
+"""Engine(prefix_cache=True): a finished row keeps its cache, and a prompt that starts the same way
+takes it and reads only the rest. Outputs stay those of a fresh row; rows held never exceed max_rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec import GenerationConfig, SpeculativeDecoder
+from specdec.controller import FixedController
+from specdec.engine import Engine
+
+from .test_engine import CountedRows
+from .toy import ToyLM
+
+PROMPT = [(i * 7) % 31 + 1 for i in range(40)]
+OTHER = [(i * 5) % 29 + 2 for i in range(30)]
+
+
+@pytest.fixture
+def target():
+    return ToyLM(vocab_size=32, seed=1)
+
+
+def solo(prompt, n):
+    return SpeculativeDecoder(ToyLM(vocab_size=32, seed=1), None, 0).generate(prompt, max_new_tokens=n).tokens
+
+
+def cached_engine(target, **kw):
+    return Engine(target, FixedController(None, 0), prefix_cache=True, **kw)
+
+
+def test_a_repeated_prompt_reads_only_its_last_token(target):
+    engine = cached_engine(target, max_rows=1)
+    first = engine.add(PROMPT, GenerationConfig(max_new_tokens=12))
+    engine.run([first])
+    counted = CountedRows(target)
+    again = engine.add(PROMPT, GenerationConfig(max_new_tokens=12))
+    engine.run([again])
+    assert again.stats.cached_tokens == len(PROMPT) - 1 and first.stats.cached_tokens == 0
+    assert list(counted.calls[0].values()) == [(1, True)]  # no prompt read: its first step decodes
+    assert again.result.tokens == first.result.tokens == solo(PROMPT, 12)
+
+
+def test_a_conversations_next_turn_reads_only_the_new_turn(target):
+    engine = cached_engine(target, max_rows=2)
+    first = engine.add(PROMPT, GenerationConfig(max_new_tokens=10))
+    engine.run([first])
+    turn = first.context + [3, 4, 5, 6]  # the answer, then the user's next message
+    counted = CountedRows(target)
+    second = engine.add(turn, GenerationConfig(max_new_tokens=10))
+    engine.run([second])
+    assert second.stats.cached_tokens == len(first.context) - 1  # all but the answer's last token
+    assert list(counted.calls[0].values()) == [(len(turn) - 1 - second.stats.cached_tokens, False)]
+    assert second.result.tokens == solo(turn, 10)
+
+
+def test_kept_rows_go_to_the_longest_shared_start_and_never_exceed_max_rows(target, monkeypatch):
+    """Three rows. A new prompt takes the kept row holding the most of it where that is
+    PREFIX_MIN tokens or more (whatever its id), else the kept row with the lowest id (cut to
+    what it shares); a new row only once none is kept."""
+    from specdec import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PREFIX_MIN", 8)
+    engine = cached_engine(target, max_rows=3)
+    a = engine.add(OTHER, GenerationConfig(max_new_tokens=4))
+    b = engine.add(PROMPT, GenerationConfig(max_new_tokens=4))
+    engine.step()
+    row_a, row_b = a.row, b.row
+    assert row_a < row_b
+    engine.run([a, b])
+    assert sorted(engine.idle) == [row_a, row_b] and not engine.rows
+    c = engine.add(PROMPT[:20] + [9, 9, 9], GenerationConfig(max_new_tokens=4))  # 20 shared with b's row
+    d = engine.add([1, 2, 3, 4, 5], GenerationConfig(max_new_tokens=4))  # nothing shared
+    engine.step()
+    assert (c.row, c.stats.cached_tokens) == (row_b, 20)
+    assert (d.row, d.stats.cached_tokens) == (row_a, 0)
+    engine.run([c, d])
+    e = engine.add([1, 2, 3, 4, 6, 7], GenerationConfig(max_new_tokens=4))  # 4 shared with d's (< 8)
+    f = engine.add([2, 2, 2], GenerationConfig(max_new_tokens=4))
+    g = engine.add([3, 3, 3], GenerationConfig(max_new_tokens=4))
+    engine.step()
+    assert (e.row, e.stats.cached_tokens) == (row_a, 4)  # the lowest kept id, with what it shares
+    assert f.row == row_b and g.row not in (row_a, row_b)  # kept rows first, then a new one
+    assert len(engine.rows) == 3 and not engine.idle
+    engine.run([e, f, g])
+    assert len(engine.idle) == 3
+    for r, prompt in ((c, PROMPT[:20] + [9, 9, 9]), (d, [1, 2, 3, 4, 5]), (e, [1, 2, 3, 4, 6, 7]), (g, [3, 3, 3])):
+        assert r.result.tokens == solo(prompt, 4)
+
+
+def test_a_row_cancelled_mid_prompt_keeps_only_what_it_read(target):
+    """A request cancelled while its prompt rides in chunks (4 tokens a step beside a decoding
+    row) leaves a row holding those chunks; the same prompt later resumes after them."""
+    engine = cached_engine(target, max_rows=2, prefill_chunk=4)
+    running = engine.add(OTHER, GenerationConfig(max_new_tokens=30))
+    engine.step()
+    late = engine.add(PROMPT, GenerationConfig(max_new_tokens=6))
+    for _ in range(3):
+        engine.step()
+    assert late.prefilled == 12
+    row = late.row
+    engine.cancel(late)
+    assert engine.idle[row] == PROMPT[:12]
+    again = engine.add(PROMPT, GenerationConfig(max_new_tokens=6))
+    engine.run([running, again])
+    assert again.stats.cached_tokens == 12
+    assert again.result.tokens == solo(PROMPT, 6)
+    assert running.result.tokens == solo(OTHER, 30)
+
+
+def test_no_row_is_kept_where_the_target_cannot_keep_idle_rows_for_free(target):
+    target.keeps_idle_rows = False  # as a model whose rows share one pool of cells
+    dropped = []
+    inner = target.drop_rows
+    target.drop_rows = lambda rows: (dropped.extend(rows), inner(rows))
+    engine = cached_engine(target, max_rows=1)
+    first = engine.add(PROMPT, GenerationConfig(max_new_tokens=3))
+    engine.step()
+    row = first.row
+    engine.run([first])
+    assert not engine.prefix_cache and not engine.idle and dropped == [row]
+    again = engine.add(PROMPT, GenerationConfig(max_new_tokens=3))
+    engine.run([again])
+    assert again.stats.cached_tokens == 0
+
+
+def test_drop_idle_frees_the_kept_rows(target):
+    engine = cached_engine(target, max_rows=1)
+    first = engine.add(PROMPT, GenerationConfig(max_new_tokens=3))
+    engine.run([first])
+    engine.drop_idle()
+    assert not engine.idle
+    again = engine.add(PROMPT, GenerationConfig(max_new_tokens=3))
+    engine.run([again])
+    assert again.stats.cached_tokens == 0 and again.result.tokens == first.result.tokens
