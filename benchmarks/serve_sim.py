@@ -47,7 +47,7 @@ class ClockedToy(ToyLM):
         fed = {row: len(t) for row, t in tokens.items() if t}
         if fed:
             depth = step_depth(fed, {row: self.row_length(row) for row in fed})
-            self.now += self.curve(self.width(list(fed.values())), depth)
+            self.now += sum(self.curve(w, depth) for w in self.passes(fed))
         return super().forward_rows(tokens, n_logits)
 
 

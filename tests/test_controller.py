@@ -10,6 +10,7 @@ from specdec.controller import Acceptance, CostAwareController, FixedController,
 from specdec.costs import CostTable, measure_forward_costs
 from specdec.drafters.base import Draft
 from specdec.engine import Engine
+from specdec.models.base import packed
 
 from .toy import ToyLM, on_virtual_clock
 
@@ -55,7 +56,7 @@ class OneRow(CostAwareController):
         return super().draft({0: context}, {0: room})[0]
 
     def observe(self, drafter, draft, n_accepted, emitted, width, seconds):
-        super().observe({0: Outcome(drafter, draft, n_accepted, emitted)}, width, seconds)
+        super().observe({0: Outcome(drafter, draft, n_accepted, emitted)}, [width], seconds)
 
 
 def controller(
@@ -227,7 +228,7 @@ def test_costs_are_measured_once_and_cached(tmp_path, monkeypatch, capsys):
 def test_cost_table_follows_the_machine():
     table = CostTable([0.01, 0.02])
     for _ in range(50):
-        table.observe(1, 0.02)  # the machine got twice as slow
+        table.observe([1], 0.02)  # the machine got twice as slow
     assert table(1) == pytest.approx(0.02, rel=0.05) and table(2) > 0.03
     grid = CostTable({1: 1.0, 16: 4.0, 64: 10.0})  # measured widths, linear between
     assert grid(40) == pytest.approx(7.0)
@@ -272,10 +273,10 @@ def test_a_forward_is_priced_at_its_depth():
 def test_the_live_ratio_follows_the_machine_not_the_depth():
     table = CostTable({1: 0.010, 2: 0.016}, deep={1: 0.019, 2: 0.026}, depth=128, deep_depth=1024)
     for _ in range(50):
-        table.observe(1, 0.019, depth=1024)  # plain steps deep in a long prompt, as timed
+        table.observe([1], 0.019, depth=1024)  # plain steps deep in a long prompt, as timed
     assert table.overall == pytest.approx(1.0) and table(2, 1024) == pytest.approx(0.026)
     for _ in range(50):
-        table.observe(1, 0.038, depth=1024)  # the machine got twice as slow
+        table.observe([1], 0.038, depth=1024)  # the machine got twice as slow
     assert table(2, 1024) == pytest.approx(0.052, rel=0.05)
 
 
@@ -305,15 +306,15 @@ def test_the_engine_tells_the_controller_each_steps_depth():
     seen = []
 
     class Recording(FixedController):
-        def observe(self, outcomes, width, target_seconds, depth=None):
-            seen.append((width, depth))
+        def observe(self, outcomes, passes, target_seconds, depth=None):
+            seen.append((passes, depth))
 
     target = ToyLM(vocab_size=32, seed=1)
     decoder = SpeculativeDecoder(target, None)
     decoder._engine = Engine(target, Recording(None, 0), [], 1)
     decoder.generate([5, 6, 7, 8, 9], max_new_tokens=4)
     # plain steps of one token over 5, 6, 7, 8 context tokens (the last token's step emits the 4th)
-    assert seen == [(1, 5), (1, 6), (1, 7), (1, 8)]
+    assert seen == [([1], 5), ([1], 6), ([1], 7), ([1], 8)]
 
 
 def test_auto_is_lossless_on_toy_models():
@@ -418,8 +419,8 @@ def test_guesses_earlier_occurrences_disagree_on_are_not_drafted():
 # -- width allocation over rows ------------------------------------------------------------------
 
 
-def allocate(costs, rows=4, prior=0.8, width=sum):
-    c = CostAwareController(FixedProposals(range(30)), None, costs, width=width)
+def allocate(costs, rows=4, prior=0.8, passes=packed):
+    c = CostAwareController(FixedProposals(range(30)), None, costs, passes=passes)
     for table in c.ngram_accept.tables.values():
         table[:] = prior
     for row in range(rows):
@@ -453,6 +454,31 @@ def test_width_goes_where_it_pays_most():
     assert len(plan[0][1].tokens) > 0 and plan[1] == (None, None)
 
 
+def test_an_uneven_draft_over_llama_streams_pays_for_its_extra_pass():
+    """llama.cpp's per-row streams split a forward into equal passes (models.llama_cpp.stream_passes):
+    row 0 drafting k beside row 1's one token is a pass of 2 and one of k. On a flat curve (each
+    pass costs the same) a half-trusted draft for row 0 alone pays where the rows are packed into
+    one pass, not where it costs a second; drafts for both rows stay one pass and pay there too."""
+    from specdec.models.llama_cpp import stream_passes  # pure arithmetic: no llama.cpp needed
+
+    flat = {w: 0.03 for w in (1, 2, 4, 8, 16, 32)} | {64: 0.06}
+
+    def drafts(passes, caps):
+        c = CostAwareController(FixedProposals(range(30)), None, flat, passes=passes)
+        for table in c.ngram_accept.tables.values():
+            table[:] = 0.5
+        for row in caps:
+            c.begin(row, [1, 2])
+        plan = c.draft({row: [1, 2] for row in caps}, caps)
+        return [len(draft.tokens) if draft else 0 for _, draft in plan.values()]
+
+    streams = lambda fed: stream_passes(fed, 512)  # noqa: E731
+    alone = {0: 100, 1: 0}  # row 1 may not draft (its token budget is spent)
+    assert drafts(packed, alone)[0] > 0
+    assert drafts(streams, alone) == [0, 0]
+    assert min(drafts(streams, {0: 100, 1: 100})) > 0
+
+
 def test_a_free_proposal_is_valued_up_to_its_first_eog():
     """Prompt lookup copying its prompt runs into the prompt's end-of-turn token and on into the
     chat template: auto drafts up to that token, never the width past it."""
@@ -484,8 +510,8 @@ def test_one_row_allocation_is_the_single_row_argmax():
 def test_padded_width_fills_rows_to_the_longest():
     """On a padded backend (torch) every row pays for the longest draft: what one row drafts, the
     others may draft for free, so they do."""
-    padded = lambda lengths: len(lengths) * max(lengths)  # noqa: E731
-    ks = allocate({1: 0.03, 4: 0.03, 16: 0.04, 64: 0.2}, rows=4, prior=0.6, width=padded)
+    padded = lambda fed: [len(fed) * max(fed.values())]  # noqa: E731
+    ks = allocate({1: 0.03, 4: 0.03, 16: 0.04, 64: 0.2}, rows=4, prior=0.6, passes=padded)
     assert len(set(ks.values())) == 1 and min(ks.values()) >= 1, ks
 
 
@@ -667,7 +693,7 @@ def test_each_row_of_a_batch_probes_the_draft_model_now_and_then():
             if drafter is model:
                 assert len(draft.tokens) == 1
                 probes[row].append(step)
-        c.observe({row: Outcome(d, dr, 0, [7]) for row, (d, dr) in plan.items()}, 2, 0.03)
+        c.observe({row: Outcome(d, dr, 0, [7]) for row, (d, dr) in plan.items()}, [2], 0.03)
     assert probes[0] == probes[1] == [4, 12, 28], probes
     assert all(len(call) == 2 for call in model.calls)  # the rows' probes share one call
 

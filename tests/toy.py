@@ -234,7 +234,7 @@ def on_virtual_clock(model, curve) -> "Callable[[], float]":
     forward_rows = model.forward_rows
 
     def timed(tokens, n_logits=None):
-        now[0] += curve(model.width([len(t) for t in tokens.values()]))
+        now[0] += sum(curve(w) for w in model.passes({row: len(t) for row, t in tokens.items()}))
         return forward_rows(tokens, n_logits)
 
     model.forward_rows = timed

@@ -7,9 +7,12 @@ more than the drafting and the wider target pass cost. Each step it allocates th
 width across the live rows: row i drafts k_i >= 0 tokens so as to maximise expected emitted tokens
 per second over the whole batch,
 
-    sum_i E_i[k_i] / (draft_cost(k) + target_cost(width(k_1 + 1, ..., k_n + 1), depth)),
+    sum_i E_i[k_i] / (draft_cost(k) + sum_p target_cost(w_p, depth)),
     E_i[k] = 1 + sum_{j<=k} prod_{l<=j} a_il
 
+where w_p are the widths of the passes over the weights the target makes of a forward feeding row i
+k_i + 1 tokens (RowModel.passes: one, of their sum, for most backends; llama.cpp's per-row streams
+make one per equal split, so uneven drafts cost more than their sum's width)
 from measured costs (costs.py: the target's forward for 1..W rows, timed at load at two cache
 depths, cached, refined live; `depth` is the step's, its rows' context lengths weighted by the
 tokens each feeds) and measured acceptance (a_il = P(position l of row i accepted | the ones
@@ -37,6 +40,7 @@ from .acceptance import MATCH_PRIOR as MATCH_PRIOR
 from .acceptance import OVERLAY_LONG as OVERLAY_LONG
 from .costs import EMA, CostTable, step_depth
 from .drafters.base import Draft, Drafter, DraftModel
+from .models.base import packed
 
 # What a step maximises over its rows: the batch's tokens per second, or each row's own (the
 # geometric mean of the rows' tokens per second: a server that puts its streams' pace first).
@@ -100,9 +104,14 @@ class Controller(Protocol):
         """(drafter, draft) per live row, (None, None) for a plain step; caps[r] bounds row r's draft."""
 
     def observe(
-        self, outcomes: Mapping[int, "Outcome"], width: int, target_seconds: float, depth: float | None = None
+        self,
+        outcomes: Mapping[int, "Outcome"],
+        passes: Sequence[int],
+        target_seconds: float,
+        depth: float | None = None,
     ) -> None:
-        """What the step did: each row's outcome, the forward's width, its seconds and its depth."""
+        """What the step did: each row's outcome, the widths of the forward's passes over the
+        weights (RowModel.passes), its seconds and its depth."""
 
     def speedups(self, row: int, tokens_per_second: float) -> tuple[float | None, float | None]:
         """(predicted, measured) speedup of the row so far, where the policy knows them."""
@@ -136,7 +145,11 @@ class FixedController:
         return plan
 
     def observe(
-        self, outcomes: Mapping[int, "Outcome"], width: int, target_seconds: float, depth: float | None = None
+        self,
+        outcomes: Mapping[int, "Outcome"],
+        passes: Sequence[int],
+        target_seconds: float,
+        depth: float | None = None,
     ) -> None:
         """Told the outcome of every step (a fixed policy ignores it)."""
 
@@ -202,7 +215,7 @@ def auto_controller(
         free,
         model,
         *costs,
-        width=target.width,
+        passes=target.passes,
         stops=target.tokenizer.eog_ids,
         objective=objective,
         draft_prior=getattr(model, "prior", None),  # a head's held-out agreement
@@ -224,7 +237,7 @@ class CostAwareController:
         target_costs,
         draft_costs=None,
         explore_every: int = EXPLORE_EVERY,
-        width: Callable[[Sequence[int]], int] = sum,
+        passes: Callable[[Mapping[int, int]], list[int]] = packed,
         match_prior: Mapping[str, Sequence[float]] | None = None,
         draft_prior: float | Sequence[float] | None = None,
         overlay_weight: float | None = None,
@@ -260,7 +273,7 @@ class CostAwareController:
         # the draft model's forward costs: catching up on m tokens costs a forward of m rows,
         # then each further draft position one forward over the rows still drafting
         self.draft_cost = CostTable.of(draft_costs) if draft_costs else None
-        self.width = width  # the target's: forward width of per-row token counts
+        self.passes = passes  # the target's: a forward's passes over the weights, by row (RowModel.passes)
         # each free drafter's acceptance by match length: inside a long copy its guesses keep landing.
         # The shared tables start from priors fitted on the outside suite and learn slowly across
         # requests; each request learns fast in its own overlay (Overlay)
@@ -300,10 +313,14 @@ class CostAwareController:
     def _value(self, expected: np.ndarray, draft_cost: Callable[[int], float], depth: int) -> tuple[int, float]:
         """One row alone at `depth`: argmax over k of expected[k] / (draft_cost(k) + target_cost(k + 1))."""
         values = [
-            expected[k] / (draft_cost(k) + self.target_cost(self.width([k + 1]), depth)) for k in range(len(expected))
+            expected[k] / (draft_cost(k) + self._forward_seconds({0: k + 1}, depth)) for k in range(len(expected))
         ]
         k = int(np.argmax(values))
         return k, values[k]
+
+    def _forward_seconds(self, fed: Mapping[int, int], depth: float | None) -> float:
+        """The target's forward feeding fed[row] tokens to each row: each of its passes on the curve."""
+        return sum(self.target_cost(w, depth) for w in self.passes(fed))
 
     def _draft_seconds(self, w: int, depth: float | None) -> float:
         """The draft model's forward of w rows: its curve, times the drift the target's live timing
@@ -325,7 +342,7 @@ class CostAwareController:
         for row, k_cap in ask.items():
             state = self._rows[row]
             depth = len(contexts[row])
-            best_value = 1.0 / self.target_cost(self.width([1]), depth)
+            best_value = 1.0 / self._forward_seconds({0: 1}, depth)
             state.shadow = {}
             for drafter in self.free:  # in order: an earlier one wins a tie
                 proposal = proposals[drafter.name].get(row)
@@ -359,7 +376,7 @@ class CostAwareController:
         model's catch-up forward and one forward per draft position over the rows still drafting,
         all at the step's depth (costs.step_depth)."""
         depth = step_depth({r: k + 1 for r, k in ks.items()}, {r: o.depth for r, o in options.items()})
-        seconds = self.target_cost(self.width([k + 1 for k in ks.values()]), depth)
+        seconds = self._forward_seconds({r: k + 1 for r, k in ks.items()}, depth)
         drafting = [ks[r] for r, o in options.items() if o.kind == "draft" and ks[r]]
         if drafting:
             seconds += self._draft_seconds(
@@ -440,7 +457,7 @@ class CostAwareController:
                 k_opt, optimistic = self._value(
                     np.arange(1.0, k_model + 2), self._model_cost(lag, state.depth), state.depth
                 )
-                current = options[row].expected[ks[row]] / self.target_cost(self.width([ks[row] + 1]), state.depth)
+                current = options[row].expected[ks[row]] / self._forward_seconds({row: ks[row] + 1}, state.depth)
                 if k_opt and optimistic > 1.1 * current:
                     options[row] = _Option("draft", np.ones(2), lag=lag, depth=state.depth)
                     ks[row] = 1
@@ -464,9 +481,9 @@ class CostAwareController:
     # -- learning -----------------------------------------------------------------------------
 
     def observe(
-        self, outcomes: Mapping[int, Outcome], width: int, target_seconds: float, depth: float | None = None
+        self, outcomes: Mapping[int, Outcome], passes: Sequence[int], target_seconds: float, depth: float | None = None
     ) -> None:
-        self.target_cost.observe(width, target_seconds, depth)
+        self.target_cost.observe(passes, target_seconds, depth)
         for row, out in outcomes.items():
             state = self._rows.get(row)
             if state is not None:

@@ -289,12 +289,16 @@ class CostTable:
     def __call__(self, w: int, depth: float | None = None) -> float:
         return self.at_depth(w, depth) * self.drift(w)
 
-    def observe(self, w: int, seconds: float, depth: float | None = None) -> None:
-        if w < 1 or seconds <= 0:
+    def observe(self, passes: Sequence[int], seconds: float, depth: float | None = None) -> None:
+        """A forward of these passes over the weights (their widths) took `seconds`: the live ratio
+        learns from it, over all widths and at each of the passes' widths."""
+        passes = [w for w in passes if w >= 1]
+        if not passes or seconds <= 0:
             return
-        r = seconds / self.at_depth(w, depth)
+        r = seconds / sum(self.at_depth(w, depth) for w in passes)
         self.overall += EMA * (r - self.overall)
-        self.ratio[w] = self.ratio.get(w, self.overall) + EMA * (r - self.ratio.get(w, self.overall))
+        for w in set(passes):
+            self.ratio[w] = self.ratio.get(w, self.overall) + EMA * (r - self.ratio.get(w, self.overall))
 
 
 def _interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:

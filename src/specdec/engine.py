@@ -344,8 +344,10 @@ class Engine:
             piece = r.text.ready()
             if piece:
                 r._pieces.append(piece)
-        width = target.width([len(tokens) for tokens in [*fed.values(), *(t for t, _ in tree_inputs.values())]])
-        self.controller.observe(outcomes, width, t_target, depth)
+        passes = target.passes(
+            {row: len(t) for row, t in {**fed, **{r: t for r, (t, _) in tree_inputs.items()}}.items()}
+        )
+        self.controller.observe(outcomes, passes, t_target, depth)
         for row, r in rows.items():
             r.stats.predicted_speedup, r.stats.measured_speedup = self.controller.speedups(
                 row, r.stats.tokens_per_second
@@ -442,8 +444,10 @@ class Engine:
         return riding > self.prefill_waste * alone
 
     def _seconds(self, fed: Mapping[int, int], depths: Mapping[int, int]) -> float:
-        """The cost curve's estimate of a forward feeding fed[row] tokens to each row."""
-        return self.costs(self.target.width(list(fed.values())), step_depth(fed, depths))
+        """The cost curve's estimate of a forward feeding fed[row] tokens to each row (each of its
+        passes over the weights priced at the step's depth)."""
+        depth = step_depth(fed, depths)
+        return sum(self.costs(w, depth) for w in self.target.passes(fed))
 
     def _prefill(self, joining: Sequence[Request]) -> None:
         """Nobody decodes: the joining rows prefill their whole prompts in one forward."""

@@ -128,7 +128,7 @@ class LongMatchController:
             plan[row] = (self.drafter, draft) if long else (None, None)
         return plan
 
-    def observe(self, outcomes, width, target_seconds, depth=None):
+    def observe(self, outcomes, passes, target_seconds, depth=None):
         pass
 
 
@@ -168,7 +168,7 @@ class AdaptiveKController:
             plan[row] = (self.drafter, draft) if draft.tokens else (None, None)
         return plan
 
-    def observe(self, outcomes, width, target_seconds, depth=None):
+    def observe(self, outcomes, passes, target_seconds, depth=None):
         for outcome in outcomes.values():
             if outcome.draft is None:
                 continue
@@ -426,7 +426,7 @@ def replay_speedup(
             kind = "draft"
             seconds += draft_seconds(curve_at(draft_costs, len(context)), *recorded.last_cost_rows)
             recorded.accept({0: n})
-        controller.observe({0: Outcome(drafter, draft, n, emitted)}, len(tokens) + 1, cost, len(context))
+        controller.observe({0: Outcome(drafter, draft, n, emitted)}, [len(tokens) + 1], cost, len(context))
         key = f"{kind}:{len(tokens)}" if tokens else "plain"
         decisions[key] = decisions.get(key, 0) + 1
         context += emitted

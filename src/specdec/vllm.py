@@ -275,7 +275,7 @@ class Proposer:
             scale = seconds / CostTable(prior)(self._width)
             self.controller.target_cost = CostTable({w: s * scale for w, s in prior.items()})
             self._scaled = True
-        self.controller.observe(outcomes, self._width, seconds, None)
+        self.controller.observe(outcomes, [self._width], seconds, None)
         # 4. this step's drafts
         contexts = {r: rows.rows[r].context for r in present.values()}
         caps = {r: max(0, min(self.k_max, self.max_model_len - len(c) - 1)) for r, c in contexts.items()}

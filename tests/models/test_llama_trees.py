@@ -201,3 +201,22 @@ def test_a_kept_stream_answers_a_repeated_prompt_and_a_next_turn_as_a_fresh_row(
         assert r.result.tokens == plain.result.tokens
     model.close()
     fresh.close()
+
+
+def test_the_passes_of_a_forward_over_streams_are_llama_cpps_equal_splits(tiny_path):
+    """What the cost model prices (models.llama_cpp.stream_passes, the arithmetic of llama.cpp's
+    split_equal over seq ids in order): equal counts from a run of consecutive rows a pass, in
+    each llama_decode of n_batch tokens; a pool packs every row into one."""
+    from specdec.models.llama_cpp import LlamaCppModel, stream_passes
+
+    assert stream_passes({0: 1, 1: 1, 2: 1, 3: 1}, 512) == [4]
+    assert stream_passes({0: 9, 1: 1, 2: 1, 3: 1}, 512) == [4, 8]
+    assert stream_passes({3: 1, 0: 1, 1: 1}, 512) == [2, 1]  # a gap at 2: a pass of its own
+    assert stream_passes({0: 4, 1: 4, 2: 1, 3: 1}, 512) == [4, 6]
+    assert stream_passes({0: 450, 1: 450}, 512) == [124, 388, 388]  # 512 a call: 450 + 62, then 388
+    assert stream_passes({0: 1000}, 512) == [512, 488] and stream_passes({}, 512) == []
+    streams = LlamaCppModel(tiny_path, n_ctx=128, max_rows=4, n_threads=1, trees=False)
+    pool = _model(tiny_path, rows=4)
+    assert streams.passes({0: 9, 1: 1, 2: 1, 3: 1}) == [4, 8] and pool.passes({0: 9, 1: 1, 2: 1, 3: 1}) == [12]
+    streams.close()
+    pool.close()

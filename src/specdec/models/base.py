@@ -82,9 +82,11 @@ class RowModel(Protocol):
         """Tokens held in a row's cache."""
         ...
 
-    def width(self, lengths: Sequence[int]) -> int:
-        """The width a forward of these per-row token counts costs: their sum where rows are packed
-        (llama.cpp, NumPy), rows x the longest where they are padded to one shape (torch)."""
+    def passes(self, fed: Mapping[int, int]) -> list[int]:
+        """The widths of the passes over the weights a forward feeding fed[row] tokens to each row
+        makes (a cost curve prices each): one of their sum where rows are packed (NumPy,
+        llama.cpp's pool), of rows x the longest where they are padded to one shape (torch);
+        llama.cpp's per-row streams make one per equal split (llama_cpp.stream_passes)."""
         ...
 
 
@@ -306,8 +308,8 @@ class SequentialRows:
         with self.use_row(row):
             return self.n_past
 
-    def width(self, lengths: Sequence[int]) -> int:
-        return sum(lengths)
+    def passes(self, fed: Mapping[int, int]) -> list[int]:
+        return packed(fed)
 
 
 def check_same_vocab(target: RowModel, draft: RowModel) -> None:
@@ -327,3 +329,9 @@ def check_same_vocab(target: RowModel, draft: RowModel) -> None:
                 f"({t.token_text(token)!r} vs {d.token_text(token)!r})",
                 hint,
             )
+
+
+def packed(fed: Mapping[int, int]) -> list[int]:
+    """The passes of a forward whose rows are packed into one: one, of every row's tokens."""
+    total = sum(fed.values())
+    return [total] if total else []

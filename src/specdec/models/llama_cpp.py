@@ -35,13 +35,13 @@ import ctypes
 import functools
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
 from ..paths import specdec_home
-from .base import SingleRow, check_tree_fits, check_tree_path, file_sha256, tree_depths, trim_hidden
+from .base import SingleRow, check_tree_fits, check_tree_path, file_sha256, packed, tree_depths, trim_hidden
 
 INSTALL_HINT = "install it built for this CPU with `python scripts/install_llama_cpp.py` (or `make setup`)"
 EXACT_HINT = "build it once with `python scripts/install_llama_cpp.py --exact` (or `make exact`; about 8 minutes)"
@@ -336,8 +336,8 @@ class LlamaCppModel(SingleRow):
     def row_length(self, row: int) -> int:
         return self._len[row]
 
-    def width(self, lengths: Sequence[int]) -> int:
-        return sum(lengths)
+    def passes(self, fed: Mapping[int, int]) -> list[int]:
+        return stream_passes(fed, self.n_batch) if not self.scores_trees else packed(fed)
 
     def forward_rows(self, tokens, n_logits=None) -> dict[int, np.ndarray]:
         n_logits = n_logits or {}
@@ -551,3 +551,34 @@ def _check_gguf_header(path: Path) -> None:
         magic = f.read(4)
     if magic != b"GGUF":
         raise ModelLoadError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+
+
+def stream_passes(fed: Mapping[int, int], n_batch: int) -> list[int]:
+    """The passes llama.cpp makes of a forward over per-row streams (forward_rows: rows in seq id
+    order, n_batch tokens a llama_decode, n_ubatch = n_batch): within each call its split_equal
+    (sequential) takes the run of consecutive seq ids that starts at the first row with tokens
+    left, and from each row of it the same count (the least any of them has left, at most
+    n_batch / rows). So uneven rows cost more passes than their sum's width: 9,1,1,1 tokens are a
+    pass of 4 and one of 8; rows 0, 1 and 3 a pass of 2 and one of 1."""
+    calls, room = [[]], n_batch
+    for row, n in sorted(fed.items()):
+        while n > 0:
+            if room == 0:
+                calls.append([])
+                room = n_batch
+            take = min(n, room)
+            calls[-1].append([row, take])
+            n, room = n - take, room - take
+    out = []
+    for call in calls:
+        while call:
+            run = [call[0]]
+            for item in call[1:]:
+                if item[0] == run[-1][0] + 1:
+                    run.append(item)
+            each = max(1, min(min(n for _, n in run), n_batch // len(run)))
+            out.append(each * len(run))
+            for item in run:
+                item[1] -= each
+            call = [item for item in call if item[1] > 0]
+    return out

@@ -43,7 +43,7 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -407,9 +407,10 @@ class TransformersModel(SingleRow):
     def row_length(self, row: int) -> int:
         return self._past[self._index[row]]
 
-    def width(self, lengths: Sequence[int]) -> int:
+    def passes(self, fed: Mapping[int, int]) -> list[int]:
         # the rows go through the forward padded to the longest
-        return len(lengths) * max(lengths, default=0)
+        fed = [n for n in fed.values() if n]
+        return [len(fed) * max(fed)] if fed else []
 
     @property
     def layout(self) -> str:

@@ -77,11 +77,11 @@ class RoutingController:
         return plan
 
     def observe(
-        self, outcomes: Mapping[int, Outcome], width: int, target_seconds: float, depth: float | None = None
+        self, outcomes: Mapping[int, Outcome], passes: Sequence[int], target_seconds: float, depth: float | None = None
     ) -> None:
-        # the cost table learns from every forward (its width is the whole step's); acceptance
+        # the cost table learns from every forward (its passes are the whole step's); acceptance
         # only from the rows the cost-aware controller drafted for
-        self.auto.observe({row: o for row, o in outcomes.items() if self._auto(row)}, width, target_seconds, depth)
+        self.auto.observe({row: o for row, o in outcomes.items() if self._auto(row)}, passes, target_seconds, depth)
 
     def _auto(self, row: int) -> bool:
         policy = self._rows.get(row)
