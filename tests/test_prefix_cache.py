@@ -133,3 +133,38 @@ def test_drop_idle_frees_the_kept_rows(target):
     again = engine.add(PROMPT, GenerationConfig(max_new_tokens=3))
     engine.run([again])
     assert again.stats.cached_tokens == 0 and again.result.tokens == first.result.tokens
+
+
+def test_a_prompt_found_whole_waits_for_its_waves_prompts_and_they_decode_together(target):
+    """A request whose prompt is all in a kept row arrives with another: it does not decode alone
+    while the other waits (on a concave curve, chunks too dear to ride), it waits one forward
+    for the other's whole prompt, and the two decode in the same steps from then on."""
+    counted = CountedRows(target)
+    engine = cached_engine(target, max_rows=2, costs=lambda w, depth=None: w**0.5, prefill_stall=2.0)
+    first = engine.add(PROMPT, GenerationConfig(max_new_tokens=8))
+    engine.run([first])
+    again = engine.add(PROMPT, GenerationConfig(max_new_tokens=8))
+    other = engine.add(OTHER, GenerationConfig(max_new_tokens=8))
+    counted.calls.clear()
+    engine.step()
+    assert again.stats.cached_tokens == len(PROMPT) - 1
+    assert counted.calls[0] == {other.row: (len(OTHER) - 1, False)}  # the other's prompt, whole
+    assert counted.calls[1] == {again.row: (1, True), other.row: (1, True)}  # then one step for both
+    engine.run([again, other])
+    assert again.result.tokens == solo(PROMPT, 8) and other.result.tokens == solo(OTHER, 8)
+
+
+def test_the_kept_row_goes_to_the_request_that_shares_most_whatever_their_order(target, monkeypatch):
+    from specdec import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PREFIX_MIN", 8)
+    engine = cached_engine(target, max_rows=2)
+    first = engine.add(PROMPT, GenerationConfig(max_new_tokens=3))
+    engine.step()
+    row = first.row
+    engine.run([first])
+    newcomer = engine.add(OTHER, GenerationConfig(max_new_tokens=3))  # first in the queue, shares nothing
+    again = engine.add(PROMPT, GenerationConfig(max_new_tokens=3))
+    engine.step()
+    assert (again.row, again.stats.cached_tokens) == (row, len(PROMPT) - 1)
+    assert newcomer.row != row and newcomer.stats.cached_tokens == 0

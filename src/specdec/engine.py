@@ -208,8 +208,13 @@ class Engine:
         """The next step only reads prompts (requests are in, no row decodes yet) and a row is free
         for one more: a caller that can wait a moment for other requests (the server's gathering
         window) gets theirs read in the same forward, instead of behind it."""
-        decoding = any(r.prefilled == len(r.prompt_tokens) - 1 for r in self.rows.values())
-        return self.busy and not decoding and len(self.rows) + len(self.queue) < self.max_rows
+        return self.busy and not self._decoding() and len(self.rows) + len(self.queue) < self.max_rows
+
+    def _decoding(self) -> bool:
+        """Whether a row has emitted a token: a row whose whole prompt was found in a kept cache
+        (prefix_cache) is not decoding yet, so it waits for its wave's prompts, as a request that
+        arrived with them and read its own would, and the wave decodes together."""
+        return any(r.stats.generated_tokens for r in self.rows.values())
 
     def run(self, requests: Sequence[Request]) -> None:
         """Step until these requests are done."""
@@ -222,7 +227,7 @@ class Engine:
         target = self.target
         self._admit()
         joining = [r for r in self.rows.values() if r.prefilled < len(r.prompt_tokens) - 1]
-        if len(joining) == len(self.rows) and joining:  # nobody decodes: whole prompts, then a step
+        if joining and not self._decoding():  # nobody decodes: whole prompts, then a step
             self._prefill(joining)
         live = [r for r in self.rows.values() if r.prefilled == len(r.prompt_tokens) - 1]
         full = [r for r in live if target.n_ctx - len(r.context) - 1 < 0]  # not even [last] fits
@@ -374,7 +379,16 @@ class Engine:
         n = min(len(self.queue), self.max_rows - len(self.rows))
         if n > 0:
             admitted, self.queue = self.queue[:n], self.queue[n:]
-            kept = [self._kept_row(r) if self.idle else None for r in admitted]  # new rows once none is kept
+            # the kept rows go first to the requests that share the most with one (a request that
+            # came first would otherwise take the lowest id from under a better match)
+            best = {
+                r.id: max((_shared_start(t, r.prompt_tokens[:-1]) for t in self.idle.values()), default=0)
+                for r in admitted
+            }
+            rows = {}
+            for request in sorted(admitted, key=lambda r: -best[r.id]):
+                rows[request.id] = self._kept_row(request) if self.idle else None  # new rows once none is kept
+            kept = [rows[r.id] for r in admitted]
             fresh = iter(
                 self.target.add_rows(kept.count(None)) if None in kept else ()
             )  # one call: a batched cache copies
