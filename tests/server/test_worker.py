@@ -214,3 +214,25 @@ def test_a_prompt_waiting_for_the_last_row_to_end_gathers_the_next_arrival(monke
         assert [out[-1] for out in (a, b, a2)] == [("end", 200)] * 3
         prompts = [fed for fed in seen if fed]
         assert len(prompts) == 2 and len(prompts[1]) == 2, prompts  # A's prompt; then B's with A2's
+
+
+@pytest.mark.parametrize("first, caught", [("cancel", ["cancel", "add"]), ("stop", ["stop"])])
+def test_a_cancel_does_not_end_the_gathering_window_but_a_stop_does(monkeypatch, first, caught):
+    """Every finished stream's handler sends a cancel (a no-op) as its client closes, just before
+    that client's next request: the window goes on waiting for it (it once ended there, and two
+    clients' requests were read one after the other). A stop ends it at once."""
+    import queue
+    import threading
+
+    from specdec.server import worker
+
+    monkeypatch.setattr(worker, "GATHER", 0.5)
+    w = worker.Worker.__new__(worker.Worker)  # the loop's helper alone, without the engine thread
+    w.inbox = queue.SimpleQueue()
+    w.inbox.put((first, None))
+    timer = threading.Timer(0.05, lambda: w.inbox.put(("add", None)))
+    timer.start()
+    commands = []
+    w._gather(commands)
+    timer.join()
+    assert [kind for kind, _ in commands] == caught

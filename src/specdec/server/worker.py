@@ -144,10 +144,11 @@ class Worker:
 
     def _gather(self, commands: list) -> None:
         """More requests join `commands` while each comes within GATHER of the one before (GATHER_MAX
-        in all); any other command ends the wait."""
+        in all); a stop or an abort ends the wait, a cancel does not (every finished stream's
+        handler sends one, a no-op, as its client closes: just before that client's next request)."""
         cap = time.monotonic() + GATHER_MAX
         deadline = min(cap, time.monotonic() + GATHER)
-        while (not commands or commands[-1][0] == "add") and (left := deadline - time.monotonic()) > 0:
+        while (not commands or commands[-1][0] in ("add", "cancel")) and (left := deadline - time.monotonic()) > 0:
             try:
                 commands.append(self.inbox.get(timeout=left))
             except queue.Empty:
