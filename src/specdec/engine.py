@@ -379,19 +379,18 @@ class Engine:
         n = min(len(self.queue), self.max_rows - len(self.rows))
         if n > 0:
             admitted, self.queue = self.queue[:n], self.queue[n:]
-            # the kept rows go first to the requests that share the most with one (a request that
-            # came first would otherwise take the lowest id from under a better match)
-            best = {
-                r.id: max((_shared_start(t, r.prompt_tokens[:-1]) for t in self.idle.values()), default=0)
-                for r in admitted
+            # what each kept row holds of each prompt (the last prompt token opens decoding: it is
+            # never cached); the kept rows go first to the requests that share the most with one
+            # (one that came first would otherwise take the lowest id from under a better match);
+            # new rows once none is kept, in one call (adding rows to a batched cache copies it)
+            shares = {
+                r.id: {row: _shared_start(t, r.prompt_tokens[:-1]) for row, t in self.idle.items()} for r in admitted
             }
             rows = {}
-            for request in sorted(admitted, key=lambda r: -best[r.id]):
-                rows[request.id] = self._kept_row(request) if self.idle else None  # new rows once none is kept
+            for request in sorted(admitted, key=lambda r: -max(shares[r.id].values(), default=0)):
+                rows[request.id] = self._kept_row(request, shares[request.id]) if self.idle else None
             kept = [rows[r.id] for r in admitted]
-            fresh = iter(
-                self.target.add_rows(kept.count(None)) if None in kept else ()
-            )  # one call: a batched cache copies
+            fresh = iter(self.target.add_rows(kept.count(None)) if None in kept else ())
             for request, row in zip(admitted, kept):
                 row = next(fresh) if row is None else row
                 request.row = row
@@ -401,13 +400,12 @@ class Engine:
                     drafter.begin(row, request.prompt_tokens, request.params, request.rng)
                 self.controller.begin(row, request.prompt_tokens)
 
-    def _kept_row(self, request: Request) -> int:
-        """The kept row this request takes, its cache cut to the start of the prompt it holds (the
-        prefill resumes there): the one holding the most of it where that is PREFIX_MIN tokens or
-        more, else the lowest id (the model lends the lowest ids first, so the rows in use stay
-        as close to one run of ids as without the cache)."""
-        head = request.prompt_tokens[:-1]  # the last prompt token opens decoding: never cached
-        shared = {row: _shared_start(tokens, head) for row, tokens in self.idle.items()}
+    def _kept_row(self, request: Request, shares: Mapping[int, int]) -> int:
+        """The kept row this request takes (`shares`: the prompt tokens each kept row holds), its
+        cache cut to what it shares (the prefill resumes there): the one holding the most where
+        that is PREFIX_MIN tokens or more, else the lowest id (the model lends the lowest ids
+        first, so the rows in use stay as close to one run of ids as without the cache)."""
+        shared = {row: n for row, n in shares.items() if row in self.idle}
         row = min(shared, key=lambda r: (-shared[r] if shared[r] >= PREFIX_MIN else 0, r))
         del self.idle[row]
         self.target.rollback_rows({row: shared[row]})
