@@ -9,7 +9,8 @@ The check: the first N emitted tokens of many seeded rows against their exact pr
 target alone, enumerated from the target's own logits (chi-square with small cells pooled and a
 total-variation bound, at the 1e-4 level of tests/test_sampling.py). Each harness has a power check:
 the same run with a verifier that samples the recovered token from p instead of the residual
-norm(max(0, p - q)) must fail it by far."""
+norm(max(0, p - q)) must fail it by far (for the suffix cache's trees, fixed candidates: a rule
+that leaves the rejected candidates in)."""
 
 from __future__ import annotations
 
@@ -230,6 +231,33 @@ def test_the_harness_fails_a_verifier_that_resamples_from_p(toy, kind, monkeypat
     expected = exact_outcomes(target, prompt, config.sampling, N)
     break_residuals(monkeypatch)
     chi2, chi2_max, tv, tv_max = distance(sampled_outcomes(toy_decoder(kind, target), prompt, config), expected)
+    assert chi2 > 3 * chi2_max and tv > tv_max, (chi2, chi2_max, tv, tv_max)
+
+
+def test_the_harness_fails_a_fixed_candidate_rule_that_forgets_the_rejected(toy, monkeypatch):
+    """Power for the suffix cache's trees, whose nodes are fixed candidates (no q): with each
+    rejected candidate left in what the next one is tried against and what the token is drawn
+    from, a rejected candidate comes back too often; the harness must reject that far beyond its
+    threshold (the chain rules' power checks above never reach this rule)."""
+    import specdec.sampling
+
+    real = specdec.sampling.verify_candidates
+
+    def forgetful(p_row, candidates, q_row, rng, replacement=True):
+        if q_row is not None:
+            return real(p_row, candidates, q_row, rng, replacement)
+        for i, x in enumerate(candidates):
+            if rng.random() < p_row[x]:
+                return i, int(x)
+        return -1, specdec.sampling.sample(p_row, rng)  # the bug: p, not p without the candidates
+
+    target, prompt = toy
+    config = GenerationConfig(max_new_tokens=N, chat=False, **FILTERS["t1-top3"])
+    expected = exact_outcomes(target, prompt, config.sampling, N)
+    monkeypatch.setattr(specdec.sampling, "verify_candidates", forgetful)
+    chi2, chi2_max, tv, tv_max = distance(
+        sampled_outcomes(toy_decoder("suffix tree", target), prompt, config), expected
+    )
     assert chi2 > 3 * chi2_max and tv > tv_max, (chi2, chi2_max, tv, tv_max)
 
 
