@@ -280,9 +280,10 @@ class Engine:
             row: ([contexts[row][-1], *tree.tokens], [-1, *(p + 1 for p in tree.parents)])
             for row, tree in trees.items()
         }
+        # tokens the step feeds each row (chains, prompt chunks, trees): its depth, and its passes
+        counts = {row: len(tokens) for row, tokens in {**fed, **{r: t for r, (t, _) in tree_inputs.items()}}.items()}
         depth = step_depth(
-            {row: len(tokens) for row, tokens in {**fed, **{r: t for r, (t, _) in tree_inputs.items()}}.items()},
-            {**{row: len(contexts[row]) for row in rows}, **{row: self.rows[row].prefilled for row in chunks}},
+            counts, {**{row: len(contexts[row]) for row in rows}, **{row: self.rows[row].prefilled for row in chunks}}
         )  # before the contexts grow
         t = self.clock()
         logits = target.forward_rows(fed, {row: len(tokens) for row, tokens in inputs.items()}) if fed else {}
@@ -349,10 +350,7 @@ class Engine:
             piece = r.text.ready()
             if piece:
                 r._pieces.append(piece)
-        passes = target.passes(
-            {row: len(t) for row, t in {**fed, **{r: t for r, (t, _) in tree_inputs.items()}}.items()}
-        )
-        self.controller.observe(outcomes, passes, t_target, depth)
+        self.controller.observe(outcomes, target.passes(counts), t_target, depth)
         for row, r in rows.items():
             r.stats.predicted_speedup, r.stats.measured_speedup = self.controller.speedups(
                 row, r.stats.tokens_per_second
