@@ -212,7 +212,15 @@ def make_drafter(spec: DraftSpec | str, target, load: Callable[[str], object] | 
         return EarlyExitDrafter(target, spec.layers)
     if spec.kind == "head":
         from .drafters.head import HeadDrafter
+        from .train.headfile import read_info
 
+        info = read_info(spec.head)
+        if info.kind == "early-exit":  # drafts as a draft model of its own
+            from .drafters.early_exit import exit_model_path
+
+            model = load_like(target, exit_model_path(target, spec.head))
+            model.name = f"early-exit:{info.layers}+{info.blocks}"
+            return model_drafter(model, target)
         return HeadDrafter(target, spec.head)
     if spec.kind == "model":
         if not spec.model and draft is not None:
@@ -233,3 +241,18 @@ def make_drafter(spec: DraftSpec | str, target, load: Callable[[str], object] | 
             raise SpecdecError(f"draft {spec.model}: no loader given for a draft model")
         return model_drafter(load(spec.model), target, spec.vocab, spec.width, spec.nodes)
     raise SpecdecError(f"'{spec.kind}' is a policy, not a drafter: use SpeculativeDecoder(target, 'auto')")
+
+
+def load_like(target, path):
+    """A draft model at `path` on the target's backend with the target's context, threads and rows
+    (an early-exit head's GGUF: the target's first layers, so it runs where the target runs)."""
+    from .models.llama_cpp import LlamaCppModel
+    from .models.numpy_ref import NumpyModel, load_numpy_model
+
+    if isinstance(target, LlamaCppModel):
+        return LlamaCppModel(
+            path, n_ctx=target.n_ctx, n_threads=target.n_threads, max_rows=target.max_rows, trees=False
+        )
+    if isinstance(target, NumpyModel):
+        return load_numpy_model(path, n_ctx=target.n_ctx)
+    raise SpecdecError("an early-exit head drafts as a GGUF draft model: use --backend llama or numpy")

@@ -8,22 +8,35 @@ import sys
 from .. import catalog
 from ..errors import SpecdecError
 from ..paths import writable_reason
+from ..train.exit import EXIT_LR, EXIT_WINDOWS
 from .flags import _add_threads_flag
 from .options import _float_in, _positive
 
-KINDS_HELP = "medusa:N (N heads, one draft token each) or prophet:K (an EAGLE-style layer drafting chains of K)"
+KINDS_HELP = (
+    "medusa:N (N heads, one draft token each), prophet:K (an EAGLE-style layer drafting chains of K) or "
+    "early-exit:L+B (the target's first L layers and B trained blocks: a draft model of its vocabulary)"
+)
 # what a 2-core CPU has the 1.5B answer in about 16 minutes (31 tokens/s, 4 answers at a time), or
 # read as text in about 15 (36 tokens/s); docs/provenance.md#default_tokens
 DEFAULT_TOKENS = 30_000
 
 
-def _kind(text: str) -> tuple[str, int]:
+def _kind(text: str) -> dict:
+    """KIND -> the TrainConfig fields it sets."""
     name, _, n = text.partition(":")
+    if name == "early-exit":
+        layers, plus, blocks = n.partition("+")
+        blocks = blocks if plus else "1"
+        if not (layers.isdigit() and blocks.isdigit() and int(layers) >= 1 and 1 <= int(blocks) <= 4):
+            raise SpecdecError(
+                f"train {text!r}: write early-exit:L+B, L >= 1 layers of the target and B of 1..4 blocks"
+            )
+        return {"kind": name, "layers": int(layers), "blocks": int(blocks)}
     if name not in ("medusa", "prophet"):
         raise SpecdecError(f"train {text!r}: the kinds are {KINDS_HELP}")
     if n and not (n.isdigit() and 1 <= int(n) <= 8):
         raise SpecdecError(f"train {text!r}: {name}:N takes N from 1 to 8")
-    return name, int(n) if n else 3
+    return {"kind": name, "steps": int(n) if n else 3}
 
 
 def _add_train_parser(sub) -> None:
@@ -69,8 +82,18 @@ def _add_train_parser(sub) -> None:
     p.add_argument(
         "--epochs", type=_float_in(0.0, 100.0, low_open=True), default=2.0, help="passes over the data (default: 2)"
     )
-    p.add_argument("--batch", type=_positive(int), default=128, help="chains per update (default: 128)")
-    p.add_argument("--lr", type=_float_in(0.0, 1.0, low_open=True), default=1e-3, help="learning rate (default: 0.001)")
+    p.add_argument(
+        "--batch",
+        type=_positive(int),
+        default=None,
+        help=f"chains per update (default: 128); early-exit: whole windows per update (default: {EXIT_WINDOWS})",
+    )
+    p.add_argument(
+        "--lr",
+        type=_float_in(0.0, 1.0, low_open=True),
+        default=None,
+        help=f"learning rate (default: 0.001; early-exit, whose blocks start as the target's: {EXIT_LR})",
+    )
     p.add_argument(
         "--vocab",
         type=_positive(int),
@@ -86,7 +109,7 @@ def cmd_train(args) -> int:
     from ..train import conversations, features
     from ..train.trainer import TrainConfig, train
 
-    kind, steps = _kind(args.kind)
+    kind = _kind(args.kind)
     why = writable_reason(args.out)
     if why:  # found now, not after the training
         raise SpecdecError(f"--out {args.out} cannot be written: {why}")
@@ -94,7 +117,10 @@ def cmd_train(args) -> int:
     answers = source[0] == "self"
     paths = source[1:] if source[0] in ("self", "text") else source
     files = features.expand(paths) if paths else features.default_sources()
-    config = TrainConfig(kind=kind, steps=steps, vocab=args.vocab, epochs=args.epochs, batch=args.batch, lr=args.lr)
+    exit_kind = kind["kind"] == "early-exit"
+    batch = args.batch or (EXIT_WINDOWS if exit_kind else 128)
+    lr = args.lr or (EXIT_LR if exit_kind else 1e-3)
+    config = TrainConfig(**kind, vocab=args.vocab, epochs=args.epochs, batch=batch, lr=lr)
     try:
         import torch  # noqa: F401  (before an hour of features: training needs it)
     except ImportError:
@@ -110,6 +136,7 @@ def cmd_train(args) -> int:
 
     if not isinstance(target, HiddenStates):
         raise SpecdecError(f"--backend {args.backend} does not give hidden states")
+    exit_model = _exit_reference(target, config) if exit_kind else None  # checked before the features
     # a vocabulary of letters (a test model's) has few distinct tokens in any text: no table filter
     progress = not args.no_progress
     try:
@@ -119,7 +146,14 @@ def cmd_train(args) -> int:
             corpus = features.Corpus(files, args.tokens, features.MIN_DISTINCT if target.vocab_size >= 10_000 else 0.0)
             folder = features.collect(target, corpus, progress=progress)
         data = json.loads((folder / "data.json").read_text())
-        info = train(target, features.load_features(folder, args.tokens), config, args.out, data, progress=progress)
+        loaded = features.load_features(folder, args.tokens)
+        if exit_kind:
+            from ..train.exit import exit_states, train_exit
+
+            states = exit_states(exit_model, loaded, config.layers, folder / f"exit-{config.layers}", progress)
+            info = train_exit(target, exit_model, loaded, config, states, args.out, data, progress=progress)
+        else:
+            info = train(target, loaded, config, args.out, data, progress=progress)
     except KeyboardInterrupt:
         print("specdec: interrupted; what was done is kept: run the same command to resume", file=sys.stderr)
         raise
@@ -131,3 +165,20 @@ def cmd_train(args) -> int:
         )
     print(f"draft with it: specdec generate --target {args.target} --draft head:{args.out}")
     return 0
+
+
+def _exit_reference(target, config):
+    """The target's weights as the NumPy backend reads them (the target itself where it is one):
+    early-exit training runs its first layers and starts its blocks from them."""
+    from ..models.numpy_ref import NumpyModel, load_numpy_model
+
+    path = getattr(target, "path", None)
+    if not isinstance(target, NumpyModel) and (path is None or path.suffix != ".gguf"):
+        raise SpecdecError("early-exit heads are built from a GGUF target: use --backend llama or numpy")
+    model = target if isinstance(target, NumpyModel) else load_numpy_model(path, n_ctx=16)
+    if config.layers + config.blocks >= model.n_layer:
+        raise SpecdecError(
+            f"early-exit:{config.layers}+{config.blocks}: {model.name} has {model.n_layer} layers; "
+            f"L + B must be fewer, or the draft costs what the target does"
+        )
+    return model

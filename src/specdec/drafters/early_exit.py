@@ -26,6 +26,7 @@ the output cannot depend on what the drafter did, and the code stays simple.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -94,3 +95,81 @@ class EarlyExitDrafter:
     def accept(self, n_accepted: Mapping[int, int]) -> None:
         # 3. nothing to do: the engine's rollback of the target row already cut the shared cache
         pass
+
+
+# --------------------------------------------------------------------------------------------
+# Early exit with trained blocks (`specdec train early-exit:L+B`): a draft model built once
+# --------------------------------------------------------------------------------------------
+
+
+def exit_model_path(target, head_path) -> Path:
+    """The GGUF that drafts for an early-exit head file: the target's metadata (its block count
+    now L + B), its embedding, final norm and output head, its first L layers as they are (the
+    same quantisation), and the head's B blocks (Q8_0 matrices, float32 norms and biases). Built
+    once under $SPECDEC_HOME/exits, named by the target's and the head's sha256, written whole."""
+    from ..catalog import file_sha256
+    from ..paths import specdec_home
+    from ..train import headfile
+
+    info, tensors = headfile.load(head_path)
+    headfile.check_target(info, target, head_path)
+    source = getattr(target, "path", None)
+    if info.kind != "early-exit":
+        raise SpecdecError(f"{head_path} is a {info.kind} head, not an early exit")
+    if source is None or Path(source).suffix != ".gguf":
+        raise SpecdecError("an early-exit head drafts as a GGUF draft model: use --backend llama or numpy")
+    out = specdec_home() / "exits" / f"{info.target_sha256[:16]}-{file_sha256(Path(head_path))[:16]}.gguf"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_exit_gguf(Path(source), info, tensors, out)
+    return out
+
+
+def write_exit_gguf(source, info, tensors: dict, out) -> None:
+    import os
+
+    import gguf
+
+    reader = gguf.GGUFReader(source)
+    arch = str(reader.fields["general.architecture"].contents())
+    layers = info.layers + info.blocks
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    writer = gguf.GGUFWriter(str(tmp), arch)
+    try:
+        for field in reader.fields.values():
+            if field.name.startswith("GGUF.") or field.name == "general.architecture":
+                continue
+            kind = field.types[0]
+            sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+            value = field.contents()
+            if field.name == f"{arch}.block_count":
+                value = layers
+            elif field.name == "general.name":
+                value = f"{value} early exit {info.layers}+{info.blocks}"
+            writer.add_key_value(field.name, value, kind, sub_type=sub)
+        for t in reader.tensors:
+            if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= info.layers:
+                continue  # the target's deeper layers: not in the draft
+            writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+        for name, w in sorted(tensors.items(), key=lambda kv: _layer_order(kv[0])):
+            w = np.asarray(w, np.float32)
+            if w.ndim == 2 and w.shape[1] % 32 == 0:
+                writer.add_tensor(
+                    name,
+                    gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0),
+                    raw_dtype=gguf.GGMLQuantizationType.Q8_0,
+                )
+            else:
+                writer.add_tensor(name, w)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _layer_order(name: str) -> tuple[int, str]:
+    return int(name.split(".")[1]), name

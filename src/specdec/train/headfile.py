@@ -12,6 +12,9 @@ Tensors (d: the target's hidden width, V: the draft vocabulary's size):
     prophet: embed [V + 1, d] (the last row: any token outside the vocabulary), fuse.weight [d, 2d],
              step [n_steps, d], attn_norm [d], wq wk wv wo [d, d], ffn_norm [d], w_gate w_up [f, d],
              w_down [d, f]
+    early-exit (L layers + B blocks): blk.{L + j}.{name} for j in 0 .. B - 1, the blocks' tensors under
+             the target's own GGUF names (attn_norm.weight, attn_q.weight, ...); no vocab or lm_head:
+             the draft model it becomes (drafters.early_exit.exit_model) has the target's whole head
 """
 
 from __future__ import annotations
@@ -27,19 +30,22 @@ from ..errors import SpecdecError
 from ..paths import reason, write_atomically
 
 FORMAT = "specdec-head/1"
-KINDS = ("medusa", "prophet")
+KINDS = ("medusa", "prophet", "early-exit")
 
 
 @dataclass(frozen=True)
 class HeadInfo:
-    kind: str  # "medusa" or "prophet"
+    kind: str  # "medusa", "prophet" or "early-exit"
     target_sha256: str  # the GGUF the head drafts for
     target_name: str
     n_embd: int
     vocab_size: int  # the target's
-    steps: int  # medusa: heads (draft tokens a step at most); prophet: the chain it was trained on
+    steps: int  # medusa: heads (draft tokens a step at most); prophet: the chain it was trained on;
+    # early-exit: the chain its held-out estimate counts (it drafts as a draft model, any length)
     n_head: int = 0  # prophet: attention heads
     n_ff: int = 0  # prophet: MLP width
+    layers: int = 0  # early-exit: the target's first layers the draft runs
+    blocks: int = 0  # early-exit: trained blocks after them
     data: dict = field(default_factory=dict)  # provenance: sources, files, bytes, tokens
     training: dict = field(default_factory=dict)  # tokens, steps, seconds, learning rate
     held_out: dict = field(default_factory=dict)  # agreement with the target by position
@@ -47,7 +53,8 @@ class HeadInfo:
     def describe(self) -> str:
         agree = self.held_out.get("agreement")
         shown = ", ".join(f"{a:.2f}" for a in agree) if agree else "not measured"
-        return f"{self.kind} head ({self.steps} steps) for {self.target_name}; held-out agreement by position: {shown}"
+        shape = f"{self.layers} layers + {self.blocks} trained" if self.kind == "early-exit" else f"{self.steps} steps"
+        return f"{self.kind} head ({shape}) for {self.target_name}; held-out agreement by position: {shown}"
 
 
 def save(path: str | os.PathLike, info: HeadInfo, tensors: dict[str, np.ndarray]) -> None:

@@ -32,16 +32,19 @@ CHECKPOINT_SECONDS = 60.0  # how much work Ctrl-C or a crash can lose
 
 @dataclass(frozen=True)
 class TrainConfig:
-    kind: str  # "medusa" or "prophet"
-    steps: int = 3  # medusa: heads; prophet: the chain trained (and drafted) at most
+    kind: str  # "medusa", "prophet" or "early-exit" (train.exit)
+    steps: int = 3  # medusa: heads; prophet: the chain trained (and drafted) at most; early-exit: the
+    # chain its held-out estimate counts
     vocab: int = 8192  # draft vocabulary: the training data's most frequent tokens, then the target's lowest ids
     epochs: float = 2.0
-    batch: int = 128
+    batch: int = 128  # chains per update (early-exit: windows)
     lr: float = 1e-3
     n_head: int = 8  # prophet attention heads (must divide the hidden width)
     n_ff: int = 1024  # prophet MLP width
     feature_weight: float = 0.1  # prophet: weight of the feature regression beside the token loss
     seed: int = 0
+    layers: int = 0  # early-exit: the target's first layers kept
+    blocks: int = 0  # early-exit: trained blocks after them
 
 
 def draft_vocabulary(labels: np.ndarray, size: int, vocab_size: int) -> np.ndarray:
