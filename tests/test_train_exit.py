@@ -99,6 +99,56 @@ def test_the_draft_gguf_is_the_targets_first_layers_and_the_heads_blocks(tmp_pat
         exit_model_path(load_numpy_model(other, n_ctx=128), head_path)
 
 
+def test_exit_training_learns_and_a_checkpoint_resumes(tmp_path, monkeypatch):
+    """Held-out agreement beats the untrained blocks' (the target cut after L + B layers); Ctrl-C
+    leaves a checkpoint and no head file; the same call resumes and the head file replaces it."""
+    from specdec.train import trainer
+    from specdec.train.exit import train_exit
+    from specdec.train.trainer import TrainConfig
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, "qwen2", seed=3, n_layer=3, n_ctx=1024)
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(24):
+        (data / f"part{i:02d}.txt").write_text(TEXT[i * 97 :][:300])
+    model = load_numpy_model(path, n_ctx=features.WINDOW)
+    corpus = features.Corpus(features.expand([str(data)]), 100_000, min_distinct=0.0)
+    folder = features.collect(model, corpus, progress=False)
+    f = features.load_features(folder)
+    states = exit_states(model, f, 1, folder / "exit-1", progress=False)
+    config = TrainConfig(kind="early-exit", layers=1, blocks=1, vocab=200, epochs=20, batch=4, lr=3e-3)
+    out = tmp_path / "e.head"
+    untrained = train_exit(model, model, f, TrainConfig(**{**config.__dict__, "epochs": 1e-9}), states, out, {}, False)
+    steps = []
+    real_step = torch.optim.AdamW.step
+
+    def interrupt(self, *args, **kwargs):
+        steps.append(1)
+        if len(steps) == 5:
+            raise KeyboardInterrupt
+        return real_step(self, *args, **kwargs)
+
+    out.unlink()
+    monkeypatch.setattr(torch.optim.AdamW, "step", interrupt)
+    monkeypatch.setattr(trainer, "CHECKPOINT_SECONDS", 1e9)  # only Ctrl-C writes one
+    with pytest.raises(KeyboardInterrupt):
+        train_exit(model, model, f, config, states, out, {"from": "test"}, progress=False)
+    monkeypatch.undo()
+    checkpoint = tmp_path / "e.head.ckpt"
+    assert checkpoint.exists() and not out.exists()
+    assert torch.load(checkpoint, weights_only=True)["update"] == 4
+    info = train_exit(model, model, f, config, states, out, {"from": "test"}, progress=False)
+    assert not checkpoint.exists() and out.exists()
+    assert info.training["updates"] == int(np.ceil(20 * (f.n_windows - 1) / 4))  # one window held out
+    before, after = untrained.held_out["agreement"], info.held_out["agreement"]
+    assert after[0] > before[0] + 0.1, (before, after)
+    assert info.held_out["tokens_per_step"] > untrained.held_out["tokens_per_step"]
+    loaded, tensors = headfile.load(out)
+    assert loaded == info and sorted(tensors) == sorted(f"blk.1.{n}" for n in model.layers[1])
+
+
 def test_chain_summary_counts_runs_inside_each_window():
     agree = [np.array([1, 1, 0, 1, 1, 1], bool), np.array([0, 1], bool)]
     s = chain_summary(agree, 2)

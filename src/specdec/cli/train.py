@@ -8,7 +8,7 @@ import sys
 from .. import catalog
 from ..errors import SpecdecError
 from ..paths import writable_reason
-from ..train.exit import EXIT_LR, EXIT_WINDOWS
+from ..train.exit import EXIT_EPOCHS, EXIT_LR, EXIT_WINDOWS
 from .flags import _add_threads_flag
 from .options import _float_in, _positive
 
@@ -80,7 +80,10 @@ def _add_train_parser(sub) -> None:
         help=f"training tokens at most (default: {DEFAULT_TOKENS})",
     )
     p.add_argument(
-        "--epochs", type=_float_in(0.0, 100.0, low_open=True), default=2.0, help="passes over the data (default: 2)"
+        "--epochs",
+        type=_float_in(0.0, 100.0, low_open=True),
+        default=None,
+        help=f"passes over the data (default: 2; early-exit: {EXIT_EPOCHS:g})",
     )
     p.add_argument(
         "--batch",
@@ -120,7 +123,8 @@ def cmd_train(args) -> int:
     exit_kind = kind["kind"] == "early-exit"
     batch = args.batch or (EXIT_WINDOWS if exit_kind else 128)
     lr = args.lr or (EXIT_LR if exit_kind else 1e-3)
-    config = TrainConfig(**kind, vocab=args.vocab, epochs=args.epochs, batch=batch, lr=lr)
+    epochs = args.epochs or (EXIT_EPOCHS if exit_kind else 2.0)
+    config = TrainConfig(**kind, vocab=args.vocab, epochs=epochs, batch=batch, lr=lr)
     try:
         import torch  # noqa: F401  (before an hour of features: training needs it)
     except ImportError:
