@@ -358,11 +358,13 @@ def test_early_exit_samples_the_target_on_the_numpy_backend(tmp_path):
     assert chi2 > 3 * chi2_max and tv > tv_max, (chi2, chi2_max, tv, tv_max)
 
 
-@pytest.mark.parametrize("kind", ["medusa", "prophet"])
-def test_a_trained_head_samples_the_target(tmp_path, kind):
+@pytest.mark.parametrize("kind", ["medusa", "prophet", "early-exit"])
+def test_a_trained_head_samples_the_target(tmp_path, kind, monkeypatch):
     """A head drafts from the target's hidden states with its own q over a draft vocabulary (q is 0
     outside it): the same tiny GPT-2 and harness as early exit above, with a random head file of
-    each kind. Power: the broken residual fails it."""
+    each kind (early-exit: the draft model built from the target's first layer and the head's
+    block). Power: the broken residual fails it."""
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
     from specdec.models.numpy_ref import load_numpy_model
     from specdec.spec import parse
 
@@ -386,7 +388,7 @@ def test_a_trained_head_samples_the_target(tmp_path, kind):
     counts = run()
     chi2, chi2_max, tv, tv_max = distance(counts, expected, rows=EARLY_ROWS)
     assert chi2 < chi2_max and tv < tv_max, (chi2, chi2_max, tv, tv_max)
-    if kind == "medusa":
+    if kind in ("medusa", "early-exit"):
         with pytest.MonkeyPatch.context() as patch:
             break_residuals(patch)
             chi2, chi2_max, tv, tv_max = distance(run(), expected, rows=EARLY_ROWS)

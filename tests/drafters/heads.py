@@ -18,6 +18,13 @@ def random_head(model, kind: str, path, steps: int = 3, seed: int = 0, scale: fl
     def rand(*shape):
         return (rng.normal(size=shape) * scale).astype(np.float16)
 
+    if kind == "early-exit":  # the NumPy target's layer 1 plus noise, after its first layer
+        tensors = {
+            f"blk.1.{n}": (w + rng.normal(size=w.shape) * scale).astype(np.float16) for n, w in model.layers[1].items()
+        }
+        info = headfile.HeadInfo(kind, model.identity, model.name, d, model.vocab_size, steps, layers=1, blocks=1)
+        headfile.save(path, info, tensors)
+        return path
     tensors = {"vocab": vocab, "lm_head": model.head_weights("output", vocab).astype(np.float16)}
     n_head = n_ff = 0
     if kind == "medusa":

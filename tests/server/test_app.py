@@ -300,12 +300,13 @@ def test_headers_that_trickle_in_are_timed_out():
         assert httpx.get(base + "/health").status_code == 200  # and the server goes on
 
 
-def test_a_trained_head_per_request(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["medusa", "early-exit"])
+def test_a_trained_head_per_request(tmp_path, monkeypatch, kind):
     """`specdec serve --draft head:FILE`: requests ask for the head by name ('head') with their own
-    k, beside plain rows in the same steps, and get the target's own greedy text."""
-    from specdec.drafters.head import HeadDrafter
+    k, beside plain rows in the same steps, and get the target's own greedy text (an early exit:
+    its draft model, on the target's backend with room for the server's rows)."""
     from specdec.models.numpy_ref import load_numpy_model
-    from specdec.spec import DraftSpec
+    from specdec.spec import DraftSpec, make_drafter
 
     from ..drafters.heads import random_head
     from ..models.test_numpy_ref import write_tiny_gguf
@@ -314,7 +315,7 @@ def test_a_trained_head_per_request(tmp_path, monkeypatch):
     path = tmp_path / "tiny-qwen2.gguf"
     write_tiny_gguf(path, "qwen2", seed=3, n_layer=3, n_ctx=2048)
     target = load_numpy_model(path, n_ctx=2048)
-    head = HeadDrafter(target, random_head(target, "medusa", tmp_path / "m.head"))
+    head = make_drafter(DraftSpec("head", head=str(random_head(target, kind, tmp_path / "m.head"))), target)
     want = SpeculativeDecoder(load_numpy_model(path)).generate(
         "the cat", GenerationConfig(max_new_tokens=20, chat=False)
     )
