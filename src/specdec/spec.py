@@ -248,6 +248,7 @@ def load_like(target, path):
     (an early-exit head's GGUF: the target's first layers, so it runs where the target runs)."""
     from .models.llama_cpp import LlamaCppModel
     from .models.numpy_ref import NumpyModel, load_numpy_model
+    from .models.transformers import TransformersModel, load_transformers_model
 
     if isinstance(target, LlamaCppModel):
         return LlamaCppModel(
@@ -255,4 +256,7 @@ def load_like(target, path):
         )
     if isinstance(target, NumpyModel):
         return load_numpy_model(path, n_ctx=target.n_ctx)
-    raise SpecdecError("an early-exit head drafts as a GGUF draft model: use --backend llama or numpy")
+    if isinstance(target, TransformersModel):  # dequantised by transformers, on the target's device and dtype
+        dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
+        return load_transformers_model(path, device=str(target.device), dtype=dtype, n_ctx=target.n_ctx)
+    raise SpecdecError(f"an early-exit head drafts as a GGUF draft model, which {type(target).__name__} cannot load")

@@ -26,8 +26,8 @@ DRAFT_HELP = (
     "requests, the corpus or this prompt, k tokens a step), "
     "'early-exit:L' (the target's first L layers draft; --backend numpy), "
     "'head:FILE' (a head from `specdec train`: medusa and prophet draft from the target's hidden "
-    "states; an early-exit:L+B head runs as a draft model of the target's first layers, on the llama "
-    "and numpy backends) or "
+    "states; an early-exit:L+B head runs as a draft model of the target's first layers, built from "
+    "the target's GGUF) or "
     "'none'"
 )
 BACKEND_HELP = (

@@ -117,7 +117,10 @@ def exit_model_path(target, head_path) -> Path:
     if info.kind != "early-exit":
         raise SpecdecError(f"{head_path} is a {info.kind} head, not an early exit")
     if source is None or Path(source).suffix != ".gguf":
-        raise SpecdecError("an early-exit head drafts as a GGUF draft model: use --backend llama or numpy")
+        raise SpecdecError(
+            "an early-exit head drafts as a draft model built from the target's GGUF file: load the target "
+            "from its .gguf (not a transformers folder)"
+        )
     out = specdec_home() / "exits" / f"{info.target_sha256[:16]}-{file_sha256(Path(head_path))[:16]}.gguf"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)

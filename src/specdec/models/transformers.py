@@ -1020,6 +1020,7 @@ def load_transformers_model(
         raise ModelLoadError(f"transformers could not load {path}: {first}") from None
     model.to(device)
     loaded = TransformersModel(model, tokenizer, name=name or path.name, n_ctx=n_ctx)
+    loaded.path = path  # (an early-exit head's draft model is built from a GGUF target's file)
     # a GGUF is named by its sha256, as llama.cpp names it: a head trained on either serves both
     loaded._identity_of = (lambda: _folder_sha256(path)) if path.is_dir() else (lambda: file_sha256(path))
     return loaded
