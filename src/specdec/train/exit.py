@@ -153,7 +153,8 @@ def _embed(model, tokens: np.ndarray):
 
 
 def exit_states(model, f: Features, layers: int, folder: Path, progress: bool = True) -> np.ndarray:
-    """[N, d] float16: the residual stream after the first `layers` layers at every feature token,
+    """[N, d] float16 (float32 where a value passes float16's range): the residual stream after the
+    first `layers` layers at every feature token,
     window by window from position 0 (as the features were taken), cached in `folder`
     (one file a window, written whole; an interrupted run resumes)."""
     import torch
