@@ -35,9 +35,7 @@ def setup(tmp_path, monkeypatch):
     path = tmp_path / "tiny-qwen2.gguf"
     write_tiny_gguf(path, "qwen2", seed=3, n_layer=3, n_ctx=1024)
     data = tmp_path / "data"
-    data.mkdir()
-    for i in range(24):
-        (data / f"part{i:02d}.txt").write_text(TEXT[i * 97 :][:300])
+    write_data(data)
     model = load_numpy_model(path, n_ctx=features.WINDOW)
     corpus = features.Corpus(features.expand([str(data)]), 100_000, min_distinct=0.0)  # a vocabulary of letters
     return model, corpus, path, data
@@ -92,6 +90,30 @@ def test_the_draft_vocabulary_is_the_data_s_tokens_then_the_lowest_ids():
     assert draft_vocabulary(labels, 50, 10).tolist() == [7, 3, 1, 9, 0, 2, 4, 5, 6, 8]  # at most every id
 
 
+def interrupt_the_fifth_update(monkeypatch) -> None:
+    """Ctrl-C as the optimiser takes its fifth step (after 4 updates); checkpoints only then."""
+    from specdec.train import trainer
+
+    steps = []
+    real_step = torch.optim.AdamW.step
+
+    def interrupt(self, *args, **kwargs):
+        steps.append(1)
+        if len(steps) == 5:
+            raise KeyboardInterrupt
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", interrupt)
+    monkeypatch.setattr(trainer, "CHECKPOINT_SECONDS", 1e9)  # only Ctrl-C writes one
+
+
+def write_data(folder) -> None:
+    """24 text files of TEXT, one window each (the 20th is held out)."""
+    folder.mkdir()
+    for i in range(24):
+        (folder / f"part{i:02d}.txt").write_text(TEXT[i * 97 :][:300])
+
+
 @pytest.mark.parametrize("kind", ["medusa", "prophet"])
 def test_training_learns_and_a_checkpoint_resumes(setup, tmp_path, monkeypatch, kind):
     """Held-out agreement beats the untrained head's; Ctrl-C mid-training leaves a checkpoint (and
@@ -104,18 +126,8 @@ def test_training_learns_and_a_checkpoint_resumes(setup, tmp_path, monkeypatch, 
     config = TrainConfig(kind=kind, steps=2, vocab=200, epochs=4, batch=64, lr=3e-3, n_head=4, n_ff=32)
     untrained = train(model, f, TrainConfig(**{**config.__dict__, "epochs": 1e-9}), out, {}, progress=False)
 
-    steps = []
-    real_step = torch.optim.AdamW.step
-
-    def interrupt(self, *args, **kwargs):
-        steps.append(1)
-        if len(steps) == 5:
-            raise KeyboardInterrupt
-        return real_step(self, *args, **kwargs)
-
     out.unlink()
-    monkeypatch.setattr(torch.optim.AdamW, "step", interrupt)
-    monkeypatch.setattr(trainer, "CHECKPOINT_SECONDS", 1e9)  # only Ctrl-C writes one
+    interrupt_the_fifth_update(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         train(model, f, config, out, {"from": "test"}, progress=False)
     monkeypatch.undo()

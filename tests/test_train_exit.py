@@ -19,7 +19,7 @@ from specdec.train import features, headfile
 
 from .conftest import require_module
 from .models.test_numpy_ref import write_tiny_gguf
-from .test_train import TEXT
+from .test_train import interrupt_the_fifth_update, setup, write_data  # noqa: F401 (setup: a fixture)
 
 torch = require_module("torch", "the train extra: pip install 'specdec[train]'")
 
@@ -99,40 +99,21 @@ def test_the_draft_gguf_is_the_targets_first_layers_and_the_heads_blocks(tmp_pat
         exit_model_path(load_numpy_model(other, n_ctx=128), head_path)
 
 
-def test_exit_training_learns_and_a_checkpoint_resumes(tmp_path, monkeypatch):
+def test_exit_training_learns_and_a_checkpoint_resumes(setup, tmp_path, monkeypatch):  # noqa: F811
     """Held-out agreement beats the untrained blocks' (the target cut after L + B layers); Ctrl-C
     leaves a checkpoint and no head file; the same call resumes and the head file replaces it."""
-    from specdec.train import trainer
     from specdec.train.exit import train_exit
     from specdec.train.trainer import TrainConfig
 
-    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
-    path = tmp_path / "tiny.gguf"
-    write_tiny_gguf(path, "qwen2", seed=3, n_layer=3, n_ctx=1024)
-    data = tmp_path / "data"
-    data.mkdir()
-    for i in range(24):
-        (data / f"part{i:02d}.txt").write_text(TEXT[i * 97 :][:300])
-    model = load_numpy_model(path, n_ctx=features.WINDOW)
-    corpus = features.Corpus(features.expand([str(data)]), 100_000, min_distinct=0.0)
+    model, corpus, _, _ = setup
     folder = features.collect(model, corpus, progress=False)
     f = features.load_features(folder)
     states = exit_states(model, f, 1, folder / "exit-1", progress=False)
     config = TrainConfig(kind="early-exit", layers=1, blocks=1, vocab=200, epochs=20, batch=4, lr=3e-3)
     out = tmp_path / "e.head"
     untrained = train_exit(model, model, f, TrainConfig(**{**config.__dict__, "epochs": 1e-9}), states, out, {}, False)
-    steps = []
-    real_step = torch.optim.AdamW.step
-
-    def interrupt(self, *args, **kwargs):
-        steps.append(1)
-        if len(steps) == 5:
-            raise KeyboardInterrupt
-        return real_step(self, *args, **kwargs)
-
     out.unlink()
-    monkeypatch.setattr(torch.optim.AdamW, "step", interrupt)
-    monkeypatch.setattr(trainer, "CHECKPOINT_SECONDS", 1e9)  # only Ctrl-C writes one
+    interrupt_the_fifth_update(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         train_exit(model, model, f, config, states, out, {"from": "test"}, progress=False)
     monkeypatch.undo()
@@ -175,9 +156,7 @@ def test_specdec_train_early_exit_then_draft_with_it(tmp_path):
     target = tmp_path / "tiny-qwen2.gguf"
     write_tiny_gguf(target, "qwen2", seed=3, n_layer=3, n_ctx=1024)
     data = tmp_path / "data"
-    data.mkdir()
-    for i in range(24):
-        (data / f"part{i:02d}.txt").write_text(TEXT[i * 97 :][:300])
+    write_data(data)
     out = tmp_path / "e.head"
     run = _specdec(
         home, "train", "early-exit:1+1", "--backend", "numpy", "--target", str(target), "--data", "text", str(data),

@@ -24,8 +24,6 @@ from __future__ import annotations
 import functools
 import io
 import math
-import os
-import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -232,7 +230,7 @@ def train_exit(
     import torch
     from torch.nn import functional as F
 
-    from .trainer import CHECKPOINT_SECONDS, _save_checkpoint, draft_vocabulary
+    from .trainer import draft_vocabulary, run_updates
 
     torch.manual_seed(config.seed)
     held = np.array([held_out(i) for i in f.index], dtype=bool)
@@ -247,48 +245,25 @@ def train_exit(
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0)
     per_update = min(config.batch, len(train_windows))
     total = max(1, math.ceil(config.epochs * len(train_windows) / per_update))
-    checkpoint = Path(str(out) + ".ckpt")
-    update = 0
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=True)
-        if saved["config"] == asdict(config):
-            head.blocks.load_state_dict(saved["model"])
-            optimizer.load_state_dict(saved["optimizer"])
-            update = saved["update"]
-    rng = np.random.default_rng([config.seed, update])
-    bar = Progress(f"train early-exit:{config.layers}+{config.blocks}", total, "updates", progress)
-    started = saved_at = time.perf_counter()
-    try:
-        while update < total:
-            for group in optimizer.param_groups:  # linear decay to 5%
-                group["lr"] = config.lr * max(0.05, 1.0 - update / total)
-            optimizer.zero_grad()
-            picked = rng.choice(train_windows, size=per_update, replace=False)
-            n = sum(int(f.starts[w + 1] - f.starts[w]) for w in picked)
-            loss_sum, agree, counted = 0.0, 0, 0
-            for w in picked:  # one window a forward (whole: its attention spans it), gradients summed
-                a, b = f.starts[w], f.starts[w + 1]
-                labels = torch.from_numpy(index[f.labels[a:b]])
-                logits = head.features(torch.from_numpy(states[a:b].astype(np.float32))) @ head.lm_head.T
-                loss = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum") / n
-                loss.backward()
-                loss_sum += loss.item()
-                valid = labels != -100
-                agree += int(((logits.argmax(-1) == labels) & valid).sum())
-                counted += int(valid.sum())
-            optimizer.step()
-            update += 1
-            bar.update(update, f"loss {loss_sum:.3f} agree@1 {agree / max(counted, 1):.2f}")
-            if time.perf_counter() - saved_at > CHECKPOINT_SECONDS:
-                _save_checkpoint(checkpoint, head.blocks, optimizer, update, config)
-                saved_at = time.perf_counter()
-    except KeyboardInterrupt:
-        _save_checkpoint(checkpoint, head.blocks, optimizer, update, config)
-        raise
-    finally:
-        bar.update(update, force=True)
-        bar.close()
-    seconds = time.perf_counter() - started
+
+    def step(rng) -> str:
+        picked = rng.choice(train_windows, size=per_update, replace=False)
+        n = sum(int(f.starts[w + 1] - f.starts[w]) for w in picked)
+        loss_sum, agree, counted = 0.0, 0, 0
+        for w in picked:  # one window a forward (whole: its attention spans it), gradients summed
+            a, b = f.starts[w], f.starts[w + 1]
+            labels = torch.from_numpy(index[f.labels[a:b]])
+            logits = head.features(torch.from_numpy(states[a:b].astype(np.float32))) @ head.lm_head.T
+            loss = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum") / n
+            loss.backward()
+            loss_sum += loss.item()
+            valid = labels != -100
+            agree += int(((logits.argmax(-1) == labels) & valid).sum())
+            counted += int(valid.sum())
+        return f"loss {loss_sum:.3f} agree@1 {agree / max(counted, 1):.2f}"
+
+    label = f"train early-exit:{config.layers}+{config.blocks}"
+    update, seconds = run_updates(head.blocks, optimizer, config, total, out, label, step, progress)
     held_windows = [w for w in range(f.n_windows) if held[w]]
     info = headfile.HeadInfo(
         kind="early-exit",
@@ -309,8 +284,7 @@ def train_exit(
         held_out=evaluate_exit(head, model, f, states, held_windows, config.steps),
     )
     headfile.save(out, info, head.file_tensors())
-    if checkpoint.exists():
-        os.unlink(checkpoint)
+    Path(str(out) + ".ckpt").unlink(missing_ok=True)
     return info
 
 

@@ -15,7 +15,6 @@ is written.
 from __future__ import annotations
 
 import io
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -168,39 +167,15 @@ def train(target, f: Features, config: TrainConfig, out: Path, data: dict, progr
         raise SpecdecError("not enough training text for one chain: give more with --data or --tokens")
     total = max(1, int(config.epochs * len(positions) / config.batch))
 
-    checkpoint = Path(str(out) + ".ckpt")
-    update = 0
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=True)
-        if saved["config"] == asdict(config):
-            model.load_state_dict(saved["model"])
-            optimizer.load_state_dict(saved["optimizer"])
-            update = saved["update"]
-    rng = np.random.default_rng([config.seed, update])
     batches = _Batches(training, index, config.steps)
-    bar = Progress(f"train {config.kind}", total, "updates", progress)
-    started = saved_at = time.perf_counter()
-    try:
-        while update < total:
-            for group in optimizer.param_groups:  # linear decay to 5%
-                group["lr"] = config.lr * max(0.05, 1.0 - update / total)
-            t = rng.choice(positions, size=min(config.batch, len(positions)), replace=False)
-            loss, agree = _losses(model, config, batches(t), outside)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            update += 1
-            bar.update(update, f"loss {loss.item():.3f} agree@1 {agree[:, 0].mean().item():.2f}")
-            if time.perf_counter() - saved_at > CHECKPOINT_SECONDS:
-                _save_checkpoint(checkpoint, model, optimizer, update, config)
-                saved_at = time.perf_counter()
-    except KeyboardInterrupt:
-        _save_checkpoint(checkpoint, model, optimizer, update, config)
-        raise
-    finally:
-        bar.update(update, force=True)
-        bar.close()
-    seconds = time.perf_counter() - started
+
+    def step(rng) -> str:
+        t = rng.choice(positions, size=min(config.batch, len(positions)), replace=False)
+        loss, agree = _losses(model, config, batches(t), outside)
+        loss.backward()
+        return f"loss {loss.item():.3f} agree@1 {agree[:, 0].mean().item():.2f}"
+
+    update, seconds = run_updates(model, optimizer, config, total, out, f"train {config.kind}", step, progress)
     model.eval()
     held_out = evaluate(
         model, config, _Batches(held, index, config.steps), start_positions(held, config.steps), outside
@@ -224,6 +199,45 @@ def train(target, f: Features, config: TrainConfig, out: Path, data: dict, progr
         held_out=held_out,
     )
     headfile.save(out, info, file_tensors(model, vocab))
-    if checkpoint.exists():
-        os.unlink(checkpoint)
+    Path(str(out) + ".ckpt").unlink(missing_ok=True)
     return info
+
+
+def run_updates(module, optimizer, config, total: int, out, label: str, step, progress: bool = True):
+    """The loop every trainer shares: `total` updates, each `step(rng)` computing the gradients
+    (it returns the progress bar's text; zero_grad and the optimiser's step are here), the learning
+    rate decaying linearly to 5% of config.lr, and a checkpoint of `module` and the optimiser at
+    `out`.ckpt every CHECKPOINT_SECONDS and on Ctrl-C, resumed from when its config is this one.
+    -> (updates done, seconds this run took)."""
+    import torch
+
+    checkpoint = Path(str(out) + ".ckpt")
+    update = 0
+    if checkpoint.exists():
+        saved = torch.load(checkpoint, weights_only=True)
+        if saved["config"] == asdict(config):
+            module.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+            update = saved["update"]
+    rng = np.random.default_rng([config.seed, update])
+    bar = Progress(label, total, "updates", progress)
+    started = saved_at = time.perf_counter()
+    try:
+        while update < total:
+            for group in optimizer.param_groups:  # linear decay to 5%
+                group["lr"] = config.lr * max(0.05, 1.0 - update / total)
+            optimizer.zero_grad()
+            text = step(rng)
+            optimizer.step()
+            update += 1
+            bar.update(update, text)
+            if time.perf_counter() - saved_at > CHECKPOINT_SECONDS:
+                _save_checkpoint(checkpoint, module, optimizer, update, config)
+                saved_at = time.perf_counter()
+    except KeyboardInterrupt:
+        _save_checkpoint(checkpoint, module, optimizer, update, config)
+        raise
+    finally:
+        bar.update(update, force=True)
+        bar.close()
+    return update, time.perf_counter() - started
