@@ -150,6 +150,7 @@ USER_ERRORS = [
     _row("exact-on-numpy", ["generate", "-p", "x", "--exact", "--backend", "numpy"], "exact mode is for the llama"),
     _row("serve-exact-on-torch", ["serve", "--exact", "--backend", "torch"], "exact mode is for the llama"),
     _row("bench-unknown-method", ["bench", "--methods", "magic:3"], "unknown method"),
+    _row("bench-repeated-method", ["bench", "--methods", "plain", "auto", "plain"], "names plain twice"),
     # specdec check (tests/test_check.py)
     _row("check-url-unknown-scheme", ["check", "--url", "ftp://127.0.0.1/v1"], "ftp://127.0.0.1/v1", "http://"),
     _row("check-url-unreachable", ["check", "--url", "http://127.0.0.1:9/v1"], "cannot reach http://127.0.0.1:9/v1"),

@@ -148,6 +148,12 @@ def cmd_bench(args) -> int:
             methods += bench.HF_METHODS
         if args.vllm:
             methods += bench.VLLM_METHODS
+    repeated = next((m for i, m in enumerate(methods) if m in methods[:i]), None)
+    if repeated:  # (its rows would share one name, and its medians mix both runs)
+        raise SpecdecError(
+            f"--methods names {repeated} twice: each method runs once a prompt (plain's second run, "
+            f"plain#2, is the bench's own noise measure unless --no-noise)"
+        )
     for method in methods:
         bench.parse_method(method)  # fail on a typo before loading anything
         if method.startswith(("suffix:", "auto:suffix")) and args.suffix_cap == 0:
