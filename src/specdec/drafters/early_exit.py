@@ -107,11 +107,11 @@ def exit_model_path(target, head_path) -> Path:
     now L + B), its embedding, final norm and output head, its first L layers as they are (the
     same quantisation), and the head's B blocks (Q8_0 matrices, float32 norms and biases). Built
     once under $SPECDEC_HOME/exits, named by the target's and the head's sha256, written whole."""
-    from ..catalog import file_sha256
+    from ..models.base import file_sha256
     from ..paths import specdec_home
     from ..train import headfile
 
-    info, tensors = headfile.load(head_path)
+    info = headfile.read_info(head_path)
     headfile.check_target(info, target, head_path)
     source = getattr(target, "path", None)
     if info.kind != "early-exit":
@@ -122,13 +122,14 @@ def exit_model_path(target, head_path) -> Path:
             "from its .gguf (not a transformers folder)"
         )
     out = specdec_home() / "exits" / f"{info.target_sha256[:16]}-{file_sha256(Path(head_path))[:16]}.gguf"
-    if not out.exists():
+    if not out.exists():  # (the blocks are read only to build it)
         out.parent.mkdir(parents=True, exist_ok=True)
-        write_exit_gguf(Path(source), info, tensors, out)
+        write_exit_gguf(Path(source), info, headfile.load(head_path)[1], out)
     return out
 
 
 def write_exit_gguf(source, info, tensors: dict, out) -> None:
+    """exit_model_path's GGUF, written to a temporary name and moved into place."""
     import os
 
     import gguf

@@ -13,7 +13,7 @@ computed here once in torch from the target's own weights (read and dequantised 
 backend's loader) and cached beside the features (float16, 2 bytes x the width a token).
 
 The head file holds the B blocks' tensors under their GGUF names (blk.L.attn_q.weight, ...):
-drafters.early_exit.exit_model writes them with the target's first L layers into a GGUF that
+drafters.early_exit.exit_model_path writes them with the target's first L layers into a GGUF that
 drafts as an ordinary draft model of the target's vocabulary. Its cache is its own (llama.cpp's
 C API runs a model's layers whole: it has no call that stops a forward after layer L and shares
 that layer's cache), so the draft recomputes its L layers for the tokens it catches up on.

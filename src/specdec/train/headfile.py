@@ -14,7 +14,7 @@ Tensors (d: the target's hidden width, V: the draft vocabulary's size):
              w_down [d, f]
     early-exit (L layers + B blocks): blk.{L + j}.{name} for j in 0 .. B - 1, the blocks' tensors under
              the target's own GGUF names (attn_norm.weight, attn_q.weight, ...); no vocab or lm_head:
-             the draft model it becomes (drafters.early_exit.exit_model) has the target's whole head
+             the draft model it becomes (drafters.early_exit.exit_model_path) has the target's whole head
 """
 
 from __future__ import annotations
