@@ -231,6 +231,12 @@ def to_bfloat16(x: np.ndarray) -> np.ndarray:
     return (bits >> 16).astype(np.uint16)
 
 
+def as_float32(w: np.ndarray) -> np.ndarray:
+    """Weights as float32: bfloat16 bits (uint16) widened, anything else converted (not copied
+    where it already is float32)."""
+    return from_bfloat16(w) if w.dtype == np.uint16 else np.asarray(w, np.float32)
+
+
 def from_bfloat16(w: np.ndarray) -> np.ndarray:
     """bfloat16 bit patterns (uint16) -> float32 (exact: the bits become a float32's top half)."""
     return (w.astype(np.uint32) << 16).view(np.float32)
@@ -458,7 +464,7 @@ class NumpyModel(SequentialRows):
         if name == "embedding":
             return self.token_embeddings(tokens)
         w = self.weights["output.weight"][tokens]
-        return from_bfloat16(w) if w.dtype == np.uint16 else w.astype(np.float32)
+        return as_float32(w)
 
     # -- the pieces of a forward pass ----------------------------------------------------
 

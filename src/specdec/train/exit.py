@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SpecdecError
+from ..models.numpy_ref import as_float32, matmul
 from ..paths import write_atomically
 from . import headfile
 from .features import Features, Progress, held_out
@@ -41,12 +42,6 @@ EXIT_EPOCHS = 8.0
 EXIT_WINDOWS = 4  # windows (whole conversations) a training update reads
 F16_MAX = 60_000.0
 EVAL_TOKENS = 256  # held-out positions scored against the whole output head at a time
-
-
-def _float32(w: np.ndarray) -> np.ndarray:
-    from ..models.numpy_ref import from_bfloat16
-
-    return from_bfloat16(w) if w.dtype == np.uint16 else np.asarray(w, np.float32)
 
 
 @functools.cache
@@ -65,7 +60,9 @@ def _block_class():
             self.config = config
             self.w = nn.ParameterDict(
                 {
-                    name.replace(".", "/"): nn.Parameter(torch.from_numpy(_float32(a).copy()), requires_grad=trainable)
+                    name.replace(".", "/"): nn.Parameter(
+                        torch.from_numpy(as_float32(a).copy()), requires_grad=trainable
+                    )
                     for name, a in weights.items()
                 }
             )
@@ -230,7 +227,7 @@ def train_exit(
     import torch
     from torch.nn import functional as F
 
-    from .trainer import draft_vocabulary, run_updates
+    from .trainer import checkpoint_path, draft_vocabulary, run_updates
 
     torch.manual_seed(config.seed)
     held = np.array([held_out(i) for i in f.index], dtype=bool)
@@ -284,7 +281,7 @@ def train_exit(
         held_out=evaluate_exit(head, model, f, states, held_windows, config.steps),
     )
     headfile.save(out, info, head.file_tensors())
-    Path(str(out) + ".ckpt").unlink(missing_ok=True)
+    checkpoint_path(out).unlink(missing_ok=True)
     return info
 
 
@@ -302,22 +299,14 @@ def evaluate_exit(head: ExitHead, model, f: Features, states: np.ndarray, window
         for w in windows:
             a, b = int(f.starts[w]), int(f.starts[w + 1])
             h = head.features(torch.from_numpy(states[a:b].astype(np.float32))).numpy()
-            choice = np.concatenate(
+            choice = np.concatenate(  # (matmul takes float32 or bfloat16 weights)
                 [
-                    (h[i : i + EVAL_TOKENS] @ model.weights["output.weight"].T).argmax(-1)
-                    if model.weights["output.weight"].dtype != np.uint16
-                    else _argmax_bf16(h[i : i + EVAL_TOKENS], model)
+                    matmul(h[i : i + EVAL_TOKENS], model.weights["output.weight"]).argmax(-1)
                     for i in range(0, b - a, EVAL_TOKENS)
                 ]
             )
             rows.append(choice == f.labels[a:b])
     return chain_summary(rows, steps)
-
-
-def _argmax_bf16(h: np.ndarray, model) -> np.ndarray:
-    from ..models.numpy_ref import matmul
-
-    return matmul(h, model.weights["output.weight"]).argmax(-1)
 
 
 def chain_summary(agree_by_window: list[np.ndarray], steps: int) -> dict:

@@ -199,8 +199,13 @@ def train(target, f: Features, config: TrainConfig, out: Path, data: dict, progr
         held_out=held_out,
     )
     headfile.save(out, info, file_tensors(model, vocab))
-    Path(str(out) + ".ckpt").unlink(missing_ok=True)
+    checkpoint_path(out).unlink(missing_ok=True)
     return info
+
+
+def checkpoint_path(out) -> Path:
+    """Where a head file's training keeps its checkpoint until the file is written: beside it."""
+    return Path(str(out) + ".ckpt")
 
 
 def run_updates(module, optimizer, config, total: int, out, label: str, step, progress: bool = True):
@@ -211,7 +216,7 @@ def run_updates(module, optimizer, config, total: int, out, label: str, step, pr
     -> (updates done, seconds this run took)."""
     import torch
 
-    checkpoint = Path(str(out) + ".ckpt")
+    checkpoint = checkpoint_path(out)
     update = 0
     if checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=True)
