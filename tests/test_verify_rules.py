@@ -243,28 +243,33 @@ def test_several_candidates_fail_the_wrong_rule(mode, wrong):
     assert not ok, (mode, wrong, stat, limit)
 
 
+def draw_tree(p, q, prev: int, mode: str, width: int, depth: int, rng):
+    """A full tree (width children a node, depth levels) drafted from the drafter as `mode` says,
+    with verify_tree's rows: (p rows, the tree, q rows or None for "top")."""
+    tokens, parents, last = [], [], {-1: prev}
+    frontier = [-1]
+    for _ in range(depth):
+        nxt = []
+        for node in frontier:
+            for x in draw_candidates(q[last[node]], width, mode, rng):
+                tokens.append(x)
+                parents.append(node)
+                last[len(tokens) - 1] = x
+                nxt.append(len(tokens) - 1)
+        frontier = nxt
+    states = [prev, *tokens]
+    qr = None if mode == "top" else np.stack([q[t] for t in states])
+    return np.stack([p[t] for t in states]), DraftTree(tuple(tokens), tuple(parents)), qr
+
+
 def tree_step(p, q, mode: str, width: int = 2, depth: int = 2, verify=verify_tree):
-    """Draft a full tree (width children a node, depth levels) from the drafter as `mode` says,
-    verify it with verify_tree on the Markov rows of every node."""
+    """Draft a full tree from the drafter as `mode` says (draw_tree), verify it with verify_tree
+    on the Markov rows of every node."""
 
     def step(prev, rng):
-        tokens, parents, last = [], [], {-1: prev}
-        frontier = [-1]
-        for _ in range(depth):
-            nxt = []
-            for node in frontier:
-                for x in draw_candidates(q[last[node]], width, mode, rng):
-                    tokens.append(x)
-                    parents.append(node)
-                    last[len(tokens) - 1] = x
-                    nxt.append(len(tokens) - 1)
-            frontier = nxt
-        tree = DraftTree(tuple(tokens), tuple(parents))
-        states = [prev, *tokens]
-        pr = np.stack([p[t] for t in states])
-        qr = None if mode == "top" else np.stack([q[t] for t in states])
+        pr, tree, qr = draw_tree(p, q, prev, mode, width, depth, rng)
         path, y = verify(pr, tree, qr, rng, replacement=mode == "with")
-        return [tokens[i] for i in path] + [y]
+        return [tree.tokens[i] for i in path] + [y]
 
     return step
 
@@ -297,6 +302,91 @@ def test_a_tree_keeps_more_than_its_first_chain():
     kept_chain = np.mean([len(chain(V, rng_a)) - 1 for _ in range(4000)])
     kept_tree = np.mean([len(tree(V, rng_b)) - 1 for _ in range(4000)])
     assert kept_tree > kept_chain + 0.1, (kept_chain, kept_tree)
+
+
+# -- what each rule keeps in expectation (the benchmarks' Rao-Blackwellised counts) -------------------
+
+
+@pytest.mark.parametrize("seed", [5, 6, 7])
+def test_expected_kept_is_the_rules_exact_expectation(seed):
+    """Summed over every draft of the Markov toy, expected_kept gives what the enumerations above
+    give: block_step's cuts for block verification, the product of ratios token by token."""
+    p, q = markov(seed)
+    for prev in range(V + 1):
+        by_rule = {"block": 0.0, "token": 0.0}
+        for draft in itertools.product(range(V), repeat=3):
+            pq = np.prod([q[t][x] for t, x in zip([prev, *draft], draft)])
+            if pq:
+                pr, qr = rows(p, prev, list(draft)), rows(q, prev, list(draft))[:3]
+                for rule in by_rule:
+                    by_rule[rule] += pq * S.expected_kept(pr, list(draft), qr, rule)
+        assert by_rule["block"] == pytest.approx(block_expected(p, q, prev, 3), abs=1e-12)
+        assert by_rule["token"] == pytest.approx(tokenwise_expected(p, q, prev, 3), abs=1e-12)
+
+
+def test_expected_kept_matches_the_verifiers_own_counts_and_tells_the_rules_apart():
+    """Against the code itself: on fixed drafts, the mean count of verify_block and of
+    verify_stochastic over 20 000 draws each sits within 4 standard errors of its rule's
+    expected_kept; and the two expectations differ by more than twice that on some draft (so the
+    check would catch one rule's formula standing in for the other's; on one draft block can keep
+    less than token by token, only over the drafts is it never less). One-hot drafts: both rules are
+    token by token, p(x) a token."""
+    rng = np.random.default_rng(11)
+    apart = 0.0
+    for seed in (2, 3):
+        p, q = markov(seed)
+        for _ in range(3):
+            draft, t = [], V
+            for _ in range(3):
+                t = sample(q[t], rng)
+                draft.append(t)
+            pr, qr = rows(p, V, draft), rows(q, V, draft)[:3]
+            for rule, verify in (("block", verify_block), ("token", S.verify_stochastic)):
+                counts = np.array([verify(pr, draft, qr, rng)[0] for _ in range(20_000)])
+                se = counts.std() / np.sqrt(counts.size) + 1e-9
+                assert abs(counts.mean() - S.expected_kept(pr, draft, qr, rule)) < 4 * se, (seed, draft, rule)
+            gap = S.expected_kept(pr, draft, qr, "block") - S.expected_kept(pr, draft, qr, "token")
+            apart = max(apart, abs(gap) / se)
+            one_hot = np.cumprod([pr[i, x] for i, x in enumerate(draft)]).sum()
+            assert S.expected_kept(pr, draft, None, "block") == pytest.approx(one_hot, abs=1e-12)
+    assert apart > 8
+
+
+@pytest.mark.parametrize("mode", ["with", "without", "top"])
+def test_expected_tree_kept_matches_verify_trees_own_counts(mode):
+    """On drafted trees (width 2, depth 2), the mean path verify_tree keeps over 20 000 draws sits
+    within 4 standard errors of expected_tree_kept. Power: for drafts without replacement, the
+    expectation computed as if with replacement is off by more than 8 on some tree."""
+    p, q = markov(5)
+    rng = np.random.default_rng(3)
+    worst_wrong = 0.0
+    for _ in range(4):
+        pr, tree, qr = draw_tree(p, q, V, mode, 2, 2, rng)
+        counts = np.array([len(verify_tree(pr, tree, qr, rng, replacement=mode == "with")[0]) for _ in range(20_000)])
+        se = counts.std() / np.sqrt(counts.size) + 1e-9
+        expected = S.expected_tree_kept(pr, tree, qr, replacement=mode == "with")
+        assert abs(counts.mean() - expected) < 4 * se, (tree, counts.mean(), expected)
+        if mode == "without":
+            worst_wrong = max(worst_wrong, abs(S.expected_tree_kept(pr, tree, qr, True) - counts.mean()) / se)
+    if mode == "without":
+        assert worst_wrong > 8
+
+
+def test_a_chain_is_a_tree_of_width_one_in_expectation_too():
+    """expected_tree_kept of a chain (each node the only child of the one before) is token-by-token
+    expected_kept of the same draft, sampled (q) and fixed (None)."""
+    p, q = markov(8)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        draft, t = [], V
+        for _ in range(4):
+            t = sample(q[t], rng)
+            draft.append(t)
+        pr, qr = rows(p, V, draft), rows(q, V, draft)
+        chain = DraftTree(tuple(draft), tuple(range(-1, 3)))
+        for q_rows in (qr, None):
+            tree = S.expected_tree_kept(pr, chain, q_rows)
+            assert tree == pytest.approx(S.expected_kept(pr, draft, None if q_rows is None else qr[:4], "token"))
 
 
 def test_greedy_tree_verification_follows_the_targets_argmax():

@@ -36,6 +36,8 @@ __all__ = [
     "verify_candidates",
     "verify_tree",
     "verify_tree_greedy",
+    "expected_kept",
+    "expected_tree_kept",
     "DraftTree",
     "VERIFICATION_RULES",
     "draft_token",
@@ -331,18 +333,23 @@ def verify_candidates(
         qx = 1.0 if q_i is None else q_i[x]
         if qx > 0 and rng.random() * qx < r[x]:
             return i, int(x)
-        if q_i is None:
-            r = r.copy()  # r(x) < 1 here (a draw under 1 was not below it), so mass is left
-            r[x] = 0.0
-            r /= r.sum()
-        else:
-            r = residual(r, q_i)
-            if not replacement:
-                q_i = q_i.copy()
-                q_i[x] = 0.0
-                s = q_i.sum()
-                q_i = q_i / s if s > 0 else q_i  # every token drafted: no further candidate can come
+        r, q_i = _rejected(r, q_i, x, replacement)
     return -1, sample(r, rng)
+
+
+def _rejected(r: np.ndarray, q_i: np.ndarray | None, x: int, replacement: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """What is left of p, and the next candidate's q, once candidate x was rejected (verify_candidates)."""
+    if q_i is None:
+        r = r.copy()  # r(x) < 1 here (a draw under 1 was not below it), so mass is left
+        r[x] = 0.0
+        return r / r.sum(), None
+    r = residual(r, q_i)
+    if not replacement:
+        q_i = q_i.copy()
+        q_i[x] = 0.0
+        s = q_i.sum()
+        q_i = q_i / s if s > 0 else q_i  # every token drafted: no further candidate can come
+    return r, q_i
 
 
 @dataclass(frozen=True)
@@ -417,6 +424,61 @@ def verify_tree_greedy(target_logits: np.ndarray, tree: DraftTree) -> tuple[list
         if node is None:
             return path, token
         path.append(node)
+
+
+# -- what a rule keeps in expectation ---------------------------------------------------------------
+# A sampled step's kept count is a draw; its expectation given the draft and p is not. A benchmark
+# that averages these in place of the counts has the same mean with less noise (Rao-Blackwell), and
+# can ask what another rule would have kept of the very same draft (benchmarks/verification_rules.py).
+
+
+def expected_kept(p: np.ndarray, draft_tokens: Sequence[int], q: np.ndarray | None, rule: str = "block") -> float:
+    """The draft tokens verify(..., rule) keeps of this chain, in expectation over its draws. Token
+    by token: the sum over j of prod_{i <= j} min(1, p_i(x_i) / q_i(x_i)). Block: the sum over n of
+    n h[n - 1] prod_{m >= n} (1 - h[m]) (block_weights: prefix n passes, every longer one fails).
+    A one-hot q (None) goes token by token under either rule, as verify does.
+    p [k + 1, vocab], q [k, vocab] or None."""
+    p = np.asarray(p)
+    k = len(draft_tokens)
+    _check_chain(p, k, q)
+    if k == 0:
+        return 0.0
+    if rule == "block" and q is not None:
+        _, h = block_weights(p, draft_tokens, q)  # [k]
+        later = np.append(np.cumprod((1.0 - h)[::-1])[::-1][1:], 1.0)  # [k] later[n - 1] = prod_{m >= n} (1 - h[m])
+        return float(np.sum(np.arange(1, k + 1) * h * later))
+    at = (np.arange(k), list(draft_tokens))
+    px = p[at]  # [k]
+    qx = np.ones(k) if q is None else np.asarray(q)[at]  # [k]
+    ratio = np.minimum(1.0, px / np.where(qx > 0, qx, 1.0)) * (qx > 0)  # [k] q == 0 rejects
+    return float(np.cumprod(ratio).sum())
+
+
+def expected_tree_kept(p: np.ndarray, tree: DraftTree, q: np.ndarray | None, replacement: bool = True) -> float:
+    """The nodes verify_tree keeps of this tree (its accepted path's length), in expectation over
+    its draws: under each node, each child's chance of being the one accepted (min(1, r(x) / q_i(x))
+    once the siblings before it were rejected, verify_candidates' rule) times one plus what its own
+    subtree keeps. p and q as in verify_tree."""
+    p = np.asarray(p)
+    if p.ndim != 2 or p.shape[0] != len(tree.tokens) + 1:
+        raise ValueError(f"p must be [nodes + 1 = {len(tree.tokens) + 1}, vocab], got {p.shape}")
+
+    def kept(node: int) -> float:
+        r = np.asarray(p[node + 1], dtype=np.float64)  # [vocab]
+        q_i = None if q is None else np.asarray(q[node + 1], dtype=np.float64)  # [vocab]
+        total, reach = 0.0, 1.0  # reach: the chance every sibling so far was rejected
+        for child in tree.children(node):
+            x = tree.tokens[child]
+            qx = 1.0 if q_i is None else q_i[x]
+            accept = min(1.0, r[x] / qx) if qx > 0 else 0.0
+            total += reach * accept * (1.0 + kept(child))
+            reach *= 1.0 - accept
+            if reach <= 0.0:
+                break
+            r, q_i = _rejected(r, q_i, x, replacement)
+        return total
+
+    return kept(-1)
 
 
 def position_noise(seed: int, position: int, vocab: int) -> np.ndarray:
