@@ -491,8 +491,15 @@ class CostAwareController:
 
     def _observe_row(self, state: _RowState, out: Outcome) -> None:
         n_drafted = len(out.draft.tokens) if out.draft is not None else 0
-        if out.drafter is self.model and out.drafter is not None and n_drafted:
-            self.model_accept.observe(n_drafted, out.n_accepted, state.model_overlay)
+        if out.drafter is self.model and out.drafter is not None:
+            # The draft model's guesses at the tokens it caught up on (the steps it sat out): each
+            # is the first guess a draft from there would have made, scored for the price of their
+            # logits; else its estimate would learn only while it drafts, and one lowered by a few
+            # misses would keep it out (a probe then scores one guess, not the dozens it skipped).
+            for right in out.draft.evidence.get("caught_up", ()):
+                self.model_accept.observe(1, int(right), state.model_overlay)
+            if n_drafted:
+                self.model_accept.observe(n_drafted, out.n_accepted, state.model_overlay)
         if n_drafted:
             state.tracker = {}  # the draft's own outcome covers the positions after it
         else:

@@ -35,6 +35,7 @@ from .acceptance import K_MAX, MATCH_BUCKETS, MatchAcceptance, agreement
 from .controller import Outcome
 from .costs import CostTable
 from .drafters.base import Draft
+from .drafters.model import CATCH_UP_SCORED
 from .drafters.ngram import NgramDrafter
 
 
@@ -300,10 +301,13 @@ class RecordedDrafter:
             if n < k:  # the first guess the target rejects; what follows it is never looked at
                 right = state["output"][pos + n] if pos + n < len(state["output"]) else 0
                 tokens += [(right + 1) % self.vocab_size] * (k - n)
+            # its guesses at the generated tokens it catches up on (ModelDrafter's "caught_up")
+            first = max(0, state["fed"] + 1 - state["start"], pos - CATCH_UP_SCORED)
+            caught_up = [a == "1" for a in state["agrees"][first:pos]] if k else []
             self.last_cost_rows = (max(1, len(context) - state["fed"]) if k else 0, k)
             state["base"], state["drafted"] = len(context), k
             state["fed"] = len(context) + max(k - 1, 0) if k else state["fed"]
-            drafts[row] = Draft(tokens)
+            drafts[row] = Draft(tokens, evidence={"caught_up": caught_up} if caught_up else {})
         return drafts
 
     def accept(self, n_accepted: Mapping[int, int]) -> None:

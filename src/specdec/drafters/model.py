@@ -4,7 +4,9 @@ The draft model holds a row of its own for each of the engine's rows. It keeps e
 step with the accepted tokens: after a step the row holds the context plus the accepted draft
 tokens it fed itself; the target's correction (or bonus) token, and the last draft token when all
 k were accepted, are fed at the start of the next proposal. A proposal is one forward that catches
-every drafting row up, then one forward per draft position over the rows still drafting.
+every drafting row up, then one forward per draft position over the rows still drafting. On a
+greedy row the catch-up also scores the draft's guesses at the generated tokens it reads (the last
+CATCH_UP_SCORED): `auto` learns the draft model's first-position rate from them while it sits out.
 
 With `width` w > 1 the draft is a tree: at each depth the draft model's own token continues the
 chain and the next w - 1 candidates of the same distribution hang beside it as leaves (its top
@@ -33,11 +35,18 @@ from ..models.base import RowModel, check_same_vocab
 from ..sampling import SamplingParams, draft_token, log_softmax, sample
 from .base import Draft
 
+# A catch-up scores the draft's guesses at no more than this many of the last generated tokens it
+# feeds (each costs a row of logits: on a CPU the output head is a quarter of a small model's work).
+# why: auto's table of the draft model is a moving average that weighs about the last dozen
+# observations (acceptance.Acceptance, costs.EMA), so more would cost without telling it more
+CATCH_UP_SCORED = 16
+
 
 class _Row:
     def __init__(self, params: SamplingParams, rng: np.random.Generator):
         self.model_row: int | None = None  # the draft model's row for this engine row, once made
         self.params, self.rng = params, rng
+        self.prompt_len = 0  # context tokens before the first generated one
         self.fed: list[int] = []  # the tokens in the model row's cache, in order
         self.base = 0  # len(context) at the last propose
         self.drafted = 0  # draft length of the last propose
@@ -59,6 +68,7 @@ class ModelDrafter:
     def begin(self, row: int, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
         self.end([row])
         self._rows[row] = _Row(params, rng)  # its model row is made at its first proposal
+        self._rows[row].prompt_len = len(prompt)
 
     def end(self, rows: Sequence[int]) -> None:
         states = [self._rows.pop(row) for row in rows if row in self._rows]
@@ -87,8 +97,11 @@ class ModelDrafter:
         if not live:
             return drafts
         self._make_rows(live)
-        # 1. catch up: feed every drafting row the context tokens its cache lacks (at least one)
-        keep, feed = {}, {}
+        # 1. catch up: feed every drafting row the context tokens its cache lacks (at least one).
+        # A greedy row also scores the draft's guesses at the generated tokens among them: each is
+        # the first guess a draft from there would have made, kept exactly when it is the target's
+        # token (Draft.evidence "caught_up", read by the controller)
+        keep, feed, scored = {}, {}, {}
         for row, state in live.items():
             context = contexts[row]
             if state.fed == list(context[: len(state.fed)]):  # usual: accept() left a prefix
@@ -98,9 +111,22 @@ class ModelDrafter:
             n = min(n, len(context) - 1)  # always feed >= 1 token, to get its logits
             keep[state.model_row] = n
             feed[state.model_row] = list(context[n:])
+            # rows from the one that reads the last prompt token (it guesses the first generated one)
+            scored[state.model_row] = (
+                min(len(context) - n, len(context) - state.prompt_len + 1, CATCH_UP_SCORED + 1)
+                if state.params.greedy
+                else 1
+            )
             state.fed = list(context)
         model.rollback_rows(keep)
-        logits = model.forward_rows(feed, {r: 1 for r in feed})  # per row [1, vocab]
+        logits = model.forward_rows(feed, {r: max(1, n) for r, n in scored.items()})  # per row [scored, vocab]
+        caught_up = {}
+        for row, state in live.items():
+            rows_logits, tokens = logits[state.model_row], feed[state.model_row]
+            if len(rows_logits) > 1:  # row j guesses the token after its own: the next fed one
+                guesses = np.argmax(rows_logits[:-1], axis=1)  # [scored - 1]
+                caught_up[row] = [bool(g == t) for g, t in zip(guesses, tokens[len(tokens) - len(rows_logits) + 1 :])]
+            logits[state.model_row] = rows_logits[-1:]  # [1, vocab] what the draft continues from
         # 2. one forward per draft position over the rows still drafting; each depth's candidates:
         # the chain's token first, then its siblings, with the draft's probability of each
         levels: dict[int, list[tuple[list[int], list[float], np.ndarray | None]]] = {row: [] for row in live}
@@ -124,10 +150,10 @@ class ModelDrafter:
                 logits = model.forward_rows(feed, {r: 1 for r in feed})
         for row, state in live.items():
             state.drafted = depth[row]  # chain tokens: the depth
-            drafts[row] = self._draft(levels[row])
+            drafts[row] = self._draft(levels[row], {"caught_up": caught_up[row]} if row in caught_up else {})
         return drafts
 
-    def _draft(self, levels) -> Draft:
+    def _draft(self, levels, evidence: dict | None = None) -> Draft:
         """A row's Draft from its depths' candidates: the chain (width 1), every candidate (the
         fishbone), or the `nodes` most probable paths."""
         chosen = self._choose(levels) if self.nodes else [len(c) for c, _, _ in levels]
@@ -143,7 +169,7 @@ class ModelDrafter:
                     q.append(row_q)
             above = len(tokens) - n
         tree = parents if self.width > 1 else None
-        return Draft(tokens, np.stack(q) if q else None, {}, tree)
+        return Draft(tokens, np.stack(q) if q else None, evidence or {}, tree)
 
     def _choose(self, levels) -> list[int]:
         """How many of each depth's candidates the tree keeps: best first by path probability,
