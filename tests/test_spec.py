@@ -177,3 +177,24 @@ def test_early_exit_from_a_spec_on_the_numpy_backend(tmp_path):
     target = load_numpy_model(tmp_path / "tiny.gguf")
     decoder = SpeculativeDecoder.from_spec(target, parse_method("early-exit:1:2"))
     assert isinstance(decoder.drafter, EarlyExitDrafter) and decoder.drafter.n_layers == 1 and decoder.k == 2
+
+
+def test_only_an_early_exit_head_drafts_trees(tmp_path):
+    """An early-exit head file drafts as a draft model, so --draft-width and head:KxW[/N]:FILE give
+    it a tree; a Medusa or prophet head drafts chains and is refused in one line."""
+    from specdec.train import headfile
+
+    files = {}
+    for kind in ("early-exit", "medusa", "prophet"):
+        files[kind] = tmp_path / f"{kind}.head"
+        headfile.save(files[kind], headfile.HeadInfo(kind, "0" * 64, "t", 8, 32, 3, layers=1, blocks=1), {})
+    tree = parse(f"head:{files['early-exit']}", width=2, nodes=3)
+    assert (tree.kind, tree.width, tree.nodes) == ("head", 2, 3)
+    method = parse_method(f"head:4x2/3:{files['early-exit']}")
+    assert (method.k, method.width, method.nodes) == (4, 2, 3)
+    assert parse_method(f"head:4:{files['medusa']}").width == 1
+    for kind in ("medusa", "prophet"):
+        with pytest.raises(SpecdecError, match="early-exit head"):
+            parse(f"head:{files[kind]}", width=2)
+        with pytest.raises(SpecdecError, match="only an early-exit head drafts trees"):
+            parse_method(f"head:4x2:{files[kind]}")

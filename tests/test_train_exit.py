@@ -151,7 +151,7 @@ def _specdec(home, *args):
 
 def test_specdec_train_early_exit_then_draft_with_it(tmp_path):
     """The user's two commands: the head trained on a tiny target, then drafting with it on the
-    NumPy, torch and llama.cpp backends (greedy = plain), alone and inside auto."""
+    NumPy, torch and llama.cpp backends (greedy = plain), alone, as a tree and inside auto."""
     home = tmp_path / "home"
     target = tmp_path / "tiny-qwen2.gguf"
     write_tiny_gguf(target, "qwen2", seed=3, n_layer=3, n_ctx=1024)
@@ -174,11 +174,26 @@ def test_specdec_train_early_exit_then_draft_with_it(tmp_path):
         plain = _specdec(home, *common, "-p", "the cat", "--draft", "none")
         spec = _specdec(home, *common, "-p", "the cat", "--draft", f"head:{out}", "-k", "3")
         auto = _specdec(home, *common, "-p", "the cat", "--draft", "auto", "--draft-model", f"head:{out}")
-        for r in (plain, spec, auto):
+        tree = _specdec(
+            home,
+            *common,
+            "-p",
+            "the cat",
+            "--draft",
+            f"head:{out}",
+            "-k",
+            "3",
+            "--draft-width",
+            "2",
+            "--draft-nodes",
+            "4",
+        )  # it drafts as a draft model: a tree too
+        for r in (plain, spec, auto, tree):
             assert r.returncode == 0, r.stderr
         got = json.loads(spec.stdout)
         assert got["tokens"] == json.loads(plain.stdout)["tokens"] == json.loads(auto.stdout)["tokens"], backend
-        assert got["stats"]["drafted"] > 0
+        assert json.loads(tree.stdout)["tokens"] == got["tokens"], backend
+        assert got["stats"]["drafted"] > 0 and json.loads(tree.stdout)["stats"]["drafted"] > 0
     # bad kinds, too many layers, a head for another target
     other = tmp_path / "other.gguf"
     write_tiny_gguf(other, "qwen2", seed=5, n_layer=3)
