@@ -35,7 +35,7 @@ from .acceptance import K_MAX, MATCH_BUCKETS, MatchAcceptance, agreement
 from .controller import Outcome
 from .costs import CostTable
 from .drafters.base import Draft
-from .drafters.model import CATCH_UP_SCORED
+from .drafters.model import CATCH_UP_MIN, CATCH_UP_SCORED
 from .drafters.ngram import NgramDrafter
 
 
@@ -303,7 +303,8 @@ class RecordedDrafter:
                 tokens += [(right + 1) % self.vocab_size] * (k - n)
             # its guesses at the generated tokens it catches up on (ModelDrafter's "caught_up")
             first = max(0, state["fed"] + 1 - state["start"], pos - CATCH_UP_SCORED)
-            caught_up = [a == "1" for a in state["agrees"][first:pos]] if k else []
+            sat_out = k and len(context) - state["fed"] > CATCH_UP_MIN
+            caught_up = [a == "1" for a in state["agrees"][first:pos]] if sat_out else []
             self.last_cost_rows = (max(1, len(context) - state["fed"]) if k else 0, k)
             state["base"], state["drafted"] = len(context), k
             state["fed"] = len(context) + max(k - 1, 0) if k else state["fed"]

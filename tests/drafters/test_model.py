@@ -10,7 +10,7 @@ import pytest
 from specdec.acceptance import DRAFT_PRIOR
 from specdec.controller import CostAwareController, Outcome
 from specdec.drafters.base import Draft
-from specdec.drafters.model import CATCH_UP_SCORED, ModelDrafter
+from specdec.drafters.model import CATCH_UP_MIN, CATCH_UP_SCORED, ModelDrafter
 from specdec.replay import RecordedDrafter, draft_run
 from specdec.sampling import SamplingParams
 
@@ -46,15 +46,18 @@ def test_a_catch_up_scores_the_guesses_at_the_generated_tokens_it_sat_out():
     second = drafter.propose({0: context}, {0: 2})[0]
     assert second.evidence["caught_up"] == agreement(draft, context, base + 1)
     assert len(second.evidence["caught_up"]) == 4
-    # drafting on without a pause (its last draft token kept): one guess, the token after it
+    # drafting on without a pause (its last draft token and the bonus to read): nothing scored, its
+    # drafts' own outcomes tell (CATCH_UP_MIN); nor after a rejection (the correction alone)
     drafter.accept({0: 2})
-    base = len(context)
     context = context + second.tokens + [greedy_guess(draft, context + second.tokens, len(context) + 2)]
     third = drafter.propose({0: context}, {0: 1})[0]
-    assert third.evidence["caught_up"] == agreement(draft, context, base + 2) == [True]
+    assert "caught_up" not in third.evidence and CATCH_UP_MIN >= 2
+    drafter.accept({0: 0})
+    context = context + [(third.tokens[0] + 1) % 32]
+    assert "caught_up" not in drafter.propose({0: context}, {0: 1})[0].evidence
     # a long plain stretch: only the last CATCH_UP_SCORED guesses are scored (a row of logits each)
     drafter.accept({0: 0})
-    context = context + [(third.tokens[0] + 1) % 32] + [int(t) for t in rng.integers(3, 32, 30)]
+    context = context + [int(t) for t in rng.integers(3, 32, 30)]
     fourth = drafter.propose({0: context}, {0: 1})[0]
     assert fourth.evidence["caught_up"] == agreement(draft, context, len(context) - CATCH_UP_SCORED)
 
