@@ -1,14 +1,29 @@
-"""Block verification against token-by-token verification on the real models: the draft model's
-sampled chains, the same prompts and seeds under each rule, the rules alternating batch by batch.
-Prints, per rule, tokens per target step (all tokens over all steps, with its standard error over
-the rows), acceptance by draft position, and wall-clock tokens/s (only alone on the machine does
-that mean anything).
+"""Verification rules and draft shapes at temperature > 0 on the real models: the draft model's
+sampled chains under block and token-by-token verification, and its sampled trees, the same prompts
+and seeds for every arm, the arms taking turns batch by batch.
 
-    python benchmarks/verification_rules.py --suite benchmarks/dev-prompts.jsonl --per-category 2 \
-        -n 128 -k 4 --temperature 1 --batch 4 --seed 5
+    python benchmarks/verification_rules.py --suite benchmarks/dev-prompts.jsonl --per-category 2 \\
+        -n 128 --methods draft:4 --temperature 1 --batch 4 --seed 5
+    python benchmarks/verification_rules.py --methods draft:8 draft:8x2/8 --rules block --seeds 3
+
+Per arm (a method, and for a chain a rule) it prints tokens per target step two ways, each with its
+standard error over the rows:
+- counted: the tokens the steps emitted;
+- expected: one plus what the rule keeps of each step's draft in expectation over its uniform draws
+  (sampling.expected_kept, expected_tree_kept). Same mean, less noise: the draws' luck is gone, the
+  drafts' and the text's remain (a Rao-Blackwellised count; it ignores the cut at end-of-generation
+  and at -n, so it reads a little above the counted one).
+For a chain it also prints what block and token-by-token verification keep of the SAME drafts
+(block / token, expected tokens per step, with the paired standard error): the comparison the
+rules' own runs can only make through two samples of text. Every arm is also set against the first
+on the same prompts and seeds (the geometric mean of the rows' ratios of expected tokens per step,
+with its standard error): each arm samples its own text, but the prompts' own spread is gone.
+Wall-clock tokens/s leaves out the expectations' own time, and means something only alone on the
+machine.
 
 Both rules sample the target exactly (tests/test_verify_rules.py); block verification keeps at
-least as many tokens in expectation (Sun et al. 2025, arXiv:2403.10444).
+least as many tokens in expectation over the drafts (Sun et al. 2025, arXiv:2403.10444), though
+not on every single draft.
 """
 
 from __future__ import annotations
@@ -18,11 +33,70 @@ import math
 import time
 from pathlib import Path
 
+import specdec.engine as engine
 from specdec import GenerationConfig, SpeculativeDecoder, load_model
 from specdec.bench import load_suite, prompt_text
 from specdec.drafters import model_drafter
-from specdec.sampling import VERIFICATION_RULES
+from specdec.sampling import VERIFICATION_RULES, expected_kept, expected_tree_kept, logits_to_probs
 from specdec.spec import parse_method
+
+
+class Expectations:
+    """Wraps the engine's sampled verifiers (engine.verify, engine.verify_tree): every step, before
+    the rule runs, it adds what each chain rule keeps of that draft in expectation (or what the tree
+    rule keeps of a tree) to the row's sums. A row is known by its random stream (one per request)."""
+
+    def __init__(self):
+        # id(rng) -> sums over the row's steps: "steps"; each chain rule's expected kept ("block",
+        # "token"); and that of the rule the step used ("used": a tree's, or the chain's rule)
+        self.rows: dict[int, dict[str, float]] = {}
+        self.seconds = 0.0  # spent here, not in decoding
+        self._verify, self._verify_tree = engine.verify, engine.verify_tree
+
+    def __enter__(self) -> "Expectations":
+        engine.verify, engine.verify_tree = self.verify, self.verify_tree
+        return self
+
+    def __exit__(self, *exc) -> None:
+        engine.verify, engine.verify_tree = self._verify, self._verify_tree
+
+    def _row(self, rng) -> dict[str, float]:
+        return self.rows.setdefault(id(rng), {"block": 0.0, "token": 0.0, "used": 0.0, "steps": 0})
+
+    def verify(self, logits, draft, q, params, rng, rule="block"):
+        if not params.greedy:
+            t = time.perf_counter()
+            row = self._row(rng)
+            row["steps"] += 1
+            if len(draft):
+                p = logits_to_probs(logits, params)  # [k + 1, vocab]
+                kept = {name: expected_kept(p, draft, q, name) for name in VERIFICATION_RULES}
+                for name, value in kept.items():
+                    row[name] += value
+                row["used"] += kept[rule if q is not None else "token"]  # one-hot: token by token (verify)
+            self.seconds += time.perf_counter() - t
+        return self._verify(logits, draft, q, params, rng, rule)
+
+    def verify_tree(self, p, tree, q, rng, replacement=True):
+        t = time.perf_counter()
+        row = self._row(rng)
+        row["steps"] += 1
+        row["used"] += expected_tree_kept(p, tree, q, replacement)
+        self.seconds += time.perf_counter() - t
+        return self._verify_tree(p, tree, q, rng, replacement)
+
+    def take(self) -> list[dict[str, float]]:
+        """The rows' sums so far (one batch's), and a fresh start."""
+        rows, self.rows = list(self.rows.values()), {}
+        return rows
+
+
+def ratio(pairs: list[tuple[float, float]]) -> tuple[float, float]:
+    """sum(a) / sum(b) over rows and the ratio estimator's standard error over them:
+    sqrt(sum (a_i - R b_i)^2 / (m (m - 1))) / mean(b)."""
+    a, b = (sum(col) for col in zip(*pairs))
+    r, m = a / b, len(pairs)
+    return r, math.sqrt(sum((ai - r * bi) ** 2 for ai, bi in pairs) / (m * max(1, m - 1))) / (b / m)
 
 
 def main() -> None:
@@ -32,58 +106,96 @@ def main() -> None:
     ap.add_argument("--suite", default="benchmarks/dev-prompts.jsonl")
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
-    ap.add_argument("-k", type=int, default=4, help="draft tokens a step")
+    ap.add_argument(
+        "--methods", nargs="+", default=["draft:4"], help="draft-model methods: draft:K chains, draft:KxW[/N] trees"
+    )
+    ap.add_argument("--rules", nargs="+", default=list(VERIFICATION_RULES), choices=VERIFICATION_RULES)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--batch", type=int, default=4, help="rows generated together")
     ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--seeds", type=int, default=1, help="runs of every prompt, each with its own seed")
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
+    if not args.temperature > 0:
+        ap.error("--temperature must be above 0: greedy verification keeps the same tokens under every rule")
+    specs = {m: parse_method(m) for m in args.methods}
+    for m, spec in specs.items():
+        if spec.kind != "model":
+            ap.error(f"--methods takes draft-model methods (draft:K, draft:KxW[/N]), got {m!r}")
+    # a chain under each rule; a tree has its own rule (verify_tree)
+    arms = [(m, rule) for m in args.methods for rule in (args.rules if specs[m].width <= 1 else ["tree"])]
 
     target = load_model(args.target, threads=args.threads, max_rows=args.batch)
     draft = load_model(args.draft, threads=args.threads, max_rows=args.batch)
     drafter = model_drafter(draft, target, None)
     items = load_suite(Path(args.suite), per_category=args.per_category)
     texts = [prompt_text(target, item) for item in items]
-    rows = {rule: [] for rule in VERIFICATION_RULES}  # (tokens, target steps) of each row
-    by_position = {rule: [[0, 0] for _ in range(args.k)] for rule in VERIFICATION_RULES}  # [kept, drafted]
-    tokens, seconds = dict.fromkeys(VERIFICATION_RULES, 0), dict.fromkeys(VERIFICATION_RULES, 0.0)
-    for b, start in enumerate(range(0, len(texts), args.batch)):
-        batch = texts[start : start + args.batch]
-        order = VERIFICATION_RULES if b % 2 == 0 else VERIFICATION_RULES[::-1]  # alternate who goes first
-        for rule in order:
-            decoder = SpeculativeDecoder.from_spec(target, parse_method(f"draft:{args.k}"), draft=drafter)
-            config = GenerationConfig(
-                max_new_tokens=args.max_tokens,
-                temperature=args.temperature,
-                top_p=args.top_p,
-                chat=False,
-                verification=rule,
-            )
-            t = time.perf_counter()
-            results = decoder.generate_batch(batch, config, seed=args.seed + start)
-            seconds[rule] += time.perf_counter() - t
-            for r in results:
-                s = r.stats
-                tokens[rule] += s.generated_tokens
-                rows[rule].append((s.generated_tokens, s.steps))
-                for i in range(min(args.k, len(s.drafted_at))):
-                    by_position[rule][i][0] += s.accepted_at[i]
-                    by_position[rule][i][1] += s.drafted_at[i]
-        print(f"batch {b + 1}: done", flush=True)
+    counted = {arm: [] for arm in arms}  # per row: (tokens, steps)
+    expected = {arm: [] for arm in arms}  # per row: Expectations' sums
+    by_position = {arm: [] for arm in arms}  # [position] [kept, drafted]
+    tokens, seconds = dict.fromkeys(arms, 0), dict.fromkeys(arms, 0.0)
+    batches = [(s, j) for j in range(args.seeds) for s in range(0, len(texts), args.batch)]
+    with Expectations() as expectations:
+        for b, (start, j) in enumerate(batches):
+            batch = texts[start : start + args.batch]
+            for arm in arms if b % 2 == 0 else arms[::-1]:  # alternate who goes first
+                method, rule = arm
+                decoder = SpeculativeDecoder.from_spec(target, specs[method], draft=drafter)
+                config = GenerationConfig(
+                    max_new_tokens=args.max_tokens,
+                    temperature=args.temperature,
+                    top_p=args.top_p,
+                    chat=False,
+                    verification="block" if rule == "tree" else rule,
+                )
+                spent, t = expectations.seconds, time.perf_counter()
+                results = decoder.generate_batch(batch, config, seed=args.seed + start + 1000 * j)
+                seconds[arm] += time.perf_counter() - t - (expectations.seconds - spent)
+                sums = expectations.take()  # in the order the rows first verified: the prompts'
+                if [e["steps"] for e in sums] != [r.stats.steps for r in results]:
+                    raise SystemExit("a row's verified steps differ from its own count: the rows are out of step")
+                expected[arm] += sums
+                for r in results:
+                    s = r.stats
+                    tokens[arm] += s.generated_tokens
+                    counted[arm].append((s.generated_tokens, s.steps))
+                    while len(by_position[arm]) < len(s.drafted_at):
+                        by_position[arm].append([0, 0])
+                    for i, (a, d) in enumerate(zip(s.accepted_at, s.drafted_at)):
+                        by_position[arm][i][0] += a
+                        by_position[arm][i][1] += d
+            print(f"batch {b + 1} of {len(batches)}: done", flush=True)
     print(
-        f"\n{args.target} <- {args.draft}, k {args.k}, temperature {args.temperature}, top-p {args.top_p}, "
-        f"{len(texts)} prompts, -n {args.max_tokens}, batches of {args.batch}, seed {args.seed}"
+        f"\n{args.target} <- {args.draft}, temperature {args.temperature}, top-p {args.top_p}, {len(texts)} prompts "
+        f"x {args.seeds} seeds, -n {args.max_tokens}, batches of {args.batch}, seed {args.seed}"
     )
-    print("| rule | tokens per target step | steps | acceptance by draft position | tokens/s (wall) |")
-    print("|---|---|---|---|---|")
-    for rule in VERIFICATION_RULES:
-        t, n = (sum(col) for col in zip(*rows[rule]))
-        ratio, m = t / n, len(rows[rule])
-        # the ratio estimator's standard error over rows: sqrt(sum (t_i - R n_i)^2 / (m (m - 1))) / mean n
-        se = math.sqrt(sum((ti - ratio * ni) ** 2 for ti, ni in rows[rule]) / (m * max(1, m - 1))) / (n / m)
-        acc = " ".join(f"{a / d:.2f}" if d else "-" for a, d in by_position[rule])
-        print(f"| {rule} | {ratio:.3f} +- {se:.3f} | {n} | {acc} | {tokens[rule] / seconds[rule]:.1f} |")
+    print(
+        "| method | rule | steps | tokens per step, counted | expected | block / token, same drafts "
+        f"| expected over {arms[0][0]} {arms[0][1]}, same prompts | acceptance by draft position | tokens/s (wall) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    per_row = {arm: [(e["steps"] + e["used"]) / e["steps"] for e in expected[arm]] for arm in arms}
+    for arm in arms:
+        method, rule = arm
+        by_count, se_c = ratio(counted[arm])
+        by_rule, se_e = ratio([(e["steps"] + e["used"], e["steps"]) for e in expected[arm]])
+        paired = "-"
+        if rule != "tree":
+            r, se = ratio([(e["steps"] + e["block"], e["steps"] + e["token"]) for e in expected[arm]])
+            paired = f"{r:.3f} +- {se:.3f}"
+        # the same prompt and seed under this arm and the first: the geometric mean of the rows'
+        # ratios, with its standard error (over rows, on the log scale)
+        logs = [math.log(x / y) for x, y in zip(per_row[arm], per_row[arms[0]])]
+        mean = sum(logs) / len(logs)
+        se_log = math.sqrt(sum((x - mean) ** 2 for x in logs) / max(1, len(logs) - 1) / len(logs))
+        versus = f"{math.exp(mean):.3f} +- {math.exp(mean) * se_log:.3f}" if arm != arms[0] else "1"
+        acc = " ".join(f"{a / d:.2f}" if d else "-" for a, d in by_position[arm][:8])
+        steps = sum(n for _, n in counted[arm])
+        print(
+            f"| {method} | {rule} | {steps} | {by_count:.3f} +- {se_c:.3f} | {by_rule:.3f} +- {se_e:.3f} | {paired} "
+            f"| {versus} | {acc} | {tokens[arm] / seconds[arm]:.1f} |"
+        )
 
 
 if __name__ == "__main__":
