@@ -4,9 +4,9 @@ The draft model holds a row of its own for each of the engine's rows. It keeps e
 step with the accepted tokens: after a step the row holds the context plus the accepted draft
 tokens it fed itself; the target's correction (or bonus) token, and the last draft token when all
 k were accepted, are fed at the start of the next proposal. A proposal is one forward that catches
-every drafting row up, then one forward per draft position over the rows still drafting. After steps it sat
-out, a greedy row's catch-up also scores the draft's guesses at the generated tokens it reads (the
-last CATCH_UP_SCORED): `auto` learns the draft model's first-position rate from them.
+every drafting row up, then one forward per draft position over the rows still drafting. After
+steps it sat out, a greedy row's catch-up also scores the draft's guesses at the generated tokens
+it reads (the last CATCH_UP_SCORED): `auto` learns the draft model's first-position rate from them.
 
 With `width` w > 1 the draft is a tree: at each depth the draft model's own token continues the
 chain and the next w - 1 candidates of the same distribution hang beside it as leaves (its top
