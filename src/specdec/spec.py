@@ -167,26 +167,30 @@ def parse_method(method: str) -> DraftSpec | None:
             if int(layers) >= 1 and int(k) >= 1:
                 return DraftSpec("early-exit", k=int(k), layers=int(layers))
         elif head == "head":  # head:K:FILE; an early-exit head's tree, head:KxW[/N]:FILE
-            k, _, path = rest.partition(":")
-            k, x, shape = k.partition("x")
-            width, slash, nodes = shape.partition("/")
-            width, nodes = (int(width), int(nodes) if slash else 0) if x else (1, 0)
-            if int(k) >= 1 and path and width >= 1 and (not slash or (nodes >= 1 and width >= 2)):
-                spec = DraftSpec("head", k=int(k), head=path, width=width, nodes=nodes)
+            shape, _, path = rest.partition(":")
+            if (kwn := _shape(shape)) and path:
+                k, width, nodes = kwn
+                spec = DraftSpec("head", k=k, head=path, width=width, nodes=nodes)
                 if width > 1 and not _drafts_as_model(spec):
                     raise SpecdecError(f"{method}: only an early-exit head drafts trees (a trained head drafts chains)")
                 return spec
         elif head in ("draft", "ngram", "suffix") and rest.isdigit() and int(rest) >= 1:
             return DraftSpec("model" if head == "draft" else head, k=int(rest))
-        elif head in ("draft", "suffix") and "x" in rest:  # KxW, or KxW/N (the N most probable nodes)
-            k, _, shape = rest.partition("x")
-            width, slash, nodes = shape.partition("/")
-            if int(k) >= 1 and int(width) >= 1 and (not slash or (int(nodes) >= 1 and int(width) >= 2)):
-                kind = "model" if head == "draft" else "suffix"
-                return DraftSpec(kind, k=int(k), width=int(width), nodes=int(nodes) if slash else 0)
+        elif head in ("draft", "suffix") and "x" in rest and (kwn := _shape(rest)):
+            k, width, nodes = kwn
+            return DraftSpec("model" if head == "draft" else "suffix", k=k, width=width, nodes=nodes)
     except ValueError:
         pass
     return None
+
+
+def _shape(text: str) -> tuple[int, int, int] | None:
+    """A method's draft shape, K, KxW or KxW/N (a tree of the N most probable nodes) -> (k, width,
+    nodes); None where a number is out of range (ValueError where one is not a number)."""
+    k, x, shape = text.partition("x")
+    width, slash, nodes = shape.partition("/") if x else ("1", "", "")
+    k, width, nodes = int(k), int(width), int(nodes) if slash else 0
+    return (k, width, nodes) if k >= 1 and width >= 1 and (not slash or (nodes >= 1 and width >= 2)) else None
 
 
 def auto_drafters(target, draft_model=None, suffix=None, wants_suffix: bool = AUTO_SUFFIX) -> tuple:
