@@ -73,7 +73,7 @@ class Expectations:
                 kept = {name: expected_kept(p, draft, q, name) for name in VERIFICATION_RULES}
                 for name, value in kept.items():
                     row[name] += value
-                row["used"] += kept[rule if q is not None else "token"]  # one-hot: token by token (verify)
+                row["used"] += kept[rule]  # (a one-hot draft: both rules keep the same, as verify does)
             self.seconds += time.perf_counter() - t
         return self._verify(logits, draft, q, params, rng, rule)
 
