@@ -94,3 +94,47 @@ def test_a_sure_draft_stops_drafting_at_the_budget():
     assert draft.parents == [-1, 0, 1]  # a chain of 3
     assert drafter._rows[0].drafted == 3  # not 8
     assert len(sure.forward_calls) == 3  # catch-up, then depths 1 and 2 fed (the third is not)
+
+
+def _first_tokens(shape, trials: int = 20_000) -> np.ndarray:
+    """How often a sampled tree of two depths (two candidates each, a budget of two nodes) emits
+    each token first, drafting [0.5, 0.3, 0.2] against p = [0.1, 0.6, 0.3] (then [0.5, 0.5, 0] and a flat p
+    below), verified by the engine's rule; `shape` gives the probabilities the tree is shaped by."""
+    from specdec.drafters import model
+    from specdec.engine import _by_parent
+    from specdec.sampling import DraftTree, sample, verify_tree
+
+    q0, q1 = np.array([0.5, 0.3, 0.2]), np.array([0.5, 0.5, 0.0])
+    p = np.array([[0.1, 0.6, 0.3], *[[1 / 3] * 3] * 2])  # [nodes + 1, vocab]
+    drafter, rng, counts = chooser(2), np.random.default_rng(0), np.zeros(3)
+    for _ in range(trials):
+        levels = []
+        for q in (q0, q1):
+            first = sample(q, rng)
+            candidates = [first, *model.siblings(q, first, q, 1, rng)]
+            levels.append((candidates, shape(q, q, candidates), q))
+        draft = drafter._draft(levels)
+        tree = DraftTree(tuple(draft.tokens), tuple(draft.parents))
+        path, after = verify_tree(p, tree, _by_parent(draft.q, tree, p.shape), rng, replacement=False)
+        counts[draft.tokens[path[0]] if path else after] += 1
+    return counts
+
+
+def test_a_sampled_trees_shape_never_reads_a_candidates_own_draw():
+    """Which candidates a sampled tree keeps may depend on what came before each (earlier draws,
+    ancestors), not on its own drawn q: the first token then follows p. Power: shaped by each
+    draw's own q, the second candidate is kept only when it is likely, and the output is off by
+    tens of standard errors."""
+    from specdec.drafters.model import shaping_probs
+
+    from ..test_sampling import chi2_statistic, chi2_threshold
+
+    want = np.array([0.1, 0.6, 0.3]) * 20_000
+    chi2, df = chi2_statistic(_first_tokens(shaping_probs), want)
+    assert chi2 < chi2_threshold(df), chi2
+
+    def own_draw(logits, q, tokens):
+        return [float(q[t]) for t in tokens]
+
+    chi2, df = chi2_statistic(_first_tokens(own_draw), want)
+    assert chi2 > 10 * chi2_threshold(df), chi2

@@ -16,9 +16,10 @@ tokens a depth in the same forward (tree attention, models' forward_tree_rows).
 
 With `nodes` n as well, the tree is shaped by the draft's own confidence (EAGLE-2's idea, on the
 chain the draft model drafts): of the k x w candidates, the n whose paths the draft finds most
-probable (the product of its probabilities from the root; q when sampled, the softmax of its logits
-when greedy). Width goes where the draft is unsure and depth where it is sure, and a tree of n
-nodes scores as many tokens as a chain of n. The chain stops early once no deeper node could be
+probable (the product of its probabilities from the root: the softmax of its logits when greedy;
+when sampled, each draw's expected q given the draws before it, never its own, which would bias
+the output: shaping_probs). Width goes where the draft is unsure and depth where it is sure, and a
+tree of n nodes scores as many tokens as a chain of n. The chain stops early once no deeper node could be
 chosen. Which nodes are kept depends on the draft alone, and a depth's siblings are kept in the
 order they were drawn (a sibling only after the chain's token and the siblings drawn before it),
 so sampled trees keep the rule of verify_tree exact.
@@ -143,8 +144,8 @@ class ModelDrafter:
                     continue
                 row_logits = logits[state.model_row][0]
                 token, row_q = draft_token(row_logits, state.params, state.rng)
-                candidates = [token, *self._siblings(row_logits, token, row_q, state)]
-                probs = self._probs(row_logits, row_q, candidates) if self.nodes else []  # shaped trees only
+                candidates = [token, *siblings(row_logits, token, row_q, self.width - 1, state.rng)]
+                probs = shaping_probs(row_logits, row_q, candidates) if self.nodes else []  # shaped trees only
                 levels[row].append((candidates, probs, row_q))
                 if self.nodes and self._settled(levels[row]):
                     depth[row] = i + 1  # no deeper node could be chosen: the chain ends here
@@ -203,35 +204,6 @@ class ModelDrafter:
             path *= probs[0]
         return sum(v >= path for v in values) >= self.nodes
 
-    @staticmethod
-    def _probs(logits: np.ndarray, q: np.ndarray | None, tokens: list[int]) -> list[float]:
-        """The draft's probability of each token: q when sampled, else the softmax of its logits."""
-        if q is not None:
-            return [float(q[t]) for t in tokens]
-        logp = log_softmax(logits)
-        return [float(np.exp(logp[t])) for t in tokens]
-
-    def _siblings(self, logits: np.ndarray, token: int, q: np.ndarray | None, state: _Row) -> list[int]:
-        """The width - 1 candidates after `token` at one depth: the next best by the draft's logits
-        when greedy (q None), else draws from q without replacement."""
-        if self.width == 1:
-            return []
-        if q is None:
-            n = min(self.width, len(logits) - 1)
-            best = np.argpartition(-logits, n)[: n + 1]
-            best = best[np.lexsort((best, -logits[best]))]  # best first; ties by id
-            return [int(t) for t in best if int(t) != token][: self.width - 1]
-        rest, out = q.astype(np.float64), []
-        rest[token] = 0.0
-        for _ in range(self.width - 1):
-            mass = rest.sum()
-            if mass <= 0:
-                break
-            t = sample(rest / mass, state.rng)
-            out.append(t)
-            rest[t] = 0.0
-        return out
-
     def accept(self, n_accepted: Mapping[int, int]) -> None:
         # Keep the context and the accepted draft tokens that were fed; drop the rejected ones.
         keep = {}
@@ -245,3 +217,47 @@ class ModelDrafter:
                 keep[state.model_row] = k
         if keep:
             self.model.rollback_rows(keep)
+
+
+def siblings(logits: np.ndarray, token: int, q: np.ndarray | None, n: int, rng: np.random.Generator) -> list[int]:
+    """Up to n more candidates for the position where `token` was drafted from `logits` [vocab]:
+    the next best by the logits when greedy (q None; ties by id), else further draws from q
+    without replacement, in the order drawn (sampling.verify_tree's rule for siblings)."""
+    if n <= 0:
+        return []
+    if q is None:
+        m = min(n + 1, len(logits) - 1)
+        best = np.argpartition(-logits, m)[: m + 1]
+        best = best[np.lexsort((best, -logits[best]))]  # best first; ties by id
+        return [int(t) for t in best if int(t) != token][:n]
+    rest, out = q.astype(np.float64), []
+    rest[token] = 0.0
+    for _ in range(n):
+        mass = rest.sum()
+        if mass <= 0:
+            break
+        t = sample(rest / mass, rng)
+        out.append(t)
+        rest[t] = 0.0
+    return out
+
+
+def shaping_probs(logits: np.ndarray, q: np.ndarray | None, tokens: list[int]) -> list[float]:
+    """The probability a tree is shaped by, for each of one position's candidates (`tokens`, in
+    the order drafted). Greedy (q None): the softmax of the logits at it; the candidates are fixed,
+    so any shape keeps greedy exact. Sampled: the expected q of that draw given the draws before it,
+    sum_x q'(x) q(x) with q' = q without them renormalised, never its own q: a candidate kept or not
+    by its own drawn value leaves the rejection rule no longer exact (drawn [0.5, 0.3, 0.2] against
+    p = [0.1, 0.6, 0.3], a second candidate kept only where q > 0.25 emits token 1 with 0.66, not
+    0.6). What came before it (earlier draws, its ancestors, other branches) may shape the tree."""
+    if q is None:
+        logp = log_softmax(logits)
+        return [float(np.exp(logp[t])) for t in tokens]
+    q = q.astype(np.float64)
+    square, drawn, drawn_square, out = float(np.dot(q, q)), 0.0, 0.0, []
+    for t in tokens:
+        rest = 1.0 - drawn
+        out.append((square - drawn_square) / rest if rest > 1e-12 else 0.0)
+        drawn += q[t]
+        drawn_square += q[t] ** 2
+    return out
