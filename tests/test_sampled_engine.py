@@ -358,12 +358,13 @@ def test_early_exit_samples_the_target_on_the_numpy_backend(tmp_path):
     assert chi2 > 3 * chi2_max and tv > tv_max, (chi2, chi2_max, tv, tv_max)
 
 
-@pytest.mark.parametrize("kind", ["medusa", "prophet", "early-exit"])
+@pytest.mark.parametrize("kind", ["medusa", "prophet", "early-exit", "medusa tree", "prophet tree"])
 def test_a_trained_head_samples_the_target(tmp_path, kind, monkeypatch):
     """A head drafts from the target's hidden states with its own q over a draft vocabulary (q is 0
     outside it): the same tiny GPT-2 and harness as early exit above, with a random head file of
     each kind (early-exit: the draft model built from the target's first layer and the head's
-    block). Power: the broken residual fails it."""
+    block), and Medusa's and the prophet's trees shaped by their paths' probabilities (siblings
+    drawn without replacement). Power: the broken residual fails it."""
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
     from specdec.models.numpy_ref import load_numpy_model
     from specdec.spec import parse
@@ -374,21 +375,25 @@ def test_a_trained_head_samples_the_target(tmp_path, kind, monkeypatch):
     path = tmp_path / "tiny-gpt2-4.gguf"
     write_tiny_gguf(path, "gpt2", seed=3, n_layer=4)
     target = load_numpy_model(path)
-    head = random_head(target, kind, tmp_path / f"{kind}.head", vocab=200)
+    head_kind, _, tree = kind.partition(" ")
+    head = random_head(target, head_kind, tmp_path / f"{head_kind}.head", vocab=200)
     prompt = target.tokenizer.encode("the cat in a hat", add_special=False)
     config = GenerationConfig(max_new_tokens=TORCH_N, chat=False, temperature=3.0, top_k=3)
     expected = exact_outcomes(target, prompt, config.sampling, TORCH_N)
+    shape = {"width": 3, "nodes": 5} if tree else {}
 
     def run() -> Counter:
-        decoder = SpeculativeDecoder.from_spec(target, parse(f"head:{head}", k=TORCH_N - 1))
+        decoder = SpeculativeDecoder.from_spec(target, parse(f"head:{head}", k=TORCH_N - 1, **shape))
         return sampled_outcomes(decoder, prompt, config, EARLY_ROWS, per_batch=500, seed=0)
 
-    kept = SpeculativeDecoder.from_spec(target, parse(f"head:{head}", k=3)).generate_batch([prompt] * 50, config)
+    kept = SpeculativeDecoder.from_spec(target, parse(f"head:{head}", k=3, **shape)).generate_batch(
+        [prompt] * 50, config
+    )
     assert sum(r.stats.accepted for r in kept) > 0  # its drafts are kept, not only rejected
     counts = run()
     chi2, chi2_max, tv, tv_max = distance(counts, expected, rows=EARLY_ROWS)
     assert chi2 < chi2_max and tv < tv_max, (chi2, chi2_max, tv, tv_max)
-    if kind in ("medusa", "early-exit"):
+    if kind in ("medusa", "early-exit", "medusa tree"):
         with pytest.MonkeyPatch.context() as patch:
             break_residuals(patch)
             chi2, chi2_max, tv, tv_max = distance(run(), expected, rows=EARLY_ROWS)

@@ -179,9 +179,9 @@ def test_early_exit_from_a_spec_on_the_numpy_backend(tmp_path):
     assert isinstance(decoder.drafter, EarlyExitDrafter) and decoder.drafter.n_layers == 1 and decoder.k == 2
 
 
-def test_only_an_early_exit_head_drafts_trees(tmp_path):
-    """An early-exit head file drafts as a draft model, so --draft-width and head:KxW[/N]:FILE give
-    it a tree; a Medusa or prophet head drafts chains and is refused in one line."""
+def test_every_head_drafts_trees(tmp_path):
+    """--draft-width / --draft-nodes and head:KxW[/N]:FILE give any head file a tree shape (an
+    early-exit head drafts it as a draft model, a Medusa or prophet head from its own heads)."""
     from specdec.train import headfile
 
     files = {}
@@ -194,7 +194,7 @@ def test_only_an_early_exit_head_drafts_trees(tmp_path):
     assert (method.k, method.width, method.nodes) == (4, 2, 3)
     assert parse_method(f"head:4:{files['medusa']}").width == 1
     for kind in ("medusa", "prophet"):
-        with pytest.raises(SpecdecError, match="early-exit head"):
-            parse(f"head:{files[kind]}", width=2)
-        with pytest.raises(SpecdecError, match="only an early-exit head drafts trees"):
-            parse_method(f"head:4x2:{files[kind]}")
+        tree = parse(f"head:{files[kind]}", width=3)
+        assert (tree.kind, tree.width, tree.nodes) == ("head", 3, 0)
+        method = parse_method(f"head:3x2/5:{files[kind]}")
+        assert (method.k, method.width, method.nodes) == (3, 2, 5)

@@ -212,3 +212,22 @@ def test_a_tree_with_more_leaves_than_llama_cpp_lends_goes_as_its_first_branch(t
     out = wide.generate(PROMPT, CONFIG)
     assert out.tokens == plain.tokens and out.stats.drafted > 0
     assert target.tree_leaves == len(target._tree_free)  # nothing lent is left behind
+
+
+@pytest.mark.parametrize("backend", ["numpy", "llama", *(f"torch-{layout}" for layout in tiny_hf.LAYOUTS)])
+def test_the_kept_path_keeps_its_nodes_hidden_states(tmp_path, backend):
+    """A trained head drafts from the state of the row's last cached token: after a tree, the
+    kept path's states sit at the positions the path now holds (each the state whose logits the
+    tree gave that node), so a head drafts again at the next step."""
+    target = _target(backend, tmp_path)
+    target.keep_hidden()
+    tokens = target.tokenizer.encode(PROMPT)
+    row = target.add_rows(1)[0]
+    target.forward_rows({row: tokens[:-1]}, {row: 1})
+    logits = target.forward_tree_rows({row: ([tokens[-1], 5, 17, 99, 3], [-1, 0, 0, 2, 0])})[row]
+    target.keep_path_rows({row: [0, 2, 3]})
+    first, states = target.hidden_rows([row])[row]
+    assert (first, len(states)) == (len(tokens) - 1, 3)  # the root, then nodes 2 and 3
+    output = target.head_weights("output", np.arange(target.vocab_size))
+    np.testing.assert_allclose(states @ output.T, logits[[0, 2, 3]], rtol=1e-3, atol=1e-3)
+    target.drop_rows([row])

@@ -137,7 +137,7 @@ USER_ERRORS = [
         ["generate", "-p", "x", "--draft", "ngram", "--draft-width", "2"],
         "drafts trees from a draft model",
     ),
-    _row("tree-of-auto", ["serve", "--draft-width", "3"], "or head:FILE of an early-exit head (not auto)"),
+    _row("tree-of-auto", ["serve", "--draft-width", "3"], "or head:FILE (not auto)"),
     _row(
         "serve-suffix-tree",
         ["serve", "--draft", "suffix", "--draft-width", "2"],

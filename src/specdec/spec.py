@@ -37,7 +37,7 @@ AUTO_SUFFIX = True
 METHODS = (
     "plain, auto, auto:suffix, auto:nosuffix, draft:K, draft:KxW (a tree: W candidates a depth), ngram:K, suffix:K, "
     "suffix:KxW (a tree: the cache's W likeliest continuations under each node), "
-    "early-exit:L:K (--backend numpy), head:K:FILE, head:KxW[/N]:FILE (an early-exit head's tree), "
+    "early-exit:L:K (--backend numpy), head:K:FILE, head:KxW[/N]:FILE (a head's tree), "
     "auto:head:FILE (auto with the head in the draft model's place)"
 )
 
@@ -96,11 +96,11 @@ def parse(
         raise SpecdecError(f"--draft-nodes {nodes} shapes a tree: give --draft-width 2 or more as well")
     if width > 1:
         spec = parse(text, backend, k, draft_model)
-        if not (spec.kind == "model" and not spec.vocab) and spec.kind != "suffix" and not _drafts_as_model(spec):
+        if not (spec.kind == "model" and not spec.vocab) and spec.kind not in ("suffix", "head"):
             raise SpecdecError(
-                f"--draft-width {width} drafts trees from a draft model of the target's vocabulary, an "
-                f"early-exit head or the suffix cache: give --draft suffix, a model name or path, or "
-                f"head:FILE of an early-exit head (not {text or 'none'})"
+                f"--draft-width {width} drafts trees from a draft model of the target's vocabulary, a "
+                f"trained head or the suffix cache: give --draft suffix, a model name or path, or "
+                f"head:FILE (not {text or 'none'})"
             )
         return replace(spec, width=width, nodes=nodes)
     text = (text or "").strip()
@@ -141,16 +141,6 @@ def parse(
     return DraftSpec("model", k=k, model=text)
 
 
-def _drafts_as_model(spec: DraftSpec) -> bool:
-    """Whether a head file drafts as a draft model of its own (an early exit: the target's first
-    layers and trained blocks), which can draft trees as any draft model of the vocabulary can."""
-    if spec.kind != "head":
-        return False
-    from .train.headfile import read_info
-
-    return read_info(spec.head).kind == "early-exit"
-
-
 def parse_method(method: str) -> DraftSpec | None:
     """One of our bench methods (METHODS) -> DraftSpec; None where it is not one of ours' form.
     `draft:K` drafts with the bench's draft model (model "")."""
@@ -166,14 +156,11 @@ def parse_method(method: str) -> DraftSpec | None:
             layers, _, k = rest.partition(":")
             if int(layers) >= 1 and int(k) >= 1:
                 return DraftSpec("early-exit", k=int(k), layers=int(layers))
-        elif head == "head":  # head:K:FILE; an early-exit head's tree, head:KxW[/N]:FILE
+        elif head == "head":  # head:K:FILE; a head's tree, head:KxW[/N]:FILE
             shape, _, path = rest.partition(":")
             if (kwn := _shape(shape)) and path:
                 k, width, nodes = kwn
-                spec = DraftSpec("head", k=k, head=path, width=width, nodes=nodes)
-                if width > 1 and not _drafts_as_model(spec):
-                    raise SpecdecError(f"{method}: only an early-exit head drafts trees (a trained head drafts chains)")
-                return spec
+                return DraftSpec("head", k=k, head=path, width=width, nodes=nodes)
         elif head in ("draft", "ngram", "suffix") and rest.isdigit() and int(rest) >= 1:
             return DraftSpec("model" if head == "draft" else head, k=int(rest))
         elif head in ("draft", "suffix") and "x" in rest and (kwn := _shape(rest)):
@@ -243,7 +230,7 @@ def make_drafter(spec: DraftSpec | str, target, load: Callable[[str], object] | 
             model = load_like(target, exit_model_path(target, spec.head))
             model.name = f"early-exit:{info.layers}+{info.blocks}"
             return model_drafter(model, target, None, spec.width, spec.nodes)
-        return HeadDrafter(target, spec.head)
+        return HeadDrafter(target, spec.head, spec.width, spec.nodes)
     if spec.kind == "model":
         if not spec.model and draft is not None:
             shape = (getattr(draft, "width", spec.width), getattr(draft, "nodes", spec.nodes))

@@ -155,6 +155,102 @@ def test_greedy_with_a_head_is_plain_greedy(tiny, tmp_path, kind):
     assert batch[1].tokens == SpeculativeDecoder(tiny).generate("a hat", config).tokens
 
 
+TREES = [(2, 0), (3, 5)]  # (width, nodes): the chain with leaves, and the five most probable paths
+
+
+@pytest.mark.parametrize("kind", ["medusa", "prophet"])
+@pytest.mark.parametrize("width, nodes", TREES)
+def test_a_heads_greedy_tree_is_plain_greedy(tiny, tmp_path, kind, width, nodes):
+    """A head's tree, alone and in a batch, writes what plain greedy writes, and keeps more than
+    a chain's first branch sometimes (the target takes a sibling)."""
+    head = random_head(tiny, kind, tmp_path / f"{kind}.head")
+    config = GenerationConfig(max_new_tokens=40, chat=False)
+    spec = parse(f"head:{head}", k=3, width=width, nodes=nodes)
+    decoder = SpeculativeDecoder.from_spec(tiny, spec)
+    assert decoder.drafter.name == f"head:{kind}x{width}" + (f"/{nodes}" if nodes else "")
+    plain = SpeculativeDecoder(tiny).generate(PROMPT, config)
+    out = decoder.generate(PROMPT, config)
+    assert out.tokens == plain.tokens and out.stats.drafted > 0
+    batch = decoder.generate_batch([PROMPT, "a hat"], config)
+    assert batch[0].tokens == plain.tokens
+    assert batch[1].tokens == SpeculativeDecoder(tiny).generate("a hat", config).tokens
+
+
+def _tree(tiny, tmp_path, kind, width, nodes, params, seed=0):
+    head = random_head(tiny, kind, tmp_path / f"{kind}.head", vocab=40, scale=0.3)
+    drafter = HeadDrafter(tiny, head, width, nodes)
+    h = np.random.default_rng(seed).normal(size=tiny.n_embd).astype(np.float32)
+    return drafter, h, drafter._tree(h, 7, 3, params, np.random.default_rng(seed))
+
+
+def _depths(parents):
+    depth = []
+    for parent in parents:
+        depth.append(0 if parent < 0 else depth[parent] + 1)
+    return depth
+
+
+def test_a_medusa_tree_offers_each_depths_best_tokens_under_every_node(tiny, tmp_path):
+    """Greedy, a medusa head's candidates under any node at a depth are that depth's head's best
+    tokens, best first; the shaped tree keeps the budget, parents before children."""
+    from specdec.sampling import SamplingParams
+
+    drafter, h, tree = _tree(tiny, tmp_path, "medusa", 3, 6, SamplingParams())
+    assert len(tree.tokens) == 6 and tree.q is None
+    assert all(parent < i for i, parent in enumerate(tree.parents))
+    best = []
+    for feature in medusa_features(drafter.w, h, 3):
+        logits = drafter.w["lm_head"] @ feature
+        best.append(drafter.vocab[np.argsort(-logits, kind="stable")[:3]].tolist())
+    depth = _depths(tree.parents)
+    for node in [-1, *range(len(tree.tokens))]:
+        kids = [i for i, parent in enumerate(tree.parents) if parent == node]
+        if kids:
+            d = depth[kids[0]]
+            assert [tree.tokens[i] for i in kids] == best[d][: len(kids)], node
+    assert max(depth) >= 1 and len(set(tree.parents)) > 2  # a tree, not a chain with leaves
+    fishbone = _tree(tiny, tmp_path, "medusa", 3, 0, SamplingParams())[2]
+    assert fishbone.tokens == [t for row in best for t in row] and fishbone.parents == [-1] * 3 + [0] * 3 + [3] * 3
+
+
+def test_a_prophets_tree_follows_each_nodes_own_path(tiny, tmp_path):
+    """A prophet's children under a node are its best tokens after that node's own path."""
+    from specdec.sampling import SamplingParams
+
+    drafter, h, tree = _tree(tiny, tmp_path, "prophet", 2, 6, SamplingParams())
+    assert len(tree.tokens) == 6
+
+    def path(node):
+        return [] if node < 0 else [*path(tree.parents[node]), node]
+
+    for node in [-1, *range(len(tree.tokens))]:
+        kids = [i for i, parent in enumerate(tree.parents) if parent == node]
+        if not kids:
+            continue
+        chain, feature = ProphetChain(drafter.w, drafter.info.n_head), h
+        for token in [7, *(tree.tokens[i] for i in path(node))]:
+            feature = chain.step(feature, drafter.index[token])
+        logits = drafter.w["lm_head"] @ feature
+        best = drafter.vocab[np.argsort(-logits, kind="stable")[:2]].tolist()
+        assert [tree.tokens[i] for i in kids] == best[: len(kids)], node
+
+
+@pytest.mark.parametrize("kind", ["medusa", "prophet"])
+def test_a_sampled_heads_tree_keeps_the_budget_and_its_draws_q(tiny, tmp_path, kind):
+    from specdec.sampling import SamplingParams
+
+    params = SamplingParams(temperature=1.0)
+    for seed in range(3):
+        _, _, tree = _tree(tiny, tmp_path, kind, 3, 5, params, seed)
+        assert len(tree.tokens) == 5 and tree.q.shape == (5, tiny.vocab_size)
+        for i, token in enumerate(tree.tokens):
+            assert tree.q[i][token] > 0 and abs(tree.q[i].sum() - 1) < 1e-5
+        for node in [-1, *range(5)]:  # siblings: distinct draws from one q
+            kids = [i for i, parent in enumerate(tree.parents) if parent == node]
+            assert len({tree.tokens[i] for i in kids}) == len(kids)
+            assert all(np.array_equal(tree.q[i], tree.q[kids[0]]) for i in kids)
+
+
 def test_a_head_for_another_model_is_refused(tiny, tmp_path):
     head = random_head(tiny, "medusa", tmp_path / "medusa.head")
     other_path = tmp_path / "other.gguf"

@@ -104,8 +104,8 @@ def _add_model_flags(
             type=_int_in(1, MAX_DRAFT_WIDTH),
             default=1,
             metavar="W",
-            help="candidates per draft position from a draft model (or an early-exit head:FILE, which drafts "
-            "as one): W > 1 drafts a tree (its top W at each "
+            help="candidates per draft position from a draft model or a trained head:FILE: W > 1 drafts a "
+            "tree (its top W at each "
             "depth when greedy, W draws without replacement when sampling), all scored by one target "
             "forward; with --draft suffix, the cache's W most frequent continuations under each node "
             "(default: 1, a chain)",

@@ -16,10 +16,25 @@ turned into the logits that chose context[-1]. Both kinds start from it:
 Both draft from a reduced vocabulary (the tokens the target predicted most in training): q is zero
 outside it, which the rejection rule handles exactly (such a token is never drafted). The math is
 NumPy here, mirrored by train.modules in torch (a test holds them equal).
+
+With `width` w > 1 a head drafts a tree (on the host, in NumPy, for any target that scores trees):
+- k x w: at each depth the head's own token continues the chain and the next w - 1 candidates of
+  the same distribution hang beside it as leaves (drafters.model's tree);
+- with `nodes` n as well, the n nodes of the most probable paths (the product of the head's
+  probabilities from the root, drafters.model.shaping_probs: sampled, never a node's own drawn
+  value), each node with up to w children, grown best first (EAGLE-2's
+  dynamic tree). A medusa head's children depend only on their depth (its heads do not see the
+  path), so the tree is Medusa's: every node at a depth offers the same candidates (greedy), or
+  draws its own from the same q (sampled). A prophet runs its layer once for each node whose
+  children the tree looks at, on that node's own path.
+Greedy candidates are the head's best tokens (q None); sampled ones are drawn from q without
+replacement, kept in the order drawn, so sampling.verify_tree's rule keeps the output exact.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import time
 from typing import Mapping, Sequence
@@ -32,6 +47,7 @@ from ..models.base import HiddenStates
 from ..models.numpy_ref import rms_norm, silu
 from ..sampling import SamplingParams, draft_token
 from .base import Draft
+from .model import shaping_probs, siblings
 
 NORM_EPS = 1e-6  # the prophet's RMS norms (train.modules.rms_norm's default)
 
@@ -49,6 +65,12 @@ class ProphetChain:
         self.w, self.n_head = w, n_head
         self.keys: list[np.ndarray] = []  # per step [n_head, head_dim]
         self.values: list[np.ndarray] = []
+
+    def copy(self) -> "ProphetChain":
+        """The chain so far, to go on along another path (a tree's branch)."""
+        other = ProphetChain(self.w, self.n_head)
+        other.keys, other.values = list(self.keys), list(self.values)
+        return other
 
     def step(self, feature: np.ndarray, token_index: int) -> np.ndarray:
         w, H = self.w, self.n_head
@@ -122,8 +144,11 @@ class TorchHead:
 class HeadDrafter:
     """Drafts for the target's own rows (the engine's row ids are the target's)."""
 
-    def __init__(self, target, path):
+    def __init__(self, target, path, width: int = 1, nodes: int = 0):
         from ..train import headfile
+
+        if width < 1 or nodes < 0 or (nodes and width < 2):
+            raise SpecdecError(f"a head's tree is KxW (W >= 1) or KxW/N (W >= 2, N >= 1), not x{width}/{nodes}")
 
         if not isinstance(target, HiddenStates):
             raise SpecdecError(
@@ -146,7 +171,9 @@ class HeadDrafter:
         device = getattr(target, "device", None)
         self._torch = TorchHead(self.info, self.w, device) if hasattr(device, "type") else None
         self.kind = "head"
-        self.name = f"head:{self.info.kind}"
+        self.width, self.nodes = width, nodes
+        shape = (f"x{width}" if width > 1 else "") + (f"/{nodes}" if nodes else "")
+        self.name = f"head:{self.info.kind}{shape}"
         self._rows: dict[int, tuple[SamplingParams, np.random.Generator]] = {}
 
     @property
@@ -217,6 +244,8 @@ class HeadDrafter:
 
     def _draft_rows(self, todo: Mapping[int, tuple], settings: Mapping[int, tuple]) -> dict[int, Draft]:
         """Per row (its state, the token after it, k) and (params, rng) -> its draft."""
+        if self.width > 1:
+            return {row: self._tree(h, last, k, *settings[row]) for row, (h, last, k) in todo.items()}
         if self._torch is not None and todo:
             return self._draft_torch(todo, settings)
         return {row: self._draft(h, last, k, *settings[row]) for row, (h, last, k) in todo.items()}
@@ -237,6 +266,63 @@ class HeadDrafter:
                 tokens.append(token)
                 q.append(row_q)
         return Draft(tokens, None if q[0] is None else np.stack(q))
+
+    def _tree(self, h: np.ndarray, last: int, k: int, params, rng) -> Draft:
+        """A tree of depth <= k from state h whose next token is `last` (the module docstring)."""
+        medusa = {}  # depth -> that medusa head's logits over the draft vocabulary
+
+        def children(path_state, depth: int):
+            """The candidates at `depth` under a node: (tokens, probabilities, q, the state their
+            own children grow from, one per candidate)."""
+            if self.info.kind == "medusa":
+                if depth not in medusa:
+                    medusa[depth] = self.w["lm_head"] @ medusa_features(self.w, h, depth + 1)[depth]
+                head_logits = medusa[depth]
+            else:
+                chain, feature, token = path_state
+                chain = chain.copy()
+                feature = chain.step(feature, self.index[token])
+                head_logits = self.w["lm_head"] @ feature
+            logits = np.full(self.target.vocab_size, -np.inf, np.float32)
+            logits[self.vocab] = head_logits
+            first, q = draft_token(logits, params, rng)
+            tokens = [first, *siblings(logits, first, q, self.width - 1, rng)]
+            tokens = [t for t in tokens if np.isfinite(logits[t])]  # a greedy tie past the vocabulary
+            states = [None if self.info.kind == "medusa" else (chain, feature, t) for t in tokens]
+            return tokens, shaping_probs(logits, q, tokens), q, states
+
+        root = None if self.info.kind == "medusa" else (ProphetChain(self.w, self.info.n_head), h, last)
+        tokens, parents, q = [], [], []
+        if not self.nodes:  # the chain with w - 1 leaves a depth
+            state, above = root, -1
+            for depth in range(k):
+                level, _, row_q, states = children(state, depth)
+                for t in level:
+                    tokens.append(t)
+                    parents.append(above)
+                    q.append(row_q)
+                above, state = len(tokens) - len(level), states[0]
+        else:  # the `nodes` most probable paths, best first
+            # (-path probability, tie, parent node, the parent's path probability, depth, level, candidate)
+            heap: list[tuple] = []
+            order = itertools.count()  # ties go to the candidate found first
+
+            def push(parent: int, above: float, depth: int, level, j: int) -> None:
+                heapq.heappush(heap, (-above * level[1][j], next(order), parent, above, depth, level, j))
+
+            push(-1, 1.0, 0, children(root, 0), 0)
+            while heap and len(tokens) < self.nodes:
+                negative, _, parent, above, depth, level, j = heapq.heappop(heap)
+                node = len(tokens)
+                tokens.append(level[0][j])
+                parents.append(parent)
+                q.append(level[2])
+                if j + 1 < len(level[0]):  # the candidate after it under the same parent
+                    push(parent, above, depth, level, j + 1)
+                if depth + 1 < k:  # its own children open below it
+                    push(node, -negative, depth + 1, children(level[3][j], depth + 1), 0)
+        stacked = None if q[0] is None else np.stack(q)
+        return Draft(tokens, stacked, {}, parents)
 
     def _draft_torch(self, todo: Mapping[int, tuple], settings: Mapping[int, tuple]) -> dict[int, Draft]:
         """All rows' chains at once on the target's device (TorchHead), as long as the longest."""

@@ -443,13 +443,15 @@ class LlamaCppModel(SingleRow):
                 while node >= 0:
                     node_seqs[node].append(seq)
                     node = parents[node]
-            self._trees[row] = (past, tuple(parents), node_seqs)
+            self._trees[row] = (past, tuple(parents), node_seqs, None)
             items += [(tuple(node_seqs[i]), past + int(depth[i]), t, True) for i, t in enumerate(tokens)]
             layout.append((row, len(tokens)))
-        flat, _ = self._decode(items)
+        flat, states = self._decode(items)
         out, at = {}, 0
         for row, n in layout:
             out[row] = flat[at : at + n]
+            if states is not None:  # the nodes' states: keep_path_rows keeps its path's (heads read them)
+                self._trees[row] = (*self._trees[row][:3], states[at : at + n])
             at += n
         return out
 
@@ -466,7 +468,7 @@ class LlamaCppModel(SingleRow):
         for row, path in paths.items():
             if row not in self._trees:
                 raise ValueError(f"row {row} has no tree to keep a path of (keep_path_rows follows forward_tree_rows)")
-            past, parents, node_seqs = self._trees[row]
+            past, parents, node_seqs, states = self._trees[row]
             check_tree_path(parents, path)
             if path:
                 leaf_seq = node_seqs[path[-1]][0]  # a leaf under the path's end: its sequence holds the path
@@ -475,8 +477,12 @@ class LlamaCppModel(SingleRow):
                 lib.llama_memory_seq_cp(self._mem, leaf_seq, row, past, end)
                 self._len[row] = end
             self._end_tree(row)
-            if self._hidden:  # tree nodes' states are not kept: the row's end has none
-                self._hidden[row] = trim_hidden(self._hidden.get(row), past, self.n_embd)
+            if self._hidden is not None:  # the path's states, at the positions it now holds
+                self._hidden[row] = (
+                    (past, states[list(path)])
+                    if path and states is not None
+                    else trim_hidden(self._hidden.get(row), past, self.n_embd)
+                )
 
     def _end_tree(self, row: int) -> None:
         """Give back the sequence ids of the row's tree, if it has one (its kept path is the row's)."""

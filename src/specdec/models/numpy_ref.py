@@ -315,7 +315,7 @@ class NumpyModel(SequentialRows):
             [np.zeros(shape, dtype=np.float32) for _ in range(self.n_layer)],
             0,  # n_past: tokens in the cache = the position of the next one
             [0] * self.n_layer,  # layer_len: slots 0 .. layer_len[i] - 1 of layer i are valid
-            None,  # tree: (n_past before it, parents) after forward_tree, until keep_path or rollback
+            None,  # tree: (n_past before it, parents, nodes' states) after forward_tree, until keep_path or rollback
         )
 
     def _get_state(self):
@@ -403,11 +403,13 @@ class NumpyModel(SequentialRows):
             x = self.block(i, x, pos0, positions, visible)  # [T, n_embd]
             self.layer_len[i] = pos0 + T
         self.n_past = pos0 + T
-        self.tree = (pos0, tuple(parents))
-        if self._hidden:  # heads read states by position, which a tree's slots are not: cut them
+        normed = self.norm(x, self.weights, "output_norm")  # [T, n_embd]
+        # heads read states by position, which a tree's slots are not: keep_path keeps its path's
+        self.tree = (pos0, tuple(parents), normed if self._hidden is not None else None)
+        if self._hidden:
             row = self.__dict__.get("_current")
             self._hidden[row] = trim_hidden(self._hidden.get(row), pos0, self.n_embd)
-        return matmul(self.norm(x, self.weights, "output_norm"), self.weights["output.weight"])  # [T, vocab]
+        return matmul(normed, self.weights["output.weight"])  # [T, vocab]
 
     def keep_path(self, path: Sequence[int]) -> None:
         """After `forward_tree`: keep the cache before the tree and the nodes `path` (root first,
@@ -415,13 +417,15 @@ class NumpyModel(SequentialRows):
         chain continues from there as if it had been forwarded."""
         if self.tree is None:
             raise ValueError("keep_path follows forward_tree")
-        base, parents = self.tree
+        base, parents, states = self.tree
         check_tree_path(parents, path)
         for j, node in enumerate(path):  # node >= j: every move reads a slot no earlier move wrote
             if node != j:
                 for cache in (*self.k_cache, *self.v_cache):
                     cache[:, base + j] = cache[:, base + node]
         self.rollback(base + len(path))
+        if states is not None and len(path):  # the path's states, at the positions it now holds
+            self._hidden[self.__dict__.get("_current")] = (base, states[list(path)])
 
     def rollback(self, n_keep: int) -> None:
         """Cut the cache to its first n_keep tokens: the slots after them become free."""

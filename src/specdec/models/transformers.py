@@ -306,6 +306,7 @@ class TransformersModel(SingleRow):
         # row -> (first position, [n, n_embd]) once keep_hidden is called; the final norm's output
         # of the last forward, which a hook on the norm leaves in _normed
         self._hidden: dict[int, tuple[int, np.ndarray]] | None = None
+        self._tree_states: dict[int, np.ndarray] = {}  # row -> its tree nodes' states (keep_hidden)
         self._normed = None
         self._clear()
 
@@ -377,6 +378,7 @@ class TransformersModel(SingleRow):
         gone = set(rows)
         for row in gone:
             self._trees.pop(row, None)
+            self._tree_states.pop(row, None)
             if self._hidden is not None:
                 self._hidden.pop(row, None)
         keep = [i for i, row in enumerate(self._ids) if row not in gone]
@@ -463,14 +465,21 @@ class TransformersModel(SingleRow):
             kept = set(path)
             drop += [(self._index[row], c) for node, c in enumerate(cols) if node not in kept]
             self._past[self._index[row]] = past + len(path)
-            if self._hidden:  # as llama.cpp: a tree's nodes' states are not kept
-                self._hidden[row] = trim_hidden(self._hidden.get(row), past, self.n_embd)
+            states = self._tree_states.pop(row, None)
+            if self._hidden is not None:  # the path's states, at the positions it now holds
+                self._hidden[row] = (
+                    (past, states[list(path)])
+                    if path and states is not None
+                    else trim_hidden(self._hidden.get(row), past, self.n_embd)
+                )
         self._invalidate(drop)
         self._trim()
 
     def _end_trees(self, rows) -> None:
         """The trees of these rows that no path was kept of: their columns become invalid."""
         trees = [(self._index[row], self._trees.pop(row)) for row in rows if row in self._trees]
+        for row in rows:
+            self._tree_states.pop(row, None)
         self._invalidate([(i, c) for i, (_, _, cols) in trees for c in cols])
 
     def _invalidate(self, cells: list[tuple[int, int]]) -> None:
@@ -591,14 +600,18 @@ class TransformersModel(SingleRow):
         self._drop_graphs()  # captured without the hook: captured again with it
 
     def _keep_states(self, tokens, trees, lengths: list[int], wants: list[int]) -> None:
-        """The last forward's states of the tokens each row asked logits for (a tree's: none)."""
+        """The last forward's states of the tokens each row asked logits for (a tree's nodes':
+        aside, until keep_path_rows keeps its path's)."""
         normed, self._normed = self._normed, None
         for row in tokens:
             i = self._index[row]
-            if row in trees or not wants[i]:
+            if not wants[i]:
                 continue
             states = self._to_host(normed[i, lengths[i] - wants[i] : lengths[i]])
-            self._hidden[row] = (self._past[i] - wants[i], states)
+            if row in trees:
+                self._tree_states[row] = states
+            else:
+                self._hidden[row] = (self._past[i] - wants[i], states)
 
     def hidden_rows(self, rows) -> dict[int, tuple[int, np.ndarray]]:
         kept = self._hidden or {}
