@@ -1,6 +1,6 @@
-"""Verification rules and draft shapes at temperature > 0 on the real models: the draft model's
-sampled chains under block and token-by-token verification, and its sampled trees, the same prompts
-and seeds for every arm, the arms taking turns batch by batch.
+"""Verification rules and draft shapes at temperature > 0 on the real models: the draft model's (or
+a trained head's) sampled chains under block and token-by-token verification, and its sampled
+trees, the same prompts and seeds for every arm, the arms taking turns batch by batch.
 
     python benchmarks/verification_rules.py --suite benchmarks/dev-prompts.jsonl --per-category 2 \\
         -n 128 --methods draft:4 --temperature 1 --batch 4 --seed 5
@@ -107,7 +107,10 @@ def main() -> None:
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
     ap.add_argument(
-        "--methods", nargs="+", default=["draft:4"], help="draft-model methods: draft:K chains, draft:KxW[/N] trees"
+        "--methods",
+        nargs="+",
+        default=["draft:4"],
+        help="draft:K chains and draft:KxW[/N] trees of the draft model; head:K:FILE and head:KxW[/N]:FILE of a head",
     )
     ap.add_argument("--rules", nargs="+", default=list(VERIFICATION_RULES), choices=VERIFICATION_RULES)
     ap.add_argument("--temperature", type=float, default=1.0)
@@ -121,14 +124,15 @@ def main() -> None:
         ap.error("--temperature must be above 0: greedy verification keeps the same tokens under every rule")
     specs = {m: parse_method(m) for m in args.methods}
     for m, spec in specs.items():
-        if spec.kind != "model":
-            ap.error(f"--methods takes draft-model methods (draft:K, draft:KxW[/N]), got {m!r}")
+        if spec is None or spec.kind not in ("model", "head"):
+            ap.error(f"--methods takes draft:K, draft:KxW[/N], head:K:FILE and head:KxW[/N]:FILE, got {m!r}")
     # a chain under each rule; a tree has its own rule (verify_tree)
     arms = [(m, rule) for m in args.methods for rule in (args.rules if specs[m].width <= 1 else ["tree"])]
 
     target = load_model(args.target, threads=args.threads, max_rows=args.batch)
-    draft = load_model(args.draft, threads=args.threads, max_rows=args.batch)
-    drafter = model_drafter(draft, target, None)
+    drafter = None  # the draft model, loaded where a method drafts with it
+    if any(spec.kind == "model" for spec in specs.values()):
+        drafter = model_drafter(load_model(args.draft, threads=args.threads, max_rows=args.batch), target, None)
     items = load_suite(Path(args.suite), per_category=args.per_category)
     texts = [prompt_text(target, item) for item in items]
     counted = {arm: [] for arm in arms}  # per row: (tokens, steps)

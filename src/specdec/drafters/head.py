@@ -45,7 +45,7 @@ from ..acceptance import K_MAX
 from ..errors import SpecdecError
 from ..models.base import HiddenStates
 from ..models.numpy_ref import rms_norm, silu
-from ..sampling import SamplingParams, draft_token
+from ..sampling import SamplingParams, draft_token, log_softmax
 from .base import Draft
 from .model import shaping_probs, siblings
 
@@ -269,26 +269,34 @@ class HeadDrafter:
 
     def _tree(self, h: np.ndarray, last: int, k: int, params, rng) -> Draft:
         """A tree of depth <= k from state h whose next token is `last` (the module docstring)."""
-        medusa = {}  # depth -> that medusa head's logits over the draft vocabulary
+        medusa: dict = {}  # depth -> that medusa head's logits (greedy: its candidates)
 
         def children(path_state, depth: int):
             """The candidates at `depth` under a node: (tokens, probabilities, q, the state their
             own children grow from, one per candidate)."""
+            chain = feature = None
             if self.info.kind == "medusa":
                 if depth not in medusa:
                     medusa[depth] = self.w["lm_head"] @ medusa_features(self.w, h, depth + 1)[depth]
+                    if params.greedy:  # the same candidates under every node of the depth
+                        medusa[depth] = self._best(medusa[depth])
+                if params.greedy:
+                    return medusa[depth]
                 head_logits = medusa[depth]
             else:
                 chain, feature, token = path_state
                 chain = chain.copy()
                 feature = chain.step(feature, self.index[token])
                 head_logits = self.w["lm_head"] @ feature
+                if params.greedy:
+                    tokens, probs, q, _ = self._best(head_logits)
+                    return tokens, probs, q, [(chain, feature, t) for t in tokens]
+            # sampled: q over the target's vocabulary (0 outside the head's), as the chain draws it
             logits = np.full(self.target.vocab_size, -np.inf, np.float32)
             logits[self.vocab] = head_logits
             first, q = draft_token(logits, params, rng)
             tokens = [first, *siblings(logits, first, q, self.width - 1, rng)]
-            tokens = [t for t in tokens if np.isfinite(logits[t])]  # a greedy tie past the vocabulary
-            states = [None if self.info.kind == "medusa" else (chain, feature, t) for t in tokens]
+            states = [None if chain is None else (chain, feature, t) for t in tokens]
             return tokens, shaping_probs(logits, q, tokens), q, states
 
         root = None if self.info.kind == "medusa" else (ProphetChain(self.w, self.info.n_head), h, last)
@@ -323,6 +331,15 @@ class HeadDrafter:
                     push(node, -negative, depth + 1, children(level[3][j], depth + 1), 0)
         stacked = None if q[0] is None else np.stack(q)
         return Draft(tokens, stacked, {}, parents)
+
+    def _best(self, head_logits: np.ndarray) -> tuple:
+        """Greedy candidates from logits over the head's vocabulary: its `width` best tokens, best
+        first (ties by draft-vocabulary row), their softmax probabilities, no q and no states."""
+        n = min(self.width, len(head_logits))
+        rows = np.argpartition(-head_logits, n - 1)[:n]
+        rows = rows[np.lexsort((rows, -head_logits[rows]))]
+        logp = log_softmax(head_logits)
+        return self.vocab[rows].tolist(), np.exp(logp[rows]).tolist(), None, [None] * n
 
     def _draft_torch(self, todo: Mapping[int, tuple], settings: Mapping[int, tuple]) -> dict[int, Draft]:
         """All rows' chains at once on the target's device (TorchHead), as long as the longest."""
