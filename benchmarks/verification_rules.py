@@ -170,8 +170,9 @@ def main() -> None:
                         by_position[arm][i][0] += a
                         by_position[arm][i][1] += d
             print(f"batch {b + 1} of {len(batches)}: done", flush=True)
+    source = f" <- {args.draft}" if drafter else ""
     print(
-        f"\n{args.target} <- {args.draft}, temperature {args.temperature}, top-p {args.top_p}, {len(texts)} prompts "
+        f"\n{args.target}{source}, temperature {args.temperature}, top-p {args.top_p}, {len(texts)} prompts "
         f"x {args.seeds} seeds, -n {args.max_tokens}, batches of {args.batch}, seed {args.seed}"
     )
     print(

@@ -115,7 +115,7 @@ def _add_model_flags(
             type=_int_in(0, MAX_DRAFT_TOKENS * MAX_DRAFT_WIDTH),
             default=0,
             metavar="N",
-            help="with --draft-width: keep the N candidates whose paths the draft model finds most probable "
+            help="with --draft-width: keep the N candidates whose paths the draft model (or head) finds most probable "
             "(width where it is unsure, depth where it is sure; the chain stops once nothing deeper could "
             "be kept), so the target scores N tokens a step; with --draft suffix, the N whose paths most "
             "of the cache's occurrences agree with (default: 0, all of them; the suffix cache: K x W)",
