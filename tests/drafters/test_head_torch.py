@@ -53,13 +53,17 @@ def test_hidden_states_are_what_the_output_head_reads(model):
     assert embedding.shape == (2, model.n_embd) and embedding.dtype == np.float32
 
 
-@pytest.mark.parametrize("kind", ["medusa", "prophet"])
+@pytest.mark.parametrize("kind", ["medusa", "prophet", "medusa tree", "prophet tree"])
 def test_greedy_with_a_head_is_plain_greedy(model, tmp_path, kind):
+    """Chains, and trees (3x2/4: the host's NumPy tree, scored by torch's tree attention, the
+    kept path's states read at the next step)."""
+    kind, _, tree = kind.partition(" ")
     head = random_head(model, kind, tmp_path / f"{kind}.head", scale=0.02)
     config = GenerationConfig(max_new_tokens=32, chat=False)
     prompts = ["def add(a, b):\n", "The quick brown"]
     plain = [SpeculativeDecoder(model).generate(p, config).tokens for p in prompts]
-    spec = SpeculativeDecoder.from_spec(model, parse(f"head:{head}", backend="torch", k=3))
+    shape = {"width": 2, "nodes": 4} if tree else {}
+    spec = SpeculativeDecoder.from_spec(model, parse(f"head:{head}", backend="torch", k=3, **shape))
     alone = spec.generate(prompts[0], config)
     assert alone.tokens == plain[0] and alone.stats.drafted > 0
     batch = spec.generate_batch(prompts, config)  # rows drafting side by side read their own states
