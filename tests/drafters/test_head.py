@@ -370,3 +370,34 @@ def test_serve_gives_auto_the_head(monkeypatch, tmp_path):
         cli_serve.cmd_serve(build_parser().parse_args(argv))
     assert isinstance(seen["draft"], HeadDrafter) and seen["head"] is seen["draft"]
     assert seen["policy"].is_auto and seen["draft_name"] is None
+
+
+def test_serve_drafts_a_heads_tree(monkeypatch, tmp_path):
+    """`specdec serve --draft head:FILE --draft-width W --draft-nodes N`: the server's head drafts
+    that tree shape (the same parse and drafter as generate's); the draft model loaded for auto
+    and for requests that name it stays a chain drafter (it once became a tree of that width)."""
+    from specdec.cli import build_parser
+    from specdec.cli import serve as cli_serve
+    from specdec.server import app
+
+    from ..conftest import Stopped
+
+    path = tmp_path / "tiny-qwen2.gguf"
+    write_tiny_gguf(path, "qwen2", seed=3, n_layer=3)
+    head = random_head(load_numpy_model(path), "medusa", tmp_path / "m.head")
+    draft_path = tmp_path / "tiny-draft.gguf"  # the same vocabulary
+    write_tiny_gguf(draft_path, "qwen2", seed=4, n_layer=1)
+    seen = {}
+
+    def stand_in(target, draft, policy, *args, **kwargs):
+        seen.update(kwargs, policy=policy, draft=draft)
+        raise Stopped
+
+    monkeypatch.setattr(app, "build_service", stand_in)
+    argv = ["serve", "--backend", "numpy", "--target", str(path), "--draft", f"head:{head}"]
+    argv += ["--draft-model", str(draft_path)]
+    with pytest.raises(Stopped):
+        cli_serve.cmd_serve(build_parser().parse_args([*argv, "--draft-width", "2", "--draft-nodes", "3", "-k", "3"]))
+    assert isinstance(seen["head"], HeadDrafter) and (seen["head"].width, seen["head"].nodes) == (2, 3)
+    assert seen["head"].name == "head:medusax2/3" and seen["policy"].kind == "head"
+    assert getattr(seen["draft"], "width", 1) == 1  # the draft model drafts chains

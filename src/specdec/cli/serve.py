@@ -186,7 +186,8 @@ def cmd_serve(args) -> int:
     # cache stream of its own (faster steps over many rows); a draft model scores no trees
     target = load(args.target, trees=spec.width > 1)
     draft = load(draft_spec.model, args.draft_backend or args.backend, trees=False) if draft_name else None
-    if draft is not None and (draft_spec.vocab or spec.width > 1):  # across tokenizers, or trees
+    # across tokenizers, or the default --draft's trees (a head's tree leaves the draft model chains)
+    if draft is not None and (draft_spec.vocab or (spec.kind == "model" and spec.width > 1)):
         from ..drafters import model_drafter
 
         draft = model_drafter(draft, target, draft_spec.vocab, spec.width, spec.nodes)
