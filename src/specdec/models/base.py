@@ -141,6 +141,15 @@ def trim_hidden(kept: tuple[int, np.ndarray] | None, length: int, n_embd: int) -
     return first, states[: max(0, length - first)]
 
 
+def path_hidden(kept, tree_states: np.ndarray | None, past: int, path: Sequence[int], n_embd: int):
+    """A row's kept hidden states after keep_path: the path's nodes' states (tree_states [T, n_embd],
+    the tree's nodes in order) at the positions the path now holds after the `past` tokens before
+    the tree; without a path or the nodes' states, those before the tree."""
+    if len(path) and tree_states is not None:
+        return past, tree_states[list(path)]
+    return trim_hidden(kept, past, n_embd)
+
+
 def tree_depths(parents: Sequence[int]) -> np.ndarray:
     """Each node's depth in a tree given by parents (-1: under the cache's last token, depth 0;
     else an earlier node): [T] int64. A parent that is not -1 or an earlier node is a ValueError."""

@@ -41,7 +41,16 @@ import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
 from ..paths import specdec_home
-from .base import SingleRow, check_tree_fits, check_tree_path, file_sha256, packed, tree_depths, trim_hidden
+from .base import (
+    SingleRow,
+    check_tree_fits,
+    check_tree_path,
+    file_sha256,
+    packed,
+    path_hidden,
+    tree_depths,
+    trim_hidden,
+)
 
 INSTALL_HINT = "install it built for this CPU with `python scripts/install_llama_cpp.py` (or `make setup`)"
 EXACT_HINT = "build it once with `python scripts/install_llama_cpp.py --exact` (or `make exact`; about 8 minutes)"
@@ -477,12 +486,8 @@ class LlamaCppModel(SingleRow):
                 lib.llama_memory_seq_cp(self._mem, leaf_seq, row, past, end)
                 self._len[row] = end
             self._end_tree(row)
-            if self._hidden is not None:  # the path's states, at the positions it now holds
-                self._hidden[row] = (
-                    (past, states[list(path)])
-                    if path and states is not None
-                    else trim_hidden(self._hidden.get(row), past, self.n_embd)
-                )
+            if self._hidden is not None:
+                self._hidden[row] = path_hidden(self._hidden.get(row), states, past, path, self.n_embd)
 
     def _end_tree(self, row: int) -> None:
         """Give back the sequence ids of the row's tree, if it has one (its kept path is the row's)."""

@@ -52,7 +52,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, ModelNotFoundError, SpecdecError
-from .base import SequentialRows, check_tree_path, file_sha256, tree_ancestry, tree_depths, trim_hidden
+from .base import SequentialRows, check_tree_path, file_sha256, path_hidden, tree_ancestry, tree_depths, trim_hidden
 
 # the tokenizer moved to bpe.py; its names stay importable from here
 from .bpe import BYTE as BYTE
@@ -424,8 +424,9 @@ class NumpyModel(SequentialRows):
                 for cache in (*self.k_cache, *self.v_cache):
                     cache[:, base + j] = cache[:, base + node]
         self.rollback(base + len(path))
-        if states is not None and len(path):  # the path's states, at the positions it now holds
-            self._hidden[self.__dict__.get("_current")] = (base, states[list(path)])
+        if self._hidden is not None:
+            row = self.__dict__.get("_current")
+            self._hidden[row] = path_hidden(self._hidden.get(row), states, base, path, self.n_embd)
 
     def rollback(self, n_keep: int) -> None:
         """Cut the cache to its first n_keep tokens: the slots after them become free."""

@@ -48,7 +48,16 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
-from .base import SingleRow, check_tree_fits, check_tree_path, file_sha256, tree_ancestry, tree_depths, trim_hidden
+from .base import (
+    SingleRow,
+    check_tree_fits,
+    check_tree_path,
+    file_sha256,
+    path_hidden,
+    tree_ancestry,
+    tree_depths,
+    trim_hidden,
+)
 from .bpe import BYTE_TO_CHAR, CHAR_TO_BYTE  # GPT-2's byte-level table (bpe.py needs only the standard library)
 
 INSTALL_HINT = (
@@ -466,12 +475,8 @@ class TransformersModel(SingleRow):
             drop += [(self._index[row], c) for node, c in enumerate(cols) if node not in kept]
             self._past[self._index[row]] = past + len(path)
             states = self._tree_states.pop(row, None)
-            if self._hidden is not None:  # the path's states, at the positions it now holds
-                self._hidden[row] = (
-                    (past, states[list(path)])
-                    if path and states is not None
-                    else trim_hidden(self._hidden.get(row), past, self.n_embd)
-                )
+            if self._hidden is not None:
+                self._hidden[row] = path_hidden(self._hidden.get(row), states, past, path, self.n_embd)
         self._invalidate(drop)
         self._trim()
 
