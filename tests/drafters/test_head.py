@@ -401,3 +401,22 @@ def test_serve_drafts_a_heads_tree(monkeypatch, tmp_path):
     assert isinstance(seen["head"], HeadDrafter) and (seen["head"].width, seen["head"].nodes) == (2, 3)
     assert seen["head"].name == "head:medusax2/3" and seen["policy"].kind == "head"
     assert getattr(seen["draft"], "width", 1) == 1  # the draft model drafts chains
+
+
+def test_every_tree_drafter_refuses_a_bad_shape(tiny, tmp_path):
+    """One check (drafters.base.tree_shape) for a head, a draft model and the suffix cache: a
+    width under 1, a negative budget, or a budget without a width of 2 or more."""
+    from specdec.drafters.model import ModelDrafter
+    from specdec.drafters.suffix import SuffixCacheDrafter
+
+    head = random_head(tiny, "medusa", tmp_path / "m.head")
+    makers = (
+        lambda width, nodes: HeadDrafter(tiny, head, width, nodes),
+        lambda width, nodes: ModelDrafter(ToyLM(), width=width, nodes=nodes),
+        lambda width, nodes: SuffixCacheDrafter().shape(width, nodes),
+    )
+    for width, nodes in ((0, 0), (2, -1), (1, 3)):
+        for make in makers:
+            with pytest.raises(ValueError, match="a draft tree is width >= 1"):
+                make(width, nodes)
+    assert HeadDrafter(tiny, head, 3, 5).name == "head:medusax3/5"

@@ -21,6 +21,14 @@ MAX_DRAFT_TOKENS = 32
 MAX_DRAFT_WIDTH = 8  # candidates per draft position of a tree (drafters.model)
 
 
+def tree_shape(width: int, nodes: int) -> str:
+    """A tree drafter's shape checked (width >= 1 candidates a depth; a node budget >= 0, and one
+    only with a width of 2 or more) -> its name's suffix: "", "xW" or "xW/N"."""
+    if width < 1 or nodes < 0 or (nodes and width < 2):
+        raise ValueError(f"a draft tree is width >= 1, and nodes >= 1 only with width >= 2; got {width}, {nodes}")
+    return (f"x{width}" if width > 1 else "") + (f"/{nodes}" if nodes else "")
+
+
 @dataclass(frozen=True)
 class Draft:
     tokens: list[int]  # the k proposed tokens (may be fewer than asked, or none)

@@ -45,8 +45,8 @@ from ..acceptance import K_MAX
 from ..errors import SpecdecError
 from ..models.base import HiddenStates
 from ..models.numpy_ref import rms_norm, silu
-from ..sampling import SamplingParams, draft_token, log_softmax
-from .base import Draft
+from ..sampling import SamplingParams, draft_token
+from .base import Draft, tree_shape
 from .model import shaping_probs, siblings
 
 NORM_EPS = 1e-6  # the prophet's RMS norms (train.modules.rms_norm's default)
@@ -147,9 +147,7 @@ class HeadDrafter:
     def __init__(self, target, path, width: int = 1, nodes: int = 0):
         from ..train import headfile
 
-        if width < 1 or nodes < 0 or (nodes and width < 2):
-            raise SpecdecError(f"a head's tree is KxW (W >= 1) or KxW/N (W >= 2, N >= 1), not x{width}/{nodes}")
-
+        shape = tree_shape(width, nodes)
         if not isinstance(target, HiddenStates):
             raise SpecdecError(
                 f"a trained head drafts from the target's hidden states, which {type(target).__name__} "
@@ -172,7 +170,6 @@ class HeadDrafter:
         self._torch = TorchHead(self.info, self.w, device) if hasattr(device, "type") else None
         self.kind = "head"
         self.width, self.nodes = width, nodes
-        shape = (f"x{width}" if width > 1 else "") + (f"/{nodes}" if nodes else "")
         self.name = f"head:{self.info.kind}{shape}"
         self._rows: dict[int, tuple[SamplingParams, np.random.Generator]] = {}
 
@@ -292,12 +289,10 @@ class HeadDrafter:
                     tokens, probs, q, _ = self._best(head_logits)
                     return tokens, probs, q, [(chain, feature, t) for t in tokens]
             # sampled: q over the target's vocabulary (0 outside the head's), as the chain draws it
-            logits = np.full(self.target.vocab_size, -np.inf, np.float32)
-            logits[self.vocab] = head_logits
-            first, q = draft_token(logits, params, rng)
-            tokens = [first, *siblings(logits, first, q, self.width - 1, rng)]
+            first, q = self._token(head_logits, params, rng)
+            tokens = [first, *siblings(None, first, q, self.width - 1, rng)]
             states = [None if chain is None else (chain, feature, t) for t in tokens]
-            return tokens, shaping_probs(logits, q, tokens), q, states
+            return tokens, shaping_probs(None, q, tokens), q, states
 
         root = None if self.info.kind == "medusa" else (ProphetChain(self.w, self.info.n_head), h, last)
         tokens, parents, q = [], [], []
@@ -335,11 +330,9 @@ class HeadDrafter:
     def _best(self, head_logits: np.ndarray) -> tuple:
         """Greedy candidates from logits over the head's vocabulary: its `width` best tokens, best
         first (ties by draft-vocabulary row), their softmax probabilities, no q and no states."""
-        n = min(self.width, len(head_logits))
-        rows = np.argpartition(-head_logits, n - 1)[:n]
-        rows = rows[np.lexsort((rows, -head_logits[rows]))]
-        logp = log_softmax(head_logits)
-        return self.vocab[rows].tolist(), np.exp(logp[rows]).tolist(), None, [None] * n
+        first = int(np.argmax(head_logits))
+        rows = [first, *siblings(head_logits, first, None, self.width - 1, None)]
+        return self.vocab[rows].tolist(), shaping_probs(head_logits, None, rows), None, [None] * len(rows)
 
     def _draft_torch(self, todo: Mapping[int, tuple], settings: Mapping[int, tuple]) -> dict[int, Draft]:
         """All rows' chains at once on the target's device (TorchHead), as long as the longest."""

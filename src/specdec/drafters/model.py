@@ -34,7 +34,7 @@ import numpy as np
 
 from ..models.base import RowModel, check_same_vocab
 from ..sampling import SamplingParams, draft_token, log_softmax, sample
-from .base import Draft
+from .base import Draft, tree_shape
 
 # A catch-up scores the draft's guesses at no more than this many of the last generated tokens it
 # feeds (each costs a row of logits: on a CPU the output head is a quarter of a small model's work).
@@ -62,12 +62,8 @@ class ModelDrafter:
     def __init__(self, model: RowModel, target: RowModel | None = None, width: int = 1, nodes: int = 0):
         if target is not None:
             check_same_vocab(target, model)
-        if width < 1:
-            raise ValueError(f"a draft tree's width is at least 1 (a chain), not {width}")
-        if nodes < 0 or (nodes and width < 2):
-            raise ValueError(f"a tree's node budget is >= 1 and needs a width of 2 or more, not {nodes} x {width}")
+        shape = tree_shape(width, nodes)
         self.model, self.width, self.nodes = model, width, nodes
-        shape = (f"x{width}" if width > 1 else "") + (f"/{nodes}" if nodes else "")
         self.name, self.kind = f"draft:{model.name}{shape}", "draft"
         self._rows: dict[int, _Row] = {}
 
@@ -219,10 +215,12 @@ class ModelDrafter:
             self.model.rollback_rows(keep)
 
 
-def siblings(logits: np.ndarray, token: int, q: np.ndarray | None, n: int, rng: np.random.Generator) -> list[int]:
+def siblings(
+    logits: np.ndarray | None, token: int, q: np.ndarray | None, n: int, rng: np.random.Generator | None
+) -> list[int]:
     """Up to n more candidates for the position where `token` was drafted from `logits` [vocab]:
-    the next best by the logits when greedy (q None; ties by id), else further draws from q
-    without replacement, in the order drawn (sampling.verify_tree's rule for siblings)."""
+    the next best by the logits when greedy (q None; ties by id), else further draws from q with
+    `rng`, without replacement, in the order drawn (sampling.verify_tree's rule for siblings)."""
     if n <= 0:
         return []
     if q is None:
@@ -242,7 +240,7 @@ def siblings(logits: np.ndarray, token: int, q: np.ndarray | None, n: int, rng: 
     return out
 
 
-def shaping_probs(logits: np.ndarray, q: np.ndarray | None, tokens: list[int]) -> list[float]:
+def shaping_probs(logits: np.ndarray | None, q: np.ndarray | None, tokens: list[int]) -> list[float]:
     """The probability a tree is shaped by, for each of one position's candidates (`tokens`, in
     the order drafted). Greedy (q None): the softmax of the logits at it; the candidates are fixed,
     so any shape keeps greedy exact. Sampled: the expected q of that draw given the draws before it,

@@ -48,7 +48,7 @@ import numpy as np
 from ..errors import SpecdecError
 from ..paths import write_atomically
 from ..sampling import SamplingParams
-from .base import Draft
+from .base import Draft, tree_shape
 
 # n-gram lengths the index keys on. The longest present narrows the candidates to occurrences that
 # already match that far (a 16-token key finds a repeated prompt among thousands of "    return"s);
@@ -173,8 +173,7 @@ class SuffixCacheDrafter:
     def shape(self, width: int = 1, nodes: int = 0) -> None:
         """What it drafts from now on: a chain (width 1), or a tree of the `width` most frequent
         continuations under each node, at most `nodes` nodes (0: k x width)."""
-        if width < 1 or nodes < 0 or (nodes and width < 2):
-            raise ValueError(f"need width >= 1 and nodes >= 0 (nodes only for a tree), got {width}, {nodes}")
+        tree_shape(width, nodes)
         self.width, self.nodes = width, nodes
 
     # -- what it holds ----------------------------------------------------------------------------
