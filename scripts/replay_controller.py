@@ -5,6 +5,8 @@
     python scripts/replay_controller.py replay [--recording FILE] [-v]
     python scripts/replay_controller.py loo [--recording FILE] [--fit] [--set NAME=VALUE ...]
     python scripts/replay_controller.py copies [--recording FILE]
+    python scripts/replay_controller.py ranks --recording FILE         # add the draft's ranks
+    python scripts/replay_controller.py trees [--recording FILE] [--curve C --draft-curve D] [--check]
     python scripts/replay_controller.py verdict [--recording FILE] [--curve C --draft-curve D] [--check]
 
 `record` runs the default target (or --target) with plain greedy decoding over the benchmark suite
@@ -20,6 +22,10 @@ default), also fixed draft:K, `auto` with the draft model, and a clairvoyant dra
     python scripts/replay_controller.py replay --recording benchmarks/greedy-1.5b-0.5b.jsonl \
         --curve benchmarks/gpu-h100/costs-1.5b-static-graphs.json \
         --draft-curve benchmarks/gpu-h100/costs-0.5b-static-graphs.json
+
+`trees` sets the draft model's fixed chains against its fixed fishbone trees (draft:KxW) per
+category, each at its best shape, from a recording with the draft's ranks (`record` writes them;
+`ranks` adds them to an older recording).
 
 `verdict` prints auto's bars per category (leave-one-category-out auto against the clairvoyant,
 the best of every fixed method and the best of the peers' policies: llama.cpp's ngram-simple and
@@ -84,25 +90,123 @@ def record(args) -> None:
             result = decoder.generate(prompt, config)
             line = {"id": item["id"], "category": item["category"], "prompt": prompt, "output": result.tokens}
             if draft is not None:
-                line["draft_agrees"] = draft_agreement(draft, prompt, result.tokens)
+                line["draft_agrees"], line["draft_ranks"] = draft_agreement(draft, prompt, result.tokens)
             out.write(json.dumps(line) + "\n")
             out.flush()
             print(f"{item['id']}: {len(prompt)} prompt tokens, {len(result.tokens)} generated", flush=True)
 
 
-def draft_agreement(draft, prompt: list[int], output: list[int]) -> str:
-    """'1' where the draft model's greedy token, given the prompt and the target's output before
-    it, is the target's token, else '0': one teacher-forced forward. Under greedy decoding a draft
-    of k tokens from position i is accepted up to the first '0' at or after i (an accepted draft
-    token IS the target's token, so the draft's next guess sees the true context), so this string
-    gives every draft:K step's accepted length (specdec.replay.draft_accepted)."""
+def draft_agreement(draft, prompt: list[int], output: list[int]) -> tuple[str, str]:
+    """(agreement, ranks) of the draft model on the target's output, from one teacher-forced
+    forward. agreement: '1' where the draft's greedy token, given the prompt and the target's
+    output before it, is the target's token, else '0'. Under greedy decoding a draft of k tokens
+    from position i is accepted up to the first '0' at or after i (an accepted draft token IS the
+    target's token, so the draft's next guess sees the true context), so this string gives every
+    draft:K step's accepted length (specdec.replay.draft_run). ranks: the target's token's rank
+    among the draft's candidates there (specdec.replay.draft_ranks), which gives every greedy
+    fishbone tree's (specdec.replay.tree_run)."""
+    from specdec.replay import draft_ranks
+
     [row] = draft.add_rows(1)
     try:
         logits = draft.forward_rows({row: prompt + output}, {row: len(output) + 1})[row]  # [n + 1, vocab]
     finally:
         draft.drop_rows([row])
     guesses = logits[: len(output)].argmax(axis=1)
-    return "".join("1" if int(g) == t else "0" for g, t in zip(guesses, output))
+    agrees = "".join("1" if int(g) == t else "0" for g, t in zip(guesses, output))
+    return agrees, draft_ranks(logits[: len(output)], output)
+
+
+def ranks(args) -> int:
+    """Add the draft model's ranks to a recording made without them: one teacher-forced forward a
+    prompt, the file replaced whole at the end (an interrupted run leaves it as it was). Where the
+    new greedy agreement differs from the recorded one (another machine's kernels parting at a
+    rounding tie), the recorded agreement is kept and the rank follows it (replay.reconcile_ranks);
+    the count is printed."""
+    import os
+
+    from specdec import load_model
+    from specdec.replay import reconcile_ranks
+
+    path = Path(args.recording)
+    lines = path.read_text().splitlines()
+    header, records = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
+    draft = load_model(args.draft or header["draft"], backend="llama", n_ctx=args.ctx)
+    parted = 0
+    for r in records:
+        agrees, found = draft_agreement(draft, r["prompt"], r["output"])
+        r["draft_ranks"], differ = reconcile_ranks(found, r.get("draft_agrees", agrees))
+        parted += differ
+        print(f"{r['id']}: {len(r['output'])} ranks" + (f", {differ} agreements differ" if differ else ""), flush=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join([lines[0], *(json.dumps(r, separators=(",", ":")) for r in records)]) + "\n")
+    os.replace(tmp, path)
+    print(f"{path}: ranks for {len(records)} prompts; {parted} positions where the agreement differed, reconciled")
+    return 0
+
+
+def trees(args) -> int:
+    """The draft model's fixed chains against its fixed fishbone trees, per category (the median
+    over its prompts), each at the best depth and width found there, on the given curves."""
+    from specdec.replay import RANK_CAP, fixed_tree
+
+    header, records, costs, draft_costs = load(args)
+    if not all("draft_ranks" in r for r in records):
+        print(f"error: {args.recording} holds no draft ranks: run `{Path(__file__).name} ranks` on it", file=sys.stderr)
+        return 2
+    if draft_costs is None:
+        print(f"error: {args.recording} holds no draft model curve: give --draft-curve", file=sys.stderr)
+        return 2
+    tree_cost = args.tree_cost
+    if args.tree_costs:  # a benchmarks/tree_costs.py report: its one-row ratios' median
+        report = json.loads(Path(args.tree_costs).read_text())
+        tree_cost = statistics.median(x["tree_over_chain"] for x in report["results"] if x["rows"] == 1)
+    shapes = [(k, 1) for k in args.chains]
+    for shape in args.trees:
+        k, _, w = shape.partition("x")
+        if not (k.isdigit() and w.isdigit() and int(k) >= 1 and 2 <= int(w) <= RANK_CAP) or max(args.chains) < 1:
+            print(
+                f"error: --trees {shape}: want KxW, K >= 1 and 2 <= W <= {RANK_CAP} (and chains >= 1)", file=sys.stderr
+            )
+            return 2
+        shapes.append((int(k), int(w)))
+    print(
+        describe(header, costs, draft_costs) + f"a tree's forward costs {tree_cost:.3f}x a chain's of as many nodes\n"
+    )
+    print(
+        "| category | prompts | best chain | tokens/step | best tree | tokens/step | tree / chain "
+        "| best tree of the chain's nodes or fewer | tree / chain |"
+    )
+    print("|---" * 10 + "|")
+    matched = beaten = 0
+    categories = list(dict.fromkeys(r["category"] for r in records))
+    for category in categories:
+        rows = [r for r in records if r["category"] == category]
+        result = {}
+        for k, w in shapes:
+            runs = [fixed_tree(r, costs, draft_costs, k, w, tree_cost) for r in rows]
+            result[(k, w)] = (statistics.median(s for s, _ in runs), statistics.median(t for _, t in runs))
+        name = lambda shape: f"draft:{shape[0]}" + (f"x{shape[1]}" if shape[1] > 1 else "")  # noqa: E731
+        chain = max((s for s in result if s[1] == 1), key=lambda s: result[s][0])
+        tree = max((s for s in result if s[1] > 1), key=lambda s: result[s][0])
+        fewer = [s for s in result if s[1] > 1 and s[0] * s[1] <= chain[0]]  # no more nodes than the chain
+        small = max(fewer, key=lambda s: result[s][0], default=None)
+        ratio = result[tree][0] / result[chain][0]
+        matched += ratio >= 1.0
+        beaten += ratio > 1.0
+        small_cells = (
+            f"{name(small)} {result[small][0]:.2f}x | {result[small][0] / result[chain][0]:.3f}" if small else "- | -"
+        )
+        print(
+            f"| {category} | {len(rows)} | {name(chain)} {result[chain][0]:.2f}x | {result[chain][1]:.2f} "
+            f"| {name(tree)} {result[tree][0]:.2f}x | {result[tree][1]:.2f} | {ratio:.3f} | {small_cells} |"
+        )
+    holds = matched == len(categories) and beaten > len(categories) / 2
+    print(
+        f"\nthe best tree matches the best chain in {matched} of {len(categories)} categories and beats it in "
+        f"{beaten}: the bar (every category, most beaten) {'holds' if holds else 'FAILS'}"
+    )
+    return 1 if args.check and not holds else 0
 
 
 def load(args):
@@ -376,12 +480,35 @@ def main() -> int:
     ver = sub.add_parser("verdict", help="auto's bars per category: clairvoyant, best fixed, best peer policy")
     _replay_inputs(ver)
     ver.add_argument("--check", action="store_true", help="exit 1 when a bar does not hold")
+    rk = sub.add_parser("ranks", help="add the draft model's ranks of the target's tokens to a recording")
+    rk.add_argument("--recording", default="greedy-outputs.jsonl")
+    rk.add_argument("--draft", default=None, help="the draft model (default: the recording's)")
+    rk.add_argument("--ctx", type=int, default=8192)
+    tr = sub.add_parser("trees", help="the draft model's fixed chains against its fixed fishbone trees")
+    _replay_inputs(tr)
+    tr.add_argument("--chains", type=int, nargs="+", default=list(range(1, 17)), help="chain depths K to try")
+    tr.add_argument(
+        "--trees",
+        nargs="+",
+        default=[f"{k}x{w}" for w in (2, 3, 4) for k in (1, 2, 3, 4, 6, 8, 12, 16)],
+        help="fishbones KxW to try (W <= 9)",
+    )
+    tr.add_argument("--tree-cost", type=float, default=1.0, help="a tree's forward over a chain's of as many tokens")
+    tr.add_argument("--tree-costs", help="a benchmarks/tree_costs.py report: its one-row ratios' median")
+    tr.add_argument("--check", action="store_true", help="exit 1 when the tree bar does not hold")
     cop = sub.add_parser("copies", help="how far long matches run: whole copies against partial ones")
     cop.add_argument("--recording", default="greedy-outputs.jsonl")
     args = parser.parse_args()
-    return {"record": record, "replay": replay, "loo": loo, "copies": copies, "verdict": verdict}[args.command](
-        args
-    ) or 0
+    commands = {
+        "record": record,
+        "replay": replay,
+        "loo": loo,
+        "copies": copies,
+        "verdict": verdict,
+        "ranks": ranks,
+        "trees": trees,
+    }
+    return commands[args.command](args) or 0
 
 
 if __name__ == "__main__":

@@ -295,3 +295,83 @@ def test_loo_refuses_a_constant_it_would_not_set():
     assert proc.stderr.strip().splitlines() == [
         "error: --set: no constant REACH in specdec.controller or specdec.acceptance"
     ]
+
+
+def test_draft_ranks_break_ties_by_id_and_trees_replay_as_chains_at_width_one():
+    """A rank counts the candidates above the token, and an equal logit of a smaller id (argmax's
+    and the greedy siblings' order); ranks past the cap read 9, and a tree wider than a rank can
+    tell is refused. A fishbone of width 1 keeps what the chain keeps."""
+    from specdec.replay import RANK_CAP, draft_ranks, draft_run, tree_run
+
+    logits = np.array([[1.0, 3.0, 3.0, 0.0], [1.0, 3.0, 3.0, 0.0], [5.0, 1.0, 1.0, 1.0]])
+    assert draft_ranks(logits, [2, 1, 3]) == "103"
+    assert draft_ranks(-np.arange(20.0)[None, :], [15]) == str(RANK_CAP)
+    with pytest.raises(ValueError, match="widths 1..9"):
+        tree_run("000", 0, 2, RANK_CAP + 1)
+    ranks = "0010023000"
+    agrees = "".join("1" if r == "0" else "0" for r in ranks)
+    for pos in range(len(ranks)):
+        for k in (1, 2, 4):
+            assert tree_run(ranks, pos, k, 1) == draft_run(agrees, pos, k)
+    assert [tree_run(ranks, 0, 4, w) for w in (1, 2, 3)] == [2, 3, 3]  # the miss at depth 3 is rank 1
+    assert tree_run(ranks, 3, 4, 2) == 2 and tree_run(ranks, 3, 4, 3) == 3  # two 0s, then rank 2
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.name)
+def test_the_shipped_ranks_agree_with_the_shipped_agreement(path):
+    """Every shipped recording holds the draft's ranks, taken on the same outputs as its greedy
+    agreement: rank 0 exactly where the draft agreed."""
+    _, records = load_recording(path)
+    for r in records:
+        assert len(r["draft_ranks"]) == len(r["output"])
+        assert [c == "0" for c in r["draft_ranks"]] == [c == "1" for c in r["draft_agrees"]], r["id"]
+
+
+def test_the_trees_table_sets_the_best_tree_against_the_best_chain(tmp_path):
+    """`replay_controller.py trees`: a row per category whose best chain and best tree are the
+    fixed_tree medians' best; --check exits 1 exactly when the tree bar fails; a recording without
+    ranks is a one-line error and exit 2."""
+    import subprocess
+    import sys
+
+    from specdec.replay import fixed_tree
+
+    path = RECORDINGS[1]
+    header, records = load_recording(path)
+    script = Path(__file__).resolve().parents[1] / "scripts" / "replay_controller.py"
+    args = [sys.executable, str(script), "trees", "--recording", str(path), "--chains", "2", "4", "--trees", "2x2"]
+    proc = subprocess.run(args + ["--check"], capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "category" not in line]
+    assert len(lines) == len({r["category"] for r in records})
+    for line in lines:
+        category = line.split("|")[1].strip()
+        rows = [r for r in records if r["category"] == category]
+        medians = {
+            (k, w): np.median([fixed_tree(r, header["costs"], header["draft_costs"], k, w)[0] for r in rows])
+            for k, w in ((2, 1), (4, 1), (2, 2))
+        }
+        chain = max(medians[(2, 1)], medians[(4, 1)])
+        assert f"draft:2x2 {medians[(2, 2)]:.2f}x" in line and f"{chain:.2f}x" in line
+        if medians[(2, 2)] < chain:
+            assert proc.returncode == 1
+    assert proc.returncode in (0, 1) and ("FAILS" in proc.stdout) == (proc.returncode == 1)
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text(
+        "\n".join(
+            [json.dumps(header)] + [json.dumps({k: v for k, v in r.items() if k != "draft_ranks"}) for r in records]
+        )
+        + "\n"
+    )
+    proc = subprocess.run([*args[:4], str(bare)], capture_output=True, text=True)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "no draft ranks" in proc.stderr
+    proc = subprocess.run([*args[:5], "--trees", "8y2"], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --trees 8y2: want KxW")
+
+
+def test_ranks_from_another_machine_follow_the_recorded_agreement():
+    """Where the draft's greedy guess parts from the recorded one at a rounding tie, its rank 0
+    and 1 trade places so that rank 0 is where the recording agreed; elsewhere nothing changes."""
+    from specdec.replay import reconcile_ranks
+
+    assert reconcile_ranks("0312", "1000") == ("0312", 0)
+    assert reconcile_ranks("1302", "1001") == ("0310", 3)

@@ -18,7 +18,9 @@ token is the target's own token, so the draft's next guess sees the true context
 of k tokens from position i keeps the run of agreements starting at i, up to k. `RecordedDrafter`
 replays such a draft model for the controllers (fixed draft:K and `auto`), and `draft_ceiling` is
 a clairvoyant controller over it. The draft model's costs come from its own curve: a catch-up
-forward of the tokens it has not seen, then one forward per further draft token.
+forward of the tokens it has not seen, then one forward per further draft token. With the rank of
+the target's token among the draft's candidates at every position as well (`draft_ranks`), the
+draft model's greedy fishbone trees (draft:KxW) replay exactly too (`tree_run`, `fixed_tree`).
 
 Costs are a curve at one depth (a list of seconds for 1..W tokens) or a `CostTable` with a deep
 curve (costs.cost_table): then every step is priced at its own depth, the prompt plus what was
@@ -258,6 +260,55 @@ def verdict(
     return out
 
 
+# A rank string holds one character a position: the rank of the target's token among the draft
+# model's candidates there, 0-8, and "9" for the tenth or lower.
+# why: a tree of this module's fishbones has at most 9 candidates a depth; a digit keeps the
+# recording one short string a prompt, like the agreement string it extends
+RANK_CAP = 9
+
+
+def draft_ranks(logits, output: Sequence[int]) -> str:
+    """The rank of each output token among the draft's logits at its position (logits [n, vocab],
+    row i the draft's guess at output[i], teacher-forced): 0 is its greedy guess. Ties go by id,
+    as argmax and a tree's greedy siblings (drafters.model.siblings) break them."""
+    import numpy as np
+
+    out = []
+    for row, token in zip(np.asarray(logits), output):
+        above = int(np.count_nonzero(row > row[token])) + int(np.count_nonzero(row[:token] == row[token]))
+        out.append(str(min(above, RANK_CAP)))
+    return "".join(out)
+
+
+def reconcile_ranks(ranks: str, agrees: str) -> tuple[str, int]:
+    """(ranks, positions changed): ranks taken on another machine than the agreement string they
+    extend, made to agree with it. Where the two machines' kernels part at a rounding tie between
+    the draft's two best candidates, one machine's rank 0 is the other's rank 1: such a position
+    takes the recorded agreement's side (rank 0 where it agreed, else 1)."""
+    out, changed = list(ranks), 0
+    for i, (rank, agreed) in enumerate(zip(ranks, agrees)):
+        if (rank == "0") != (agreed == "1"):
+            out[i] = "0" if agreed == "1" else "1"
+            changed += 1
+    return "".join(out), changed
+
+
+def tree_run(ranks: str, pos: int, k: int, width: int) -> int:
+    """Draft tokens the target keeps of a greedy fishbone tree from position `pos` (draft:KxW: the
+    draft model's chain of k tokens, and beside the chain's node at each depth its next width - 1
+    candidates as leaves): the run of greedy guesses the target keeps, then one more where the
+    target's token at the first miss is one of that depth's other candidates. Exact: while the
+    chain holds, its context is the target's, where the ranks were taken. Width 1 is the chain."""
+    if not 1 <= width <= RANK_CAP:
+        raise ValueError(f"a recorded rank tells widths 1..{RANK_CAP}, not {width}")
+    n = 0
+    while n < k and pos + n < len(ranks) and ranks[pos + n] == "0":
+        n += 1
+    if n < k and pos + n < len(ranks) and int(ranks[pos + n]) < width:
+        n += 1
+    return n
+
+
 def draft_run(agrees: str, pos: int, k: int) -> int:
     """Draft tokens the target keeps of a k-token greedy draft from position `pos`: the run of
     agreements ('1') that starts there, at most k."""
@@ -335,11 +386,34 @@ def _cost(costs: Sequence[float], width: int) -> float:
 def _draft_steps(curves: Sequence[Sequence[float]], draft_costs, prompt_len: int) -> list[list[float]]:
     """Per position, the seconds of a step of k draft-model tokens: the target's forward of k + 1
     tokens and the draft model's forwards (one token to catch up on, then one per further token)."""
+    return tree_steps(curves, draft_costs, prompt_len, len(curves[0]) - 1 if curves else 0, 1)
+
+
+def tree_steps(curves, draft_costs, prompt_len: int, depth: int, width: int, tree_cost: float = 1.0):
+    """Per position, the seconds of a step of a k-deep fishbone of `width` (k = 0..depth): the
+    target's forward of k x width + 1 tokens (times `tree_cost`, what a tree costs over a chain of
+    as many tokens: benchmarks/tree_costs.py) and the draft model's chain of k (its siblings are
+    read from the chain's own logits). Width 1 is the chain's step."""
     steps = []
     for i, costs in enumerate(curves):
         draft = curve_at(draft_costs, prompt_len + i)
-        steps.append([costs[k] + draft_seconds(draft, 1, k) for k in range(len(costs))])
+        factor = tree_cost if width > 1 else 1.0
+        steps.append(
+            [
+                _cost(costs, k * width + 1) * (factor if k else 1.0) + draft_seconds(draft, 1, k)
+                for k in range(depth + 1)
+            ]
+        )
     return steps
+
+
+def fixed_tree(record: Mapping, costs, draft_costs, k: int, width: int, tree_cost: float = 1.0) -> tuple[float, float]:
+    """(speedup over plain, tokens per target step) of the draft model's fishbone draft:KxW at every
+    step on one recorded prompt (record["draft_ranks"]); width 1 is the chain draft:K."""
+    prompt, output, ranks = record["prompt"], record["output"], record["draft_ranks"]
+    curves = _curves(costs, len(prompt), len(output))
+    runs = [tree_run(ranks, pos, k, width) for pos in range(len(output))]
+    return fixed_speedup(runs, tree_steps(curves, draft_costs, len(prompt), k, width, tree_cost), curves, k)
 
 
 def draft_ceiling(prompt: Sequence[int], output: Sequence[int], agrees: str, costs, draft_costs) -> float:
@@ -532,6 +606,13 @@ def fit_draft_prior(records: Sequence[Mapping]) -> tuple[float, ...]:
     """The draft model's per-position acceptance fitted on recordings (fit_rate, two places)."""
     right, checked = draft_statistics(records)
     return tuple(round(fit_rate(r, c, prior=0.7), 2) for r, c in zip(right, checked))
+
+
+def fit_sibling_prior(records: Sequence[Mapping], widths: Sequence[int] = (2, 3, 4)) -> tuple[float, ...]:
+    """acceptance.SIBLING_PRIOR fitted on recordings with ranks: per width w, the share of the
+    draft's misses where the target's token was among its next w - 1 candidates."""
+    ranks = [int(c) for r in records for c in r["draft_ranks"] if c != "0"]
+    return tuple(round(sum(rank < w for rank in ranks) / max(1, len(ranks)), 2) for w in widths)
 
 
 def _best_time_of(options: Sequence[tuple[Sequence[int], Sequence[Sequence[float]]]], n: int) -> float:

@@ -138,3 +138,41 @@ def test_a_sampled_trees_shape_never_reads_a_candidates_own_draw():
 
     chi2, df = chi2_statistic(_first_tokens(own_draw), want)
     assert chi2 > 10 * chi2_threshold(df), chi2
+
+
+def test_the_replay_keeps_what_a_greedy_fishbone_keeps():
+    """replay.tree_run, from the draft's ranks of the target's tokens (one teacher-forced forward,
+    as `replay_controller.py record` takes them), keeps at every step exactly what ModelDrafter's
+    greedy fishbone tree keeps when the target walks down it, including the steps saved by a
+    sibling (there are such steps: the chain alone keeps less at them)."""
+    from specdec.replay import draft_ranks, tree_run
+    from specdec.sampling import DraftTree
+
+    draft = ToyLM(seed=6, sharpness=1.0)
+    target = ToyLM(seed=7, noise_from=draft, noise=0.6)
+    prompt, output = [3, 4, 5, 6], []
+    while len(output) < 120:  # the target's greedy output (its trigram table's argmax)
+        context = prompt + output
+        output.append(int(np.argmax(target.table[context[-2], context[-1]])))
+    [row] = draft.add_rows(1)
+    logits = draft.forward_rows({row: prompt + output}, {row: len(output) + 1})[row]
+    draft.drop_rows([row])
+    ranks = draft_ranks(logits[: len(output)], output)
+    for width, k in ((2, 4), (3, 3), (1, 5)):
+        drafter = ModelDrafter(ToyLM(seed=6, sharpness=1.0), width=width)
+        drafter.begin(0, prompt, SamplingParams(), np.random.default_rng(0))
+        pos, saved = 0, 0
+        while pos < len(output) - k:
+            d = drafter.propose({0: prompt + output[:pos]}, {0: k})[0]
+            tree = DraftTree(d.tokens, d.parents if d.parents is not None else list(range(-1, len(d.tokens) - 1)))
+            node, kept = -1, 0
+            while True:  # the target walks into the child holding its own token
+                node = next((c for c in tree.children(node) if tree.tokens[c] == output[pos + kept]), None)
+                if node is None:
+                    break
+                kept += 1
+            assert kept == tree_run(ranks, pos, k, width), (width, pos)
+            saved += kept > tree_run(ranks, pos, k, 1)
+            drafter.accept({0: kept})
+            pos += kept + 1
+        assert saved >= (3 if width > 1 else 0), width
