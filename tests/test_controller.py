@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 
 from specdec import SpeculativeDecoder
+from specdec.acceptance import DRAFT_PRIOR
 from specdec.controller import Acceptance, CostAwareController, FixedController, MatchAcceptance, Outcome, Overlay
 from specdec.costs import CostTable, measure_forward_costs
 from specdec.drafters.base import Draft
+from specdec.drafters.model import ModelDrafter
 from specdec.engine import Engine
 from specdec.models.base import packed
 
@@ -329,6 +331,7 @@ def test_auto_is_lossless_on_toy_models():
         target, "auto", draft_model=draft, suffix=False, costs=(flat, CostTable({w: 0.001 for w in range(1, 17)}))
     )
     auto.engine.clock = on_virtual_clock(target, flat.measured)
+    auto.controller().tree_widths = [1]  # chains: on this free curve trees would win every step (below)
     result = auto.generate(prompt, max_new_tokens=60)
     assert result.tokens == plain
     assert sum(result.stats.decisions.values()) == result.stats.steps
@@ -751,3 +754,54 @@ def test_the_controller_drafts_on_rates_one_standard_error_below_the_estimate():
     np.testing.assert_allclose(acc.cautious(np.array([0.99, 1.0, 0.0, 0.5])), [0.9627, 1.0, 0.0, 0.3631], atol=1e-4)
     np.testing.assert_allclose(acc.expected_tokens(40, 2), [1, 1.99, 1.99 + 0.99**2])
     np.testing.assert_allclose(acc.expected_tokens(40, 2, cautious=True), [1, 1.96275, 1.96275 + 0.96275**2], atol=1e-4)
+
+
+def test_auto_drafts_trees_where_width_is_cheap_and_chains_where_it_is_not():
+    """Where the target scores trees, auto may draft the draft model's fishbone: on a flat curve it
+    does (decisions "draft:KxW"), on a curve whose forward grows with every token (this CPU's
+    shape) it never does; greedy output is plain greedy output either way."""
+    target = ToyLM(vocab_size=32, seed=1)
+    target.path = None
+    prompt = [5, 6, 7, 5, 6, 7, 8, 5, 6]
+    plain = SpeculativeDecoder(target, None).generate(prompt, max_new_tokens=60).tokens
+    assert target.scores_trees
+    for name, curve in (("flat", {w: 0.01 for w in range(1, 17)}), ("steep", {w: 0.01 * w for w in range(1, 17)})):
+        draft = ToyLM(vocab_size=32, seed=2, noise_from=target, noise=1.5)
+        draft.path = None
+        costs = CostTable(curve)
+        auto = SpeculativeDecoder(
+            target, "auto", draft_model=draft, suffix=False, costs=(costs, CostTable({w: 0.0001 for w in range(1, 17)}))
+        )
+        auto.engine.clock = on_virtual_clock(target, costs.measured)
+        result = auto.generate(prompt, max_new_tokens=60)
+        assert result.tokens == plain, name
+        trees = [key for key in auto.controller().decisions if "x" in key]
+        assert bool(trees) == (name == "flat"), (name, auto.controller().decisions)
+
+
+def test_a_trees_outcome_teaches_its_chain_and_its_siblings():
+    """E_w[k] adds the sibling's rate times the chance the chain fails within k; a tree's outcome
+    scores the chain's positions as a chain's would, and where the chain failed, whether a sibling
+    was kept (which tells every wider tree on a hit, every narrower one on a miss)."""
+    from specdec.acceptance import SiblingAcceptance
+
+    model = ModelDrafter(ToyLM(seed=4))
+    auto = CostAwareController(None, model, [1.0] * 16, [0.3] * 16, tree_widths=(1, 2, 3))
+    auto.begin(0, [3, 4, 5])
+    chain = auto.model_accept.expected_tokens(3)
+    survive = np.cumprod(auto.model_accept.a[:3])
+    s2 = auto.sibling_accept.rate_at(2)
+    assert auto.tree_expected(chain, 2) == pytest.approx(chain + s2 * (1 - np.concatenate([[1.0], survive])))
+    assert list(auto.tree_expected(chain, 1)) == list(chain)
+    a0 = auto.model_accept.a[0]
+    # a 2-deep fishbone of width 2: chain [7, 8], siblings [9] and [10]; the target took 7, then 10
+    tree = Draft([7, 9, 8, 10], parents=[-1, -1, 0, 0])
+    before = auto.sibling_accept.s.copy()
+    auto.observe({0: Outcome(model, tree, 2, [7, 10, 11])}, [5], 1.0)
+    assert auto.model_accept.a[0] > a0  # the chain's first token was kept
+    assert auto.model_accept.a[1] < DRAFT_PRIOR[1]  # its second was not
+    assert (auto.sibling_accept.s > before).all()  # a hit at width 2: width 3 would have kept it too
+    table = SiblingAcceptance()
+    table.observe(3, False)
+    assert table.s[2] == SiblingAcceptance().s[2]  # a miss at width 3 says nothing of width 4
+    assert (table.s[:2] < SiblingAcceptance().s[:2]).all()

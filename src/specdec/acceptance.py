@@ -122,6 +122,40 @@ MATCH_PRIOR = {
 # history: docs/provenance.md#draft_prior
 DRAFT_PRIOR = (0.84, 0.86, 0.89, 0.9, 0.92, 0.93, 0.94, 0.95, 0.95, 0.96, 0.96, 0.96, 0.97, 0.97, 0.97)
 
+# The draft model's siblings, before any evidence: for a tree of width w = 2, 3, 4, P(the target's
+# token is one of the draft's next w - 1 candidates | the draft's own token was not).
+# why: the default pair's ranks on the dev suite's recording (784 misses; replay.fit_sibling_prior);
+# our suite's recordings read 0.54-0.55 / 0.73-0.75 / 0.82-0.84
+SIBLING_PRIOR = (0.46, 0.64, 0.74)
+
+
+@dataclass
+class SiblingAcceptance:
+    """s[w - 2] = P(a tree of width w keeps a sibling | the chain's token failed there), as moving
+    averages. Candidates nest (a width's are the next width's first ones), so one outcome informs
+    several widths: a sibling kept at width w would be at every wider one, and none kept at w none
+    at any narrower one."""
+
+    prior: Sequence[float] = SIBLING_PRIOR
+    rate: float = EMA
+    s: np.ndarray = field(default=None)
+
+    def __post_init__(self):
+        if self.s is None:
+            self.s = np.asarray(self.prior, dtype=float).copy()
+
+    @property
+    def widths(self) -> range:
+        return range(2, len(self.s) + 2)
+
+    def rate_at(self, width: int) -> float:
+        return float(self.s[width - 2]) if width > 1 else 0.0
+
+    def observe(self, width: int, kept: bool) -> None:
+        told = [w for w in self.widths if (w >= width if kept else w <= width)]
+        for w in told:
+            self.s[w - 2] += self.rate * (float(kept) - self.s[w - 2])
+
 
 class MatchAcceptance:
     """Prompt lookup's acceptance as a function of its match length: h[b] = P(the next guess is

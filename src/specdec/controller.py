@@ -22,6 +22,19 @@ tokens in order of their marginal gain gives the most tokens for every total wid
 walks that order and keeps the prefix with the best tokens per second. With one row this is
 argmax_k E[k] / cost(k + 1). Every row at k = 0, a plain step, is always a candidate, so
 speculation steps aside when it cannot pay.
+
+Trees (`tree_widths`, a draft model that drafts chains): the draft model may draft a fishbone of
+width w instead (its chain of k tokens and, beside each, its next w - 1 candidates: drafters.model),
+one forward of k w + 1 tokens for the target, nothing more for the draft model. Where the chain's
+token fails at some depth, a sibling is kept with probability s_w (acceptance.SiblingAcceptance,
+learnt from the trees' outcomes), one token more:
+
+    E_w[k] = E[k] + s_w (1 - prod_{l<=k} a_l)
+
+Each row takes the width whose best k promises the most alone; the batch then allocates k as for
+chains, each row's forward k w + 1 tokens wide (a tree row beside chains costs the engine a second
+forward, and is priced so). On a steep curve (this CPU's: 3 tokens cost 2-2.6x one) width never
+pays and every step is today's chain; on a flat one (a GPU's) it is nearly free.
 """
 
 from __future__ import annotations
@@ -32,7 +45,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from .acceptance import DRAFT_PRIOR, K_MAX, Acceptance, MatchAcceptance, Overlay, agreement
+from .acceptance import DRAFT_PRIOR, K_MAX, Acceptance, MatchAcceptance, Overlay, SiblingAcceptance, agreement
 
 # the acceptance tables and priors moved to acceptance.py; these names stay importable from here
 from .acceptance import MATCH_BUCKETS as MATCH_BUCKETS
@@ -80,6 +93,12 @@ EXPLORE_GROWTH = 2.0
 # why: a choice, not a fit: where the draft model pays, its own acceptance, not the probes, decides;
 # history: docs/provenance.md#explore_every
 EXPLORE_EVERY = 32
+
+
+# The widths of the draft model's trees `auto` chooses from (1: a chain).
+# why: the siblings' rates are fitted for these (acceptance.SIBLING_PRIOR); past 4 the dev suite's
+# recording adds 5% of the misses a width while the forward grows by k tokens a width
+TREE_WIDTHS = (1, 2, 3, 4)
 
 
 def whole_copy(match: int, generated: int) -> bool:
@@ -195,6 +214,7 @@ class _Option:
     lag: int = 0  # draft model: context tokens it must catch up on first
     drafter: Drafter | None = None  # the free drafter that made `proposal`
     depth: int = 0  # the row's context tokens: the depth its forward attends over
+    width: int = 1  # draft model: a tree of this width (its forward k x width + 1 tokens)
 
 
 def auto_controller(
@@ -202,7 +222,11 @@ def auto_controller(
 ) -> "CostAwareController":
     """`auto`'s controller for `target`, the one way it is built (a decoder's engine, the server's
     router). `costs`: (the target's curve, the draft model's or None); None: timed, and cached, at
-    first use (costs.measure_cost_table). `objective`: OBJECTIVES."""
+    first use (costs.measure_cost_table). `objective`: OBJECTIVES. A draft model of the target's
+    vocabulary that drafts chains may draft trees where the target scores them (TREE_WIDTHS)."""
+    from .drafters.model import ModelDrafter
+
+    trees = isinstance(model, ModelDrafter) and model.width == 1 and not model.nodes
     if costs is None:
         from .costs import measure_cost_table
 
@@ -219,6 +243,7 @@ def auto_controller(
         stops=target.tokenizer.eog_ids,
         objective=objective,
         draft_prior=getattr(model, "prior", None),  # a head's held-out agreement
+        tree_widths=TREE_WIDTHS if trees and getattr(target, "scores_trees", False) else (1,),
     )
 
 
@@ -246,6 +271,7 @@ class CostAwareController:
         stops: frozenset[int] = frozenset(),
         objective: str = "throughput",
         reach: float | None = None,  # a cap: free drafts at most reach x their match (None: none)
+        tree_widths: Sequence[int] = (1,),  # the draft model's tree widths to choose from (1: chains)
     ):
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
@@ -283,6 +309,8 @@ class CostAwareController:
             self.match_accept[self.ngram.name] if self.ngram else MatchAcceptance(match_prior, rate=rate)
         )
         self.model_accept = Acceptance(prior=DRAFT_PRIOR if draft_prior is None else draft_prior, rate=rate)
+        self.sibling_accept = SiblingAcceptance(rate=rate)
+        self.tree_widths = sorted({1, *(w for w in tree_widths if w in self.sibling_accept.widths)})
         self.overlay_weight = OVERLAY_WEIGHT if overlay_weight is None else overlay_weight
         self.explore_every = explore_every
         self.explore_growth = EXPLORE_GROWTH if explore_growth is None else explore_growth
@@ -310,10 +338,14 @@ class CostAwareController:
 
     # -- the decision -------------------------------------------------------------------------
 
-    def _value(self, expected: np.ndarray, draft_cost: Callable[[int], float], depth: int) -> tuple[int, float]:
-        """One row alone at `depth`: argmax over k of expected[k] / (draft_cost(k) + target_cost(k + 1))."""
+    def _value(
+        self, expected: np.ndarray, draft_cost: Callable[[int], float], depth: int, width: int = 1
+    ) -> tuple[int, float]:
+        """One row alone at `depth`: argmax over k of expected[k] / (draft_cost(k) + target_cost(k
+        width + 1))."""
         values = [
-            expected[k] / (draft_cost(k) + self._forward_seconds({0: k + 1}, depth)) for k in range(len(expected))
+            expected[k] / (draft_cost(k) + self._forward_seconds({0: k * width + 1}, depth))
+            for k in range(len(expected))
         ]
         k = int(np.argmax(values))
         return k, values[k]
@@ -364,19 +396,34 @@ class CostAwareController:
                     options[row] = _Option(drafter.name, expected, proposal, drafter=drafter, depth=depth)
             if self.model is not None and self.draft_cost is not None:
                 lag = max(1, self.model.lag(row, contexts[row]))
-                expected = self.model_accept.expected_tokens(min(k_cap, 8), state.model_overlay)
-                k, value = self._value(expected, self._model_cost(lag, depth), depth)
-                if k and value > best_value:
-                    best_value = value
-                    options[row] = _Option("draft", expected, lag=lag, depth=depth)
+                chain = self.model_accept.expected_tokens(min(k_cap, 8), state.model_overlay)
+                for width in self.tree_widths:
+                    expected = self.tree_expected(chain, width)
+                    k, value = self._value(expected, self._model_cost(lag, depth), depth, width)
+                    if k and value > best_value:
+                        best_value = value
+                        options[row] = _Option("draft", expected, lag=lag, depth=depth, width=width)
         return options
 
+    def tree_expected(self, chain: np.ndarray, width: int) -> np.ndarray:
+        """E_w[k] for k = 0..len - 1 from the chain's E[k]: where the chain's token fails within the
+        k, a sibling is kept with the table's rate for the width (module docstring)."""
+        if width == 1:
+            return chain
+        survive = np.diff(chain, prepend=1.0)  # [1 (k = 0), P(the first k kept) for k >= 1]
+        survive[0] = 1.0
+        return chain + self.sibling_accept.rate_at(width) * (1.0 - survive)
+
     def _step_cost(self, ks: Mapping[int, int], options: Mapping[int, _Option]) -> float:
-        """Seconds of a step: the target's forward over every row's k + 1 tokens, plus the draft
-        model's catch-up forward and one forward per draft position over the rows still drafting,
-        all at the step's depth (costs.step_depth)."""
-        depth = step_depth({r: k + 1 for r, k in ks.items()}, {r: o.depth for r, o in options.items()})
-        seconds = self._forward_seconds({r: k + 1 for r, k in ks.items()}, depth)
+        """Seconds of a step: the target's forward over every row's k + 1 tokens (a tree row's k
+        width + 1, in a forward of its own where chains share the step, as the engine runs it), plus
+        the draft model's catch-up forward and one forward per draft position over the rows still
+        drafting, all at the step's depth (costs.step_depth)."""
+        fed = {r: ks[r] * (options[r].width if ks[r] else 1) + 1 for r in ks}
+        depth = step_depth(fed, {r: o.depth for r, o in options.items()})
+        trees = {r: n for r, n in fed.items() if ks[r] and options[r].width > 1}
+        chains = {r: n for r, n in fed.items() if r not in trees}
+        seconds = sum(self._forward_seconds(group, depth) for group in (chains, trees) if group)
         drafting = [ks[r] for r, o in options.items() if o.kind == "draft" and ks[r]]
         if drafting:
             seconds += self._draft_seconds(
@@ -462,10 +509,13 @@ class CostAwareController:
                     options[row] = _Option("draft", np.ones(2), lag=lag, depth=state.depth)
                     ks[row] = 1
         plan: dict[int, tuple[Drafter | None, Draft | None]] = {}
-        model_ks = {}
+        model_ks, widths = {}, {}
         for row, k in ks.items():
             kind = options[row].kind if k else "plain"
             key = "plain" if kind == "plain" else f"{kind}:{k}"
+            if kind == "draft" and options[row].width > 1:
+                key += f"x{options[row].width}"
+                widths[row] = options[row].width
             self.decisions[key] = self.decisions.get(key, 0) + 1
             if options[row].drafter is not None and kind != "plain":  # a free drafter's
                 plan[row] = (options[row].drafter, Draft(options[row].proposal.tokens[:k]))
@@ -474,7 +524,8 @@ class CostAwareController:
             else:
                 plan[row] = (None, None)
         if model_ks:
-            drafts = self.model.propose({row: contexts[row] for row in model_ks}, model_ks)
+            asked = {row: contexts[row] for row in model_ks}
+            drafts = self.model.propose(asked, model_ks, widths) if widths else self.model.propose(asked, model_ks)
             plan.update({row: (self.model, drafts[row]) for row in model_ks})
         return plan
 
@@ -498,7 +549,13 @@ class CostAwareController:
             # misses would keep it out (a probe then scores one guess, not the dozens it skipped).
             for right in out.draft.evidence.get("caught_up", ()):
                 self.model_accept.observe(1, int(right), state.model_overlay)
-            if n_drafted:
+            if out.draft.parents is not None and n_drafted:  # a tree: its chain, and a sibling where it failed
+                chain = out.draft.first_branch().tokens
+                kept = agreement(chain, out.emitted)[1]
+                self.model_accept.observe(len(chain), kept, state.model_overlay)
+                if kept < len(chain):
+                    self.sibling_accept.observe(n_drafted // len(chain), out.n_accepted > kept)
+            elif n_drafted:
                 self.model_accept.observe(n_drafted, out.n_accepted, state.model_overlay)
         if n_drafted:
             state.tracker = {}  # the draft's own outcome covers the positions after it

@@ -89,8 +89,13 @@ class ModelDrafter:
         """Context tokens the draft model has not seen yet (what the row's next proposal feeds first)."""
         return len(context) - len(self._rows[row].fed)
 
-    def propose(self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int]) -> dict[int, Draft]:
+    def propose(
+        self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int], widths: Mapping[int, int] | None = None
+    ) -> dict[int, Draft]:
+        """Each row's draft of ks[row] tokens: a tree of widths[row] (default: the drafter's width;
+        `auto` chooses one per row and step)."""
         model = self.model
+        widths = {row: (widths or {}).get(row, self.width) for row in ks}
         ks = {row: max(0, min(k, model.n_ctx - len(contexts[row]))) for row, k in ks.items()}
         drafts = {row: Draft([]) for row in ks}
         live = {row: self._rows[row] for row, k in ks.items() if k > 0}
@@ -140,7 +145,7 @@ class ModelDrafter:
                     continue
                 row_logits = logits[state.model_row][0]
                 token, row_q = draft_token(row_logits, state.params, state.rng)
-                candidates = [token, *siblings(row_logits, token, row_q, self.width - 1, state.rng)]
+                candidates = [token, *siblings(row_logits, token, row_q, widths[row] - 1, state.rng)]
                 probs = shaping_probs(row_logits, row_q, candidates) if self.nodes else []  # shaped trees only
                 levels[row].append((candidates, probs, row_q))
                 if self.nodes and self._settled(levels[row]):
@@ -152,10 +157,11 @@ class ModelDrafter:
                 logits = model.forward_rows(feed, {r: 1 for r in feed})
         for row, state in live.items():
             state.drafted = depth[row]  # chain tokens: the depth
-            drafts[row] = self._draft(levels[row], {"caught_up": caught_up[row]} if row in caught_up else {})
+            evidence = {"caught_up": caught_up[row]} if row in caught_up else {}
+            drafts[row] = self._draft(levels[row], evidence, tree=widths[row] > 1)
         return drafts
 
-    def _draft(self, levels, evidence: dict | None = None) -> Draft:
+    def _draft(self, levels, evidence: dict | None = None, tree: bool | None = None) -> Draft:
         """A row's Draft from its depths' candidates: the chain (width 1), every candidate (the
         fishbone), or the `nodes` most probable paths."""
         chosen = self._choose(levels) if self.nodes else [len(c) for c, _, _ in levels]
@@ -170,8 +176,8 @@ class ModelDrafter:
                 if row_q is not None:
                     q.append(row_q)
             above = len(tokens) - n
-        tree = parents if self.width > 1 else None
-        return Draft(tokens, np.stack(q) if q else None, evidence or {}, tree)
+        tree = self.width > 1 if tree is None else tree
+        return Draft(tokens, np.stack(q) if q else None, evidence or {}, parents if tree else None)
 
     def _choose(self, levels) -> list[int]:
         """How many of each depth's candidates the tree keeps: best first by path probability,
