@@ -157,10 +157,7 @@ def trees(args) -> int:
     if draft_costs is None:
         print(f"error: {args.recording} holds no draft model curve: give --draft-curve", file=sys.stderr)
         return 2
-    tree_cost = args.tree_cost
-    if args.tree_costs:  # a benchmarks/tree_costs.py report: its one-row ratios' median
-        report = json.loads(Path(args.tree_costs).read_text())
-        tree_cost = statistics.median(x["tree_over_chain"] for x in report["results"] if x["rows"] == 1)
+    tree_cost = tree_cost_of(args)
     shapes = [(k, 1) for k in args.chains]
     for shape in args.trees:
         k, _, w = shape.partition("x")
@@ -254,6 +251,15 @@ def describe(header, costs, draft_costs) -> str:
     return line + "\n"
 
 
+def tree_cost_of(args) -> float:
+    """A tree's forward over a chain's of as many nodes: --tree-cost, or the median of the one-row
+    ratios of a benchmarks/tree_costs.py report (--tree-costs)."""
+    if args.tree_costs:
+        report = json.loads(Path(args.tree_costs).read_text())
+        return statistics.median(x["tree_over_chain"] for x in report["results"] if x["rows"] == 1)
+    return args.tree_cost
+
+
 def stops(header) -> frozenset[int]:
     """The recorded target's end-of-generation tokens, where the engine cuts every draft."""
     return frozenset(header.get("eog", ()))
@@ -286,7 +292,7 @@ def loo(args) -> None:
                 setattr(module, name, float(value))
         else:
             extra[name] = float(value)
-    result = leave_one_category_out(records, costs, draft_costs, stops(header), **extra)
+    result = leave_one_category_out(records, costs, draft_costs, stops(header), tree_cost_of(args), **extra)
     print(describe(header, costs, draft_costs))
     print(
         "| held-out category | prompts | auto | clairvoyant | auto / clairvoyant (median per prompt) "
@@ -322,7 +328,7 @@ def copies(args) -> None:
 
 
 def replay(args) -> None:
-    from specdec.controller import CostAwareController, FixedController
+    from specdec.controller import TREE_WIDTHS, CostAwareController, FixedController
     from specdec.drafters.ngram import NgramDrafter
     from specdec.replay import (
         LongMatchController,
@@ -337,12 +343,19 @@ def replay(args) -> None:
     if not args.draft_curve and not args.with_draft:
         draft_costs = None  # prompt lookup only, unless asked
     with_draft = draft_costs is not None and all("draft_agrees" in r for r in records)
-    recorded = (
-        RecordedDrafter({tuple(r["prompt"]): (r["output"], r["draft_agrees"]) for r in records}) if with_draft else None
-    )
+    recorded = RecordedDrafter.of(records) if with_draft else None
+    trees = recorded is not None and recorded.has_ranks  # auto may draft the draft model's trees
+    tree_cost = tree_cost_of(args)
     # one `auto` for the suite, as in a bench: it learns across prompts
     eog = stops(header)
-    auto = CostAwareController(NgramDrafter(), recorded, copy.deepcopy(costs), copy.deepcopy(draft_costs), stops=eog)
+    auto = CostAwareController(
+        NgramDrafter(),
+        recorded,
+        copy.deepcopy(costs),
+        copy.deepcopy(draft_costs),
+        stops=eog,
+        tree_widths=TREE_WIDTHS if trees else (1,),
+    )
     columns = ["ngram:8", "auto", "clairvoyant", "copy ceiling", "ngram-mod-like:8"]
     if with_draft:
         columns += [f"draft:{k}" for k in args.draft_k] + ["draft ceiling"]
@@ -350,10 +363,16 @@ def replay(args) -> None:
     for r in records:
         prompt, output = r["prompt"], r["output"]
         fixed, _ = replay_speedup(prompt, output, costs, FixedController(NgramDrafter(), 8), stops=eog)
-        auto_speedup, decisions = replay_speedup(prompt, output, costs, auto, recorded, draft_costs, eog)
+        auto_speedup, decisions = replay_speedup(prompt, output, costs, auto, recorded, draft_costs, eog, tree_cost)
         # the clairvoyant controller over the drafters auto has (prompt lookup, and the draft model when recorded)
         clairvoyant = clairvoyant_speedup(
-            prompt, output, costs, r.get("draft_agrees") if with_draft else None, draft_costs
+            prompt,
+            output,
+            costs,
+            r.get("draft_agrees") if with_draft else None,
+            draft_costs,
+            r.get("draft_ranks") if trees else None,
+            tree_cost,
         )
         row = [
             fixed,
@@ -383,7 +402,7 @@ def verdict(args) -> int:
     from specdec.replay import verdict as bars
 
     header, records, costs, draft_costs = load(args)
-    result = bars(records, costs, draft_costs, stops(header))
+    result = bars(records, costs, draft_costs, stops(header), tree_cost_of(args))
     print(describe(header, costs, draft_costs))
     names = list(next(iter(result.values()))["holds"])
     print(
@@ -414,6 +433,12 @@ def _replay_inputs(p) -> None:
     ):
         p.add_argument(name, default=default, help="as for replay")
     p.add_argument("--depth", type=int, default=None, help="the curves' depth to use")
+    _tree_flags(p)
+
+
+def _tree_flags(p) -> None:
+    p.add_argument("--tree-cost", type=float, default=1.0, help="a tree's forward over a chain's of as many nodes")
+    p.add_argument("--tree-costs", help="a benchmarks/tree_costs.py report: its one-row ratios' median")
 
 
 def main() -> int:
@@ -467,6 +492,7 @@ def main() -> int:
     )
     rep.add_argument("--draft-k", type=int, nargs="+", default=[2, 4], help="fixed draft:K columns (default: 2 4)")
     rep.add_argument("-v", "--verbose", action="store_true", help="a line per prompt")
+    _tree_flags(rep)
     out = sub.add_parser("loo", help="leave one category out: fit the priors on the others, test auto on it")
     _replay_inputs(out)
     out.add_argument("--fit", action="store_true", help="also print the priors fitted on every category")
@@ -493,8 +519,6 @@ def main() -> int:
         default=[f"{k}x{w}" for w in (2, 3, 4) for k in (1, 2, 3, 4, 6, 8, 12, 16)],
         help="fishbones KxW to try (W <= 9)",
     )
-    tr.add_argument("--tree-cost", type=float, default=1.0, help="a tree's forward over a chain's of as many tokens")
-    tr.add_argument("--tree-costs", help="a benchmarks/tree_costs.py report: its one-row ratios' median")
     tr.add_argument("--check", action="store_true", help="exit 1 when the tree bar does not hold")
     cop = sub.add_parser("copies", help="how far long matches run: whole copies against partial ones")
     cop.add_argument("--recording", default="greedy-outputs.jsonl")

@@ -375,3 +375,22 @@ def test_ranks_from_another_machine_follow_the_recorded_agreement():
 
     assert reconcile_ranks("0312", "1000") == ("0312", 0)
     assert reconcile_ranks("1302", "1001") == ("0310", 3)
+
+
+def test_the_clairvoyant_over_trees_bounds_every_fixed_tree_and_the_chains_clairvoyant():
+    """With the draft's ranks the clairvoyant may also draft its trees of auto's widths: it is never
+    below the chains-only clairvoyant, nor below any fixed tree, on a flat (GPU-like) curve."""
+    from specdec.replay import clairvoyant_speedup, fixed_tree
+
+    header, records = load_recording(RECORDINGS[1])
+    flat = [0.01 * (1 + 0.01 * w) for w in range(16)]
+    draft = [0.004] * 16
+    gains = []
+    for r in records[::14][:4]:
+        chains = clairvoyant_speedup(r["prompt"], r["output"], flat, r["draft_agrees"], draft)
+        trees = clairvoyant_speedup(r["prompt"], r["output"], flat, r["draft_agrees"], draft, r["draft_ranks"])
+        assert trees >= chains - 1e-9
+        gains.append(trees / chains)
+        for k, w in ((2, 2), (4, 3), (8, 4)):
+            assert trees >= fixed_tree(r, flat, draft, k, w)[0] - 1e-9
+    assert max(gains) > 1.01  # the trees are used where the draft misses

@@ -64,6 +64,19 @@ def _best_time(lengths: Sequence[int], curves: Sequence[Sequence[float]]) -> flo
     return _best_time_of([(lengths, curves)], len(lengths))
 
 
+def _tree_accepted(draft: Draft, output: Sequence[int], pos: int) -> int:
+    """How many of a tree draft's nodes the target keeps at `pos`: greedy, down into the child
+    that holds the output's token, while there is one."""
+    node, kept = -1, 0
+    while pos + kept < len(output):
+        token = output[pos + kept]
+        node = next((i for i, p in enumerate(draft.parents) if p == node and draft.tokens[i] == token), None)
+        if node is None:
+            break
+        kept += 1
+    return kept
+
+
 def _accepted(proposal: Sequence[int], output: Sequence[int], pos: int) -> int:
     """How many of `proposal`'s tokens the target keeps at `pos`: the prefix `output` agrees with."""
     return agreement(proposal, output[pos : pos + len(proposal)])[1]
@@ -202,24 +215,22 @@ def peer_policies(recorded: "RecordedDrafter | None", costs, draft_costs) -> dic
 
 
 def policy_speedups(
-    records: Sequence[Mapping], costs, draft_costs=None, stops: frozenset[int] = frozenset()
+    records: Sequence[Mapping], costs, draft_costs=None, stops: frozenset[int] = frozenset(), tree_cost: float = 1.0
 ) -> dict[str, dict[str, float]]:
     """category -> method -> median speedup over its prompts, for every fixed method (ngram:K,
-    draft:K when the draft model is recorded) and every peer policy (peer_policies; each one
-    controller per category, learning across its prompts as auto does)."""
+    draft:K when the draft model is recorded, and its trees draft:KxW of auto's widths when its
+    ranks are: fixed_tree) and every peer policy (peer_policies; each one controller per category,
+    learning across its prompts as auto does)."""
     import statistics
 
-    from .controller import FixedController
+    from .controller import TREE_WIDTHS, FixedController
 
     with_draft = draft_costs is not None and all("draft_agrees" in r for r in records)
+    trees = with_draft and all("draft_ranks" in r for r in records)
     out = {}
     for category in dict.fromkeys(r["category"] for r in records):
         test = [r for r in records if r["category"] == category]
-        recorded = (
-            RecordedDrafter({tuple(r["prompt"]): (r["output"], r["draft_agrees"]) for r in test})
-            if with_draft
-            else None
-        )
+        recorded = RecordedDrafter.of(test) if with_draft else None
         policies = {f"ngram:{k}": FixedController(NgramDrafter(), k) for k in FIXED_NGRAM_K}
         if with_draft:
             policies.update({f"draft:{k}": FixedController(recorded, k) for k in FIXED_DRAFT_K})
@@ -231,18 +242,23 @@ def policy_speedups(
             )
             for name, controller in policies.items()
         }
+        for k in FIXED_DRAFT_K if trees else ():
+            for width in TREE_WIDTHS[1:]:
+                out[category][f"draft:{k}x{width}"] = statistics.median(
+                    fixed_tree(r, costs, draft_costs, k, width, tree_cost)[0] for r in test
+                )
     return out
 
 
 def verdict(
-    records: Sequence[Mapping], costs, draft_costs=None, stops: frozenset[int] = frozenset()
+    records: Sequence[Mapping], costs, draft_costs=None, stops: frozenset[int] = frozenset(), tree_cost: float = 1.0
 ) -> dict[str, dict]:
     """The bars of `auto` per category, deterministic: leave-one-category-out auto against the
     clairvoyant (auto / clairvoyant, the median per prompt, >= 0.9), the best fixed method and
     the best peer policy (auto's median >= theirs - 3%). category -> {"auto", "clairvoyant",
     "ratio", "best fixed": (name, speedup), "best peer": (name, speedup), "holds": {bar: bool}}."""
-    loo = leave_one_category_out(records, costs, draft_costs, stops)
-    policies = policy_speedups(records, costs, draft_costs, stops)
+    loo = leave_one_category_out(records, costs, draft_costs, stops, tree_cost)
+    policies = policy_speedups(records, costs, draft_costs, stops, tree_cost)
     out = {}
     for category, r in loo.items():
         fixed = max(((n, v) for n, v in policies[category].items() if not n.startswith("peer ")), key=lambda x: x[1])
@@ -320,20 +336,40 @@ def draft_run(agrees: str, pos: int, k: int) -> int:
 
 class RecordedDrafter:
     """A draft model replayed from recordings (prompt -> (the target's output, the draft's
-    agreement string)): it proposes what the real one would have under greedy decoding, the
-    target's tokens for the run of agreements and then a token the target rejects, and keeps the
-    draft model's cache bookkeeping (ModelDrafter's) so that `lag` and the costs are the real ones."""
+    agreement string[, its ranks])): it proposes what the real one would have under greedy
+    decoding, the target's tokens for the run of agreements and then a token the target rejects,
+    and keeps the draft model's cache bookkeeping (ModelDrafter's) so that `lag` and the costs are
+    the real ones. With ranks it drafts fishbone trees as ModelDrafter does (`widths`): at the
+    first miss the target's token stands among the siblings where its rank puts it."""
 
-    def __init__(self, recordings: Mapping[tuple[int, ...], tuple[Sequence[int], str]], vocab_size: int = 1 << 20):
+    def __init__(self, recordings: Mapping[tuple[int, ...], tuple], vocab_size: int = 1 << 20):
         self.name = "draft:recorded"
         self.vocab_size = vocab_size
         self._recordings = {tuple(p): r for p, r in recordings.items()}
         self._rows: dict[int, dict] = {}
         self.last_cost_rows: tuple[int, int] = (0, 0)  # (catch-up tokens, draft tokens) of the last proposal
 
+    @classmethod
+    def of(cls, records: Sequence[Mapping]) -> "RecordedDrafter":
+        """From recording lines: their outputs, agreement and (where held) ranks."""
+        return cls({tuple(r["prompt"]): (r["output"], r["draft_agrees"], r.get("draft_ranks")) for r in records})
+
+    @property
+    def has_ranks(self) -> bool:
+        return bool(self._recordings) and all(len(r) > 2 and r[2] is not None for r in self._recordings.values())
+
     def begin(self, row: int, prompt: Sequence[int], params=None, rng=None) -> None:
-        output, agrees = self._recordings[tuple(prompt)]
-        self._rows[row] = {"start": len(prompt), "output": output, "agrees": agrees, "fed": 0, "base": 0, "drafted": 0}
+        output, agrees, *ranks = self._recordings[tuple(prompt)]
+        self._rows[row] = {
+            "start": len(prompt),
+            "output": output,
+            "agrees": agrees,
+            "ranks": ranks[0] if ranks else None,
+            "fed": 0,
+            "base": 0,
+            "drafted": 0,
+            "through_sibling": False,
+        }
 
     def end(self, rows: Sequence[int]) -> None:
         for row in rows:
@@ -342,7 +378,9 @@ class RecordedDrafter:
     def lag(self, row: int, context: Sequence[int]) -> int:
         return len(context) - self._rows[row]["fed"]
 
-    def propose(self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int]) -> dict[int, Draft]:
+    def propose(
+        self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int], widths: Mapping[int, int] | None = None
+    ) -> dict[int, Draft]:
         drafts = {}
         for row, k in ks.items():
             state, context = self._rows[row], contexts[row]
@@ -352,6 +390,8 @@ class RecordedDrafter:
             if n < k:  # the first guess the target rejects; what follows it is never looked at
                 right = state["output"][pos + n] if pos + n < len(state["output"]) else 0
                 tokens += [(right + 1) % self.vocab_size] * (k - n)
+            width = (widths or {}).get(row, 1)
+            tree = self._fishbone(state, pos, tokens, n, width) if width > 1 and k else None
             # its guesses at the generated tokens it catches up on (ModelDrafter's "caught_up")
             first = max(0, state["fed"] + 1 - state["start"], pos - CATCH_UP_SCORED)
             sat_out = k and len(context) - state["fed"] > CATCH_UP_MIN
@@ -359,13 +399,38 @@ class RecordedDrafter:
             self.last_cost_rows = (max(1, len(context) - state["fed"]) if k else 0, k)
             state["base"], state["drafted"] = len(context), k
             state["fed"] = len(context) + max(k - 1, 0) if k else state["fed"]
-            drafts[row] = Draft(tokens, evidence={"caught_up": caught_up} if caught_up else {})
+            state["chain_run"] = n
+            evidence = {"caught_up": caught_up} if caught_up else {}
+            drafts[row] = (
+                Draft(tree[0], evidence=evidence, parents=tree[1]) if tree else Draft(tokens, evidence=evidence)
+            )
         return drafts
+
+    def _fishbone(self, state, pos: int, chain: list[int], n: int, width: int) -> tuple[list[int], list[int]]:
+        """(tokens, parents) of ModelDrafter's greedy fishbone: each depth's chain token and then
+        its width - 1 siblings under the chain's node above; at the first miss (depth n) the
+        target's token is the sibling its rank names, if under `width`; every other sibling is a
+        token the target rejects."""
+        output, ranks = state["output"], state["ranks"]
+        if ranks is None:
+            raise ValueError("a recorded tree needs the draft's ranks (replay_controller.py ranks)")
+        tokens, parents, above = [], [], -1
+        for d, token in enumerate(chain):
+            right = output[pos + d] if pos + d < len(output) else 0
+            rank = int(ranks[pos + d]) if d == n and pos + d < len(ranks) else 0
+            wrong = [(right + 2 + j) % self.vocab_size for j in range(width - 1)]
+            if 0 < rank < width:
+                wrong[rank - 1] = right
+            tokens += [token, *wrong]
+            parents += [above] * width
+            above = len(tokens) - width
+        return tokens, parents
 
     def accept(self, n_accepted: Mapping[int, int]) -> None:
         for row, n in n_accepted.items():  # as ModelDrafter.accept: keep the accepted draft tokens fed
             state = self._rows[row]
-            state["fed"] = min(state["fed"], state["base"] + min(n, max(state["drafted"] - 1, 0)))
+            chain = min(n, state.get("chain_run", n))  # a kept sibling: the chain's token there was fed, not it
+            state["fed"] = min(state["fed"], state["base"] + min(chain, max(state["drafted"] - 1, 0)))
 
 
 def draft_seconds(draft_costs: Sequence[float], catch_up: int, k: int) -> float:
@@ -481,11 +546,13 @@ def replay_speedup(
     recorded: RecordedDrafter | None = None,
     draft_costs=None,
     stops: frozenset[int] = frozenset(),
+    tree_cost: float = 1.0,
 ) -> tuple[float, dict[str, int]]:
     """Speedup over plain decoding of `controller` (a FixedController or CostAwareController over
     prompt lookup and/or `recorded`, the draft model, whose forwards cost `draft_costs`), and its
     decisions, replayed step by step on the recorded output. As in the engine, a draft ends at
-    its first token in `stops` (the target's end-of-generation tokens)."""
+    its first token in `stops` (the target's end-of-generation tokens). A tree's forward costs the
+    curve's for its nodes times `tree_cost` (benchmarks/tree_costs.py)."""
     controller.begin(0, prompt)
     if recorded is not None:
         recorded.begin(0, prompt)
@@ -496,9 +563,13 @@ def replay_speedup(
         [(drafter, draft)] = controller.draft({0: context}, {0: len(curves[pos]) - 1}).values()
         draft = draft.upto(stops) if draft is not None else None
         tokens = draft.tokens if draft is not None else []
-        n = _accepted(tokens, output, pos)
+        n = (
+            _tree_accepted(draft, output, pos)
+            if draft is not None and draft.parents
+            else _accepted(tokens, output, pos)
+        )
         emitted = output[pos : pos + n + 1]
-        cost = curves[pos][len(tokens)]
+        cost = _cost(curves[pos], len(tokens) + 1) * (tree_cost if draft is not None and draft.parents else 1.0)
         seconds += cost
         kind = "ngram"
         if drafter is not None and drafter is recorded:
@@ -507,6 +578,9 @@ def replay_speedup(
             recorded.accept({0: n})
         controller.observe({0: Outcome(drafter, draft, n, emitted)}, [len(tokens) + 1], cost, len(context))
         key = f"{kind}:{len(tokens)}" if tokens else "plain"
+        if draft is not None and draft.parents:  # a fishbone: its depth x its width
+            width = draft.parents.count(-1)
+            key = f"{kind}:{len(tokens) // width}x{width}"
         decisions[key] = decisions.get(key, 0) + 1
         context += emitted
         pos += len(emitted)
@@ -630,10 +704,19 @@ def _best_time_of(options: Sequence[tuple[Sequence[int], Sequence[Sequence[float
 
 
 def clairvoyant_speedup(
-    prompt: Sequence[int], output: Sequence[int], costs, agrees: str | None = None, draft_costs=None
+    prompt: Sequence[int],
+    output: Sequence[int],
+    costs,
+    agrees: str | None = None,
+    draft_costs=None,
+    ranks: str | None = None,
+    tree_cost: float = 1.0,
 ) -> float:
     """A clairvoyant controller over both drafters `auto` has: at every position prompt lookup's
-    proposal or the draft model's (when recorded), drafting exactly what will be accepted."""
+    proposal or the draft model's (when recorded; with its ranks, also its trees of auto's widths,
+    controller.TREE_WIDTHS), drafting exactly what will be accepted."""
+    from .controller import TREE_WIDTHS
+
     curves = _curves(costs, len(prompt), len(output))
     k_max = len(curves[0]) - 1
     options = [(_lookup_lengths(prompt, output, k_max, NgramDrafter()), curves)]
@@ -644,6 +727,13 @@ def clairvoyant_speedup(
                 _draft_steps(curves, draft_costs, len(prompt)),
             )
         )
+        for width in TREE_WIDTHS[1:] if ranks is not None else ():  # a depth-k tree keeps min(k, its run)
+            options.append(
+                (
+                    [tree_run(ranks, pos, k_max, width) for pos in range(len(output))],
+                    tree_steps(curves, draft_costs, len(prompt), k_max, width, tree_cost),
+                )
+            )
     return _plain_time(curves) / _best_time_of(options, len(output))
 
 
@@ -652,28 +742,29 @@ def leave_one_category_out(
     costs: Sequence[float],
     draft_costs: Sequence[float] | None = None,
     stops: frozenset[int] = frozenset(),
+    tree_cost: float = 1.0,
     **controller_args,
 ) -> dict[str, dict[str, float]]:
     """For every category: fit the priors on the other categories' recordings, replay `auto` (one
     controller for the category's prompts, learning across them as in a bench run, its drafts
-    ending at the first of the target's end-of-generation tokens `stops`) on the held-out ones,
-    and compare it with the clairvoyant controller. category -> {"auto", "clairvoyant":
+    ending at the first of the target's end-of-generation tokens `stops`; with the draft's ranks
+    recorded, choosing the draft model's trees as auto_controller lets it, each tree's forward
+    `tree_cost` times a chain's) on the held-out ones, and compare it with the clairvoyant
+    controller (over trees too, where auto may draft them). category -> {"auto", "clairvoyant":
     median speedups; "ratio": median of auto / clairvoyant per prompt; "worst": auto's worst prompt;
     "prompts"}."""
     import statistics
 
-    from .controller import CostAwareController
+    from .acceptance import SIBLING_PRIOR
+    from .controller import TREE_WIDTHS, CostAwareController
 
     with_draft = draft_costs is not None and all("draft_agrees" in r for r in records)
+    trees = with_draft and all("draft_ranks" in r for r in records)
     out = {}
     for category in dict.fromkeys(r["category"] for r in records):
         train = [r for r in records if r["category"] != category]
         test = [r for r in records if r["category"] == category]
-        recorded = (
-            RecordedDrafter({tuple(r["prompt"]): (r["output"], r["draft_agrees"]) for r in test})
-            if with_draft
-            else None
-        )
+        recorded = RecordedDrafter.of(test) if with_draft else None
         # the controller learns live ratios on its tables: its own copies, the replay's stay as measured
         auto = CostAwareController(
             NgramDrafter(),
@@ -683,14 +774,24 @@ def leave_one_category_out(
             match_prior=fit_match_prior(train),
             draft_prior=fit_draft_prior(train) if with_draft else None,
             stops=stops,
-            **controller_args,
+            **{"tree_widths": TREE_WIDTHS if trees else (1,), **controller_args},
         )
+        if trees:  # the siblings' rates too are fitted on the other categories
+            auto.sibling_accept.s[:] = fit_sibling_prior(train, range(2, len(SIBLING_PRIOR) + 2))
         autos, clairs = [], []
         for r in test:
-            autos.append(replay_speedup(r["prompt"], r["output"], costs, auto, recorded, draft_costs, stops)[0])
+            autos.append(
+                replay_speedup(r["prompt"], r["output"], costs, auto, recorded, draft_costs, stops, tree_cost)[0]
+            )
             clairs.append(
                 clairvoyant_speedup(
-                    r["prompt"], r["output"], costs, r.get("draft_agrees") if with_draft else None, draft_costs
+                    r["prompt"],
+                    r["output"],
+                    costs,
+                    r.get("draft_agrees") if with_draft else None,
+                    draft_costs,
+                    r.get("draft_ranks") if trees else None,
+                    tree_cost,
                 )
             )
         out[category] = {

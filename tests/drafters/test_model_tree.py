@@ -144,8 +144,9 @@ def test_the_replay_keeps_what_a_greedy_fishbone_keeps():
     """replay.tree_run, from the draft's ranks of the target's tokens (one teacher-forced forward,
     as `replay_controller.py record` takes them), keeps at every step exactly what ModelDrafter's
     greedy fishbone tree keeps when the target walks down it, including the steps saved by a
-    sibling (there are such steps: the chain alone keeps less at them)."""
-    from specdec.replay import draft_ranks, tree_run
+    sibling (there are such steps: the chain alone keeps less at them). The replay's recorded draft
+    model, asked for the same width, drafts a tree the target keeps as much of."""
+    from specdec.replay import RecordedDrafter, _accepted, _tree_accepted, draft_ranks, tree_run
     from specdec.sampling import DraftTree
 
     draft = ToyLM(seed=6, sharpness=1.0)
@@ -158,12 +159,17 @@ def test_the_replay_keeps_what_a_greedy_fishbone_keeps():
     logits = draft.forward_rows({row: prompt + output}, {row: len(output) + 1})[row]
     draft.drop_rows([row])
     ranks = draft_ranks(logits[: len(output)], output)
+    agrees = "".join("1" if r == "0" else "0" for r in ranks)
     for width, k in ((2, 4), (3, 3), (1, 5)):
         drafter = ModelDrafter(ToyLM(seed=6, sharpness=1.0), width=width)
         drafter.begin(0, prompt, SamplingParams(), np.random.default_rng(0))
+        recorded = RecordedDrafter({tuple(prompt): (output, agrees, ranks)})  # the replay's, asked for the width
+        recorded.begin(0, prompt)
         pos, saved = 0, 0
         while pos < len(output) - k:
             d = drafter.propose({0: prompt + output[:pos]}, {0: k})[0]
+            replayed = recorded.propose({0: prompt + output[:pos]}, {0: k}, {0: width})[0]
+            assert (replayed.parents is None) == (d.parents is None) and len(replayed.tokens) == len(d.tokens)
             tree = DraftTree(d.tokens, d.parents if d.parents is not None else list(range(-1, len(d.tokens) - 1)))
             node, kept = -1, 0
             while True:  # the target walks into the child holding its own token
@@ -172,7 +178,12 @@ def test_the_replay_keeps_what_a_greedy_fishbone_keeps():
                     break
                 kept += 1
             assert kept == tree_run(ranks, pos, k, width), (width, pos)
+            replayed_kept = (
+                _tree_accepted(replayed, output, pos) if width > 1 else _accepted(replayed.tokens, output, pos)
+            )
+            assert replayed_kept == kept, (width, pos)
             saved += kept > tree_run(ranks, pos, k, 1)
             drafter.accept({0: kept})
+            recorded.accept({0: kept})
             pos += kept + 1
         assert saved >= (3 if width > 1 else 0), width
