@@ -39,6 +39,7 @@ import copy
 import json
 import statistics
 import sys
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,17 +147,31 @@ def ranks(args) -> int:
 
 
 def trees(args) -> int:
-    """The draft model's fixed chains against its fixed fishbone trees, per category (the median
-    over its prompts), each at the best depth and width found there, on the given curves."""
-    from specdec.replay import RANK_CAP, fixed_tree
+    """The draft model's (or prompt lookup's, --drafter ngram) fixed chains against its fixed
+    trees, per category (the median over its prompts), each at the best depth and width found
+    there, on the given curves."""
+    from specdec.controller import FixedController
+    from specdec.drafters.ngram import NgramDrafter
+    from specdec.replay import RANK_CAP, fixed_tree, replay_speedup
 
     header, records, costs, draft_costs = load(args)
-    if not all("draft_ranks" in r for r in records):
+    if args.drafter == "ngram":  # fixed candidates: replayed step by step, nothing to pay for drafting
+
+        def fixed(r, k, width, tree_cost):
+            drafter = FixedController(NgramDrafter(width=width), k)
+            speedup, decisions = replay_speedup(
+                r["prompt"], r["output"], costs, drafter, stops=stops(header), tree_cost=tree_cost
+            )
+            return speedup, len(r["output"]) / sum(decisions.values())
+
+    elif not all("draft_ranks" in r for r in records):
         print(f"error: {args.recording} holds no draft ranks: run `{Path(__file__).name} ranks` on it", file=sys.stderr)
         return 2
-    if draft_costs is None:
+    elif draft_costs is None:
         print(f"error: {args.recording} holds no draft model curve: give --draft-curve", file=sys.stderr)
         return 2
+    if args.drafter == "draft":
+        fixed = partial(fixed_tree, costs=costs, draft_costs=draft_costs)
     tree_cost = tree_cost_of(args)
     shapes = [(k, 1) for k in args.chains]
     for shape in args.trees:
@@ -181,9 +196,9 @@ def trees(args) -> int:
         rows = [r for r in records if r["category"] == category]
         result = {}
         for k, w in shapes:
-            runs = [fixed_tree(r, costs, draft_costs, k, w, tree_cost) for r in rows]
+            runs = [fixed(r, k=k, width=w, tree_cost=tree_cost) for r in rows]
             result[(k, w)] = (statistics.median(s for s, _ in runs), statistics.median(t for _, t in runs))
-        name = lambda shape: f"draft:{shape[0]}" + (f"x{shape[1]}" if shape[1] > 1 else "")  # noqa: E731
+        name = lambda shape: f"{args.drafter}:{shape[0]}" + (f"x{shape[1]}" if shape[1] > 1 else "")  # noqa: E731
         chain = max((s for s in result if s[1] == 1), key=lambda s: result[s][0])
         tree = max((s for s in result if s[1] > 1), key=lambda s: result[s][0])
         fewer = [s for s in result if s[1] > 1 and s[0] * s[1] <= chain[0]]  # no more nodes than the chain
@@ -510,8 +525,11 @@ def main() -> int:
     rk.add_argument("--recording", default="greedy-outputs.jsonl")
     rk.add_argument("--draft", default=None, help="the draft model (default: the recording's)")
     rk.add_argument("--ctx", type=int, default=8192)
-    tr = sub.add_parser("trees", help="the draft model's fixed chains against its fixed fishbone trees")
+    tr = sub.add_parser("trees", help="the draft model's (or prompt lookup's) fixed chains against its fixed trees")
     _replay_inputs(tr)
+    tr.add_argument(
+        "--drafter", choices=("draft", "ngram"), default="draft", help="the draft model (default) or prompt lookup"
+    )
     tr.add_argument("--chains", type=int, nargs="+", default=list(range(1, 17)), help="chain depths K to try")
     tr.add_argument(
         "--trees",

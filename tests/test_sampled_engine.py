@@ -23,6 +23,7 @@ from specdec import GenerationConfig, SpeculativeDecoder
 from specdec.costs import CostTable
 from specdec.drafters.cross_vocab import CrossVocabDrafter
 from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.suffix import SuffixCacheDrafter
 from specdec.sampling import VERIFICATION_RULES, SamplingParams, logits_to_probs
 
@@ -140,6 +141,7 @@ def toy_decoder(kind: str, target) -> SpeculativeDecoder:
         "ngram": lambda: "ngram",
         "suffix": lambda: "suffix",
         "suffix tree": lambda: SuffixCacheDrafter(width=2),  # fixed candidates (no q) under sampling
+        "ngram tree": lambda: NgramDrafter(width=2),  # prompt lookup's continuations: fixed candidates too
         "string:": lambda: CrossVocabDrafter(draft_lm(), target, "string"),
         "intersect:": lambda: CrossVocabDrafter(draft_lm(), target, "intersect"),
     }[kind]()
@@ -149,6 +151,7 @@ def toy_decoder(kind: str, target) -> SpeculativeDecoder:
 KINDS = [
     *("draft model", "ngram", "suffix", "auto", "string:", "intersect:", "draft tree", "draft tree by path"),
     "suffix tree",
+    "ngram tree",
 ]
 
 

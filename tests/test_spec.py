@@ -79,6 +79,7 @@ def test_auto_s_draft_model_must_be_a_model():
         ("draft:4x2", DraftSpec("model", k=4, width=2)),
         ("draft:8x2/8", DraftSpec("model", k=8, width=2, nodes=8)),
         ("ngram:8", DraftSpec("ngram", k=8)),
+        ("ngram:8x3", DraftSpec("ngram", k=8, width=3)),
         ("suffix:16", DraftSpec("suffix", k=16)),
         ("suffix:8x2", DraftSpec("suffix", k=8, width=2)),
         ("suffix:16x3/16", DraftSpec("suffix", k=16, width=3, nodes=16)),
@@ -94,7 +95,7 @@ def test_bench_methods_parse_to_the_same_specs(method, spec):
     [
         *("ngram", "ngram:0", "auto:ngram", "draft:x", "draft:4x", "draft:4x0", "draft:0x2", "early-exit:1", "gemma:4"),
         *("draft:4x2/", "draft:4x2/0", "draft:4x1/3", "draft:4x2/x"),
-        *("suffix:0x2", "suffix:4x0", "suffix:4x1/3", "ngram:4x2"),
+        *("suffix:0x2", "suffix:4x0", "suffix:4x1/3", "ngram:4x2/3", "ngram:4x0"),
     ],
 )
 def test_what_is_not_one_of_our_methods_is_none(method):

@@ -133,9 +133,19 @@ USER_ERRORS = [
     _row("unknown-backend", ["generate", "-p", "x", "--backend", "cuda"], "invalid choice"),
     _row("no-such-gpu", ["generate", "-p", "x", "--backend", "torch", "--device", "cuda:7"], "no CUDA GPU"),
     _row(
-        "tree-of-ngram",
-        ["generate", "-p", "x", "--draft", "ngram", "--draft-width", "2"],
+        "tree-of-another-vocabulary",
+        ["generate", "-p", "x", "--draft", "string:qwen2.5-coder-0.5b", "--draft-width", "2"],
         "drafts trees from a draft model",
+    ),
+    _row(
+        "ngram-tree-with-nodes",
+        ["generate", "-p", "x", "--draft", "ngram", "--draft-width", "2", "--draft-nodes", "3"],
+        "prompt lookup's tree keeps every continuation",
+    ),
+    _row(
+        "serve-ngram-tree",
+        ["serve", "--draft", "ngram", "--draft-width", "2"],
+        "its one prompt lookup",
     ),
     _row("tree-of-auto", ["serve", "--draft-width", "3"], "or head:FILE (not auto)"),
     _row(

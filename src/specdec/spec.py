@@ -96,11 +96,16 @@ def parse(
         raise SpecdecError(f"--draft-nodes {nodes} shapes a tree: give --draft-width 2 or more as well")
     if width > 1:
         spec = parse(text, backend, k, draft_model)
-        if not (spec.kind == "model" and not spec.vocab) and spec.kind not in ("suffix", "head"):
+        if not (spec.kind == "model" and not spec.vocab) and spec.kind not in ("suffix", "head", "ngram"):
             raise SpecdecError(
                 f"--draft-width {width} drafts trees from a draft model of the target's vocabulary, a "
-                f"trained head or the suffix cache: give --draft suffix, a model name or path, or "
-                f"head:FILE (not {text or 'none'})"
+                f"trained head, the suffix cache or prompt lookup: give --draft suffix, ngram, a model "
+                f"name or path, or head:FILE (not {text or 'none'})"
+            )
+        if nodes and spec.kind == "ngram":
+            raise SpecdecError(
+                f"--draft-nodes {nodes}: prompt lookup's tree keeps every continuation it drafts "
+                "(--draft-width alone shapes it)"
             )
         return replace(spec, width=width, nodes=nodes)
     text = (text or "").strip()
@@ -163,9 +168,10 @@ def parse_method(method: str) -> DraftSpec | None:
                 return DraftSpec("head", k=k, head=path, width=width, nodes=nodes)
         elif head in ("draft", "ngram", "suffix") and rest.isdigit() and int(rest) >= 1:
             return DraftSpec("model" if head == "draft" else head, k=int(rest))
-        elif head in ("draft", "suffix") and "x" in rest and (kwn := _shape(rest)):
+        elif head in ("draft", "suffix", "ngram") and "x" in rest and (kwn := _shape(rest)):
             k, width, nodes = kwn
-            return DraftSpec("model" if head == "draft" else "suffix", k=k, width=width, nodes=nodes)
+            if not (head == "ngram" and nodes):  # prompt lookup's tree has no node budget
+                return DraftSpec({"draft": "model"}.get(head, head), k=k, width=width, nodes=nodes)
     except ValueError:
         pass
     return None
@@ -212,7 +218,7 @@ def make_drafter(spec: DraftSpec | str, target, load: Callable[[str], object] | 
     if spec.kind == "none":
         return None
     if spec.kind == "ngram":
-        return NgramDrafter()
+        return NgramDrafter(width=spec.width)
     if spec.kind == "suffix":  # the cache given (shared, loaded from the flags) drafts this spec's shape
         cache = suffix if suffix is not None else new_suffix_cache(target)
         cache.shape(spec.width, spec.nodes)

@@ -67,3 +67,62 @@ def test_a_new_context_resets_the_index():
     d = drafter()
     d.propose([1, 2, 3, 1, 2], 2)
     assert d.propose([7, 8, 7], 2).tokens == [8, 7]
+
+
+def test_a_tree_tries_every_earlier_continuation_best_match_first():
+    """With width W the occurrences' continuations form a tree, best match first (its branch is
+    the chain width 1 drafts), branching where they part, at most W branches; continuations that
+    agree add nothing, and a tree that never branches goes as the chain."""
+    # "1 2 3" was followed by 4 5 6 (a match of 3) and by 7 8 (a match of 4: 0 1 2 3), and "2 3"
+    # alone by 9: at n = 3 the candidates are the two "1 2 3"s, the longer match first
+    context = [0, 1, 2, 3, 7, 8, 5, 1, 2, 3, 4, 5, 6, 2, 3, 9, 5, 0, 1, 2, 3]
+    chain = drafter(n_max=3).propose(context, 3)
+    assert chain.tokens == [7, 8, 5] and chain.parents is None
+    tree = drafter(n_max=3, width=2).propose(context, 3)
+    assert tree.tokens == [7, 8, 5, 4, 5, 6] and tree.parents == [-1, 0, 1, -1, 3, 4]
+    assert tree.first_branch().tokens == chain.tokens and tree.evidence == chain.evidence
+    assert drafter(n_max=3, width=3).propose(context, 3).tokens == tree.tokens  # only two occurrences
+    # a branch where the copies part after a shared start
+    context = [1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 6, 0, 1, 2, 3]
+    tree = drafter(n_max=3, width=2).propose(context, 3)
+    assert tree.tokens == [4, 6, 0, 5, 0] and tree.parents == [-1, 0, 1, 0, 3]
+    # every occurrence continues alike: a chain
+    context = [1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3]
+    same = drafter(n_max=3, width=3).propose(context, 3)
+    assert same.tokens == [4, 5, 0] and same.parents is None
+    assert NgramDrafter(width=2).name == "ngram"  # as auto and the server know it
+    with pytest.raises(ValueError):
+        NgramDrafter(width=0)
+
+
+def test_a_prompt_lookup_tree_writes_plain_greedy_and_keeps_branches():
+    """Through the engine on a toy target that scores trees: greedy output is plain greedy output,
+    and some steps kept a node off the tree's first branch (the tree did something)."""
+    from specdec import GenerationConfig, SpeculativeDecoder
+
+    from ..toy import ToyLM
+
+    target = ToyLM(vocab_size=12, seed=3, sharpness=1.5)
+    prompt = [3, 4, 5, 6, 7, 3, 4, 5, 8, 9, 3, 4, 5, 10, 11, 3, 4, 5, 6, 9, 3, 4]
+    config = GenerationConfig(max_new_tokens=60, chat=False)
+    plain = SpeculativeDecoder(target, None).generate(prompt, config).tokens
+    ngram = NgramDrafter(width=3)
+    off_branch = []
+    propose = ngram.propose
+
+    def spy(contexts, ks):
+        drafts = propose(contexts, ks)
+        for row, d in drafts.items():
+            if d.parents is not None:
+                off_branch.append((list(contexts[row]), d))
+        return drafts
+
+    ngram.propose = spy
+    result = SpeculativeDecoder(target, ngram, k=4).generate(prompt, config)
+    assert result.tokens == plain
+    kept_off = 0
+    for context, d in off_branch:  # did the target's next token stand on a root branch after the first?
+        right = plain[len(context) - len(prompt) :][:1]
+        later = [d.tokens[i] for i, parent in enumerate(d.parents) if parent == -1][1:]
+        kept_off += bool(right) and right[0] in later
+    assert off_branch and kept_off >= 1, (len(off_branch), kept_off)

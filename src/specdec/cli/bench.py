@@ -42,7 +42,8 @@ def _add_bench_parser(sub) -> None:
         nargs="+",
         default=None,
         help="plain, auto, auto:suffix, auto:nosuffix (auto with or without the suffix cache), "
-        "draft:K, draft:KxW[/N] (a draft model's tree), ngram:K, suffix:K, suffix:KxW[/N] (the suffix "
+        "draft:K, draft:KxW[/N] (a draft model's tree), ngram:K, ngram:KxW (prompt lookup's tree), "
+        "suffix:K, suffix:KxW[/N] (the suffix "
         "cache's tree), early-exit:L:K (--backend numpy), head:K:FILE (a trained head), head:KxW[/N]:FILE "
         "(a head's tree), "
         "auto:head:FILE (auto with that head in the draft model's place), "

@@ -107,7 +107,8 @@ def _add_model_flags(
             help="candidates per draft position from a draft model or a trained head:FILE: W > 1 drafts a "
             "tree (its top W at each "
             "depth when greedy, W draws without replacement when sampling), all scored by one target "
-            "forward; with --draft suffix, the cache's W most frequent continuations under each node "
+            "forward; with --draft suffix, the cache's W most frequent continuations under each node; "
+            "with --draft ngram, the continuations of up to W earlier occurrences, best match first "
             "(default: 1, a chain)",
         )
         g.add_argument(

@@ -167,10 +167,11 @@ def cmd_serve(args) -> int:
     )
     if spec.kind == "early-exit":
         raise SpecdecError("specdec serve takes --draft auto, ngram, suffix, none, a draft model or head:FILE")
-    if spec.kind == "suffix" and spec.width > 1:  # one cache serves every request, auto's chains too
+    if spec.kind in ("suffix", "ngram") and spec.width > 1:  # one of each serves every request, auto too
         raise SpecdecError(
-            "specdec serve drafts chains from its one suffix cache: --draft-width applies to a draft model "
-            "here (suffix trees: generate, compare, check, bench suffix:KxW)"
+            "specdec serve drafts chains from its one suffix cache and its one prompt lookup: --draft-width "
+            "applies to a draft model or head:FILE here (suffix and prompt-lookup trees: generate, compare, "
+            "check, bench suffix:KxW and ngram:KxW)"
         )
     # any request may ask for auto or suffix, whatever the default: the flags hold for every --draft
     _check_suffix_flags(args, "suffix" if spec.kind == "suffix" else "auto")

@@ -8,6 +8,14 @@ Which occurrence: the one whose match reaches furthest back. A function copied f
 shares its last four tokens with many places ("    return self."), but only the place it is being
 copied from shares the last forty. That length (Draft.evidence["match"]) is also what the
 cost-aware controller predicts acceptance from: the longer the copy so far, the likelier it goes on.
+
+With `width` w > 1 the draft is a tree of up to w continuations: the occurrences considered, best
+match first, each add the part of their continuation that no earlier one drafted, branching where
+they part, until w branches stand (every occurrence that continues the same way adds nothing).
+Where a phrase was copied twice and then edited differently, both continuations are tried in one
+forward. The first branch is the chain width 1 drafts. Its nodes are fixed candidates (no q): a
+sampled row verifies them by the rule for fixed candidates (sampling.verify_tree), greedy ones by
+the target's argmax; a tree that never branches goes as the chain.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..sampling import SamplingParams
-from .base import Draft
+from .base import Draft, tree_shape
 
 
 class _Index:
@@ -33,12 +41,14 @@ class NgramDrafter:
     `candidates` occurrences compete on how far back their match extends (up to `match_cap`
     tokens), the most recent winning ties (edits tend to follow the code nearest to them)."""
 
-    def __init__(self, n_max: int = 4, n_min: int = 1, candidates: int = 32, match_cap: int = 128):
+    def __init__(self, n_max: int = 4, n_min: int = 1, candidates: int = 32, match_cap: int = 128, width: int = 1):
         if not 1 <= n_min <= n_max:
             raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
         if candidates < 1 or match_cap < n_max:
             raise ValueError(f"need candidates >= 1 and match_cap >= n_max, got {candidates}, {match_cap}")
+        tree_shape(width, 0)
         self.name = self.kind = "ngram"
+        self.width = width
         self.n_min, self.n_max = n_min, n_max
         self.candidates, self.match_cap = candidates, match_cap
         self._rows: dict[int, _Index] = {}
@@ -90,13 +100,38 @@ class NgramDrafter:
         for n in range(min(self.n_max, len(tokens) - 1), self.n_min - 1, -1):
             ends = index.ends.get(tuple(tokens[-n:]))
             if ends:
-                best_end, best_m = ends[-1], -1
                 considered = ends[-self.candidates :]
-                for end in reversed(considered):  # most recent first
-                    m = self._match_length(tokens, end, n)
-                    if m > best_m:
-                        best_end, best_m = end, m
+                # best match first, the most recent first among equal ones
+                ranked = sorted(reversed(considered), key=lambda end: -self._match_length(tokens, end, n))
+                best_end = ranked[0]
                 guess = tokens[best_end]
                 votes = (sum(tokens[end] == guess for end in considered), len(considered))
-                return Draft(tokens[best_end : best_end + k], evidence={"match": best_m, "votes": votes})
+                evidence = {"match": self._match_length(tokens, best_end, n), "votes": votes}
+                if self.width > 1:
+                    return self._tree([tokens[end : end + k] for end in ranked], evidence)
+                return Draft(tokens[best_end : best_end + k], evidence=evidence)
         return Draft([])
+
+    def _tree(self, continuations: list[list[int]], evidence: dict) -> Draft:
+        """A tree of the continuations, in order, until `width` branches stand: each adds the nodes
+        past the point where it parts from the tree so far; as a chain if it never branches."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        children: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+        branches = 0
+        for continuation in continuations:
+            node, new = -1, False
+            for token in continuation:
+                child = children.get((node, token))
+                if child is None:
+                    if not new and branches >= self.width:
+                        break  # a new branch, and the tree has its width
+                    child = children[(node, token)] = len(tokens)
+                    tokens.append(token)
+                    parents.append(node)
+                    branches += not new
+                    new = True
+                node = child
+        if branches <= 1:
+            return Draft(tokens, evidence=evidence)
+        return Draft(tokens, evidence=evidence, parents=parents)
