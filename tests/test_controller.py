@@ -805,3 +805,23 @@ def test_a_trees_outcome_teaches_its_chain_and_its_siblings():
     table.observe(3, False)
     assert table.s[2] == SiblingAcceptance().s[2]  # a miss at width 3 says nothing of width 4
     assert (table.s[:2] < SiblingAcceptance().s[:2]).all()
+
+
+def test_a_tree_row_beside_chains_costs_a_forward_of_its_own():
+    """The engine scores trees in a forward of their own where chains share the step: a step with a
+    tree row and a chain row is priced as two forwards; trees alone, or chains alone, as one."""
+    from specdec.controller import _Option
+
+    model = ModelDrafter(ToyLM(seed=4))
+    curve = {w: 1.0 + 0.1 * w for w in range(1, 33)}
+    auto = CostAwareController(None, model, CostTable(curve), CostTable({w: 0.0 for w in range(1, 33)}))
+    tree = _Option("draft", np.ones(4), lag=1, depth=10, width=3)
+    chain = _Option("draft", np.ones(4), lag=1, depth=10)
+    both = auto._step_cost({0: 2, 1: 2}, {0: tree, 1: chain})
+    assert both == pytest.approx(auto.target_cost(7, 10) + auto.target_cost(3, 10))  # 2 x 3 + 1, then 2 + 1
+    trees = auto._step_cost({0: 2, 1: 2}, {0: tree, 1: tree})
+    assert trees == pytest.approx(auto.target_cost(14, 10))
+    chains = auto._step_cost({0: 2, 1: 2}, {0: chain, 1: chain})
+    assert chains == pytest.approx(auto.target_cost(6, 10))
+    plain_tree = auto._step_cost({0: 0, 1: 2}, {0: tree, 1: chain})  # a tree row at k = 0 is a plain row
+    assert plain_tree == pytest.approx(auto.target_cost(4, 10))
