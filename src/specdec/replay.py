@@ -368,7 +368,7 @@ class RecordedDrafter:
             "fed": 0,
             "base": 0,
             "drafted": 0,
-            "through_sibling": False,
+            "chain_run": 0,  # the last draft's chain tokens the target kept
         }
 
     def end(self, rows: Sequence[int]) -> None:
@@ -429,7 +429,7 @@ class RecordedDrafter:
     def accept(self, n_accepted: Mapping[int, int]) -> None:
         for row, n in n_accepted.items():  # as ModelDrafter.accept: keep the accepted draft tokens fed
             state = self._rows[row]
-            chain = min(n, state.get("chain_run", n))  # a kept sibling: the chain's token there was fed, not it
+            chain = min(n, state["chain_run"])  # a kept sibling: the chain's token there was fed, not it
             state["fed"] = min(state["fed"], state["base"] + min(chain, max(state["drafted"] - 1, 0)))
 
 
@@ -578,7 +578,7 @@ def replay_speedup(
             recorded.accept({0: n})
         controller.observe({0: Outcome(drafter, draft, n, emitted)}, [len(tokens) + 1], cost, len(context))
         key = f"{kind}:{len(tokens)}" if tokens else "plain"
-        if draft is not None and draft.parents:  # a fishbone: its depth x its width
+        if kind == "draft" and draft.parents:  # the draft model's fishbone: its depth x its width
             width = draft.parents.count(-1)
             key = f"{kind}:{len(tokens) // width}x{width}"
         decisions[key] = decisions.get(key, 0) + 1

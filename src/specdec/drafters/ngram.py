@@ -101,12 +101,12 @@ class NgramDrafter:
             ends = index.ends.get(tuple(tokens[-n:]))
             if ends:
                 considered = ends[-self.candidates :]
-                # best match first, the most recent first among equal ones
-                ranked = sorted(reversed(considered), key=lambda end: -self._match_length(tokens, end, n))
+                lengths = {end: self._match_length(tokens, end, n) for end in reversed(considered)}
+                ranked = sorted(lengths, key=lambda end: -lengths[end])  # best match, then most recent, first
                 best_end = ranked[0]
                 guess = tokens[best_end]
                 votes = (sum(tokens[end] == guess for end in considered), len(considered))
-                evidence = {"match": self._match_length(tokens, best_end, n), "votes": votes}
+                evidence = {"match": lengths[best_end], "votes": votes}
                 if self.width > 1:
                     return self._tree([tokens[end : end + k] for end in ranked], evidence)
                 return Draft(tokens[best_end : best_end + k], evidence=evidence)
