@@ -41,13 +41,20 @@ class SlowToy(ToyLM):
         super().__init__(*args, **kwargs)
         self.delay, self.explode = delay, False
 
-    def forward_rows(self, tokens, n_logits=None):
+    def _slow(self):
         if self.explode:
             self.explode = False
             raise RuntimeError("the toy backend failed")
         if self.delay:
             time.sleep(self.delay)
+
+    def forward_rows(self, tokens, n_logits=None):
+        self._slow()
         return super().forward_rows(tokens, n_logits)
+
+    def forward_tree_rows(self, trees):  # `auto` drafts trees on the toy's flat curve: as slow, as fragile
+        self._slow()
+        return super().forward_tree_rows(trees)
 
 
 def _toy_models(delay: float = 0.0):

@@ -38,9 +38,14 @@ def test_a_client_that_disconnects_frees_its_row():
         # the abandoned request was cut where its client left, not run to its 200 tokens first
         # (on one row, the next request would have waited for that)
         assert metric(metrics, "specdec:generation_tokens_total") < 200
-        # a non-streaming client that gives up is cancelled too
+        # a non-streaming client that gives up is cancelled too (plain decoding: 200 steps of 20 ms;
+        # `auto` on the toy's flat curve drafts trees that could answer within the client's 0.3 s)
         with pytest.raises(httpx.TimeoutException):
-            httpx.post(base + "/v1/completions", json={"prompt": "abc", "max_tokens": 200}, timeout=0.3)
+            httpx.post(
+                base + "/v1/completions",
+                json={"prompt": "abc", "max_tokens": 200, "speculative": {"draft": "none"}},
+                timeout=0.3,
+            )
         _wait(lambda: not engine.rows and not engine.queue, 2, "the non-streaming row to be freed")
         assert service.inflight == 0
 
@@ -64,7 +69,9 @@ def test_a_full_queue_is_429_with_retry_after():
 
 def test_time_limit_and_engine_failures_do_not_end_the_server():
     with toy_server(delay=0.02, request_timeout=0.3) as (base, service):
-        r = httpx.post(base + "/v1/completions", json={"prompt": "abc", "max_tokens": 200})
+        # plain decoding, 200 steps of 20 ms: well past the 0.3 s limit
+        body = {"prompt": "abc", "max_tokens": 200, "speculative": {"draft": "none"}}
+        r = httpx.post(base + "/v1/completions", json=body)
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "time_limit"
         assert 0 < r.json()["usage"]["completion_tokens"] < 200
         service.worker.target.explode = True
