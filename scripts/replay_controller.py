@@ -173,13 +173,14 @@ def trees(args) -> int:
     if args.drafter == "draft":
         fixed = partial(fixed_tree, costs=costs, draft_costs=draft_costs)
     tree_cost = tree_cost_of(args)
+    if min(args.chains) < 1:
+        print(f"error: --chains {min(args.chains)}: a chain drafts 1 token or more", file=sys.stderr)
+        return 2
     shapes = [(k, 1) for k in args.chains]
     for shape in args.trees:
         k, _, w = shape.partition("x")
-        if not (k.isdigit() and w.isdigit() and int(k) >= 1 and 2 <= int(w) <= RANK_CAP) or max(args.chains) < 1:
-            print(
-                f"error: --trees {shape}: want KxW, K >= 1 and 2 <= W <= {RANK_CAP} (and chains >= 1)", file=sys.stderr
-            )
+        if not (k.isdigit() and w.isdigit() and int(k) >= 1 and 2 <= int(w) <= RANK_CAP):
+            print(f"error: --trees {shape}: want KxW, K >= 1 and 2 <= W <= {RANK_CAP}", file=sys.stderr)
             return 2
         shapes.append((int(k), int(w)))
     print(
@@ -192,13 +193,16 @@ def trees(args) -> int:
     print("|---" * 10 + "|")
     matched = beaten = 0
     categories = list(dict.fromkeys(r["category"] for r in records))
+
+    def name(shape):
+        return f"{args.drafter}:{shape[0]}" + (f"x{shape[1]}" if shape[1] > 1 else "")
+
     for category in categories:
         rows = [r for r in records if r["category"] == category]
         result = {}
         for k, w in shapes:
             runs = [fixed(r, k=k, width=w, tree_cost=tree_cost) for r in rows]
             result[(k, w)] = (statistics.median(s for s, _ in runs), statistics.median(t for _, t in runs))
-        name = lambda shape: f"{args.drafter}:{shape[0]}" + (f"x{shape[1]}" if shape[1] > 1 else "")  # noqa: E731
         chain = max((s for s in result if s[1] == 1), key=lambda s: result[s][0])
         tree = max((s for s in result if s[1] > 1), key=lambda s: result[s][0])
         fewer = [s for s in result if s[1] > 1 and s[0] * s[1] <= chain[0]]  # no more nodes than the chain
@@ -359,7 +363,7 @@ def replay(args) -> None:
         draft_costs = None  # prompt lookup only, unless asked
     with_draft = draft_costs is not None and all("draft_agrees" in r for r in records)
     recorded = RecordedDrafter.of(records) if with_draft else None
-    trees = recorded is not None and recorded.has_ranks  # auto may draft the draft model's trees
+    trees = with_draft and all("draft_ranks" in r for r in records)  # auto may draft the draft model's trees
     tree_cost = tree_cost_of(args)
     # one `auto` for the suite, as in a bench: it learns across prompts
     eog = stops(header)

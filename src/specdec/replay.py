@@ -354,10 +354,6 @@ class RecordedDrafter:
         """From recording lines: their outputs, agreement and (where held) ranks."""
         return cls({tuple(r["prompt"]): (r["output"], r["draft_agrees"], r.get("draft_ranks")) for r in records})
 
-    @property
-    def has_ranks(self) -> bool:
-        return bool(self._recordings) and all(len(r) > 2 and r[2] is not None for r in self._recordings.values())
-
     def begin(self, row: int, prompt: Sequence[int], params=None, rng=None) -> None:
         output, agrees, *ranks = self._recordings[tuple(prompt)]
         self._rows[row] = {
