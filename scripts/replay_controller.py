@@ -274,8 +274,17 @@ def tree_cost_of(args) -> float:
     """A tree's forward over a chain's of as many nodes: --tree-cost, or the median of the one-row
     ratios of a benchmarks/tree_costs.py report (--tree-costs)."""
     if args.tree_costs:
-        report = json.loads(Path(args.tree_costs).read_text())
-        return statistics.median(x["tree_over_chain"] for x in report["results"] if x["rows"] == 1)
+        try:
+            report = json.loads(Path(args.tree_costs).read_text())
+            return statistics.median(x["tree_over_chain"] for x in report["results"] if x["rows"] == 1)
+        except (OSError, ValueError, KeyError, TypeError, statistics.StatisticsError) as e:
+            print(
+                f"error: --tree-costs {args.tree_costs}: not a benchmarks/tree_costs.py report ({e})", file=sys.stderr
+            )
+            raise SystemExit(2) from None
+    if not args.tree_cost > 0:
+        print(f"error: --tree-cost {args.tree_cost}: a tree's forward costs more than nothing", file=sys.stderr)
+        raise SystemExit(2)
     return args.tree_cost
 
 

@@ -368,6 +368,12 @@ def test_the_trees_table_sets_the_best_tree_against_the_best_chain(tmp_path):
     assert proc.returncode == 2 and proc.stderr.startswith("error: --trees 8y2: want KxW")
     proc = subprocess.run([*args[:5], "--chains", "0", "4"], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.strip() == "error: --chains 0: a chain drafts 1 token or more"
+    for flag, value, message in (
+        ("--tree-costs", str(tmp_path / "missing.json"), "not a benchmarks/tree_costs.py report"),
+        ("--tree-cost", "0", "a tree's forward costs more than nothing"),
+    ):
+        proc = subprocess.run([*args, flag, value], capture_output=True, text=True)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
 
 
 def test_ranks_from_another_machine_follow_the_recorded_agreement():
