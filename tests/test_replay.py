@@ -402,3 +402,28 @@ def test_the_clairvoyant_over_trees_bounds_every_fixed_tree_and_the_chains_clair
         for k, w in ((2, 2), (4, 3), (8, 4)):
             assert trees >= fixed_tree(r, flat, draft, k, w)[0] - 1e-9
     assert max(gains) > 1.01  # the trees are used where the draft misses
+
+
+def test_a_fixed_tree_pays_the_draft_models_read_of_the_prompt_as_a_replayed_chain_does():
+    """fixed_tree at width 1 is the chain draft:K, and it costs what the recorded drafter's chain
+    replayed step by step costs, the draft model's first catch-up over the whole prompt included
+    (ModelDrafter catches up lazily: its first draft reads the prompt). Before, fixed trees paid a
+    one-token catch-up at their first step and beat chains and `auto` by the prompt's read."""
+    from specdec.replay import RecordedDrafter, fixed_tree
+
+    rng = np.random.default_rng(3)
+    prompt, output = list(range(300)), [int(t) for t in rng.integers(1000, 2000, 100)]
+    agrees = "".join("1" if x < 0.7 else "0" for x in rng.random(len(output)))
+    # every step's catch-up is 1 token (2 after a whole draft is kept): both cost one forward here
+    # up to 2 tokens, and a prompt-sized one costs 40 of them
+    flat = [0.01 * (1 + 0.02 * w) for w in range(16)]
+    draft = [0.004, 0.004] + [0.004 * w for w in range(3, 17)]
+    ranks = "".join("0" if a == "1" else "1" for a in agrees)  # each miss: the draft's second guess
+    record = {"prompt": prompt, "output": output, "draft_agrees": agrees, "draft_ranks": ranks}
+    for k in (1, 3, 6):
+        recorded = RecordedDrafter.of([record])
+        chain, _ = replay_speedup(prompt, output, flat, FixedController(recorded, k), recorded, draft)
+        assert fixed_tree(record, flat, draft, k, 1)[0] == pytest.approx(chain, rel=1e-9)
+    # the prompt's read is the difference: a 1-token prompt makes the same tree faster
+    short = {**record, "prompt": [0]}
+    assert fixed_tree(short, flat, draft, 3, 2)[0] > fixed_tree(record, flat, draft, 3, 2)[0] * 1.05

@@ -470,11 +470,16 @@ def tree_steps(curves, draft_costs, prompt_len: int, depth: int, width: int, tre
 
 def fixed_tree(record: Mapping, costs, draft_costs, k: int, width: int, tree_cost: float = 1.0) -> tuple[float, float]:
     """(speedup over plain, tokens per target step) of the draft model's fishbone draft:KxW at every
-    step on one recorded prompt (record["draft_ranks"]); width 1 is the chain draft:K."""
+    step on one recorded prompt (record["draft_ranks"]); width 1 is the chain draft:K. Its first
+    step pays the draft model's read of the prompt, as a fixed chain replayed step by step does."""
     prompt, output, ranks = record["prompt"], record["output"], record["draft_ranks"]
     curves = _curves(costs, len(prompt), len(output))
     runs = [tree_run(ranks, pos, k, width) for pos in range(len(output))]
-    return fixed_speedup(runs, tree_steps(curves, draft_costs, len(prompt), k, width, tree_cost), curves, k)
+    steps = tree_steps(curves, draft_costs, len(prompt), k, width, tree_cost)
+    if k and steps:  # its first draft reads the whole prompt first (as ModelDrafter and the recorded one do)
+        first = curve_at(draft_costs, len(prompt))
+        steps[0] = [s + (_cost(first, len(prompt)) - first[0] if j else 0.0) for j, s in enumerate(steps[0])]
+    return fixed_speedup(runs, steps, curves, k)
 
 
 def draft_ceiling(prompt: Sequence[int], output: Sequence[int], agrees: str, costs, draft_costs) -> float:
