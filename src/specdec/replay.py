@@ -196,6 +196,8 @@ class AdaptiveKController:
 # Every fixed method the verdict tries ("best fixed method"), and the peers' policies.
 FIXED_NGRAM_K = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
 FIXED_DRAFT_K = tuple(range(1, 9))
+# prompt lookup's fixed trees: its continuations of 2-4 earlier occurrences (ngram:KxW, drafters.ngram)
+NGRAM_WIDTHS = (2, 3, 4)
 
 
 def peer_policies(recorded: "RecordedDrafter | None", costs, draft_costs) -> dict[str, object]:
@@ -217,10 +219,10 @@ def peer_policies(recorded: "RecordedDrafter | None", costs, draft_costs) -> dic
 def policy_speedups(
     records: Sequence[Mapping], costs, draft_costs=None, stops: frozenset[int] = frozenset(), tree_cost: float = 1.0
 ) -> dict[str, dict[str, float]]:
-    """category -> method -> median speedup over its prompts, for every fixed method (ngram:K,
-    draft:K when the draft model is recorded, and its trees draft:KxW of auto's widths when its
-    ranks are: fixed_tree) and every peer policy (peer_policies; each one controller per category,
-    learning across its prompts as auto does)."""
+    """category -> method -> median speedup over its prompts, for every fixed method (ngram:K and
+    prompt lookup's trees ngram:KxW of 2-4 branches, draft:K when the draft model is recorded, and
+    its trees draft:KxW of auto's widths when its ranks are: fixed_tree) and every peer policy
+    (peer_policies; each one controller per category, learning across its prompts as auto does)."""
     import statistics
 
     from .controller import TREE_WIDTHS, FixedController
@@ -232,12 +234,15 @@ def policy_speedups(
         test = [r for r in records if r["category"] == category]
         recorded = RecordedDrafter.of(test) if with_draft else None
         policies = {f"ngram:{k}": FixedController(NgramDrafter(), k) for k in FIXED_NGRAM_K}
+        policies.update(
+            {f"ngram:{k}x{w}": FixedController(NgramDrafter(width=w), k) for k in FIXED_NGRAM_K for w in NGRAM_WIDTHS}
+        )
         if with_draft:
             policies.update({f"draft:{k}": FixedController(recorded, k) for k in FIXED_DRAFT_K})
         policies.update({f"peer {name}": c for name, c in peer_policies(recorded, costs, draft_costs).items()})
         out[category] = {
             name: statistics.median(
-                replay_speedup(r["prompt"], r["output"], costs, controller, recorded, draft_costs, stops)[0]
+                replay_speedup(r["prompt"], r["output"], costs, controller, recorded, draft_costs, stops, tree_cost)[0]
                 for r in test
             )
             for name, controller in policies.items()
@@ -582,6 +587,8 @@ def replay_speedup(
         if kind == "draft" and draft.parents:  # the draft model's fishbone: its depth x its width
             width = draft.parents.count(-1)
             key = f"{kind}:{len(tokens) // width}x{width}"
+        elif draft is not None and draft.parents:  # prompt lookup's tree: its first branch x its branches
+            key = f"{kind}:{len(draft.first_branch().tokens)}x{len(tokens) - len(set(draft.parents) - {-1})}"
         decisions[key] = decisions.get(key, 0) + 1
         context += emitted
         pos += len(emitted)
