@@ -414,8 +414,8 @@ def test_a_fixed_tree_pays_the_draft_models_read_of_the_prompt_as_a_replayed_cha
     rng = np.random.default_rng(3)
     prompt, output = list(range(300)), [int(t) for t in rng.integers(1000, 2000, 100)]
     agrees = "".join("1" if x < 0.7 else "0" for x in rng.random(len(output)))
-    # every step's catch-up is 1 token (2 after a whole draft is kept): both cost one forward here
-    # up to 2 tokens, and a prompt-sized one costs 40 of them
+    # every step's catch-up is 1 token (2 after a whole draft is kept): both cost one forward here,
+    # and the prompt's read 300 of them
     flat = [0.01 * (1 + 0.02 * w) for w in range(16)]
     draft = [0.004, 0.004] + [0.004 * w for w in range(3, 17)]
     ranks = "".join("0" if a == "1" else "1" for a in agrees)  # each miss: the draft's second guess
