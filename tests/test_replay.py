@@ -427,3 +427,27 @@ def test_a_fixed_tree_pays_the_draft_models_read_of_the_prompt_as_a_replayed_cha
     # the prompt's read is the difference: a 1-token prompt makes the same tree faster
     short = {**record, "prompt": [0]}
     assert fixed_tree(short, flat, draft, 3, 2)[0] > fixed_tree(record, flat, draft, 3, 2)[0] * 1.05
+
+
+def test_the_fixed_methods_include_prompt_lookups_trees_priced_as_trees():
+    """Every fixed method of every drafter: prompt lookup's trees ngram:KxW (2-4 branches) are
+    fixed methods beside its chains, each replayed step by step with a tree's forward at
+    `tree_cost` times a chain's of as many tokens; their decisions read depth x branches."""
+    from specdec.replay import FIXED_NGRAM_K, NGRAM_WIDTHS, policy_speedups
+
+    # a phrase copied twice and then edited two ways: the output copies it a third time
+    rng = np.random.default_rng(5)
+    phrase = [int(t) for t in rng.integers(0, 300, 12)]
+    prompt = phrase + [900, 901] + phrase + [902, 903] + [int(t) for t in rng.integers(0, 300, 20)] + phrase[:4]
+    output = phrase[4:] + [902, 903] + [int(t) for t in rng.integers(300, 600, 30)]
+    records = [{"category": "c", "prompt": prompt, "output": output}]
+    flat = [0.01 * (1 + 0.01 * w) for w in range(16)]
+    speedups = policy_speedups(records, flat, tree_cost=1.2)["c"]
+    assert {f"ngram:{k}x{w}" for k in FIXED_NGRAM_K for w in NGRAM_WIDTHS} <= set(speedups)
+    tree, decisions = replay_speedup(
+        prompt, output, flat, FixedController(NgramDrafter(width=2), 12), stops=frozenset(), tree_cost=1.2
+    )
+    assert speedups["ngram:12x2"] == pytest.approx(tree)
+    assert any(key.startswith("ngram:") and "x2" in key for key in decisions), decisions
+    cheaper, _ = replay_speedup(prompt, output, flat, FixedController(NgramDrafter(width=2), 12), tree_cost=1.0)
+    assert cheaper > tree  # the tree steps were priced at tree_cost
