@@ -364,15 +364,15 @@ def replay(args) -> None:
         clairvoyant_speedup,
         copy_ceiling,
         draft_ceiling,
+        recorded_draft,
         replay_speedup,
     )
 
     header, records, costs, draft_costs = load(args)
     if not args.draft_curve and not args.with_draft:
         draft_costs = None  # prompt lookup only, unless asked
-    with_draft = draft_costs is not None and all("draft_agrees" in r for r in records)
+    with_draft, trees = recorded_draft(records, draft_costs)  # trees: auto may draft the draft model's trees
     recorded = RecordedDrafter.of(records) if with_draft else None
-    trees = with_draft and all("draft_ranks" in r for r in records)  # auto may draft the draft model's trees
     tree_cost = tree_cost_of(args)
     # one `auto` for the suite, as in a bench: it learns across prompts
     eog = stops(header)

@@ -200,6 +200,13 @@ FIXED_DRAFT_K = tuple(range(1, 9))
 NGRAM_WIDTHS = (2, 3, 4)
 
 
+def recorded_draft(records: Sequence[Mapping], draft_costs) -> tuple[bool, bool]:
+    """(whether the draft model replays: its curve is given and every record holds its agreement,
+    whether its trees do too: every record also holds its ranks)."""
+    with_draft = draft_costs is not None and all("draft_agrees" in r for r in records)
+    return with_draft, with_draft and all("draft_ranks" in r for r in records)
+
+
 def peer_policies(recorded: "RecordedDrafter | None", costs, draft_costs) -> dict[str, object]:
     """The policies of the tools people use instead, as replay controllers (fresh ones):
     llama.cpp's ngram-simple (a 12-token match, up to 48 drafted) and ngram-mod (only inside a
@@ -227,8 +234,7 @@ def policy_speedups(
 
     from .controller import TREE_WIDTHS, FixedController
 
-    with_draft = draft_costs is not None and all("draft_agrees" in r for r in records)
-    trees = with_draft and all("draft_ranks" in r for r in records)
+    with_draft, trees = recorded_draft(records, draft_costs)
     out = {}
     for category in dict.fromkeys(r["category"] for r in records):
         test = [r for r in records if r["category"] == category]
@@ -766,8 +772,7 @@ def leave_one_category_out(
     from .acceptance import SIBLING_PRIOR
     from .controller import TREE_WIDTHS, CostAwareController
 
-    with_draft = draft_costs is not None and all("draft_agrees" in r for r in records)
-    trees = with_draft and all("draft_ranks" in r for r in records)
+    with_draft, trees = recorded_draft(records, draft_costs)
     out = {}
     for category in dict.fromkeys(r["category"] for r in records):
         train = [r for r in records if r["category"] != category]
