@@ -309,7 +309,7 @@ def loo(args) -> None:
     import specdec.controller as controller
 
     extra = {}
-    for setting in args.set or []:  # NAME=VALUE: a module constant (MARGIN) or a controller argument (reach)
+    for setting in args.set or []:  # NAME=VALUE: a module constant (WHOLE_COPY_MIN) or a controller argument (reach)
         name, value = setting.split("=", 1)
         if name.isupper():  # set where it is read: the controller's, or the acceptance tables' (OVERLAY_LONG)
             modules = [module for module in (controller, acceptance) if hasattr(module, name)]
@@ -528,7 +528,7 @@ def main() -> int:
         "--set",
         nargs="+",
         metavar="NAME=VALUE",
-        help="try other values: controller constants (MARGIN=0.05) or arguments "
+        help="try other values: controller constants (WHOLE_COPY_MIN=24) or arguments "
         "(reach=0.5, overlay_weight=16, shared_rate=0.02, explore_growth=1)",
     )
     ver = sub.add_parser("verdict", help="auto's bars per category: clairvoyant, best fixed, best peer policy")

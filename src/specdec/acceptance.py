@@ -74,6 +74,19 @@ class Overlay:
         self.p[group] += shared
 
 
+def cautious_rates(a: np.ndarray, rate: float) -> np.ndarray:
+    """Rates one standard error below `a`, moving averages at `rate`: such an average weighs about
+    (2 - r) / r observations, so a rate h is known to about sqrt(h (1 - h) / ((2 - r) / r + 1)).
+    why: a draft's worth is a product of rates, so the errors of a long draft's rates compound,
+    and a long draft that fails costs most where a wide forward is dear: one error below each
+    rate cuts long drafts short on a steep curve and barely on a flat one, as the half-the-match
+    cap it replaced did only on the steep one; and the draft the controller picks is the one whose
+    estimates are highest, so they err high, which a fixed margin once stood in for;
+    history: docs/provenance.md#reach, docs/provenance.md#margin-replaced-by-the-estimates-error"""
+    n = (2.0 - rate) / rate
+    return np.clip(a - np.sqrt(a * (1.0 - a) / (n + 1.0)), 0.0, 1.0)
+
+
 @dataclass
 class Acceptance:
     """a[i] = P(draft position i accepted | positions before it were), as moving averages."""
@@ -86,10 +99,13 @@ class Acceptance:
         if self.a is None:
             self.a = np.broadcast_to(np.asarray(self.prior, dtype=float), (K_MAX,)).copy()
 
-    def expected_tokens(self, k_max: int, overlay: Overlay | None = None) -> np.ndarray:
+    def expected_tokens(self, k_max: int, overlay: Overlay | None = None, cautious: bool = False) -> np.ndarray:
         """[k_max + 1] E[emitted tokens | k] for k = 0..k_max: the accepted prefix plus one
-        (this request's estimate when its overlay is given)."""
+        (this request's estimate when its overlay is given; with `cautious`, each rate one standard
+        error below its estimate: what the controller drafts on)."""
         a = self.a[:k_max] if overlay is None else overlay.blend(self.a[:k_max], 0)
+        if cautious:
+            a = cautious_rates(a, self.rate)
         survive = np.cumprod(a)  # [k_max] P(first i+1 positions accepted)
         return 1.0 + np.concatenate([[0.0], np.cumsum(survive)])
 
@@ -207,18 +223,8 @@ class MatchAcceptance:
         error below its estimate: what the controller drafts on)."""
         a = np.array([self._estimate(self._kind(i, kind), self.bucket(m + i), overlay) for i in range(k_max)])
         if cautious:
-            a = self.cautious(a)
+            a = cautious_rates(a, self.rate)
         return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(a))])
-
-    def cautious(self, a: np.ndarray) -> np.ndarray:
-        """Rates one standard error below `a`: a moving average at rate r weighs about (2 - r) / r
-        observations, so a rate h is known to about sqrt(h (1 - h) / ((2 - r) / r + 1)).
-        why: a draft's worth is a product of rates, so the errors of a long draft's rates compound,
-        and a long draft that fails costs most where a wide forward is dear: one error below each
-        rate cuts long drafts short on a steep curve and barely on a flat one, as the half-the-match
-        cap it replaces did only on the steep one; history: docs/provenance.md#reach"""
-        n = (2.0 - self.rate) / self.rate
-        return np.clip(a - np.sqrt(a * (1.0 - a) / (n + 1.0)), 0.0, 1.0)
 
     def observe(self, m: int, checked: int, matched: int, kind: str = "single", overlay: Overlay | None = None) -> None:
         """`checked` guesses of a proposal from a match of m tokens were compared with what the

@@ -64,10 +64,6 @@ OBJECTIVES = ("throughput", "latency")
 # on this CPU's steep curve that allows drafts of one or two tokens, on a GPU's flat one long ones;
 # history: docs/provenance.md#latency_step
 LATENCY_STEP = 2.0
-# A speculative step must promise 10% more tokens per second than a plain step.
-# why: the estimates it wins on are picked for being the highest, so they err high (and step costs
-# vary by about that); history: docs/provenance.md#margin
-MARGIN = 0.1
 # A request's own evidence weighs as much as OVERLAY_WEIGHT guesses from the shared table (Overlay):
 # after 3 x OVERLAY_WEIGHT guesses of a kind its own rate has 3/4 of the say.
 # why: best on code and RAG, the categories where requests differ most; history: docs/provenance.md#overlay_weight
@@ -314,7 +310,6 @@ class CostAwareController:
         self.overlay_weight = OVERLAY_WEIGHT if overlay_weight is None else overlay_weight
         self.explore_every = explore_every
         self.explore_growth = EXPLORE_GROWTH if explore_growth is None else explore_growth
-        self.margin = MARGIN
         self._rows: dict[int, _RowState] = {}
         self.decisions: dict[str, int] = {}  # "plain" / "ngram:k" / "draft:k" -> row steps
 
@@ -356,10 +351,13 @@ class CostAwareController:
 
     def _draft_seconds(self, w: int, depth: float | None) -> float:
         """The draft model's forward of w rows: its curve, times the drift the target's live timing
-        shows at that width (the machine got slower or faster for both: a draft curve that stayed as
-        named while the target's learned a busy machine would make the draft model look cheaper than
-        it is; a CI run once drafted with it where it did not pay)."""
-        return self.draft_cost(w, depth) * self.target_cost.drift(w)
+        shows over all widths (the machine got slower or faster for both: a draft curve that stayed
+        as named while the target's learned a busy machine would make the draft model look cheaper
+        than it is; a CI run once drafted with it where it did not pay). Not the target's ratio at
+        w: that is the target's own kernels at that width, and a width the target met once, early
+        (a catch-up's), keeps the ratio of that moment; a draft model priced by it at a quarter
+        under its cost drafted where it could not pay."""
+        return self.draft_cost(w, depth) * self.target_cost.overall
 
     def _model_cost(self, lag: int, depth: int) -> Callable[[int], float]:
         return lambda k: self._draft_seconds(lag, depth) + (k - 1) * self._draft_seconds(1, depth) if k else 0.0
@@ -396,7 +394,7 @@ class CostAwareController:
                     options[row] = _Option(drafter.name, expected, proposal, drafter=drafter, depth=depth)
             if self.model is not None and self.draft_cost is not None:
                 lag = max(1, self.model.lag(row, contexts[row]))
-                chain = self.model_accept.expected_tokens(min(k_cap, 8), state.model_overlay)
+                chain = self.model_accept.expected_tokens(min(k_cap, 8), state.model_overlay, cautious=True)
                 for width in self.tree_widths:
                     expected = self.tree_expected(chain, width)
                     k, value = self._value(expected, self._model_cost(lag, depth), depth, width)
@@ -471,7 +469,10 @@ class CostAwareController:
             e, k = options[row].expected, ks[row]
             if k + 1 < len(e):
                 heapq.heappush(heap, (-gain(e, k), row))
-        if best[1] <= plain * (1.0 + self.margin):  # what a speculative step must promise
+        # a speculative step need only promise more than a plain one: the drafters' rates it is
+        # priced on are already taken one standard error low (acceptance.cautious_rates), which is
+        # the error a fixed margin stood in for (docs/provenance.md#margin-replaced-by-the-estimates-error)
+        if best[1] <= plain:
             return {row: 0 for row in options}, plain, plain
         return best[0], best[1], plain
 
