@@ -841,3 +841,73 @@ def test_a_tree_row_beside_chains_costs_a_forward_of_its_own():
     assert chains == pytest.approx(auto.target_cost(6, 10))
     plain_tree = auto._step_cost({0: 0, 1: 2}, {0: tree, 1: chain})  # a tree row at k = 0 is a plain row
     assert plain_tree == pytest.approx(auto.target_cost(4, 10))
+
+
+def test_auto_drafts_prompt_lookups_trees_where_width_is_cheap_and_chains_where_it_is_not():
+    """Where the target scores trees, auto's prompt lookup may draft its tree (the earlier
+    occurrences' continuations, branching where they part): on a flat curve it does (decisions
+    "ngram:KxW"), on a curve whose forward grows with every token it never does; greedy output is
+    plain greedy output either way."""
+    target = ToyLM(vocab_size=16, seed=3)
+    target.path = None
+    prompt = [1, 2, 3, 9, 4, 1, 2, 3, 10, 5, 1, 2, 3, 11, 6, 1, 2, 3, 12, 7, 1, 2, 3]
+    plain = SpeculativeDecoder(target, None).generate(prompt, max_new_tokens=80).tokens
+    assert target.scores_trees
+    for name, curve in (("flat", {w: 0.01 for w in range(1, 65)}), ("steep", {w: 0.01 * w for w in range(1, 65)})):
+        costs = CostTable(curve)
+        auto = SpeculativeDecoder(target, "auto", suffix=False, costs=(costs, None))
+        assert auto.controller().free_width == 4
+        auto.engine.clock = on_virtual_clock(target, costs.measured)
+        result = auto.generate(prompt, max_new_tokens=80)
+        assert result.tokens == plain, name
+        trees = [key for key in auto.controller().decisions if key.startswith("ngram:") and "x" in key]
+        assert bool(trees) == (name == "flat"), (name, auto.controller().decisions)
+    # in a batch (a server's rows), the one prompt lookup drafts trees for some rows beside others'
+    # chains and plain steps, and every row is its solo greedy run
+    prompts = [prompt, [4, 5, 6, 7] * 5, prompt[3:]]
+    solo = [SpeculativeDecoder(target, None).generate(p, max_new_tokens=60).tokens for p in prompts]
+    flat = CostTable({w: 0.01 for w in range(1, 65)})
+    auto = SpeculativeDecoder(target, "auto", suffix=False, costs=(flat, None))
+    auto.engine.clock = on_virtual_clock(target, flat.measured)
+    assert [r.tokens for r in auto.generate_batch(prompts, max_new_tokens=60)] == solo
+    assert any(key.startswith("ngram:") and "x" in key for key in auto.controller().decisions)
+
+
+def test_prompt_lookups_tree_is_worth_its_chain_and_another_branch_where_it_parts():
+    """E_tree[k] = E[k] plus, at each depth d <= k where the tree branches, P(the first d - 1
+    kept) (1 - a_d) s times the other branch's expected tokens below d; its nodes k deep are what
+    the forward feeds. A tree's outcome where the first branch failed at a branching depth tells
+    the siblings' rate whether another branch was kept there."""
+    from specdec.drafters.ngram import NgramDrafter
+
+    auto = CostAwareController(NgramDrafter(), None, [1.0] * 16, free_width=4)
+    auto.begin(0, [1, 2, 3])
+    # first branch 5 6 7 8; another parts at depth 2 (9 10), a third at depth 3 (11)
+    tree = Draft([5, 6, 7, 8, 9, 10, 11], parents=[-1, 0, 1, 2, 0, 4, 1])
+    table = auto.match_accept["ngram"]
+    chain = table.expected_tokens(6, 4, "single", cautious=True)
+    expected, nodes = auto._free_tree(tree, chain, 6, auto._rows[0].overlays["ngram"])
+    assert list(nodes) == [0, 1, 3, 6, 7]
+    survive = np.diff(chain, prepend=1.0)
+    survive[0] = 1.0
+    s = auto.free_sibling.rate_at(2)
+    at2 = (survive[1] - survive[2]) * s * table.expected_tokens(8, 0, "later", cautious=True)
+    at3 = (survive[2] - survive[3]) * s * table.expected_tokens(9, 0, "later", cautious=True)
+    at2_deeper = (survive[1] - survive[2]) * s * table.expected_tokens(8, 1, "later", cautious=True)
+    assert expected[:2] == pytest.approx(chain[:2])
+    assert expected[2] == pytest.approx(chain[2] + at2[0])
+    assert expected[3] == pytest.approx(chain[3] + at2_deeper[1] + at3[0])
+    assert expected[4] == pytest.approx(chain[4] + at2_deeper[1] + at3[0])
+    assert tree.to_depth(2).tokens == [5, 6, 9] and tree.to_depth(1).parents is None
+    # the target took 5, then 9 (the first branch's 6 failed where the tree branches): a hit
+    before = auto.free_sibling.rate_at(2)
+    auto.observe({0: Outcome(auto.ngram, tree, 2, [5, 9, 10])}, [8], 1.0)
+    assert auto.free_sibling.rate_at(2) > before
+    # the target took 5, 6, then 13 (depth 3 branches, to 11, and neither was kept): a miss
+    before = auto.free_sibling.rate_at(2)
+    auto.observe({0: Outcome(auto.ngram, tree, 2, [5, 6, 13])}, [8], 1.0)
+    assert auto.free_sibling.rate_at(2) < before
+    # the target took 5, 6, 7, then 14: the first branch failed at depth 4, where nothing branches
+    before = auto.free_sibling.rate_at(2)
+    auto.observe({0: Outcome(auto.ngram, tree, 3, [5, 6, 7, 14])}, [8], 1.0)
+    assert auto.free_sibling.rate_at(2) == before

@@ -451,3 +451,22 @@ def test_the_fixed_methods_include_prompt_lookups_trees_priced_as_trees():
     assert any(key.startswith("ngram:") and "x2" in key for key in decisions), decisions
     cheaper, _ = replay_speedup(prompt, output, flat, FixedController(NgramDrafter(width=2), 12), tree_cost=1.0)
     assert cheaper > tree  # the tree steps were priced at tree_cost
+
+
+def test_prompt_lookups_sibling_rate_counts_only_failures_where_its_tree_branches():
+    """Where the context's last tokens occurred twice and went on differently, the tree's first
+    branch continues the longer match (9) and another branch the shorter (10): the recorded token
+    10 is a sibling's hit, 11 a miss, and 9 then a miss one deeper, where nothing branches, is not
+    counted at all."""
+    from specdec.replay import fit_ngram_sibling_prior, ngram_sibling_statistics
+
+    prompt = [8, 0, 1, 2, 3, 9, 5, 0, 1, 2, 3, 10, 8, 0, 1, 2, 3]
+    tree = NgramDrafter(width=4).propose({0: prompt}, {0: 4})[0]
+    assert tree.tokens[0] == 9 and tree.parents is not None
+    record = {"prompt": prompt, "category": "c"}
+    assert ngram_sibling_statistics([{**record, "output": [10]}], 4) == (1, 1)
+    assert ngram_sibling_statistics([{**record, "output": [11]}], 4) == (0, 1)
+    assert ngram_sibling_statistics([{**record, "output": [9, 4]}], 4) == (0, 0)
+    assert ngram_sibling_statistics([{**record, "output": [10]}], 1) == (0, 0)  # chains: no tree
+    rate = fit_ngram_sibling_prior([{**record, "output": [10]}, {**record, "output": [11]}], 4)
+    assert 0.0 < rate < 1.0

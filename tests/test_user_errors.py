@@ -151,7 +151,7 @@ USER_ERRORS = [
     _row(
         "serve-suffix-tree",
         ["serve", "--draft", "suffix", "--draft-width", "2"],
-        "drafts chains from its one suffix cache",
+        "drafts fixed chains from its one suffix cache",
     ),
     _row("tree-too-wide", ["generate", "-p", "x", "--draft-width", "99"], "--draft-width"),
     _row("tree-nodes-without-width", ["generate", "-p", "x", "--draft-nodes", "4"], "give --draft-width 2 or more"),

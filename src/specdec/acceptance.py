@@ -144,6 +144,13 @@ DRAFT_PRIOR = (0.84, 0.86, 0.89, 0.9, 0.92, 0.93, 0.94, 0.95, 0.95, 0.96, 0.96, 
 # our suite's recordings read 0.54-0.55 / 0.73-0.75 / 0.82-0.84
 SIBLING_PRIOR = (0.46, 0.64, 0.74)
 
+# Prompt lookup's trees, before any evidence: P(the target's token is on another branch | the first
+# branch's token was not, where the tree branches), for trees of controller.NGRAM_TREE_WIDTH.
+# why: the dev suite's recording (replay.fit_ngram_sibling_prior: 245 of 885; 0.09 QA to 0.43 RAG,
+# and our suite's 0.18); history:
+# docs/provenance.md#ngram_sibling_prior
+NGRAM_SIBLING_PRIOR = 0.28
+
 
 @dataclass
 class SiblingAcceptance:

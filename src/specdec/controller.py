@@ -35,6 +35,14 @@ Each row takes the width whose best k promises the most alone; the batch then al
 chains, each row's forward k w + 1 tokens wide (a tree row beside chains costs the engine a second
 forward, and is priced so). On a steep curve (this CPU's: 3 tokens cost 2-2.6x one) width never
 pays and every step is today's chain; on a flat one (a GPU's) it is nearly free.
+
+Prompt lookup's trees (`free_width`, where the target scores trees): its continuations of the
+earlier occurrences, up to free_width branches, parting where they differ (drafters.ngram). Cut k
+deep the tree feeds its nodes that deep, and is worth its first branch's E[k] plus, at each depth
+d <= k where it branches, the chance the first d - 1 held and the d-th failed, times s (another
+branch holds the target's token there: acceptance.NGRAM_SIBLING_PRIOR, then learnt from the trees'
+outcomes), times the expected tokens of the guesses below it as a copy's later guesses. Each row
+takes the better of the chain and the tree, as for the draft model's widths.
 """
 
 from __future__ import annotations
@@ -45,7 +53,16 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from .acceptance import DRAFT_PRIOR, K_MAX, Acceptance, MatchAcceptance, Overlay, SiblingAcceptance, agreement
+from .acceptance import (
+    DRAFT_PRIOR,
+    K_MAX,
+    NGRAM_SIBLING_PRIOR,
+    Acceptance,
+    MatchAcceptance,
+    Overlay,
+    SiblingAcceptance,
+    agreement,
+)
 
 # the acceptance tables and priors moved to acceptance.py; these names stay importable from here
 from .acceptance import MATCH_BUCKETS as MATCH_BUCKETS
@@ -95,6 +112,12 @@ EXPLORE_EVERY = 32
 # why: the siblings' rates are fitted for these (acceptance.SIBLING_PRIOR); past 4 the dev suite's
 # recording adds 5% of the misses a width while the forward grows by k tokens a width
 TREE_WIDTHS = (1, 2, 3, 4)
+# The most branches of prompt lookup's trees `auto` may draft (its continuations of the earlier
+# occurrences, where they part: drafters.ngram), where the target scores trees.
+# why: the dev suite's recording on the H100 1.5B curve (`replay_controller.py trees --drafter
+# ngram`): the best fixed trees there are 3-4 wide where they pay; the controller cuts their depth;
+# history: docs/provenance.md#ngram_tree_width
+NGRAM_TREE_WIDTH = 4
 
 
 def whole_copy(match: int, generated: int) -> bool:
@@ -211,6 +234,15 @@ class _Option:
     drafter: Drafter | None = None  # the free drafter that made `proposal`
     depth: int = 0  # the row's context tokens: the depth its forward attends over
     width: int = 1  # draft model: a tree of this width (its forward k x width + 1 tokens)
+    nodes: np.ndarray | None = None  # a free drafter's tree: nodes[k], its nodes k deep or less
+
+    def fed(self, k: int) -> int:
+        """Tokens the target's forward feeds this row for a draft k deep."""
+        return 1 + (int(self.nodes[k]) if self.nodes is not None else k * self.width)
+
+    def tree(self, k: int) -> bool:
+        """Whether a draft k deep is a tree (the engine scores trees in a forward of their own)."""
+        return k > 0 and self.fed(k) > k + 1
 
 
 def auto_controller(
@@ -221,8 +253,10 @@ def auto_controller(
     first use (costs.measure_cost_table). `objective`: OBJECTIVES. A draft model of the target's
     vocabulary that drafts chains may draft trees where the target scores them (TREE_WIDTHS)."""
     from .drafters.model import ModelDrafter
+    from .drafters.ngram import NgramDrafter
 
     trees = isinstance(model, ModelDrafter) and model.width == 1 and not model.nodes
+    scores_trees = getattr(target, "scores_trees", False)
     if costs is None:
         from .costs import measure_cost_table
 
@@ -239,7 +273,8 @@ def auto_controller(
         stops=target.tokenizer.eog_ids,
         objective=objective,
         draft_prior=getattr(model, "prior", None),  # a head's held-out agreement
-        tree_widths=TREE_WIDTHS if trees and getattr(target, "scores_trees", False) else (1,),
+        tree_widths=TREE_WIDTHS if trees and scores_trees else (1,),
+        free_width=NGRAM_TREE_WIDTH if scores_trees and free and isinstance(free[0], NgramDrafter) else 1,
     )
 
 
@@ -268,6 +303,7 @@ class CostAwareController:
         objective: str = "throughput",
         reach: float | None = None,  # a cap: free drafts at most reach x their match (None: none)
         tree_widths: Sequence[int] = (1,),  # the draft model's tree widths to choose from (1: chains)
+        free_width: int = 1,  # prompt lookup's trees: at most this many branches (1: chains)
     ):
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
@@ -306,6 +342,10 @@ class CostAwareController:
         )
         self.model_accept = Acceptance(prior=DRAFT_PRIOR if draft_prior is None else draft_prior, rate=rate)
         self.sibling_accept = SiblingAcceptance(rate=rate)
+        # prompt lookup's trees: P(the target's token is on another branch | the first branch's
+        # token failed where the tree branches), one rate for every width up to free_width
+        self.free_width = free_width if self.ngram is not None else 1
+        self.free_sibling = SiblingAcceptance(prior=(NGRAM_SIBLING_PRIOR,), rate=rate)
         self.tree_widths = sorted({1, *(w for w in tree_widths if w in self.sibling_accept.widths)})
         self.overlay_weight = OVERLAY_WEIGHT if overlay_weight is None else overlay_weight
         self.explore_every = explore_every
@@ -334,13 +374,13 @@ class CostAwareController:
     # -- the decision -------------------------------------------------------------------------
 
     def _value(
-        self, expected: np.ndarray, draft_cost: Callable[[int], float], depth: int, width: int = 1
+        self, expected: np.ndarray, draft_cost: Callable[[int], float], depth: int, width: int = 1, nodes=None
     ) -> tuple[int, float]:
         """One row alone at `depth`: argmax over k of expected[k] / (draft_cost(k) + target_cost(k
-        width + 1))."""
+        width + 1)), or of a tree with nodes[k] nodes k deep or less."""
+        fed = (lambda k: k * width + 1) if nodes is None else (lambda k: int(nodes[k]) + 1)
         values = [
-            expected[k] / (draft_cost(k) + self._forward_seconds({0: k * width + 1}, depth))
-            for k in range(len(expected))
+            expected[k] / (draft_cost(k) + self._forward_seconds({0: fed(k)}, depth)) for k in range(len(expected))
         ]
         k = int(np.argmax(values))
         return k, values[k]
@@ -368,7 +408,8 @@ class CostAwareController:
         options = {row: _Option("plain", np.ones(1), depth=len(contexts[row])) for row in contexts}
         ask = {row: min(self.k_free, caps[row]) for row in contexts}
         ask = {row: k for row, k in ask.items() if k > 0}
-        proposals = {d.name: d.propose({r: contexts[r] for r in ask}, ask) if ask else {} for d in self.free}
+        asked = {r: contexts[r] for r in ask}
+        proposals = {d.name: self._propose_free(d, asked, ask) if ask else {} for d in self.free}
         for row, k_cap in ask.items():
             state = self._rows[row]
             depth = len(contexts[row])
@@ -379,19 +420,31 @@ class CostAwareController:
                 if proposal is None or not proposal.tokens:
                     continue
                 proposal = proposal.upto(self.stops)
+                chain = proposal.first_branch()
                 match = max(1, proposal.evidence.get("match", 1))
                 kind = MatchAcceptance.evidence(proposal.evidence.get("votes", (1, 1)))
-                state.shadow[drafter.name] = (list(proposal.tokens), match, kind)
-                reach = len(proposal.tokens)
+                state.shadow[drafter.name] = (list(chain.tokens), match, kind)
+                reach = len(chain.tokens)
                 if self.reach is not None and not whole_copy(match, len(contexts[row]) - state.prompt_len):
                     reach = min(reach, max(1, int(self.reach * match)))  # a cap, except in a whole copy
                 expected = self.match_accept[drafter.name].expected_tokens(
                     match, reach, kind, state.overlays[drafter.name], cautious=True
                 )
-                k, value = self._value(expected, lambda k: 0.0, depth)
-                if k and value > best_value:
-                    best_value = value
-                    options[row] = _Option(drafter.name, expected, proposal, drafter=drafter, depth=depth)
+                shapes = [(expected, None)]
+                if proposal.parents is not None:
+                    shapes.append(self._free_tree(proposal, expected, match, state.overlays[drafter.name]))
+                for expected, nodes in shapes:
+                    k, value = self._value(expected, lambda k: 0.0, depth, nodes=nodes)
+                    if k and value > best_value:
+                        best_value = value
+                        options[row] = _Option(
+                            drafter.name,
+                            expected,
+                            proposal if nodes is not None else chain,
+                            drafter=drafter,
+                            depth=depth,
+                            nodes=nodes,
+                        )
             if self.model is not None and self.draft_cost is not None:
                 lag = max(1, self.model.lag(row, contexts[row]))
                 chain = self.model_accept.expected_tokens(min(k_cap, 8), state.model_overlay, cautious=True)
@@ -402,6 +455,49 @@ class CostAwareController:
                         best_value = value
                         options[row] = _Option("draft", expected, lag=lag, depth=depth, width=width)
         return options
+
+    def _propose_free(self, drafter: Drafter, contexts, ks) -> dict[int, Draft]:
+        """A free drafter's proposals: prompt lookup's trees of up to free_width branches, else chains."""
+        if drafter is self.ngram and self.free_width > 1:
+            return drafter.propose(contexts, ks, {row: self.free_width for row in ks})
+        return drafter.propose(contexts, ks)
+
+    def _free_tree(self, tree: Draft, chain: np.ndarray, match: int, overlay: Overlay) -> tuple[np.ndarray, np.ndarray]:
+        """(E[k], nodes[k]) for k = 0..the first branch's length of prompt lookup's `tree` cut k
+        deep, from its first branch's E[k] (`chain`): where the first branch's token at depth d
+        fails and the tree branches there, another branch's token is the target's with the
+        siblings' rate s, and the guesses below it hold as a copy's later guesses do:
+
+            E_tree[k] = E[k] + sum over branching depths d <= k of
+                        P(first d - 1 kept) (1 - a_d) s E_later(match + d, k - d)
+
+        with a_d the first branch's rate at d and E_later the expected tokens of a chain of the
+        k - d guesses that the other branch holds below its first (one branch's: the longest)."""
+        depths = tree.depths()
+        n = len(tree.first_branch_nodes())
+        nodes = np.cumsum(np.bincount(depths, minlength=n + 1)[: n + 1]).astype(float)
+        survive = np.diff(chain, prepend=1.0)  # [1 (k = 0), P(the first k kept) for k >= 1]
+        survive[0] = 1.0
+        # the depth of every node that hangs off the first branch somewhere other than its first child,
+        # and how deep the branch below it goes
+        on_first = set(tree.first_branch_nodes())
+        below: dict[int, int] = {}  # branching depth -> the deepest node of its other branches
+        branch_root = {}
+        for i, (p, d) in enumerate(zip(tree.parents, depths)):
+            if i in on_first:
+                continue
+            root = i if (p == -1 or p in on_first) else branch_root[p]
+            branch_root[i] = root
+            below[depths[root]] = max(below.get(depths[root], 0), d)
+        s = self.free_sibling.rate_at(2)
+        table = self.match_accept[self.ngram.name]
+        expected = chain.copy()
+        for d, deepest in below.items():
+            fail = survive[d - 1] - survive[d]  # reached depth d, and the first branch failed there
+            later = table.expected_tokens(match + d, deepest - d, "later", overlay, cautious=True)
+            for k in range(d, n + 1):
+                expected[k] += fail * s * later[min(k, deepest) - d]
+        return expected, nodes
 
     def tree_expected(self, chain: np.ndarray, width: int) -> np.ndarray:
         """E_w[k] for k = 0..len - 1 from the chain's E[k]: where the chain's token fails within the
@@ -417,9 +513,9 @@ class CostAwareController:
         width + 1, in a forward of its own where chains share the step, as the engine runs it), plus
         the draft model's catch-up forward and one forward per draft position over the rows still
         drafting, all at the step's depth (costs.step_depth)."""
-        fed = {r: ks[r] * (options[r].width if ks[r] else 1) + 1 for r in ks}
+        fed = {r: options[r].fed(ks[r]) for r in ks}
         depth = step_depth(fed, {r: o.depth for r, o in options.items()})
-        trees = {r: n for r, n in fed.items() if ks[r] and options[r].width > 1}
+        trees = {r: n for r, n in fed.items() if options[r].tree(ks[r])}
         chains = {r: n for r, n in fed.items() if r not in trees}
         seconds = sum(self._forward_seconds(group, depth) for group in (chains, trees) if group)
         drafting = [ks[r] for r, o in options.items() if o.kind == "draft" and ks[r]]
@@ -517,13 +613,16 @@ class CostAwareController:
             if kind == "draft" and options[row].width > 1:
                 key += f"x{options[row].width}"
                 widths[row] = options[row].width
-            self.decisions[key] = self.decisions.get(key, 0) + 1
             if options[row].drafter is not None and kind != "plain":  # a free drafter's
-                plan[row] = (options[row].drafter, Draft(options[row].proposal.tokens[:k]))
+                draft = options[row].proposal.to_depth(k)
+                if draft.parents is not None:  # a tree: its depth x its branches (its leaves)
+                    key += f"x{len(draft.tokens) - len(set(draft.parents) - {-1})}"
+                plan[row] = (options[row].drafter, Draft(draft.tokens, parents=draft.parents))
             elif kind == "draft":
                 model_ks[row] = k
             else:
                 plan[row] = (None, None)
+            self.decisions[key] = self.decisions.get(key, 0) + 1
         if model_ks:
             asked = {row: contexts[row] for row in model_ks}
             drafts = self.model.propose(asked, model_ks, widths) if widths else self.model.propose(asked, model_ks)
@@ -558,6 +657,8 @@ class CostAwareController:
                     self.sibling_accept.observe(n_drafted // len(chain), out.n_accepted > kept)
             elif n_drafted:
                 self.model_accept.observe(n_drafted, out.n_accepted, state.model_overlay)
+        elif out.draft is not None and out.draft.parents is not None and n_drafted:  # a free drafter's tree
+            self._observe_free_tree(out)
         if n_drafted:
             state.tracker = {}  # the draft's own outcome covers the positions after it
         else:
@@ -574,6 +675,15 @@ class CostAwareController:
                 # drafting, and an estimate lowered by bad luck could never recover.
                 state.tracker[name] = (tokens, match, 1)
         state.shadow = {}
+
+    def _observe_free_tree(self, out: Outcome) -> None:
+        """Where a prompt-lookup tree's first branch failed at a depth where the tree branches,
+        whether the target kept another branch's token there (the siblings' rate)."""
+        tree = out.draft
+        chain = tree.first_branch_nodes()
+        kept = agreement([tree.tokens[i] for i in chain], out.emitted)[1]
+        if kept < len(chain) and tree.parents.count(chain[kept - 1] if kept else -1) > 1:
+            self.free_sibling.observe(2, out.n_accepted > kept)
 
     def _follow(self, state: _RowState, name: str, emitted: Sequence[int]) -> None:
         tokens, match, i = state.tracker.pop(name)

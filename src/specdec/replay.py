@@ -703,6 +703,34 @@ def fit_sibling_prior(records: Sequence[Mapping], widths: Sequence[int] = (2, 3,
     return tuple(round(sum(rank < w for rank in ranks) / max(1, len(ranks)), 2) for w in widths)
 
 
+def ngram_sibling_statistics(records: Sequence[Mapping], width: int) -> tuple[int, int]:
+    """(right, checked): at every position of the recorded answers, prompt lookup's tree of up to
+    `width` branches; where its first branch fails at a depth where the tree branches, whether
+    another branch there holds the recorded token."""
+    right = checked = 0
+    for r in records:
+        drafter, prompt, output = NgramDrafter(width=width), list(r["prompt"]), r["output"]
+        for pos in range(len(output)):
+            tree = drafter.propose({0: prompt + output[:pos]}, {0: K_MAX})[0]
+            if tree.parents is None:
+                continue
+            chain = tree.first_branch_nodes()
+            kept = agreement([tree.tokens[i] for i in chain], output[pos:])[1]
+            if kept == len(chain) or pos + kept >= len(output):
+                continue
+            above = chain[kept - 1] if kept else -1
+            others = {tree.tokens[i] for i, p in enumerate(tree.parents) if p == above and i != chain[kept]}
+            if others:
+                checked += 1
+                right += output[pos + kept] in others
+    return right, checked
+
+
+def fit_ngram_sibling_prior(records: Sequence[Mapping], width: int) -> float:
+    """acceptance.NGRAM_SIBLING_PRIOR fitted on these records (ngram_sibling_statistics)."""
+    return round(fit_rate(*ngram_sibling_statistics(records, width)), 2)
+
+
 def _best_time_of(options: Sequence[tuple[Sequence[int], Sequence[Sequence[float]]]], n: int) -> float:
     """Least total seconds to emit n tokens when at position i a drafter d would have up to
     lengths_d[i] tokens accepted, a step of k of its tokens costing steps_d[i][k] (dynamic
@@ -770,7 +798,7 @@ def leave_one_category_out(
     import statistics
 
     from .acceptance import SIBLING_PRIOR
-    from .controller import TREE_WIDTHS, CostAwareController
+    from .controller import NGRAM_TREE_WIDTH, TREE_WIDTHS, CostAwareController
 
     with_draft, trees = recorded_draft(records, draft_costs)
     out = {}
@@ -787,8 +815,9 @@ def leave_one_category_out(
             match_prior=fit_match_prior(train),
             draft_prior=fit_draft_prior(train) if with_draft else None,
             stops=stops,
-            **{"tree_widths": TREE_WIDTHS if trees else (1,), **controller_args},
+            **{"tree_widths": TREE_WIDTHS if trees else (1,), "free_width": NGRAM_TREE_WIDTH, **controller_args},
         )
+        auto.free_sibling.s[:] = fit_ngram_sibling_prior(train, NGRAM_TREE_WIDTH)
         if trees:  # the siblings' rates too are fitted on the other categories
             auto.sibling_accept.s[:] = fit_sibling_prior(train, range(2, len(SIBLING_PRIOR) + 2))
         autos, clairs = [], []

@@ -95,6 +95,23 @@ def test_a_tree_tries_every_earlier_continuation_best_match_first():
         NgramDrafter(width=0)
 
 
+def test_a_call_may_ask_a_chain_drafter_for_a_tree_and_a_tree_cut_to_a_depth():
+    """`auto` asks the one prompt lookup it shares with fixed requests for trees per call (widths);
+    the drafter's own width stays its default. Cut k deep, a tree keeps its nodes that deep and,
+    left with one branch, is a chain."""
+    context = [1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 6, 0, 1, 2, 3]
+    shared = NgramDrafter(n_max=3)
+    tree = shared.propose({0: context}, {0: 3}, {0: 2})[0]
+    assert tree.tokens == [4, 6, 0, 5, 0] and tree.parents == [-1, 0, 1, 0, 3]
+    assert shared.propose({0: context}, {0: 3})[0].parents is None
+    assert tree.depths() == [1, 2, 3, 2, 3]
+    assert tree.first_branch_nodes() == [0, 1, 2]
+    cut = tree.to_depth(2)
+    assert cut.tokens == [4, 6, 5] and cut.parents == [-1, 0, 0]
+    assert tree.to_depth(1).tokens == [4] and tree.to_depth(1).parents is None
+    assert tree.to_depth(9).tokens == tree.tokens
+
+
 def test_a_prompt_lookup_tree_writes_plain_greedy_and_keeps_branches():
     """Through the engine on a toy target that scores trees: greedy output is plain greedy output,
     and some steps kept a node off the tree's first branch (the tree did something)."""

@@ -169,9 +169,10 @@ def cmd_serve(args) -> int:
         raise SpecdecError("specdec serve takes --draft auto, ngram, suffix, none, a draft model or head:FILE")
     if spec.kind in ("suffix", "ngram") and spec.width > 1:  # one of each serves every request, auto too
         raise SpecdecError(
-            "specdec serve drafts chains from its one suffix cache and its one prompt lookup: --draft-width "
-            "applies to a draft model or head:FILE here (suffix and prompt-lookup trees: generate, compare, "
-            "check, bench suffix:KxW and ngram:KxW)"
+            "specdec serve drafts fixed chains from its one suffix cache and its one prompt lookup, which "
+            "serve every request (auto chooses prompt lookup's trees itself): --draft-width applies to a draft "
+            "model or head:FILE here (suffix and prompt-lookup trees: generate, compare, check, bench "
+            "suffix:KxW and ngram:KxW)"
         )
     # any request may ask for auto or suffix, whatever the default: the flags hold for every --draft
     _check_suffix_flags(args, "suffix" if spec.kind == "suffix" else "auto")

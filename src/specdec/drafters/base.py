@@ -47,12 +47,42 @@ class Draft:
         as it is. For a target that scores no trees, or a step that must be a chain."""
         if self.parents is None:
             return self
-        chain, node = [], -1
-        while (node := next((i for i, p in enumerate(self.parents) if p == node), None)) is not None:
-            chain.append(node)
+        chain = self.first_branch_nodes()
         # a first child was drawn first, from its parent's distribution: a chain draft of q
         q = self.q[chain] if self.q is not None and chain else None
         return Draft([self.tokens[i] for i in chain], q, self.evidence)
+
+    def first_branch_nodes(self) -> list[int]:
+        """The nodes of the first branch (from the root, each node's first child), in order."""
+        if self.parents is None:
+            return list(range(len(self.tokens)))
+        chain, node = [], -1
+        while (node := next((i for i, p in enumerate(self.parents) if p == node), None)) is not None:
+            chain.append(node)
+        return chain
+
+    def depths(self) -> list[int]:
+        """Each node's depth: 1 under the root, its parent's + 1 below (a chain's: 1..k)."""
+        if self.parents is None:
+            return list(range(1, len(self.tokens) + 1))
+        depths: list[int] = []
+        for parent in self.parents:  # parents come before their children
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+        return depths
+
+    def to_depth(self, k: int) -> "Draft":
+        """The draft's nodes k deep or less (a chain's first k tokens); a tree left with one branch
+        is that chain."""
+        if self.parents is None:
+            return self._first(min(k, len(self.tokens)))
+        kept = [i for i, d in enumerate(self.depths()) if d <= k]
+        index = {-1: -1, **{old: new for new, old in enumerate(kept)}}
+        parents = [index[self.parents[i]] for i in kept]
+        tokens = [self.tokens[i] for i in kept]
+        q = self.q[kept] if self.q is not None else None
+        if len(set(parents)) == len(parents):  # every node an only child: a chain
+            return Draft(tokens, q, self.evidence)
+        return Draft(tokens, q, self.evidence, parents)
 
     def upto(self, stops: frozenset[int] | set[int], vocab_size: int | None = None) -> "Draft":
         """The draft up to and including its first token in `stops` (end of generation): once the

@@ -63,8 +63,16 @@ class NgramDrafter:
     def accept(self, n_accepted: Mapping[int, int]) -> None:
         pass  # nothing to roll back: the index follows the context it is given
 
-    def propose(self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int]) -> dict[int, Draft]:
-        return {row: self.propose_one(self._rows.setdefault(row, _Index()), contexts[row], ks[row]) for row in ks}
+    def propose(
+        self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int], widths: Mapping[int, int] | None = None
+    ) -> dict[int, Draft]:
+        """Up to ks[r] tokens deep for every row asked; widths[r] (else the drafter's width): the
+        most branches of row r's tree (1: a chain)."""
+        widths = widths or {}
+        return {
+            row: self.propose_one(self._rows.setdefault(row, _Index()), contexts[row], ks[row], widths.get(row))
+            for row in ks
+        }
 
     def _update(self, index: _Index, context: Sequence[int]) -> None:
         """Index every n-gram that ends before the last token. Context only grows within a
@@ -92,7 +100,8 @@ class NgramDrafter:
             m += 1
         return m
 
-    def propose_one(self, index: _Index, context: Sequence[int], k: int) -> Draft:
+    def propose_one(self, index: _Index, context: Sequence[int], k: int, width: int | None = None) -> Draft:
+        width = self.width if width is None else width
         if k <= 0 or not context:
             return Draft([])
         self._update(index, context)
@@ -107,12 +116,12 @@ class NgramDrafter:
                 guess = tokens[best_end]
                 votes = (sum(tokens[end] == guess for end in considered), len(considered))
                 evidence = {"match": lengths[best_end], "votes": votes}
-                if self.width > 1:
-                    return self._tree([tokens[end : end + k] for end in ranked], evidence)
+                if width > 1:
+                    return self._tree([tokens[end : end + k] for end in ranked], evidence, width)
                 return Draft(tokens[best_end : best_end + k], evidence=evidence)
         return Draft([])
 
-    def _tree(self, continuations: list[list[int]], evidence: dict) -> Draft:
+    def _tree(self, continuations: list[list[int]], evidence: dict, width: int) -> Draft:
         """A tree of the continuations, in order, until `width` branches stand: each adds the nodes
         past the point where it parts from the tree so far; as a chain if it never branches."""
         tokens: list[int] = []
@@ -124,7 +133,7 @@ class NgramDrafter:
             for token in continuation:
                 child = children.get((node, token))
                 if child is None:
-                    if not new and branches >= self.width:
+                    if not new and branches >= width:
                         break  # a new branch, and the tree has its width
                     child = children[(node, token)] = len(tokens)
                     tokens.append(token)
