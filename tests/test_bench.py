@@ -216,6 +216,24 @@ def test_compare_text():
     assert bench.compare_text("the dog sat", "the cat sat") == "differs"
 
 
+def test_a_run_that_ended_early_at_end_of_generation_parted_from_plain():
+    """Texts that agree as far as the shorter goes: where the shorter run ended at an
+    end-of-generation token (credited in its tokens, not in its token_ids) and the other wrote on,
+    the two wrote different tokens there: a parting for mark_partings to score, not a prefix (a
+    bench once counted auto's 98 tokens + end of generation against plain's 127 as agreeing). A run
+    that went on past the other's token budget, or whose texts agree but token ids were not kept,
+    stays a prefix."""
+    plain = bench.Row("p", "c", "plain", 0, 6, 1.0, 6.0, text="a b c d e", token_ids=[1, 2, 3, 4, 5])
+    ended = bench.Row("p", "c", "auto", 0, 4, 1.0, 4.0, text="a b c", token_ids=[1, 2, 3])
+    assert bench.compare_text(ended.text, plain.text) == "prefix"
+    assert bench.match_of(ended, plain) == "differs" and bench.match_of(plain, ended) == "differs"
+    budget = bench.Row("p", "c", "auto", 0, 3, 1.0, 3.0, text="a b c", token_ids=[1, 2, 3])  # hit -n
+    assert bench.match_of(budget, plain) == "prefix"
+    over = bench.Row("p", "c", "llama.cpp:ngram-mod:8", 0, 7, 1.0, 7.0, text="a b c d e f")
+    assert bench.match_of(over, plain) == "prefix"
+    assert bench.match_of(plain, plain) == "identical"
+
+
 class FakeBench:
     """run_bench's side of Bench: canned texts and speeds per method (the peer writes more tokens
     than plain, draft:4 parts from plain on prompt b)."""

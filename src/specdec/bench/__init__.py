@@ -9,7 +9,8 @@ Like with like: greedy runs that part at a rounding tie (llama.cpp's kernels are
 write different texts, often of different lengths, and llama.cpp's `llama-speculative-simple` keeps
 whole accepted drafts past `-n` (it wrote 277-321 tokens for 256). So every run's text is kept in
 results.jsonl and compared with plain's (`text_match`: identical, prefix — one text is the start of
-the other, as when a run wrote more tokens — or differs), and the summary gives the median speedup
+the other, as when a run wrote more tokens — or differs, which includes a run that ended at an
+end-of-generation token where the other wrote on: `match_of`), and the summary gives the median speedup
 over all pairs and over the pairs whose texts agree, with every method's token counts.
 
 Every runner's tokens are counted alike (`produced`): what the model produced in the decode time,
@@ -36,7 +37,7 @@ from .methods import (
     vllm_engines,
 )
 from .report import _category_tables, _noise_lines, _partings_table, plot, prompt_speedups, speedups, write_summary
-from .run import Bench, Row, compare_text, mark_partings, produced, run_bench
+from .run import Bench, Row, compare_text, mark_partings, match_of, produced, run_bench
 from .suite import CATEGORIES, DEFAULT_SUITE, load_suite, prompt_text
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "compare_text",
     "load_suite",
     "mark_partings",
+    "match_of",
     "parse_method",
     "plot",
     "produced",

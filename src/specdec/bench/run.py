@@ -58,6 +58,22 @@ def compare_text(text: str, plain: str) -> str:
     return "differs"
 
 
+def match_of(run: Row, base: Row) -> str:
+    """run's text against base's (compare_text), where a "prefix" whose shorter run ended at an
+    end-of-generation token (its credited tokens count it; its token_ids do not) before the longer
+    one's tokens ended is "differs": the two runs parted there, one writing that token and the
+    other another (a greedy parting at a rounding tie, or a bug), which mark_partings then scores.
+    A run that went on past the other's token budget (llama-speculative-simple keeps whole drafts
+    past -n) is still a prefix."""
+    match = compare_text(run.text, base.text)
+    if match == "prefix" and run.token_ids and base.token_ids:
+        short, long = sorted((run, base), key=lambda r: len(r.token_ids))
+        n = len(short.token_ids)
+        if n < len(long.token_ids) and short.tokens > n and long.token_ids[:n] == short.token_ids:
+            return "differs"
+    return match
+
+
 class Bench:
     def __init__(
         self,
@@ -331,7 +347,7 @@ def run_bench(
                     # cut off in peers.py; a peer that detokenises differently shows up as 'differs');
                     # vLLM's drafters against vLLM's plain where it ran (its bf16 weights are not our GGUF's)
                     base = runs.get("vllm:plain") if method.startswith("vllm:") and method != "vllm:plain" else None
-                    run.text_match = compare_text(run.text, (base or runs["plain"]).text)
+                    run.text_match = match_of(run, base or runs["plain"])
                     run.identical_to_plain = run.text_match != "differs"
                     results.write(json.dumps(asdict(run)) + "\n")
                 results.flush()
