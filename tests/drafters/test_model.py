@@ -115,3 +115,28 @@ def test_auto_reads_the_caught_up_guesses_into_the_first_position():
     assert auto.model_accept.a[0] > 0.9
     assert auto.model_accept.a[1:] == pytest.approx(later)
     assert DRAFT_PRIOR[0] < 0.9  # the rise is the evidence's, not the prior's
+
+
+def test_after_a_kept_sibling_the_lag_is_what_the_next_catch_up_feeds():
+    """A fishbone's chain is what the draft model fed; where the target kept a sibling instead of
+    the chain's token, the cache holds the chain's token there, and the next catch-up starts at it.
+    `lag` (what auto prices the catch-up by) counts that token too."""
+    draft = ToyLM(seed=4)
+    drafter = ModelDrafter(draft, width=2)
+    drafter.begin(0, PROMPT, SamplingParams(), np.random.default_rng(0))
+    tree = drafter.propose({0: PROMPT}, {0: 3})[0]
+    chain = tree.first_branch().tokens
+    first = tree.first_branch_nodes()
+    sibling = next(tree.tokens[i] for i, p in enumerate(tree.parents) if p == first[0] and i not in first)
+    assert sibling != chain[1]
+    drafter.accept({0: 2})  # the target kept the chain's first token, then the sibling at depth 2
+    context = PROMPT + [chain[0], sibling, 9]
+    fed = []
+    forward = draft.forward_rows
+    draft.forward_rows = lambda feed, scored=None: fed.append(sum(map(len, feed.values()))) or forward(feed, scored)
+    assert drafter.lag(0, context) == 2
+    drafter.propose({0: context}, {0: 1})
+    assert fed[0] == 2
+    # no sibling kept: the cache is the context so far, and the lag is the tokens past it
+    drafter.accept({0: 0})
+    assert drafter.lag(0, context + [5, 6]) == 2

@@ -86,8 +86,17 @@ class ModelDrafter:
             state.model_row = model_row
 
     def lag(self, row: int, context: Sequence[int]) -> int:
-        """Context tokens the draft model has not seen yet (what the row's next proposal feeds first)."""
-        return len(context) - len(self._rows[row].fed)
+        """Context tokens the draft model has not seen yet: what the row's next proposal feeds first
+        (at least one). Past its last proposal's base the cache may hold a token the context does
+        not (a tree's kept sibling: the cache holds the chain's token at its depth), and the catch-up
+        starts there (propose)."""
+        state = self._rows[row]
+        n = len(state.fed)
+        for i in range(min(state.base, n), min(n, len(context))):
+            if state.fed[i] != context[i]:
+                n = i
+                break
+        return len(context) - min(n, len(context) - 1)
 
     def propose(
         self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int], widths: Mapping[int, int] | None = None
