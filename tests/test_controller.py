@@ -907,6 +907,12 @@ def test_prompt_lookups_tree_is_worth_its_chain_and_another_branch_where_it_part
     before = auto.free_sibling.rate_at(2)
     auto.observe({0: Outcome(auto.ngram, tree, 2, [5, 6, 13])}, [8], 1.0)
     assert auto.free_sibling.rate_at(2) < before
+    # under a cap on reach (the vLLM proposer's) the tree is priced only as deep as the chain may go
+    capped = CostAwareController(NgramDrafter(), None, [0.01] * 64, free_width=4, reach=0.5)
+    context = [8, 0, 1, 2, 3, 9, 5, 6, 7, 5, 0, 1, 2, 3, 10, 8, 0, 1, 2, 3]
+    capped.begin(0, context)
+    _, draft = capped.draft({0: context}, {0: 20})[0]
+    assert draft.parents is not None and max(draft.depths()) == 2  # half its 5-token match (8 0 1 2 3)
     # the target took 5, 6, 7, then 14: the first branch failed at depth 4, where nothing branches
     before = auto.free_sibling.rate_at(2)
     auto.observe({0: Outcome(auto.ngram, tree, 3, [5, 6, 7, 14])}, [8], 1.0)

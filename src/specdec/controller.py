@@ -474,7 +474,7 @@ class CostAwareController:
         with a_d the first branch's rate at d and E_later the expected tokens of a chain of the
         k - d guesses that the other branch holds below its first (one branch's: the longest)."""
         depths = tree.depths()
-        n = len(tree.first_branch_nodes())
+        n = len(chain) - 1  # the first branch's length, or less where a cap on reach cut its E
         nodes = np.cumsum(np.bincount(depths, minlength=n + 1)[: n + 1]).astype(float)
         survive = np.diff(chain, prepend=1.0)  # [1 (k = 0), P(the first k kept) for k >= 1]
         survive[0] = 1.0
