@@ -58,6 +58,17 @@ class _Row:
         self.drafted = 0  # draft length of the last propose
 
 
+def _kept(state: _Row, context: Sequence[int]) -> int:
+    """The row's cached tokens its next proposal keeps: those that agree with the context (usually
+    all of them: accept() left a prefix; but the cache may hold a token the context does not, the
+    chain's token where the target kept a tree's sibling), less one where they are the whole
+    context (a proposal feeds at least one token, to get its logits)."""
+    n = len(state.fed)
+    if state.fed != list(context[:n]):
+        n = next((i for i, (a, b) in enumerate(zip(state.fed, context)) if a != b), min(n, len(context)))
+    return min(n, len(context) - 1)
+
+
 class ModelDrafter:
     def __init__(self, model: RowModel, target: RowModel | None = None, width: int = 1, nodes: int = 0):
         if target is not None:
@@ -87,16 +98,8 @@ class ModelDrafter:
 
     def lag(self, row: int, context: Sequence[int]) -> int:
         """Context tokens the draft model has not seen yet: what the row's next proposal feeds first
-        (at least one). Past its last proposal's base the cache may hold a token the context does
-        not (a tree's kept sibling: the cache holds the chain's token at its depth), and the catch-up
-        starts there (propose)."""
-        state = self._rows[row]
-        n = len(state.fed)
-        for i in range(min(state.base, n), min(n, len(context))):
-            if state.fed[i] != context[i]:
-                n = i
-                break
-        return len(context) - min(n, len(context) - 1)
+        (at least one)."""
+        return len(context) - _kept(self._rows[row], context)
 
     def propose(
         self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int], widths: Mapping[int, int] | None = None
@@ -120,11 +123,7 @@ class ModelDrafter:
         keep, feed, scored = {}, {}, {}
         for row, state in live.items():
             context = contexts[row]
-            if state.fed == list(context[: len(state.fed)]):  # usual: accept() left a prefix
-                n = len(state.fed)
-            else:
-                n = next(i for i, (a, b) in enumerate(zip(state.fed, context)) if a != b)
-            n = min(n, len(context) - 1)  # always feed >= 1 token, to get its logits
+            n = _kept(state, context)
             keep[state.model_row] = n
             feed[state.model_row] = list(context[n:])
             # rows from the one that reads the last prompt token (it guesses the first generated one)
