@@ -223,6 +223,13 @@ class _RowState:
     depth: int = 0  # context tokens at the last step
 
 
+def fed_tokens(k: int, width: int = 1, nodes: np.ndarray | None = None) -> int:
+    """Tokens the target's forward feeds a row for a draft k deep: its last token and k x width
+    draft tokens (a chain, or the draft model's fishbone of that width), or a tree's nodes[k], its
+    nodes k deep or less."""
+    return 1 + (int(nodes[k]) if nodes is not None else k * width)
+
+
 @dataclass
 class _Option:
     """One row's best drafter this step: E[k] for k = 0..len - 1 and the cost of drafting."""
@@ -238,7 +245,7 @@ class _Option:
 
     def fed(self, k: int) -> int:
         """Tokens the target's forward feeds this row for a draft k deep."""
-        return 1 + (int(self.nodes[k]) if self.nodes is not None else k * self.width)
+        return fed_tokens(k, self.width, self.nodes)
 
     def tree(self, k: int) -> bool:
         """Whether a draft k deep is a tree (the engine scores trees in a forward of their own)."""
@@ -378,9 +385,9 @@ class CostAwareController:
     ) -> tuple[int, float]:
         """One row alone at `depth`: argmax over k of expected[k] / (draft_cost(k) + target_cost(k
         width + 1)), or of a tree with nodes[k] nodes k deep or less."""
-        fed = (lambda k: k * width + 1) if nodes is None else (lambda k: int(nodes[k]) + 1)
         values = [
-            expected[k] / (draft_cost(k) + self._forward_seconds({0: fed(k)}, depth)) for k in range(len(expected))
+            expected[k] / (draft_cost(k) + self._forward_seconds({0: fed_tokens(k, width, nodes)}, depth))
+            for k in range(len(expected))
         ]
         k = int(np.argmax(values))
         return k, values[k]
@@ -616,7 +623,7 @@ class CostAwareController:
             if options[row].drafter is not None and kind != "plain":  # a free drafter's
                 draft = options[row].proposal.to_depth(k)
                 if draft.parents is not None:  # a tree: its depth x its branches (its leaves)
-                    key += f"x{len(draft.tokens) - len(set(draft.parents) - {-1})}"
+                    key += f"x{draft.leaves()}"
                 plan[row] = (options[row].drafter, Draft(draft.tokens, parents=draft.parents))
             elif kind == "draft":
                 model_ks[row] = k
@@ -682,7 +689,7 @@ class CostAwareController:
         tree = out.draft
         chain = tree.first_branch_nodes()
         kept = agreement([tree.tokens[i] for i in chain], out.emitted)[1]
-        if kept < len(chain) and tree.parents.count(chain[kept - 1] if kept else -1) > 1:
+        if kept < len(chain) and tree.siblings_of(chain[kept]):
             self.free_sibling.observe(2, out.n_accepted > kept)
 
     def _follow(self, state: _RowState, name: str, emitted: Sequence[int]) -> None:

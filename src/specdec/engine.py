@@ -262,7 +262,7 @@ class Engine:
         for row, (d, draft) in plan.items():
             if draft is None or draft.parents is None:
                 continue
-            leaves = len(draft.parents) - len(set(draft.parents) - {-1})
+            leaves = draft.leaves()
             if not self._tree_ok(rows[row]) or (room is not None and leaves > room):
                 plan[row] = (d, draft.first_branch())
             elif room is not None:

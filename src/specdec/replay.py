@@ -594,7 +594,7 @@ def replay_speedup(
             width = draft.parents.count(-1)
             key = f"{kind}:{len(tokens) // width}x{width}"
         elif draft is not None and draft.parents:  # prompt lookup's tree: its first branch x its branches
-            key = f"{kind}:{len(draft.first_branch().tokens)}x{len(tokens) - len(set(draft.parents) - {-1})}"
+            key = f"{kind}:{len(draft.first_branch().tokens)}x{draft.leaves()}"
         decisions[key] = decisions.get(key, 0) + 1
         context += emitted
         pos += len(emitted)
@@ -718,8 +718,7 @@ def ngram_sibling_statistics(records: Sequence[Mapping], width: int) -> tuple[in
             kept = agreement([tree.tokens[i] for i in chain], output[pos:])[1]
             if kept == len(chain) or pos + kept >= len(output):
                 continue
-            above = chain[kept - 1] if kept else -1
-            others = {tree.tokens[i] for i, p in enumerate(tree.parents) if p == above and i != chain[kept]}
+            others = {tree.tokens[i] for i in tree.siblings_of(chain[kept])}
             if others:
                 checked += 1
                 right += output[pos + kept] in others

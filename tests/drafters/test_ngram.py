@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from specdec.drafters.base import Draft
 from specdec.drafters.ngram import NgramDrafter
 
 from ..toy import Solo
@@ -106,6 +107,10 @@ def test_a_call_may_ask_a_chain_drafter_for_a_tree_and_a_tree_cut_to_a_depth():
     assert shared.propose({0: context}, {0: 3})[0].parents is None
     assert tree.depths() == [1, 2, 3, 2, 3]
     assert tree.first_branch_nodes() == [0, 1, 2]
+    assert tree.leaves() == 2 and tree.siblings_of(1) == [3] and tree.siblings_of(0) == []
+    # a first child after another node's subtree: the first branch still takes each first child
+    bushy = Draft([1, 2, 3, 4, 5], parents=[-1, -1, 0, 1, 0])
+    assert bushy.first_branch_nodes() == [0, 2] and bushy.leaves() == 3 and bushy.siblings_of(2) == [4]
     cut = tree.to_depth(2)
     assert cut.tokens == [4, 6, 5] and cut.parents == [-1, 0, 0]
     assert tree.to_depth(1).tokens == [4] and tree.to_depth(1).parents is None

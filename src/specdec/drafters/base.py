@@ -57,9 +57,24 @@ class Draft:
         if self.parents is None:
             return list(range(len(self.tokens)))
         chain, node = [], -1
-        while (node := next((i for i, p in enumerate(self.parents) if p == node), None)) is not None:
-            chain.append(node)
+        for i, parent in enumerate(self.parents):  # parents come before their children, so the
+            if parent == node:  # first node under the last one found is its first child
+                chain.append(i)
+                node = i
         return chain
+
+    def leaves(self) -> int:
+        """The draft's branches: its nodes no node hangs under (a chain's: 1)."""
+        if self.parents is None:
+            return 1 if self.tokens else 0
+        return len(self.parents) - len(set(self.parents) - {-1})
+
+    def siblings_of(self, node: int) -> list[int]:
+        """The other nodes under `node`'s parent (none in a chain)."""
+        if self.parents is None:
+            return []
+        above = self.parents[node]
+        return [i for i, parent in enumerate(self.parents) if parent == above and i != node]
 
     def depths(self) -> list[int]:
         """Each node's depth: 1 under the root, its parent's + 1 below (a chain's: 1..k)."""
