@@ -270,7 +270,8 @@ def test_the_suffix_cache_is_saved_at_exit_and_drafts_the_next_run(tmp_path, dra
 
 
 def test_serve_passes_the_scheduling_flags_to_the_service(monkeypatch):
-    """--prefill-stall and --objective reach build_service (its engine and auto's controller)."""
+    """--prefill-stall and --objective reach build_service (its engine and auto's controller); the
+    objective is latency unless asked."""
     from specdec.cli import build_parser, serve
     from specdec.server import app
 
@@ -282,12 +283,14 @@ def test_serve_passes_the_scheduling_flags_to_the_service(monkeypatch):
     )
     monkeypatch.setattr(serve, "_suffix_cache", lambda args, target: None)
     args = build_parser().parse_args(
-        ["serve", "--draft", "none", "--prefill-stall", "3.5", "--prefill-waste", "inf", "--objective", "latency"]
+        ["serve", "--draft", "none", "--prefill-stall", "3.5", "--prefill-waste", "inf", "--objective", "throughput"]
     )
     with pytest.raises(Stopped):
         serve.cmd_serve(args)
-    assert (seen["prefill_stall"], seen["prefill_waste"], seen["objective"]) == (3.5, float("inf"), "latency")
+    assert (seen["prefill_stall"], seen["prefill_waste"], seen["objective"]) == (3.5, float("inf"), "throughput")
     assert seen["prefix_cache"] is True
     with pytest.raises(Stopped):
         serve.cmd_serve(build_parser().parse_args(["serve", "--draft", "none", "--no-prefix-cache"]))
     assert seen["prefix_cache"] is False
+    # a server's streams come first unless asked: latency is the default objective
+    assert seen["objective"] == "latency"

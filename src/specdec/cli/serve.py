@@ -93,11 +93,13 @@ def _add_serve_parser(sub) -> None:
     g.add_argument(
         "--objective",
         choices=OBJECTIVES,
-        default="throughput",
-        help="what 'auto' maximises each step over the requests running together: throughput, "
-        "their tokens per second all told, or latency, each request's own (the geometric mean), so "
-        "that a long draft for one request does not slow every other stream, with no step costing "
-        f"more than {LATENCY_STEP:g} plain steps (default: throughput)",
+        default="latency",
+        help="what 'auto' maximises each step over the requests running together: latency, each "
+        "request's own tokens per second (the geometric mean), so that a long draft for one request "
+        f"does not slow every other stream, with no step costing more than {LATENCY_STEP:g} plain "
+        "steps (a stream's gaps between tokens stay within about that many plain steps), or "
+        "throughput, their tokens per second all told, long drafts and long gaps included "
+        "(default: latency)",
     )
     g.add_argument(
         "--max-queue",

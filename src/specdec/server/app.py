@@ -132,7 +132,7 @@ def build_service(
     prefill_stall: float = PREFILL_STALL,
     prefill_waste: float = PREFILL_WASTE,
     prefix_cache: bool = True,
-    objective: str = "throughput",
+    objective: str = "latency",
     **limits,
 ) -> Service:
     """A service over loaded models: `target`, and `draft_model` (a RowModel, of another vocabulary
@@ -147,8 +147,9 @@ def build_service(
     rides only where its tokens cost at most `prefill_waste` times what they cost read alone (Engine).
     `prefix_cache`: finished requests' rows keep their caches for prompts that start the same way
     (Engine; where the target keeps idle rows for free).
-    `objective`: what 'auto' maximises over the batch, its tokens per second ("throughput") or
-    each request's own ("latency"; controller.OBJECTIVES)."""
+    `objective`: what 'auto' maximises over the batch, each request's own tokens per second
+    ("latency", a server's default: a stream's gaps stay within LATENCY_STEP plain steps) or the
+    batch's ("throughput"; controller.OBJECTIVES)."""
     from ..controller import auto_controller
     from ..spec import auto_drafters
 
