@@ -75,6 +75,10 @@ from .models.base import packed
 # What a step maximises over its rows: the batch's tokens per second, or each row's own (the
 # geometric mean of the rows' tokens per second: a server that puts its streams' pace first).
 OBJECTIVES = ("throughput", "latency")
+# What `specdec serve` (server.app.build_service) maximises unless asked: its streams' own pace.
+# why: throughput first verifies a long copy as one long gap (ITL p99 3.2-8.8x llama-server's)
+# for no aggregate beyond the noise; history: docs/provenance.md#latency_step
+SERVER_OBJECTIVE = "latency"
 # Objective "latency" also bounds a step: its drafts may make it cost at most this many times the
 # rows' plain step (on the cost curve), so no stream's gap between tokens grows past that.
 # why: the serving bar (issue 34) holds a stream's 99th-percentile gap within 2x a plain server's;

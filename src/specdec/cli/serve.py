@@ -6,7 +6,7 @@ import os
 import sys
 
 from .. import catalog
-from ..controller import LATENCY_STEP, OBJECTIVES
+from ..controller import LATENCY_STEP, OBJECTIVES, SERVER_OBJECTIVE
 from ..engine import PREFILL_STALL, PREFILL_WASTE
 from ..errors import SpecdecError
 from .flags import _add_model_flags, _add_suffix_flags
@@ -93,13 +93,13 @@ def _add_serve_parser(sub) -> None:
     g.add_argument(
         "--objective",
         choices=OBJECTIVES,
-        default="latency",
+        default=SERVER_OBJECTIVE,
         help="what 'auto' maximises each step over the requests running together: latency, each "
         "request's own tokens per second (the geometric mean), so that a long draft for one request "
         f"does not slow every other stream, with no step costing more than {LATENCY_STEP:g} plain "
         "steps (a stream's gaps between tokens stay within about that many plain steps), or "
         "throughput, their tokens per second all told, long drafts and long gaps included "
-        "(default: latency)",
+        f"(default: {SERVER_OBJECTIVE})",
     )
     g.add_argument(
         "--max-queue",

@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..controller import SERVER_OBJECTIVE
 from ..engine import PREFILL_STALL, PREFILL_WASTE, Engine
 from ..errors import PromptError, SpecdecError
 from ..request import prepare
@@ -132,7 +133,7 @@ def build_service(
     prefill_stall: float = PREFILL_STALL,
     prefill_waste: float = PREFILL_WASTE,
     prefix_cache: bool = True,
-    objective: str = "latency",
+    objective: str = SERVER_OBJECTIVE,
     **limits,
 ) -> Service:
     """A service over loaded models: `target`, and `draft_model` (a RowModel, of another vocabulary
@@ -148,7 +149,7 @@ def build_service(
     `prefix_cache`: finished requests' rows keep their caches for prompts that start the same way
     (Engine; where the target keeps idle rows for free).
     `objective`: what 'auto' maximises over the batch, each request's own tokens per second
-    ("latency", a server's default: a stream's gaps stay within LATENCY_STEP plain steps) or the
+    ("latency", SERVER_OBJECTIVE: a stream's gaps stay within LATENCY_STEP plain steps) or the
     batch's ("throughput"; controller.OBJECTIVES)."""
     from ..controller import auto_controller
     from ..spec import auto_drafters
