@@ -843,6 +843,35 @@ def test_a_tree_row_beside_chains_costs_a_forward_of_its_own():
     assert plain_tree == pytest.approx(auto.target_cost(4, 10))
 
 
+def test_the_draft_models_forwards_are_priced_by_its_own_passes():
+    """The draft model lends rows of its own: over llama.cpp's streams a catch-up of uneven lags,
+    or a position's forward over rows whose seq ids leave a gap, is several passes
+    (stream_passes), each priced on the draft curve, not one pass of their sum."""
+    from specdec.controller import _Option
+    from specdec.models.llama_cpp import stream_passes  # pure arithmetic: no llama.cpp needed
+    from specdec.sampling import SamplingParams
+
+    lm = ToyLM(seed=4)
+    lm.passes = lambda fed: stream_passes(fed, 512)
+    model = ModelDrafter(lm)
+    for row in range(3):
+        model.begin(row, [3, 4, 5], SamplingParams(), np.random.default_rng(0))
+    model.propose({row: [3, 4, 5] for row in range(3)}, {row: 1 for row in range(3)})  # lends it rows 0, 1, 2
+    model.end([1])  # engine rows 0 and 2 keep model rows 0 and 2: a gap
+    assert model.passes({0: 3, 2: 5}) == [3, 5] and model.passes({0: 1, 2: 1}) == [1, 1]
+    model.begin(1, [3, 4, 5], SamplingParams(), np.random.default_rng(0))  # lent none yet: priced past row 2
+    assert model.passes({0: 1, 1: 1, 2: 1}) == [1, 2]
+    auto = CostAwareController(
+        None, model, CostTable({w: 1.0 for w in range(1, 33)}), CostTable({w: 0.1 + 0.01 * w for w in range(1, 33)})
+    )
+    options = {0: _Option("draft", np.ones(4), lag=3, depth=10), 2: _Option("draft", np.ones(4), lag=5, depth=10)}
+    d = lambda w: auto._draft_seconds(w, 10)  # noqa: E731
+    # the target's one pass of 4 + 4 tokens; the catch-up's passes of 3 and 5; positions 2 and 3: 1 and 1
+    expected = 1.0 + d(3) + d(5) + 2 * (d(1) + d(1))
+    assert auto._step_cost({0: 3, 2: 3}, options) == pytest.approx(expected)
+    assert expected > 1.0 + d(8) + 2 * d(2)  # what one pass of each sum would have cost
+
+
 def test_auto_drafts_prompt_lookups_trees_where_width_is_cheap_and_chains_where_it_is_not():
     """Where the target scores trees, auto's prompt lookup may draft its tree (the earlier
     occurrences' continuations, branching where they part): on a flat curve it does (decisions

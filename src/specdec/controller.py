@@ -340,7 +340,8 @@ class CostAwareController:
         self.ngram = self.free[0] if self.free else None  # the first free drafter (prompt lookup)
         self.model = model_drafter
         # the draft model's forward costs: catching up on m tokens costs a forward of m rows,
-        # then each further draft position one forward over the rows still drafting
+        # then each further draft position one forward over the rows still drafting, each forward
+        # by its passes (_draft_forward_seconds)
         self.draft_cost = CostTable.of(draft_costs) if draft_costs else None
         self.passes = passes  # the target's: a forward's passes over the weights, by row (RowModel.passes)
         # each free drafter's acceptance by match length: inside a long copy its guesses keep landing.
@@ -409,6 +410,13 @@ class CostAwareController:
         (a catch-up's), keeps the ratio of that moment; a draft model priced by it at a quarter
         under its cost drafted where it could not pay."""
         return self.draft_cost(w, depth) * self.target_cost.overall
+
+    def _draft_forward_seconds(self, fed: Mapping[int, int], depth: float | None) -> float:
+        """The draft model's forward feeding fed[row] tokens to each row: each of its passes over
+        the rows it lends them (DraftModel.passes; one pass of their sum for a drafter without rows
+        of its own, a head) on its curve."""
+        passes = getattr(self.model, "passes", packed)
+        return sum(self._draft_seconds(w, depth) for w in passes(fed))
 
     def _model_cost(self, lag: int, depth: int) -> Callable[[int], float]:
         return lambda k: self._draft_seconds(lag, depth) + (k - 1) * self._draft_seconds(1, depth) if k else 0.0
@@ -523,19 +531,18 @@ class CostAwareController:
         """Seconds of a step: the target's forward over every row's k + 1 tokens (a tree row's k
         width + 1, in a forward of its own where chains share the step, as the engine runs it), plus
         the draft model's catch-up forward and one forward per draft position over the rows still
-        drafting, all at the step's depth (costs.step_depth)."""
+        drafting, each forward by its passes, all at the step's depth (costs.step_depth)."""
         fed = {r: options[r].fed(ks[r]) for r in ks}
         depth = step_depth(fed, {r: o.depth for r, o in options.items()})
         trees = {r: n for r, n in fed.items() if options[r].tree(ks[r])}
         chains = {r: n for r, n in fed.items() if r not in trees}
         seconds = sum(self._forward_seconds(group, depth) for group in (chains, trees) if group)
-        drafting = [ks[r] for r, o in options.items() if o.kind == "draft" and ks[r]]
+        drafting = {r: ks[r] for r, o in options.items() if o.kind == "draft" and ks[r]}
         if drafting:
-            seconds += self._draft_seconds(
-                sum(options[r].lag for r, o in options.items() if o.kind == "draft" and ks[r]), depth
-            )
+            seconds += self._draft_forward_seconds({r: options[r].lag for r in drafting}, depth)
             seconds += sum(
-                self._draft_seconds(sum(k >= j for k in drafting), depth) for j in range(2, max(drafting) + 1)
+                self._draft_forward_seconds({r: 1 for r, k in drafting.items() if k >= j}, depth)
+                for j in range(2, max(drafting.values()) + 1)
             )
         return seconds
 

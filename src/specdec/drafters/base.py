@@ -178,3 +178,18 @@ class DraftModel(Drafter, Protocol):
     def lag(self, row: int, context: Sequence[int]) -> int:
         """The context tokens its model must catch up on before drafting for this row."""
         ...
+
+    def passes(self, fed: Mapping[int, int]) -> list[int]:
+        """The widths of the passes over its weights its model makes of a forward feeding fed[row]
+        tokens to these engine rows (RowModel.passes over the model rows it lends them)."""
+        ...
+
+
+def lent_passes(model, rows: Mapping, fed: Mapping[int, int]) -> list[int]:
+    """DraftModel.passes for a drafter that lends row rows[row].model_row of `model` (a RowModel)
+    to engine row `row`: the model's passes over those rows (llama.cpp's streams split a forward
+    wherever seq ids leave a gap). A row lent none yet is priced at the next seq id past the lent
+    ones: its first proposal makes it (the model lends its lowest free ids, which this does not see)."""
+    lent = {row: state.model_row for row, state in rows.items() if state.model_row is not None}
+    fresh = iter(range(max(lent.values(), default=-1) + 1, 1 << 30))
+    return model.passes({lent[row] if row in lent else next(fresh): n for row, n in fed.items()})

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..models.base import RowModel
 from ..sampling import SamplingParams, logits_to_probs, sample
-from .base import Draft
+from .base import Draft, lent_passes
 
 MODES = ("string", "intersect")
 DEFAULT_MODE = "string"
@@ -179,6 +179,9 @@ class CrossVocabDrafter:
         """Target tokens of the context the draft row has not seen (about the draft tokens its next
         proposal feeds first: the two vocabularies cut text at similar lengths)."""
         return len(context) - self._rows[row].synced
+
+    def passes(self, fed: Mapping[int, int]) -> list[int]:
+        return lent_passes(self.model, self._rows, fed)
 
     def accept(self, n_accepted: Mapping[int, int]) -> None:
         # The next proposal resynchronises on the text; only the lag estimate learns the outcome.

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..models.base import RowModel, check_same_vocab
 from ..sampling import SamplingParams, draft_token, log_softmax, sample
-from .base import Draft, tree_shape
+from .base import Draft, lent_passes, tree_shape
 
 # A catch-up scores the draft's guesses at no more than this many of the last generated tokens it
 # feeds (each costs a row of logits: on a CPU the output head is a quarter of a small model's work).
@@ -100,6 +100,9 @@ class ModelDrafter:
         """Context tokens the draft model has not seen yet: what the row's next proposal feeds first
         (at least one)."""
         return len(context) - _kept(self._rows[row], context)
+
+    def passes(self, fed: Mapping[int, int]) -> list[int]:
+        return lent_passes(self.model, self._rows, fed)
 
     def propose(
         self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int], widths: Mapping[int, int] | None = None
