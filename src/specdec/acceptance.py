@@ -228,7 +228,9 @@ class MatchAcceptance:
         """[k_max + 1] E[emitted tokens | k] for k = 0..k_max, the match spanning m tokens now
         (this request's estimate when its overlay is given; with `cautious`, each rate one standard
         error below its estimate: what the controller drafts on)."""
-        a = np.array([self._estimate(self._kind(i, kind), self.bucket(m + i), overlay) for i in range(k_max)])
+        cells = [(self._kind(i, kind), self.bucket(m + i)) for i in range(k_max)]
+        known = {cell: self._estimate(*cell, overlay) for cell in dict.fromkeys(cells)}  # each cell once
+        a = np.array([known[cell] for cell in cells])
         if cautious:
             a = cautious_rates(a, self.rate)
         return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(a))])

@@ -364,6 +364,7 @@ class CostAwareController:
         self.explore_growth = EXPLORE_GROWTH if explore_growth is None else explore_growth
         self._rows: dict[int, _RowState] = {}
         self.decisions: dict[str, int] = {}  # "plain" / "ngram:k" / "draft:k" -> row steps
+        self._alone: dict[tuple[int, float | None], float] = {}  # _alone_seconds's, this step's
 
     def begin(self, row: int, prompt: Sequence[int]) -> None:
         self._rows[row] = _RowState(
@@ -391,7 +392,7 @@ class CostAwareController:
         """One row alone at `depth`: argmax over k of expected[k] / (draft_cost(k) + target_cost(k
         width + 1)), or of a tree with nodes[k] nodes k deep or less."""
         values = [
-            expected[k] / (draft_cost(k) + self._forward_seconds({0: fed_tokens(k, width, nodes)}, depth))
+            expected[k] / (draft_cost(k) + self._alone_seconds(fed_tokens(k, width, nodes), depth))
             for k in range(len(expected))
         ]
         k = int(np.argmax(values))
@@ -400,6 +401,15 @@ class CostAwareController:
     def _forward_seconds(self, fed: Mapping[int, int], depth: float | None) -> float:
         """The target's forward feeding fed[row] tokens to each row: each of its passes on the curve."""
         return sum(self.target_cost(w, depth) for w in self.passes(fed))
+
+    def _alone_seconds(self, n: int, depth: float | None) -> float:
+        """The target's forward feeding one row n tokens (_forward_seconds), each width and depth
+        priced once a step: a step's options ask for the same few dozens of times per row, and the
+        curve only learns between steps (_options forgets them, as does observe)."""
+        key = (n, depth)
+        if key not in self._alone:
+            self._alone[key] = self._forward_seconds({0: n}, depth)
+        return self._alone[key]
 
     def _draft_seconds(self, w: int, depth: float | None) -> float:
         """The draft model's forward of w rows: its curve, times the drift the target's live timing
@@ -424,6 +434,7 @@ class CostAwareController:
     def _options(self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]) -> dict[int, _Option]:
         """Each row's better drafter, judged as if the row were alone (as the one-row controller
         decides), and the shadow proposal prompt lookup is scored by afterwards."""
+        self._alone.clear()
         options = {row: _Option("plain", np.ones(1), depth=len(contexts[row])) for row in contexts}
         ask = {row: min(self.k_free, caps[row]) for row in contexts}
         ask = {row: k for row, k in ask.items() if k > 0}
@@ -432,7 +443,7 @@ class CostAwareController:
         for row, k_cap in ask.items():
             state = self._rows[row]
             depth = len(contexts[row])
-            best_value = 1.0 / self._forward_seconds({0: 1}, depth)
+            best_value = 1.0 / self._alone_seconds(1, depth)
             state.shadow = {}
             for drafter in self.free:  # in order: an earlier one wins a tie
                 proposal = proposals[drafter.name].get(row)
@@ -653,6 +664,7 @@ class CostAwareController:
         self, outcomes: Mapping[int, Outcome], passes: Sequence[int], target_seconds: float, depth: float | None = None
     ) -> None:
         self.target_cost.observe(passes, target_seconds, depth)
+        self._alone.clear()
         for row, out in outcomes.items():
             state = self._rows.get(row)
             if state is not None:
