@@ -405,7 +405,7 @@ class CostAwareController:
     def _alone_seconds(self, n: int, depth: float | None) -> float:
         """The target's forward feeding one row n tokens (_forward_seconds), each width and depth
         priced once a step: a step's options ask for the same few dozens of times per row, and the
-        curve only learns between steps (_options forgets them, as does observe)."""
+        curve only changes between steps (observe, or a caller's new table): _options forgets them."""
         key = (n, depth)
         if key not in self._alone:
             self._alone[key] = self._forward_seconds({0: n}, depth)
@@ -664,7 +664,6 @@ class CostAwareController:
         self, outcomes: Mapping[int, Outcome], passes: Sequence[int], target_seconds: float, depth: float | None = None
     ) -> None:
         self.target_cost.observe(passes, target_seconds, depth)
-        self._alone.clear()
         for row, out in outcomes.items():
             state = self._rows.get(row)
             if state is not None:

@@ -8,6 +8,7 @@ free drafters (prompt lookup) simply loop over the rows.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
@@ -191,5 +192,5 @@ def lent_passes(model, rows: Mapping, fed: Mapping[int, int]) -> list[int]:
     wherever seq ids leave a gap). A row lent none yet is priced at the next seq id past the lent
     ones: its first proposal makes it (the model lends its lowest free ids, which this does not see)."""
     lent = {row: state.model_row for row, state in rows.items() if state.model_row is not None}
-    fresh = iter(range(max(lent.values(), default=-1) + 1, 1 << 30))
+    fresh = itertools.count(max(lent.values(), default=-1) + 1)
     return model.passes({lent[row] if row in lent else next(fresh): n for row, n in fed.items()})
