@@ -3,12 +3,15 @@
 the exact repeats). The target is the bench's plain answers: each prompt's answer is what the
 target says, so the replay counts steps and prices them on the curve, with no model loaded.
 
-    python benchmarks/vllm_replay.py RESULTS.jsonl COSTS.json [--reach 0.5 1 2]
+    python benchmarks/vllm_replay.py RESULTS.jsonl COSTS.json [--reach 0.5 1 2] [--learn-live] [--idle S]
 
 RESULTS.jsonl: a `specdec bench` results file (its `plain` rows' token ids); COSTS.json: a curve
 from `python -m specdec.vllm_peer costs` (benchmarks/cpu/vllm-costs-0.5b-bf16.json). Prints
 simulated tokens/s per proposer and pass; --reach replays `auto` at each reach (FLAT_REACH's
-provenance).
+provenance); --learn-live hides the curve from the proposers (they learn it from the time between
+their calls, as without `vllm_peer costs`; LIVE_MEMORY's provenance); --idle S leaves the engine
+idle S seconds between requests, as a bench does (not counted in tokens/s).
+Run it with the vLLM venv's python (`make vllm-peer`), which has the tokenizer's package.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ def main(argv=None) -> int:
     p.add_argument("costs", type=Path)
     p.add_argument("--reach", type=float, nargs="*", default=[], help="replay auto at these reaches too")
     p.add_argument("--model", default="qwen2.5-coder-0.5b", help="whose tokenizer makes the prompts")
+    p.add_argument("--learn-live", action="store_true", help="the proposers learn the curve live")
+    p.add_argument("--idle", type=float, default=0.0, help="seconds idle between requests")
     args = p.parse_args(argv)
-    os.environ["SPECDEC_VLLM_COSTS"] = str(args.costs)
     from tests.vllm_runner import Runner
     from tokenizers import Tokenizer
 
@@ -58,6 +62,14 @@ def main(argv=None) -> int:
 
     curve = CostTable({int(w): s for w, s in json.loads(args.costs.read_text())["seconds"].items()})
 
+    if args.learn_live:  # nowhere to find a curve (the tokenizer is loaded): a fresh home
+        import tempfile
+
+        os.environ["SPECDEC_HOME"] = tempfile.mkdtemp(prefix="vllm-replay-")
+        os.environ.pop("SPECDEC_VLLM_COSTS", None)
+    else:
+        os.environ["SPECDEC_VLLM_COSTS"] = str(args.costs)
+
     def replay(name, proposer_class):
         runner = Runner(proposer_class, target, k=16, max_model_len=8192, vocab=151936, cost=curve)
         for pass_ in (1, 2):
@@ -65,6 +77,8 @@ def main(argv=None) -> int:
             for p in answers:
                 request = runner.add(prompts[p], len(answers[p]))
                 runner.run()
+                runner.clock_now += args.idle
+                start += args.idle
                 assert request.output == answers[p], p
                 tokens += len(answers[p])
             seconds = runner.clock_now - start

@@ -152,6 +152,53 @@ def test_auto_learns_the_step_cost_from_the_time_between_its_calls():
     assert table(common) != pytest.approx(sv.prior_curve()[common])
 
 
+def _sequential(runner, prompts, tokens, idle):
+    """Requests one after another, the engine idle `idle` seconds between them (a bench's loop)."""
+    for prompt in prompts:
+        runner.add(prompt, tokens)
+        runner.run()
+        runner.clock_now += idle
+
+
+@pytest.mark.parametrize("timed", [True, False])
+def test_only_steps_that_only_decoded_are_timed(tmp_path, monkeypatch, timed):
+    # a decode step costs 50 ms whatever its width; a prompt read costs 10 ms a token, and the engine
+    # sits idle 3 s between requests: neither may be taken for the time of the last draft's width
+    cost = lambda w: 0.05 if w <= 17 else 0.01 * w  # noqa: E731
+    if timed:
+        timed_curve(tmp_path, monkeypatch, lambda w: 0.05)
+    runner = Runner(sv.Proposer, random_target(), k=16, cost=cost)
+    prompts = [list(range(10 * i, 10 * i + 40)) for i in range(4)]
+    _sequential(runner, prompts + prompts, 48, idle=3.0)
+    proposer = runner.proposer
+    if timed:  # the live ratio to the timed curve: 1 at every width it saw
+        table = proposer.controller.target_cost
+        assert table.overall == pytest.approx(1.0) and all(r == pytest.approx(1.0) for r in table.ratio.values())
+    else:
+        means = {w: m for w, (n, m) in proposer.live.means.items()}
+        assert means == {w: pytest.approx(0.05) for w in means} and len(means) > 3
+
+
+def test_without_a_timed_curve_auto_learns_to_draft_as_long_as_with_one(tmp_path, monkeypatch):
+    # vLLM's CPU curve is nearly flat (0.011 of a step a token); the prior assumes 0.3: the widths it
+    # never fed must be priced by what the ones it fed show, or the drafts stay short for good
+    cost = lambda w: 0.056 * (1 + 0.011 * (w - 1))  # noqa: E731
+    steps = {}
+    for timed in (True, False):
+        if timed:
+            timed_curve(tmp_path, monkeypatch, cost)
+        else:
+            monkeypatch.delenv("SPECDEC_VLLM_COSTS")
+        runner = Runner(sv.Proposer, random_target(), k=16, cost=cost)
+        prompts = [list(range(10 * i, 10 * i + 12)) for i in range(4)]
+        _sequential(runner, prompts, 128, idle=1.0)  # new answers: nothing to copy, one token a step
+        start = runner.steps
+        _sequential(runner, prompts, 128, idle=1.0)  # asked again: the suffix cache holds each answer
+        steps[timed] = runner.steps - start
+    assert steps[False] <= steps[True] + 2
+    assert steps[False] <= 4 * 128 / 12  # 16 drafted a step on every repeat, but where a copy starts
+
+
 def test_without_a_timed_curve_auto_says_so(capsys):
     Runner(sv.Proposer, cycling_target(), k=4)
     assert "no timed cost curve" in capsys.readouterr().err

@@ -68,6 +68,11 @@ FLAT_SLOPE = 0.05
 FLAT_REACH = 2.0
 STEEP_REACH = 0.5
 PRIOR_WIDTHS = (*range(1, 17), 24, 32, 48, 64)
+# Without a timed curve, each width's cost is the mean of its last this many timed steps (older
+# ones fade: the machine's load moves).
+# why: enough steps that one slow step (a pause in vLLM's loop) moves a width's cost by a few
+# percent, few enough to follow the machine; history: docs/provenance.md#live_memory
+LIVE_MEMORY = 32
 # A tracked request unseen for this many calls has left (finished, or preempted: it begins anew).
 GONE_AFTER = 2
 # The widths Probe cycles through, and the steps it times at each.
@@ -114,6 +119,50 @@ def _slope(curve: dict[int, float]) -> float:
 def prior_curve(slope: float = PRIOR_SLOPE) -> dict[int, float]:
     """The relative curve used before any timing (its scale is learned from the first steps)."""
     return {w: 1.0 + slope * (w - 1) for w in PRIOR_WIDTHS}
+
+
+class _LiveCurve:
+    """vLLM's step cost by width, learned from the time between the proposer's calls where no curve
+    was timed: each width's mean over its last LIVE_MEMORY steady steps, and at the widths not seen
+    yet the line that the seen ones fit (least squares, weighted by their steps, never falling),
+    laid from the nearest seen width. One width seen: the prior's shape, at that width's scale.
+
+    Only the widths a step actually fed get timed, and those are the widths the controller chose
+    on the curve it had; a curve that priced every unseen width by the prior's slope (0.3 a token,
+    steeper than any GPU's or vLLM's CPU curve) kept the drafts short for good, since the wide
+    steps that would have shown the curve flat were never taken."""
+
+    def __init__(self):
+        self.means: dict[int, tuple[int, float]] = {}  # width -> (steps counted, mean seconds)
+
+    def add(self, width: int, seconds: float) -> None:
+        n, mean = self.means.get(width, (0, 0.0))
+        n = min(n + 1, LIVE_MEMORY)
+        self.means[width] = (n, mean + (seconds - mean) / n)
+
+    def curve(self) -> dict[int, float] | None:
+        """{width: seconds} at every seen width and PRIOR_WIDTHS, or None before any step."""
+        if not self.means:
+            return None
+        seen = sorted(self.means)
+        ns = np.array([self.means[w][0] for w in seen], dtype=float)
+        ys = np.array([self.means[w][1] for w in seen])
+        if len(seen) == 1:
+            w0 = seen[0]
+            slope = ys[0] * PRIOR_SLOPE / (1.0 + PRIOR_SLOPE * (w0 - 1))
+        else:
+            xs = np.array(seen, dtype=float)
+            x0 = float(np.average(xs, weights=ns))
+            slope = float(np.sum(ns * (xs - x0) * ys) / np.sum(ns * (xs - x0) ** 2))
+            slope = max(slope, 0.0)
+        curve = {w: self.means[w][1] for w in seen}
+        lo, hi = seen[0], seen[-1]
+        for w in PRIOR_WIDTHS:
+            if w < lo:
+                curve[w] = max(curve[lo] - slope * (lo - w), curve[lo] * w / lo)
+            elif w > hi:
+                curve[w] = curve[hi] + slope * (w - hi)
+        return curve
 
 
 def _config(vllm_config) -> tuple[int, int, int, str, frozenset[int]]:
@@ -204,8 +253,8 @@ class Proposer:
         self._rows = _Rows()
         self._last: float | None = None  # when the previous call returned
         self._width = 0  # the tokens the step after it fed: every row's [last, *draft]
-        self._steady = False  # whether that step only decoded (nobody joining, nobody prefilling)
-        self._scaled = False  # whether the prior curve has its scale from a timed step
+        # without a timed curve: the step's cost by width as timed live (the controller's curve)
+        self.live = _LiveCurve() if self.spec == "auto" and self.timed is None else None
         self.steps = 0
         # SPECDEC_VLLM_TRACE=FILE: one JSON line per call (the step's seconds and width, and each
         # row's context length, drafter and draft length), to see what it drafted inside vLLM
@@ -222,7 +271,6 @@ class Proposer:
         slot_mappings=None,
     ) -> list[list[int]]:
         now = self.clock()
-        seconds = now - self._last if self._last is not None and self._steady else 0.0
         rows = self._rows
         # 1. which request sits at each index, and what its last draft did
         present: dict[int, int] = {}  # index -> row
@@ -268,13 +316,18 @@ class Proposer:
                     del rows.rows[r]
         rows.by_index = present
         rows.index()
+        # the step that just ran is timed where it only decoded what the last call drafted: one that
+        # also read a prompt (a request still prefilling, or one whose prompt ended in it) took the
+        # prompt's time too, and so did the first step of requests that came after an idle engine
+        steady = self._last is not None and self._width > 0 and not joined
+        seconds = now - self._last if steady else 0.0
         # 3. the step that just ran: each row's outcome, and its time where it only decoded
-        if self.spec == "auto" and self.timed is None and seconds > 0 and not self._scaled:
-            # the prior is a shape without a scale: the first timed step gives it one
-            prior = prior_curve()
-            scale = seconds / CostTable(prior)(self._width)
-            self.controller.target_cost = CostTable({w: s * scale for w, s in prior.items()})
-            self._scaled = True
+        if self.live is not None and seconds > 0:  # the live curve takes the step's time, not a ratio
+            self.live.add(self._width, seconds)
+            curve = self.live.curve()
+            self.controller.target_cost = CostTable(curve)
+            self.controller.reach = FLAT_REACH if _slope(curve) <= FLAT_SLOPE else STEEP_REACH
+            seconds = 0.0
         self.controller.observe(outcomes, [self._width], seconds, None)
         # 4. this step's drafts
         contexts = {r: rows.rows[r].context for r in present.values()}
@@ -297,12 +350,12 @@ class Proposer:
             width += 1 + len(tokens)
         if self.trace:
             drafted = {r: (getattr(rows.rows[r].drafter, "name", None), len(drafts[i])) for i, r in present.items()}
-            line = {"step": self.steps, "seconds": seconds, "width": self._width, "steady": self._steady}
+            line = {"step": self.steps, "seconds": seconds, "width": self._width, "steady": steady}
             line["proposer_seconds"] = self.clock() - now  # this call's own time, which no curve holds
             line["rows"] = [[r, len(contexts[r]), *drafted[r]] for r in contexts]
             with open(self.trace, "a", encoding="utf-8") as f:
                 f.write(json.dumps(line) + "\n")
-        self._width, self._steady = width, not joined and bool(present)
+        self._width = width
         self.steps += 1
         self._last = self.clock()
         return drafts
