@@ -902,6 +902,40 @@ def test_auto_drafts_prompt_lookups_trees_where_width_is_cheap_and_chains_where_
     assert any(key.startswith("ngram:") and "x" in key for key in auto.controller().decisions)
 
 
+def test_auto_drafts_the_suffix_caches_tree_where_earlier_answers_parted():
+    """Two earlier requests went alike and then parted: where the live row reaches that point, auto
+    (on a flat curve, where the target scores trees) drafts the suffix cache's tree over both sides,
+    the cache's shape (what fixed `suffix:K` requests get) unchanged, and the tree's outcome teaches
+    the suffix cache's own siblings' rate, not prompt lookup's."""
+    from specdec.drafters.ngram import NgramDrafter
+    from specdec.drafters.suffix import SuffixCacheDrafter
+
+    cache = SuffixCacheDrafter()
+    shared = [40, 41, 42, 43, 44, 45, 46, 47]
+    cache.add([1, 2, *shared, 50, 51, 52, 53, 54, 55])
+    cache.add([3, 4, *shared, 60, 61, 62, 63, 64, 65])
+    auto = CostAwareController([NgramDrafter(), cache], None, [0.01] * 64, free_width=4)
+    context = [7, 8, 9, *shared]  # prompt lookup finds nothing of it in the row's own context
+    auto.begin(0, context)
+    drafter, draft = auto.draft({0: context}, {0: 12})[0]
+    assert drafter is cache and draft.parents is not None
+    assert {draft.tokens[i] for i, p in enumerate(draft.parents) if p == -1} == {50, 60}  # both sides
+    assert (cache.width, cache.nodes) == (1, 0)
+    assert [key for key in auto.decisions if key.startswith("suffix:") and "x" in key]
+    # the target took the other side: the first branch failed at once, where the tree parts
+    other = [61, 62] if draft.first_branch().tokens[0] == 50 else [51, 52]
+    other = [other[0] - 1, *other]
+    before = dict(s=auto.free_siblings["suffix"].rate_at(2), ngram=auto.free_siblings["ngram"].rate_at(2))
+    auto.observe({0: Outcome(cache, draft, 2, other)}, [len(draft.tokens) + 1], 1.0)
+    assert auto.free_siblings["suffix"].rate_at(2) > before["s"]
+    assert auto.free_siblings["ngram"].rate_at(2) == before["ngram"]
+    # a chain's drafters (free_width 1) get chains from it
+    chains = CostAwareController([NgramDrafter(), cache], None, [0.01] * 64)
+    chains.begin(0, context)
+    drafter, draft = chains.draft({0: context}, {0: 12})[0]
+    assert drafter is cache and draft.parents is None
+
+
 def test_prompt_lookups_tree_is_worth_its_chain_and_another_branch_where_it_parts():
     """E_tree[k] = E[k] plus, at each depth d <= k where the tree branches, P(the first d - 1
     kept) (1 - a_d) s times the other branch's expected tokens below d; its nodes k deep are what
@@ -915,7 +949,7 @@ def test_prompt_lookups_tree_is_worth_its_chain_and_another_branch_where_it_part
     tree = Draft([5, 6, 7, 8, 9, 10, 11], parents=[-1, 0, 1, 2, 0, 4, 1])
     table = auto.match_accept["ngram"]
     chain = table.expected_tokens(6, 4, "single", cautious=True)
-    expected, nodes = auto._free_tree(tree, chain, 6, auto._rows[0].overlays["ngram"])
+    expected, nodes = auto._free_tree("ngram", tree, chain, 6, auto._rows[0].overlays["ngram"])
     assert list(nodes) == [0, 1, 3, 6, 7]
     survive = np.diff(chain, prepend=1.0)
     survive[0] = 1.0

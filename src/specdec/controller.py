@@ -36,18 +36,21 @@ chains, each row's forward k w + 1 tokens wide (a tree row beside chains costs t
 forward, and is priced so). On a steep curve (this CPU's: 3 tokens cost 2-2.6x one) width never
 pays and every step is today's chain; on a flat one (a GPU's) it is nearly free.
 
-Prompt lookup's trees (`free_width`, where the target scores trees): its continuations of the
-earlier occurrences, up to free_width branches, parting where they differ (drafters.ngram). Cut k
-deep the tree feeds its nodes that deep, and is worth its first branch's E[k] plus, at each depth
-d <= k where it branches, the chance the first d - 1 held and the d-th failed, times s (another
-branch holds the target's token there: acceptance.NGRAM_SIBLING_PRIOR, then learnt from the trees'
-outcomes), times the expected tokens of the guesses below it as a copy's later guesses. Each row
-takes the better of the chain and the tree, as for the draft model's widths.
+The free drafters' trees (`free_width`, where the target scores trees): prompt lookup's
+continuations of the earlier occurrences, up to free_width branches, parting where they differ
+(drafters.ngram), and the suffix cache's continuations of earlier requests, up to free_width under
+each node (drafters.suffix: where an earlier answer parted from another, both sides). Cut k deep a
+tree feeds its nodes that deep, and is worth its first branch's E[k] plus, at each depth d <= k
+where it branches, the chance the first d - 1 held and the d-th failed, times s (another branch
+holds the target's token there: acceptance.NGRAM_SIBLING_PRIOR, then learnt from that drafter's
+trees' outcomes), times the expected tokens of the guesses below it as the drafter's later guesses
+in a copy. Each row takes the better of the chain and the tree, as for the draft model's widths.
 """
 
 from __future__ import annotations
 
 import heapq
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, Sequence
 
@@ -314,7 +317,7 @@ class CostAwareController:
         objective: str = "throughput",
         reach: float | None = None,  # a cap: free drafts at most reach x their match (None: none)
         tree_widths: Sequence[int] = (1,),  # the draft model's tree widths to choose from (1: chains)
-        free_width: int = 1,  # prompt lookup's trees: at most this many branches (1: chains)
+        free_width: int = 1,  # the free drafters' trees: at most this many branches (1: chains)
     ):
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
@@ -354,10 +357,15 @@ class CostAwareController:
         )
         self.model_accept = Acceptance(prior=DRAFT_PRIOR if draft_prior is None else draft_prior, rate=rate)
         self.sibling_accept = SiblingAcceptance(rate=rate)
-        # prompt lookup's trees: P(the target's token is on another branch | the first branch's
-        # token failed where the tree branches), one rate for every width up to free_width
+        # the free drafters' trees: P(the target's token is on another branch | the first branch's
+        # token failed where the tree branches), one rate per drafter for every width up to
+        # free_width; the suffix cache's starts from prompt lookup's prior (none fitted of its own)
         self.free_width = free_width if self.ngram is not None else 1
-        self.free_sibling = SiblingAcceptance(prior=(NGRAM_SIBLING_PRIOR,), rate=rate)
+        self.free_siblings = {d.name: SiblingAcceptance(prior=(NGRAM_SIBLING_PRIOR,), rate=rate) for d in self.free}
+        self._tree_free = {d.name for d in self.free if "widths" in inspect.signature(d.propose).parameters}
+        self.free_sibling = (  # prompt lookup's (the replay fits its prior)
+            self.free_siblings[self.ngram.name] if self.ngram else SiblingAcceptance(prior=(NGRAM_SIBLING_PRIOR,))
+        )
         self.tree_widths = sorted({1, *(w for w in tree_widths if w in self.sibling_accept.widths)})
         self.overlay_weight = OVERLAY_WEIGHT if overlay_weight is None else overlay_weight
         self.explore_every = explore_every
@@ -462,7 +470,8 @@ class CostAwareController:
                 )
                 shapes = [(expected, None)]
                 if proposal.parents is not None:
-                    shapes.append(self._free_tree(proposal, expected, match, state.overlays[drafter.name]))
+                    overlay = state.overlays[drafter.name]
+                    shapes.append(self._free_tree(drafter.name, proposal, expected, match, overlay))
                 for expected, nodes in shapes:
                     k, value = self._value(expected, lambda k: 0.0, depth, nodes=nodes)
                     if k and value > best_value:
@@ -487,14 +496,17 @@ class CostAwareController:
         return options
 
     def _propose_free(self, drafter: Drafter, contexts, ks) -> dict[int, Draft]:
-        """A free drafter's proposals: prompt lookup's trees of up to free_width branches, else chains."""
-        if drafter is self.ngram and self.free_width > 1:
+        """A free drafter's proposals: trees of up to free_width branches where it drafts trees (its
+        `propose` takes widths: prompt lookup, the suffix cache), else chains."""
+        if self.free_width > 1 and drafter.name in self._tree_free:
             return drafter.propose(contexts, ks, {row: self.free_width for row in ks})
         return drafter.propose(contexts, ks)
 
-    def _free_tree(self, tree: Draft, chain: np.ndarray, match: int, overlay: Overlay) -> tuple[np.ndarray, np.ndarray]:
-        """(E[k], nodes[k]) for k = 0..the first branch's length of prompt lookup's `tree` cut k
-        deep, from its first branch's E[k] (`chain`): where the first branch's token at depth d
+    def _free_tree(
+        self, name: str, tree: Draft, chain: np.ndarray, match: int, overlay: Overlay
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(E[k], nodes[k]) for k = 0..the first branch's length of free drafter `name`'s `tree` cut
+        k deep, from its first branch's E[k] (`chain`): where the first branch's token at depth d
         fails and the tree branches there, another branch's token is the target's with the
         siblings' rate s, and the guesses below it hold as a copy's later guesses do:
 
@@ -519,8 +531,8 @@ class CostAwareController:
             root = i if (p == -1 or p in on_first) else branch_root[p]
             branch_root[i] = root
             below[depths[root]] = max(below.get(depths[root], 0), d)
-        s = self.free_sibling.rate_at(2)
-        table = self.match_accept[self.ngram.name]
+        s = self.free_siblings[name].rate_at(2)
+        table = self.match_accept[name]
         expected = chain.copy()
         for d, deepest in below.items():
             fail = survive[d - 1] - survive[d]  # reached depth d, and the first branch failed there
@@ -706,13 +718,13 @@ class CostAwareController:
         state.shadow = {}
 
     def _observe_free_tree(self, out: Outcome) -> None:
-        """Where a prompt-lookup tree's first branch failed at a depth where the tree branches,
-        whether the target kept another branch's token there (the siblings' rate)."""
+        """Where a free drafter's tree's first branch failed at a depth where the tree branches,
+        whether the target kept another branch's token there (that drafter's siblings' rate)."""
         tree = out.draft
         chain = tree.first_branch_nodes()
         kept = agreement([tree.tokens[i] for i in chain], out.emitted)[1]
         if kept < len(chain) and tree.siblings_of(chain[kept]):
-            self.free_sibling.observe(2, out.n_accepted > kept)
+            self.free_siblings[out.drafter.name].observe(2, out.n_accepted > kept)
 
     def _follow(self, state: _RowState, name: str, emitted: Sequence[int]) -> None:
         tokens, match, i = state.tracker.pop(name)

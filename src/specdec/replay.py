@@ -583,7 +583,7 @@ def replay_speedup(
         emitted = output[pos : pos + n + 1]
         cost = _cost(curves[pos], len(tokens) + 1) * (tree_cost if draft is not None and draft.parents else 1.0)
         seconds += cost
-        kind = "ngram"
+        kind = drafter.name if drafter is not None else "ngram"  # a free drafter's name (prompt lookup's: ngram)
         if drafter is not None and drafter is recorded:
             kind = "draft"
             seconds += draft_seconds(curve_at(draft_costs, len(context)), *recorded.last_cost_rows)
@@ -593,7 +593,7 @@ def replay_speedup(
         if kind == "draft" and draft.parents:  # the draft model's fishbone: its depth x its width
             width = draft.parents.count(-1)
             key = f"{kind}:{len(tokens) // width}x{width}"
-        elif draft is not None and draft.parents:  # prompt lookup's tree: its first branch x its branches
+        elif draft is not None and draft.parents:  # a free drafter's tree: its first branch x its branches
             key = f"{kind}:{len(draft.first_branch().tokens)}x{draft.leaves()}"
         decisions[key] = decisions.get(key, 0) + 1
         context += emitted

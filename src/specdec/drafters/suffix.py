@@ -237,17 +237,24 @@ class SuffixCacheDrafter:
     def accept(self, n_accepted: Mapping[int, int]) -> None:
         pass  # nothing to roll back: the row's index follows the context it is given
 
-    def propose(self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int]) -> dict[int, Draft]:
+    def propose(
+        self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int], widths: Mapping[int, int] | None = None
+    ) -> dict[int, Draft]:
+        """Up to ks[r] tokens deep for every row asked; widths[r] (else the cache's shape): row r's
+        tree of that many continuations under each node, at most ks[r] x widths[r] nodes (1: a
+        chain). The cache is shared, so a caller's width never changes what others get."""
         out = {}
+        widths = widths or {}
         for row, k in ks.items():
             state = self._rows.get(row)
             if state is None:  # a row nobody began: its context is its prompt
                 state = self._rows[row] = _Row(list(contexts[row]))
             state.context = contexts[row]
-            out[row] = self.propose_one(state, contexts[row], k)
+            out[row] = self.propose_one(state, contexts[row], k, widths.get(row))
         return out
 
-    def propose_one(self, state: _Row, context: Sequence[int], k: int) -> Draft:
+    def propose_one(self, state: _Row, context: Sequence[int], k: int, width: int | None = None) -> Draft:
+        width, nodes = (self.width, self.nodes) if width is None else (width, 0)
         if k <= 0 or not context:
             return Draft([])
         own = state.store
@@ -262,7 +269,7 @@ class SuffixCacheDrafter:
             key = tuple(context[-n:])
             found = [(s, end, m) for s in stores for end, m in s.candidates(key, context, self.limit)]
             if found:
-                return self._tree(found, k, self.width, self.nodes or k * self.width)
+                return self._tree(found, k, width, nodes or k * width)
         return Draft([])
 
     @staticmethod
