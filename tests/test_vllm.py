@@ -294,3 +294,13 @@ def test_the_trace_says_what_the_proposer_drafted_at_each_step(tmp_path, monkeyp
     drafted = [row[3] for line in lines for row in line["rows"]]
     assert 1 <= max(drafted) <= 8 and all(line["proposer_seconds"] >= 0 for line in lines)
     assert lines[-1]["rows"][0][1] == len(PROMPTS[0]) + 40  # the row's context: the prompt and every token
+    # auto learning its curve live logs each step's time where it timed one: the step's width's cost
+    trace.unlink()
+    cost = lambda w: 0.05 + 0.001 * w  # noqa: E731
+    runner = Runner(sv.Proposer, cycling_target(), k=8, cost=cost)
+    runner.add(PROMPTS[0], 40)
+    runner.run()
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    timed = [line for line in lines if line["steady"]]
+    assert timed and all(line["seconds"] == pytest.approx(cost(line["width"])) for line in timed)
+    assert all(line["seconds"] == 0 for line in lines if not line["steady"])

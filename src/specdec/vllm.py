@@ -322,13 +322,14 @@ class Proposer:
         steady = self._last is not None and self._width > 0 and not joined
         seconds = now - self._last if steady else 0.0
         # 3. the step that just ran: each row's outcome, and its time where it only decoded
+        learned = seconds  # what the controller's curve learns a live ratio from
         if self.live is not None and seconds > 0:  # the live curve takes the step's time, not a ratio
             self.live.add(self._width, seconds)
             curve = self.live.curve()
             self.controller.target_cost = CostTable(curve)
             self.controller.reach = FLAT_REACH if _slope(curve) <= FLAT_SLOPE else STEEP_REACH
-            seconds = 0.0
-        self.controller.observe(outcomes, [self._width], seconds, None)
+            learned = 0.0
+        self.controller.observe(outcomes, [self._width], learned, None)
         # 4. this step's drafts
         contexts = {r: rows.rows[r].context for r in present.values()}
         caps = {r: max(0, min(self.k_max, self.max_model_len - len(c) - 1)) for r, c in contexts.items()}
