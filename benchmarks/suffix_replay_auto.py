@@ -14,6 +14,11 @@ list of seconds for 1..W tokens at one depth).
         --passes 1 --trees --curve benchmarks/gpu-h100/costs-1.5b-static-graphs.json \\
         --tree-costs benchmarks/gpu-h100/tree-costs-1.5b.json
 
+--siblings prints instead the suffix cache's siblings' rate on the recording (one cache, in its order,
+each request joining it as it ends): at every position, its tree 8 deep and 4 wide, where the first
+branch's token fails at a depth where the tree branches, how often another branch there holds the
+target's token (acceptance.NGRAM_SIBLING_PRIOR's provenance says what it is for).
+
 --trees replays `auto` as it drafts where the target scores trees (prompt lookup's trees, and the
 suffix cache's chains, or its trees too) and fixed suffix:K chains and suffix:KxW trees beside it:
 each tree's forward priced at the curve's for its nodes times the tree / chain ratio (--tree-costs,
@@ -50,11 +55,16 @@ def main():
     ap.add_argument("--trees", action="store_true", help="also auto with trees, and fixed suffix chains and trees")
     ap.add_argument("--tree-cost", type=float, default=1.0, help="a tree's forward over a chain's of as many nodes")
     ap.add_argument("--tree-costs", help="a benchmarks/tree_costs.py report: its one-row ratios' median")
+    ap.add_argument("--siblings", action="store_true", help="the suffix cache's siblings' rate on the recording")
     args = ap.parse_args()
     tree_cost = tree_cost_of(args)
     data = json.loads(Path(args.curve).read_text())
     curve = data if isinstance(data, list) else cost_table(data)
     records = [json.loads(line) for line in Path(args.recording).read_text().splitlines()[1:]]
+    if args.siblings:
+        hits, failures = sibling_rate(records)
+        print(f"suffix cache's siblings' rate: {hits} of {failures} = {hits / max(1, failures):.3f}")
+        return
     # name -> (a fresh controller over its drafters, or a fixed one; whether it consults a suffix cache)
     setups = {"auto:nosuffix": ("auto", False, 1), "auto:suffix": ("auto", True, 1)}
     if args.trees:  # prompt lookup's trees as the engine drafts them; then the suffix cache's too
@@ -96,6 +106,29 @@ def main():
     if args.trees:
         steps = {n: [sum(x) for x in zip(*results[(n, "trees")])] for n in setups}
         print("\ntree steps / steps: " + ", ".join(f"{n} {t} / {s}" for n, (t, s) in steps.items()))
+
+
+def sibling_rate(records, k: int = 8, width: int = 4) -> tuple[int, int]:
+    """(hits, failures): where the cache's tree's first branch fails at a depth where it branches,
+    whether another branch there holds the target's token, over every position of every record."""
+    cache = SuffixCacheDrafter()
+    hits = failures = 0
+    for rec in records:
+        context, output = list(rec["prompt"]), rec["output"]
+        for i in range(len(output)):
+            tree = cache.propose({0: context}, {0: k}, {0: width})[0]
+            if tree.parents is not None:
+                chain = tree.first_branch_nodes()
+                kept = 0
+                while kept < len(chain) and i + kept < len(output) and tree.tokens[chain[kept]] == output[i + kept]:
+                    kept += 1
+                siblings = tree.siblings_of(chain[kept]) if kept < len(chain) and i + kept < len(output) else []
+                if siblings:
+                    failures += 1
+                    hits += any(tree.tokens[s] == output[i + kept] for s in siblings)
+            context.append(output[i])
+        cache.end([0])
+    return hits, failures
 
 
 if __name__ == "__main__":
