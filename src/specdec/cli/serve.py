@@ -172,7 +172,7 @@ def cmd_serve(args) -> int:
     if spec.kind in ("suffix", "ngram") and spec.width > 1:  # one of each serves every request, auto too
         raise SpecdecError(
             "specdec serve drafts fixed chains from its one suffix cache and its one prompt lookup, which "
-            "serve every request (auto chooses prompt lookup's trees itself): --draft-width applies to a draft "
+            "serve every request (auto chooses their trees itself): --draft-width applies to a draft "
             "model or head:FILE here (suffix and prompt-lookup trees: generate, compare, check, bench "
             "suffix:KxW and ngram:KxW)"
         )
