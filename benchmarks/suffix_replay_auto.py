@@ -42,7 +42,7 @@ from specdec.controller import NGRAM_TREE_WIDTH, CostAwareController, FixedContr
 from specdec.costs import cost_table  # noqa: E402
 from specdec.drafters.ngram import NgramDrafter  # noqa: E402
 from specdec.drafters.suffix import SuffixCacheDrafter  # noqa: E402
-from specdec.replay import replay_speedup  # noqa: E402
+from specdec.replay import replay_speedup, sibling_statistics  # noqa: E402
 
 FIXED = ((8, 1), (16, 1), (8, 2), (8, 4), (16, 4))  # suffix:K and suffix:KxW with --trees
 
@@ -61,8 +61,9 @@ def main():
     data = json.loads(Path(args.curve).read_text())
     curve = data if isinstance(data, list) else cost_table(data)
     records = [json.loads(line) for line in Path(args.recording).read_text().splitlines()[1:]]
-    if args.siblings:
-        hits, failures = sibling_rate(records)
+    if args.siblings:  # one cache for the whole recording, each request joining it as it ends
+        cache = SuffixCacheDrafter()
+        hits, failures = sibling_statistics(records, lambda r: cache, k=8, width=4)
         print(f"suffix cache's siblings' rate: {hits} of {failures} = {hits / max(1, failures):.3f}")
         return
     # name -> (a fresh controller over its drafters, or a fixed one; whether it consults a suffix cache)
@@ -106,29 +107,6 @@ def main():
     if args.trees:
         steps = {n: [sum(x) for x in zip(*results[(n, "trees")])] for n in setups}
         print("\ntree steps / steps: " + ", ".join(f"{n} {t} / {s}" for n, (t, s) in steps.items()))
-
-
-def sibling_rate(records, k: int = 8, width: int = 4) -> tuple[int, int]:
-    """(hits, failures): where the cache's tree's first branch fails at a depth where it branches,
-    whether another branch there holds the target's token, over every position of every record."""
-    cache = SuffixCacheDrafter()
-    hits = failures = 0
-    for rec in records:
-        context, output = list(rec["prompt"]), rec["output"]
-        for i in range(len(output)):
-            tree = cache.propose({0: context}, {0: k}, {0: width})[0]
-            if tree.parents is not None:
-                chain = tree.first_branch_nodes()
-                kept = 0
-                while kept < len(chain) and i + kept < len(output) and tree.tokens[chain[kept]] == output[i + kept]:
-                    kept += 1
-                siblings = tree.siblings_of(chain[kept]) if kept < len(chain) and i + kept < len(output) else []
-                if siblings:
-                    failures += 1
-                    hits += any(tree.tokens[s] == output[i + kept] for s in siblings)
-            context.append(output[i])
-        cache.end([0])
-    return hits, failures
 
 
 if __name__ == "__main__":

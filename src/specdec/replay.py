@@ -31,7 +31,7 @@ under 1% here) and noise are left out.
 from __future__ import annotations
 
 import copy
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from .acceptance import K_MAX, MATCH_BUCKETS, MatchAcceptance, agreement
 from .controller import Outcome
@@ -703,15 +703,21 @@ def fit_sibling_prior(records: Sequence[Mapping], widths: Sequence[int] = (2, 3,
     return tuple(round(sum(rank < w for rank in ranks) / max(1, len(ranks)), 2) for w in widths)
 
 
-def ngram_sibling_statistics(records: Sequence[Mapping], width: int) -> tuple[int, int]:
-    """(right, checked): at every position of the recorded answers, prompt lookup's tree of up to
-    `width` branches; where its first branch fails at a depth where the tree branches, whether
-    another branch there holds the recorded token."""
+def sibling_statistics(
+    records: Sequence[Mapping], drafter_of: Callable[[Mapping], object], k: int = K_MAX, width: int | None = None
+) -> tuple[int, int]:
+    """(right, checked): at every position of the recorded answers, the tree that
+    `drafter_of(record)` proposes k deep (`width` branches where given, else its own shape); where
+    its first branch fails at a depth where the tree branches, whether another branch there holds
+    the recorded token. Each record's row ends with its answer, whole (a suffix cache shared by
+    the records learns it, as a server's does)."""
     right = checked = 0
+    widths = {0: width} if width else None
     for r in records:
-        drafter, prompt, output = NgramDrafter(width=width), list(r["prompt"]), r["output"]
+        drafter, context, output = drafter_of(r), list(r["prompt"]), r["output"]
         for pos in range(len(output)):
-            tree = drafter.propose({0: prompt + output[:pos]}, {0: K_MAX})[0]
+            tree = drafter.propose({0: context}, {0: k}, widths)[0]
+            context.append(output[pos])  # the drafter is shown this list, which grows in place
             if tree.parents is None:
                 continue
             chain = tree.first_branch_nodes()
@@ -722,7 +728,13 @@ def ngram_sibling_statistics(records: Sequence[Mapping], width: int) -> tuple[in
             if others:
                 checked += 1
                 right += output[pos + kept] in others
+        drafter.end([0])
     return right, checked
+
+
+def ngram_sibling_statistics(records: Sequence[Mapping], width: int) -> tuple[int, int]:
+    """sibling_statistics of prompt lookup's trees of up to `width` branches, a fresh one a record."""
+    return sibling_statistics(records, lambda r: NgramDrafter(width=width))
 
 
 def fit_ngram_sibling_prior(records: Sequence[Mapping], width: int) -> float:
