@@ -43,6 +43,7 @@ from specdec.costs import cost_table  # noqa: E402
 from specdec.drafters.ngram import NgramDrafter  # noqa: E402
 from specdec.drafters.suffix import SuffixCacheDrafter  # noqa: E402
 from specdec.replay import replay_speedup, sibling_statistics  # noqa: E402
+from specdec.spec import parse_method  # noqa: E402
 
 FIXED = ((8, 1), (16, 1), (8, 2), (8, 4), (16, 4))  # suffix:K and suffix:KxW with --trees
 
@@ -96,7 +97,7 @@ def main():
                 if suffix is not None:
                     suffix.end([0])  # the request ends: it joins the cache
                 results.setdefault((name, p, rec["category"]), []).append(speedup)
-                trees = sum(n for key, n in decisions.items() if "x" in key.partition(":")[2])
+                trees = sum(n for key, n in decisions.items() if parse_method(key).width > 1)
                 results.setdefault((name, "trees"), []).append((trees, sum(decisions.values())))
     categories = list(dict.fromkeys(r["category"] for r in records))
     print("| pass | category | " + " | ".join(setups) + " |\n|---|---|" + "---|" * len(setups))

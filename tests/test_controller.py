@@ -953,7 +953,7 @@ def test_prompt_lookups_tree_is_worth_its_chain_and_another_branch_where_it_part
     assert list(nodes) == [0, 1, 3, 6, 7]
     survive = np.diff(chain, prepend=1.0)
     survive[0] = 1.0
-    s = auto.free_sibling.rate_at(2)
+    s = auto.free_siblings["ngram"].rate_at(2)
     at2 = (survive[1] - survive[2]) * s * table.expected_tokens(8, 0, "later", cautious=True)
     at3 = (survive[2] - survive[3]) * s * table.expected_tokens(9, 0, "later", cautious=True)
     at2_deeper = (survive[1] - survive[2]) * s * table.expected_tokens(8, 1, "later", cautious=True)
@@ -963,13 +963,13 @@ def test_prompt_lookups_tree_is_worth_its_chain_and_another_branch_where_it_part
     assert expected[4] == pytest.approx(chain[4] + at2_deeper[1] + at3[0])
     assert tree.to_depth(2).tokens == [5, 6, 9] and tree.to_depth(1).parents is None
     # the target took 5, then 9 (the first branch's 6 failed where the tree branches): a hit
-    before = auto.free_sibling.rate_at(2)
+    before = auto.free_siblings["ngram"].rate_at(2)
     auto.observe({0: Outcome(auto.ngram, tree, 2, [5, 9, 10])}, [8], 1.0)
-    assert auto.free_sibling.rate_at(2) > before
+    assert auto.free_siblings["ngram"].rate_at(2) > before
     # the target took 5, 6, then 13 (depth 3 branches, to 11, and neither was kept): a miss
-    before = auto.free_sibling.rate_at(2)
+    before = auto.free_siblings["ngram"].rate_at(2)
     auto.observe({0: Outcome(auto.ngram, tree, 2, [5, 6, 13])}, [8], 1.0)
-    assert auto.free_sibling.rate_at(2) < before
+    assert auto.free_siblings["ngram"].rate_at(2) < before
     # under a cap on reach (the vLLM proposer's) the tree is priced only as deep as the chain may go
     capped = CostAwareController(NgramDrafter(), None, [0.01] * 64, free_width=4, reach=0.5)
     context = [8, 0, 1, 2, 3, 9, 5, 6, 7, 5, 0, 1, 2, 3, 10, 8, 0, 1, 2, 3]
@@ -977,6 +977,6 @@ def test_prompt_lookups_tree_is_worth_its_chain_and_another_branch_where_it_part
     _, draft = capped.draft({0: context}, {0: 20})[0]
     assert draft.parents is not None and max(draft.depths()) == 2  # half its 5-token match (8 0 1 2 3)
     # the target took 5, 6, 7, then 14: the first branch failed at depth 4, where nothing branches
-    before = auto.free_sibling.rate_at(2)
+    before = auto.free_siblings["ngram"].rate_at(2)
     auto.observe({0: Outcome(auto.ngram, tree, 3, [5, 6, 7, 14])}, [8], 1.0)
-    assert auto.free_sibling.rate_at(2) == before
+    assert auto.free_siblings["ngram"].rate_at(2) == before

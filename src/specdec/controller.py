@@ -363,9 +363,6 @@ class CostAwareController:
         self.free_width = free_width if self.ngram is not None else 1
         self.free_siblings = {d.name: SiblingAcceptance(prior=(NGRAM_SIBLING_PRIOR,), rate=rate) for d in self.free}
         self._tree_free = {d.name for d in self.free if "widths" in inspect.signature(d.propose).parameters}
-        self.free_sibling = (  # prompt lookup's (the replay fits its prior)
-            self.free_siblings[self.ngram.name] if self.ngram else SiblingAcceptance(prior=(NGRAM_SIBLING_PRIOR,))
-        )
         self.tree_widths = sorted({1, *(w for w in tree_widths if w in self.sibling_accept.widths)})
         self.overlay_weight = OVERLAY_WEIGHT if overlay_weight is None else overlay_weight
         self.explore_every = explore_every

@@ -828,7 +828,7 @@ def leave_one_category_out(
             stops=stops,
             **{"tree_widths": TREE_WIDTHS if trees else (1,), "free_width": NGRAM_TREE_WIDTH, **controller_args},
         )
-        auto.free_sibling.s[:] = fit_ngram_sibling_prior(train, NGRAM_TREE_WIDTH)
+        auto.free_siblings[auto.ngram.name].s[:] = fit_ngram_sibling_prior(train, NGRAM_TREE_WIDTH)
         if trees:  # the siblings' rates too are fitted on the other categories
             auto.sibling_accept.s[:] = fit_sibling_prior(train, range(2, len(SIBLING_PRIOR) + 2))
         autos, clairs = [], []
