@@ -43,8 +43,12 @@ def venv_dir() -> Path:
 
 
 def run(*cmd: str, env: dict | None = None) -> None:
+    """Run one step; a failed one ends the script with a line naming it (its own output, above,
+    says why), not a traceback."""
     print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, env=env)
+    code = subprocess.run(cmd, env=env).returncode
+    if code:
+        raise SystemExit(f"install_vllm_peer: this step failed with exit code {code}: {' '.join(cmd)}")
 
 
 def main() -> int:
