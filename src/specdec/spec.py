@@ -74,8 +74,11 @@ class DraftSpec:
 
     @property
     def label(self) -> str:
-        """'auto', 'none', or KIND:K ('ngram:4', 'model:4'), as the server reports a policy."""
-        return self.kind if self.kind in ("auto", "none") else f"{self.kind}:{self.k}"
+        """'auto', 'none', or KIND:K ('ngram:4', 'model:4'; a tree KIND:KxW, 'suffix:16x4'), as the
+        server reports a policy."""
+        if self.kind in ("auto", "none"):
+            return self.kind
+        return f"{self.kind}:{self.k}" + (f"x{self.width}" if self.width > 1 else "")
 
 
 def parse(

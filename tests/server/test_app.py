@@ -112,6 +112,51 @@ def test_one_suffix_cache_serves_every_request():
         assert spec["policy"] == "suffix:4" and spec["drafted"] > 0 and spec["accepted"] == spec["drafted"]
 
 
+def test_a_request_may_draft_prompt_lookups_and_the_suffix_caches_trees():
+    """Trees of prompt lookup and the suffix cache, the server's default or a request's own width,
+    where the target scores trees: the target's own greedy text. Where it scores chains only, a
+    request's tree is a 400 naming the field."""
+    from specdec.spec import DraftSpec
+
+    with toy_server(policy=DraftSpec("suffix", k=4, width=2)) as (base, service):
+        suffix = service.worker.router.drafters["suffix"]
+        widths = []
+        propose = suffix.propose
+        suffix.propose = lambda contexts, ks, w=None: widths.append(dict(w or {})) or propose(contexts, ks, w)
+        c = client(base)
+        prompt = "abcabcabc abcabc"
+        want = reference(_toy_models()[0], prompt, False, 32)
+        runs = {
+            label: c.completions.create(model="toy", prompt=prompt, max_tokens=32, extra_body=extra)
+            for label, extra in (
+                ("default", {}),
+                ("ngram:4x3", {"speculative": {"draft": "ngram", "k": 4, "width": 3}}),
+                ("suffix:6x3", {"speculative": {"draft": "suffix", "k": 6, "width": 3}}),
+                ("suffix:6", {"speculative": {"draft": "suffix", "k": 6}}),
+            )
+        }
+        for label, r in runs.items():
+            assert r.choices[0].text == want, label  # greedy: the target's own text, tree or chain
+        assert runs["default"].model_extra["speculative"]["policy"] == "suffix:4x2"
+        assert runs["ngram:4x3"].model_extra["speculative"]["policy"] == "ngram:4x3"
+        assert runs["suffix:6x3"].model_extra["speculative"]["drafted"] > 0
+        asked = {w for call in widths for w in call.values() if w}
+        assert {1, 2, 3} <= asked  # each request's own width reached the cache (a chain: 1)
+
+    class ChainsOnly(type(_toy_models()[0])):
+        scores_trees = False
+
+    target, draft = ChainsOnly(seed=1, n_ctx=256), _toy_models()[1]
+    with serving(build_service(target, draft, DraftSpec("auto", k=0), 2, ("toy",), "toy-draft")) as base:
+        r = httpx.post(
+            base + "/v1/completions", json={"prompt": "x", "speculative": {"draft": "suffix", "k": 4, "width": 2}}
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == "speculative.width"
+        assert "scores chains only" in r.json()["error"]["message"]
+    with pytest.raises(ValueError, match="scores them"):
+        build_service(target, draft, DraftSpec("suffix", k=4, width=2), 2, ("toy",), "toy-draft")
+
+
 def test_api_key():
     with toy_server(api_key="s3cret") as (base, _):
         body = {"prompt": "ab", "max_tokens": 2}

@@ -87,7 +87,7 @@ def _add_serve_parser(sub) -> None:
         "cache, and a new prompt that starts the same way (a conversation's next turn, a repeated "
         "prompt, a shared system prompt) takes that row and reads only the rest, as llama-server's "
         "prompt cache and vLLM's prefix caching do; usage.prompt_tokens_details.cached_tokens says "
-        "how many were found. Where a draft model drafts trees (--draft-width > 1) the target's "
+        "how many were found. Where the server drafts trees (--draft-width > 1) the target's "
         "rows share one pool of cache cells and none is kept",
     )
     g.add_argument(
@@ -169,12 +169,10 @@ def cmd_serve(args) -> int:
     )
     if spec.kind == "early-exit":
         raise SpecdecError("specdec serve takes --draft auto, ngram, suffix, none, a draft model or head:FILE")
-    if spec.kind in ("suffix", "ngram") and spec.width > 1:  # one of each serves every request, auto too
+    if spec.kind == "suffix" and spec.nodes:  # one cache serves every request, each its own width
         raise SpecdecError(
-            "specdec serve drafts fixed chains from its one suffix cache and its one prompt lookup, which "
-            "serve every request (auto chooses their trees itself): --draft-width applies to a draft "
-            "model or head:FILE here (suffix and prompt-lookup trees: generate, compare, check, bench "
-            "suffix:KxW and ngram:KxW)"
+            f"--draft-nodes {spec.nodes}: the server's suffix cache drafts each request's tree by its "
+            "width alone (K x W nodes; a request may ask for its own width): drop --draft-nodes"
         )
     # any request may ask for auto or suffix, whatever the default: the flags hold for every --draft
     _check_suffix_flags(args, "suffix" if spec.kind == "suffix" else "auto")
@@ -186,8 +184,10 @@ def cmd_serve(args) -> int:
     head = None
     draft_name = args.draft if spec.kind == "model" else (None if draft_spec.kind == "none" else args.draft_model)
     load = _model_loader(args, args.max_batch)
-    # the target scores trees only for a tree-drafting draft model; without them every row keeps a
-    # cache stream of its own (faster steps over many rows); a draft model scores no trees
+    # the target scores trees only where the server drafts them (--draft-width > 1: the draft model,
+    # a head, prompt lookup or the suffix cache; then requests may ask for their own widths and auto
+    # drafts trees too); without them every row keeps a cache stream of its own (faster steps over
+    # many rows); a draft model scores no trees
     target = load(args.target, trees=spec.width > 1)
     draft = load(draft_spec.model, args.draft_backend or args.backend, trees=False) if draft_name else None
     # across tokenizers, or the default --draft's trees (a head's tree leaves the draft model chains)
@@ -202,7 +202,12 @@ def cmd_serve(args) -> int:
         if draft is None and draft_spec.kind == "none" and spec.is_auto:
             draft = head
     # the server's default policy: a kind and its k ('model': the draft model loaded here)
-    policy = DraftSpec(spec.kind, k=spec.k if spec.kind in ("ngram", "suffix", "model", "head") else 0)
+    # (prompt lookup's and the suffix cache's trees: the policy's width, a request's own if it asks)
+    policy = DraftSpec(
+        spec.kind,
+        k=spec.k if spec.kind in ("ngram", "suffix", "model", "head") else 0,
+        width=spec.width if spec.kind in ("ngram", "suffix") else 1,
+    )
     names = tuple(dict.fromkeys(n for n in (args.served_model_name or args.target, target.name) if n))
     suffix = _suffix_cache(args, target)
     service = build_service(

@@ -86,6 +86,10 @@ class Service:
         self.special_in_turns = special_in_turns
         self.reproducible = reproducible  # sampling by position (GenerationConfig.reproducible), server-wide
         self.n_ctx = engine.target.n_ctx
+        # whether a forward scores a tree (models.base): a request's own tree needs it
+        self.scores_trees = bool(getattr(engine.target, "scores_trees", False))
+        if default_policy.width > 1 and not self.scores_trees:
+            raise ValueError("a default policy that drafts trees needs a target that scores them (trees=True)")
         self.metrics = Metrics(model_names[0])
         self.worker = Worker(engine, router, self.metrics)
         self.inflight = 0  # requests accepted and not yet answered
@@ -368,6 +372,12 @@ def create_app(service: Service) -> FastAPI:
             )
         check_auth(request)
         job: Job = parse(await read_json(request), service.model_names, service.draft_names)
+        if job.policy is not None and job.policy.width > 1 and not service.scores_trees:
+            raise RequestError(
+                f"'speculative.width' {job.policy.width}: this server's target scores chains only "
+                "(start it with a tree, e.g. --draft suffix --draft-width 4, to serve trees)",
+                "speculative.width",
+            )
         if service.inflight >= service.capacity:
             raise RequestError(
                 f"the server is full ({service.max_batch} running and the queue of "

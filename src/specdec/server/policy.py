@@ -64,7 +64,11 @@ class RoutingController:
             ks = {row: min(self._rows[row].k, caps[row]) for row in contexts if self._rows[row].kind == kind}
             ks = {row: k for row, k in ks.items() if k > 0}
             if drafter is not None and ks:
-                drafts = drafter.propose({row: contexts[row] for row in ks}, ks)
+                asked = {row: contexts[row] for row in ks}
+                if kind in ("ngram", "suffix"):  # each request's own tree width (1: a chain)
+                    drafts = drafter.propose(asked, ks, {row: self._rows[row].width for row in ks})
+                else:  # a draft model or head drafts the shape the server built it with
+                    drafts = drafter.propose(asked, ks)
                 plan.update({row: (drafter, draft) for row, draft in drafts.items()})
         suffix = self.drafters["suffix"]
         if suffix is not None:

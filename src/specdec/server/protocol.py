@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..config import MAX_LOGPROBS, GenerationConfig
-from ..drafters.base import MAX_DRAFT_TOKENS
+from ..drafters.base import MAX_DRAFT_TOKENS, MAX_DRAFT_WIDTH
 from ..errors import SpecdecError
 from ..request import Limit, finish_reason
 from ..sampling import TokenLogprob
@@ -211,17 +211,19 @@ def _stop(body: dict) -> tuple[str, ...]:
 
 def _policy(body: dict, draft_names: dict[str, str]) -> DraftSpec | None:
     """The request's own speculation: {"draft": "auto" | "ngram" | "suffix" | "none" | <loaded draft model>,
-    "k": 1..MAX_DRAFT_TOKENS}. `draft_names` maps the names this server offers to a DraftSpec kind.
-    A request can only pick among what the server loaded: it never names a file to load."""
+    "k": 1..MAX_DRAFT_TOKENS, "width": 1..MAX_DRAFT_WIDTH (ngram and suffix: a tree of that many
+    continuations under a node; whether the target scores trees is the service's to check)}.
+    `draft_names` maps the names this server offers to a DraftSpec kind. A request can only pick
+    among what the server loaded: it never names a file to load."""
     v = body.get("speculative")
     if v is None:
         return None
     if not isinstance(v, dict):
         raise RequestError(f'\'speculative\' must be an object like {{"draft": "auto"}}, got {v!r}', "speculative")
-    unknown = sorted(set(v) - {"draft", "k"})
+    unknown = sorted(set(v) - {"draft", "k", "width"})
     if unknown:
         raise RequestError(
-            f"'speculative' has unknown field(s) {', '.join(unknown)}: it takes draft and k",
+            f"'speculative' has unknown field(s) {', '.join(unknown)}: it takes draft, k and width",
             f"speculative.{unknown[0]}",
         )
     draft = v.get("draft", "auto")
@@ -240,8 +242,19 @@ def _policy(body: dict, draft_names: dict[str, str]) -> DraftSpec | None:
             f"{draft!r} {'chooses k itself' if kind == 'auto' else 'drafts nothing'}",
             "speculative.k",
         )
+    width = _int(v, "width", 1, MAX_DRAFT_WIDTH, parent="speculative") if "width" in v else None
+    if "width" in v and width is None:
+        raise RequestError("'speculative.width' must be an integer", "speculative.width")
+    if width is not None and kind not in ("ngram", "suffix"):
+        why = {"auto": "chooses its trees itself", "none": "drafts nothing"}.get(
+            kind, "drafts the shape the server loaded it with (--draft-width)"
+        )
+        raise RequestError(
+            f"'speculative.width' shapes prompt lookup's and the suffix cache's trees (ngram, suffix); {draft!r} {why}",
+            "speculative.width",
+        )
     if kind in ("ngram", "suffix", "model", "head"):
-        return DraftSpec(kind, k=k if k is not None else DEFAULT_K)
+        return DraftSpec(kind, k=k if k is not None else DEFAULT_K, width=width or 1)
     return DraftSpec(kind, k=0)
 
 
