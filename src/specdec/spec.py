@@ -34,6 +34,9 @@ GRAMMAR = (
 # whether auto consults the suffix cache when not told (DraftSpec.suffix None)
 # why: a fresh process, its cache empty, stays within 3% of auto without it; history: docs/provenance.md#auto_suffix
 AUTO_SUFFIX = True
+# the kinds whose drafter takes a tree width with each call (drafters.ngram, drafters.suffix), so
+# one of it serves requests of different widths (a draft model or head drafts the shape it was built with)
+WIDTH_PER_CALL = ("ngram", "suffix")
 METHODS = (
     "plain, auto, auto:suffix, auto:nosuffix, draft:K, draft:KxW (a tree: W candidates a depth), ngram:K, suffix:K, "
     "suffix:KxW (a tree: the cache's W likeliest continuations under each node), "

@@ -154,7 +154,7 @@ def cmd_serve(args) -> int:
     except ImportError as exc:
         raise BackendUnavailableError(f"specdec serve needs {exc.name}: pip install 'specdec[serve]'") from None
     from ..server.app import build_service, serve
-    from ..spec import DraftSpec, parse
+    from ..spec import WIDTH_PER_CALL, DraftSpec, parse
 
     if args.api_key is not None and not args.api_key.strip():
         # an empty key would print "no key needed" yet refuse requests without a header
@@ -206,7 +206,7 @@ def cmd_serve(args) -> int:
     policy = DraftSpec(
         spec.kind,
         k=spec.k if spec.kind in ("ngram", "suffix", "model", "head") else 0,
-        width=spec.width if spec.kind in ("ngram", "suffix") else 1,
+        width=spec.width if spec.kind in WIDTH_PER_CALL else 1,
     )
     names = tuple(dict.fromkeys(n for n in (args.served_model_name or args.target, target.name) if n))
     suffix = _suffix_cache(args, target)

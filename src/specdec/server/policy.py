@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 
 from ..controller import Outcome
 from ..drafters.base import Draft, Drafter
-from ..spec import DraftSpec
+from ..spec import WIDTH_PER_CALL, DraftSpec
 
 
 class RoutingController:
@@ -65,7 +65,7 @@ class RoutingController:
             ks = {row: k for row, k in ks.items() if k > 0}
             if drafter is not None and ks:
                 asked = {row: contexts[row] for row in ks}
-                if kind in ("ngram", "suffix"):  # each request's own tree width (1: a chain)
+                if kind in WIDTH_PER_CALL:  # each request's own tree width (1: a chain)
                     drafts = drafter.propose(asked, ks, {row: self._rows[row].width for row in ks})
                 else:  # a draft model or head drafts the shape the server built it with
                     drafts = drafter.propose(asked, ks)

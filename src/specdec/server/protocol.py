@@ -19,7 +19,7 @@ from ..drafters.base import MAX_DRAFT_TOKENS, MAX_DRAFT_WIDTH
 from ..errors import SpecdecError
 from ..request import Limit, finish_reason
 from ..sampling import TokenLogprob
-from ..spec import DEFAULT_K, DraftSpec
+from ..spec import DEFAULT_K, WIDTH_PER_CALL, DraftSpec
 from ..stats import GenerationStats
 
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4; llama-server any number)
@@ -245,7 +245,7 @@ def _policy(body: dict, draft_names: dict[str, str]) -> DraftSpec | None:
     width = _int(v, "width", 1, MAX_DRAFT_WIDTH, parent="speculative") if "width" in v else None
     if "width" in v and width is None:
         raise RequestError("'speculative.width' must be an integer", "speculative.width")
-    if width is not None and kind not in ("ngram", "suffix"):
+    if width is not None and kind not in WIDTH_PER_CALL:
         why = {"auto": "chooses its trees itself", "none": "drafts nothing"}.get(
             kind, "drafts the shape the server loaded it with (--draft-width)"
         )
