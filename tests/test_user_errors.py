@@ -368,6 +368,21 @@ def test_user_error(args, fragments, stdin, env, inputs):
     assert_user_error(proc, *[_fill(f, inputs) for f in fragments])
 
 
+@pytest.mark.parametrize("command", [["serve"], ["generate", "-p", "x"]])
+def test_exact_on_torch_is_a_flag_conflict_without_torch_too(command):
+    """--exact with --backend torch is told as the conflict it is where torch is not installed (it
+    was told that torch was missing: a user who installs it only learns the flags conflict)."""
+    no_torch = "import sys; sys.modules['torch'] = None; from specdec.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run(
+        [sys.executable, "-c", no_torch, *command, "--exact", "--backend", "torch"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert_user_error(proc, "exact mode is for the llama")
+
+
 # -- what the API checks itself ---------------------------------------------------------------
 
 

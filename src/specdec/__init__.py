@@ -33,6 +33,16 @@ __version__ = "0.1.0"
 BACKENDS = ("llama", "numpy", "torch")
 
 
+def check_exact(backend: str, exact: bool) -> None:
+    """The exact mode needs the llama backend: a one-line error otherwise (before any import of
+    another backend's libraries, which may be missing)."""
+    if exact and backend != "llama":
+        raise SpecdecError(
+            f"the exact mode is for the llama backend only: the {backend} backend's matrix products take "
+            f"other kernels for one row than for many (docs/exact.md)"
+        )
+
+
 def load_model(
     name_or_path: str | os.PathLike,
     backend: str = "llama",
@@ -67,11 +77,7 @@ def load_model(
         raise SpecdecError(f"the context must hold at least 16 tokens, got {n_ctx}")
     if threads is not None and threads < 1:
         raise SpecdecError(f"threads must be >= 1, got {threads}")
-    if exact and backend != "llama":
-        raise SpecdecError(
-            f"the exact mode is for the llama backend only: the {backend} backend's matrix products take "
-            f"other kernels for one row than for many (docs/exact.md)"
-        )
+    check_exact(backend, exact)
     if backend == "torch" and Path(name_or_path).is_dir():
         from .models.transformers import load_transformers_model
 

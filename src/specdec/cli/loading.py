@@ -49,7 +49,12 @@ def _model_loader(args, rows: int):
 
 
 def _check_device(args) -> None:
-    """A bad --device fails before a long load, when the target or the draft runs on torch."""
+    """A bad --device fails before a long load, when the target or the draft runs on torch (and
+    --exact on another backend than llama before that: it needs no torch to be told)."""
+    from .. import check_exact
+
+    for backend in (args.backend, args.draft_backend):
+        check_exact(backend or args.backend, getattr(args, "exact", False))
     if "torch" in (args.backend, args.draft_backend):
         from ..models.transformers import pick_device
 
