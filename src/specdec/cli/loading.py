@@ -53,8 +53,8 @@ def _check_device(args) -> None:
     --exact on another backend than llama before that: it needs no torch to be told)."""
     from .. import check_exact
 
-    for backend in (args.backend, args.draft_backend):
-        check_exact(backend or args.backend, getattr(args, "exact", False))
+    for backend in (args.backend, args.draft_backend or args.backend):  # the draft's: the target's unless told
+        check_exact(backend, args.exact)
     if "torch" in (args.backend, args.draft_backend):
         from ..models.transformers import pick_device
 
