@@ -744,8 +744,24 @@ def test_latency_first_bounds_a_step_to_latency_step_plain_steps():
     assert alone == _copy_row_and_three_others("throughput", rows=1, curve=flat) and alone[0] >= 16
 
 
+def test_bounded_drafts_for_the_batch_within_latency_step_plain_steps():
+    """Objective "bounded": the batch's tokens per second, as throughput first, but no step past
+    LATENCY_STEP plain steps. On a curve where each token adds a quarter of a plain step, with
+    four rows (a plain step scores 4 tokens, 1.75 units), the copying row drafts 7 (11 scored:
+    3.5 units, exactly 2 plain steps) where throughput first drafts further and latency first, which
+    weighs the three other streams' slowdown, drafts 1. Alone, it is latency first's bound."""
+    quarter = {w: 0.04 * (1 + 0.25 * (w - 1)) for w in list(range(1, 17)) + [24, 32, 48, 64]}
+    bounded = _copy_row_and_three_others("bounded", curve=quarter)
+    assert bounded == {0: 7, 1: 0, 2: 0, 3: 0}, bounded
+    assert _copy_row_and_three_others("throughput", curve=quarter)[0] > 7
+    assert _copy_row_and_three_others("latency", curve=quarter)[0] < 7
+    assert _copy_row_and_three_others("bounded", rows=1, curve=quarter) == {0: 4}
+    # where a plain step's tokens cost what a draft's do (the steep part of the curve), none pays
+    assert _copy_row_and_three_others("bounded") == {0: 0, 1: 0, 2: 0, 3: 0}
+
+
 def test_an_unknown_objective_is_refused():
-    with pytest.raises(ValueError, match="objective must be one of throughput, latency"):
+    with pytest.raises(ValueError, match="objective must be one of throughput, latency, bounded"):
         CostAwareController(None, None, CURVE, objective="fast")
 
 

@@ -75,14 +75,15 @@ from .costs import EMA, CostTable, step_depth
 from .drafters.base import Draft, Drafter, DraftModel
 from .models.base import packed
 
-# What a step maximises over its rows: the batch's tokens per second, or each row's own (the
-# geometric mean of the rows' tokens per second: a server that puts its streams' pace first).
-OBJECTIVES = ("throughput", "latency")
+# What a step maximises over its rows: the batch's tokens per second ("throughput"), each row's own
+# (the geometric mean of the rows' tokens per second: "latency", a server that puts its streams'
+# pace first), or the batch's tokens per second under latency's bound on a step ("bounded").
+OBJECTIVES = ("throughput", "latency", "bounded")
 # What `specdec serve` (server.app.build_service) maximises unless asked: its streams' own pace.
 # why: throughput first verifies a long copy as one long gap (ITL p99 3.2-8.8x llama-server's)
 # for no aggregate beyond the noise; history: docs/provenance.md#latency_step
 SERVER_OBJECTIVE = "latency"
-# Objective "latency" also bounds a step: its drafts may make it cost at most this many times the
+# Objectives "latency" and "bounded" bound a step: its drafts may make it cost at most this many times the
 # rows' plain step (on the cost curve), so no stream's gap between tokens grows past that.
 # why: the serving bar (issue 34) holds a stream's 99th-percentile gap within 2x a plain server's;
 # on this CPU's steep curve that allows drafts of one or two tokens, on a GPU's flat one long ones;
@@ -570,8 +571,9 @@ class CostAwareController:
         """k per row, the promised speed, and that of a plain step for every row. The speed is the
         batch's tokens per second (objective "throughput"), or the geometric mean of the rows' own
         tokens per second (objective "latency": a long draft for one row slows every other row's
-        stream, and the mean of logs counts that where a sum of tokens does not; and no step may
-        cost more than LATENCY_STEP plain steps)."""
+        stream, and the mean of logs counts that where a sum of tokens does not). Under "latency"
+        and "bounded" (the batch's tokens per second) no step may cost more than LATENCY_STEP plain
+        steps."""
         latency = self.objective == "latency"
         # a row's gain from its next draft token: in expected tokens, or in their log
         gain = (lambda e, k: np.log(e[k + 1] / e[k])) if latency else (lambda e, k: e[k + 1] - e[k])
@@ -585,7 +587,7 @@ class CostAwareController:
         seconds = self._step_cost(ks, options)
         plain = speed(total, seconds)
         best = (dict(ks), plain)
-        cap = LATENCY_STEP * seconds if latency else np.inf
+        cap = np.inf if self.objective == "throughput" else LATENCY_STEP * seconds
         # every row's next draft token, by marginal gain (E and log E are concave: a row's gains only shrink)
         heap = [(-gain(o.expected, 0), row) for row, o in options.items() if len(o.expected) > 1]
         heapq.heapify(heap)
