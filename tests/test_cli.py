@@ -292,5 +292,5 @@ def test_serve_passes_the_scheduling_flags_to_the_service(monkeypatch):
     with pytest.raises(Stopped):
         serve.cmd_serve(build_parser().parse_args(["serve", "--draft", "none", "--no-prefix-cache"]))
     assert seen["prefix_cache"] is False
-    # a server's streams come first unless asked: latency is the default objective
-    assert seen["objective"] == "latency"
+    # unless asked, a server maximises its batch's tokens per second with no step past LATENCY_STEP
+    assert seen["objective"] == "bounded"

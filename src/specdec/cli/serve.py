@@ -94,11 +94,12 @@ def _add_serve_parser(sub) -> None:
         "--objective",
         choices=OBJECTIVES,
         default=SERVER_OBJECTIVE,
-        help="what 'auto' maximises each step over the requests running together: latency, each "
-        "request's own tokens per second (the geometric mean), so that a long draft for one request "
-        f"does not slow every other stream, with no step costing more than {LATENCY_STEP:g} plain "
-        "steps (a stream's gaps between tokens stay within about that many plain steps), or "
-        "throughput, their tokens per second all told, long drafts and long gaps included "
+        help="what 'auto' maximises each step over the requests running together: bounded, their "
+        f"tokens per second all told, with no step costing more than {LATENCY_STEP:g} plain steps (a "
+        "stream's gaps between tokens stay within about that many plain steps); latency, each "
+        "request's own tokens per second (the geometric mean) under the same bound, so that a draft "
+        "for one request pays only if it outweighs slowing every other stream; or throughput, their "
+        "tokens per second all told, long drafts and long gaps included "
         f"(default: {SERVER_OBJECTIVE})",
     )
     g.add_argument(

@@ -152,9 +152,9 @@ def build_service(
     rides only where its tokens cost at most `prefill_waste` times what they cost read alone (Engine).
     `prefix_cache`: finished requests' rows keep their caches for prompts that start the same way
     (Engine; where the target keeps idle rows for free).
-    `objective`: what 'auto' maximises over the batch, each request's own tokens per second
-    ("latency", SERVER_OBJECTIVE: a stream's gaps stay within LATENCY_STEP plain steps) or the
-    batch's ("throughput"; controller.OBJECTIVES)."""
+    `objective`: what 'auto' maximises over the batch (controller.OBJECTIVES): the batch's tokens
+    per second with no step past LATENCY_STEP plain steps ("bounded", SERVER_OBJECTIVE), each
+    request's own under the same bound ("latency"), or the batch's unbounded ("throughput")."""
     from ..controller import auto_controller
     from ..spec import auto_drafters
 
