@@ -20,6 +20,8 @@ from .toy import ToyLM, on_virtual_clock
 CURVE = np.interp(np.arange(1, 17), [1, 2, 3, 5, 8, 16], [28, 38, 50, 74, 99, 110]) / 1000
 # timed to 64 tokens, and past 8 each token costs 0.3 of one: wide forwards are cheap per token
 STEEP_THEN_FLAT = {w: 0.04 * (w if w <= 8 else 8 + 0.3 * (w - 8)) for w in list(range(1, 17)) + [24, 32, 48, 64]}
+# each token past the first adds a quarter of a one-token step
+QUARTER_A_TOKEN = {w: 0.04 * (1 + 0.25 * (w - 1)) for w in list(range(1, 17)) + [24, 32, 48, 64]}
 
 
 class FixedProposals:
@@ -736,9 +738,8 @@ def test_latency_first_bounds_a_step_to_latency_step_plain_steps():
     from specdec.controller import LATENCY_STEP
 
     assert LATENCY_STEP == 2.0
-    quarter = {w: 0.04 * (1 + 0.25 * (w - 1)) for w in list(range(1, 17)) + [24, 32, 48, 64]}
-    assert _copy_row_and_three_others("latency", rows=1, curve=quarter) == {0: 4}
-    assert _copy_row_and_three_others("throughput", rows=1, curve=quarter)[0] >= 8
+    assert _copy_row_and_three_others("latency", rows=1, curve=QUARTER_A_TOKEN) == {0: 4}
+    assert _copy_row_and_three_others("throughput", rows=1, curve=QUARTER_A_TOKEN)[0] >= 8
     flat = {w: 0.04 for w in list(range(1, 17)) + [24, 32, 48, 64]}
     alone = _copy_row_and_three_others("latency", rows=1, curve=flat)
     assert alone == _copy_row_and_three_others("throughput", rows=1, curve=flat) and alone[0] >= 16
@@ -750,12 +751,11 @@ def test_bounded_drafts_for_the_batch_within_latency_step_plain_steps():
     four rows (a plain step scores 4 tokens, 1.75 units), the copying row drafts 7 (11 scored:
     3.5 units, exactly 2 plain steps) where throughput first drafts further and latency first, which
     weighs the three other streams' slowdown, drafts 1. Alone, it is latency first's bound."""
-    quarter = {w: 0.04 * (1 + 0.25 * (w - 1)) for w in list(range(1, 17)) + [24, 32, 48, 64]}
-    bounded = _copy_row_and_three_others("bounded", curve=quarter)
+    bounded = _copy_row_and_three_others("bounded", curve=QUARTER_A_TOKEN)
     assert bounded == {0: 7, 1: 0, 2: 0, 3: 0}, bounded
-    assert _copy_row_and_three_others("throughput", curve=quarter)[0] > 7
-    assert _copy_row_and_three_others("latency", curve=quarter)[0] < 7
-    assert _copy_row_and_three_others("bounded", rows=1, curve=quarter) == {0: 4}
+    assert _copy_row_and_three_others("throughput", curve=QUARTER_A_TOKEN)[0] > 7
+    assert _copy_row_and_three_others("latency", curve=QUARTER_A_TOKEN)[0] < 7
+    assert _copy_row_and_three_others("bounded", rows=1, curve=QUARTER_A_TOKEN) == {0: 4}
     # where a plain step's tokens cost what a draft's do (the steep part of the curve), none pays
     assert _copy_row_and_three_others("bounded") == {0: 0, 1: 0, 2: 0, 3: 0}
 
