@@ -760,6 +760,28 @@ def test_bounded_drafts_for_the_batch_within_latency_step_plain_steps():
     assert _copy_row_and_three_others("bounded") == {0: 0, 1: 0, 2: 0, 3: 0}
 
 
+def test_under_the_step_bound_a_row_takes_the_drafter_whose_affordable_draft_pays():
+    """Where the bound lets a row draft one token only (a 2-token forward costs 1.9 plain steps, 3
+    tokens more than 2), its drafter is chosen by that token: the suffix cache's sure first guess,
+    not prompt lookup's long copy behind an unsure first guess, which throughput first (no bound)
+    rightly drafts dozens deep. Pricing the copy past the bound had left the row a plain step."""
+    curve = {1: 0.04, 2: 0.076, **{w: 0.04 * (2.1 + 0.05 * (w - 3)) for w in list(range(3, 17)) + [24, 32, 48, 64]}}
+
+    def first_choice(objective):
+        ngram, suffix = FixedProposals(range(40)), FixedProposals(range(100, 140), "suffix")
+        c = CostAwareController([ngram, suffix], None, curve, objective=objective)
+        for name, first, later in (("ngram", 0.6, 0.99), ("suffix", 0.99, 0.3)):
+            for kind, table in c.match_accept[name].tables.items():
+                table[:] = later if kind == "later" else first
+        c.begin(0, [1, 2])
+        drafter, draft = c.draft({0: [1, 2]}, {0: 63})[0]
+        return (drafter.name, len(draft.tokens)) if drafter else None
+
+    assert first_choice("bounded") == first_choice("latency") == ("suffix", 1)
+    drafter, k = first_choice("throughput")
+    assert drafter == "ngram" and k >= 16
+
+
 def test_an_unknown_objective_is_refused():
     with pytest.raises(ValueError, match="objective must be one of throughput, latency, bounded"):
         CostAwareController(None, None, CURVE, objective="fast")

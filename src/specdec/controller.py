@@ -444,7 +444,8 @@ class CostAwareController:
         decides), and the shadow proposal prompt lookup is scored by afterwards."""
         self._alone.clear()
         options = {row: _Option("plain", np.ones(1), depth=len(contexts[row])) for row in contexts}
-        ask = {row: min(self.k_free, caps[row]) for row in contexts}
+        reach = self._bounded_reach(contexts)
+        ask = {row: min(self.k_free, caps[row], reach) for row in contexts}
         ask = {row: k for row, k in ask.items() if k > 0}
         asked = {r: contexts[r] for r in ask}
         proposals = {d.name: self._propose_free(d, asked, ask) if ask else {} for d in self.free}
@@ -494,6 +495,28 @@ class CostAwareController:
                         best_value = value
                         options[row] = _Option("draft", expected, lag=lag, depth=depth, width=width)
         return options
+
+    def _bounded_reach(self, contexts: Mapping[int, Sequence[int]]) -> int:
+        """The most draft tokens one row may add to a plain step of every row before the step
+        passes the bound (objectives "latency" and "bounded": LATENCY_STEP plain steps), priced as
+        _allocate prices a step, for the shallowest row (the cheapest to widen), on the target's
+        curve alone (a draft model's forwards only add to it). No row's draft past it could be
+        taken, so none is asked for or priced: under the bound each row's drafter is chosen by
+        what the step can afford (a sure first guess, not a long copy it may not verify), and the
+        controller does not price dozens of draft lengths a step for nothing."""
+        if self.objective == "throughput":
+            return self.k_free
+        plain = {row: 1 for row in contexts}
+        depths = {row: len(context) for row, context in contexts.items()}
+        cap = LATENCY_STEP * self._forward_seconds(plain, step_depth(plain, depths))
+        shallowest = min(depths, key=depths.get)
+        k = 0
+        while k < self.k_free:
+            fed = {**plain, shallowest: k + 2}
+            if self._forward_seconds(fed, step_depth(fed, depths)) > cap:
+                break
+            k += 1
+        return k
 
     def _propose_free(self, drafter: Drafter, contexts, ks) -> dict[int, Draft]:
         """A free drafter's proposals: trees of up to free_width branches where it drafts trees (its
