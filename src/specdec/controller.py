@@ -510,13 +510,20 @@ class CostAwareController:
         depths = {row: len(context) for row, context in contexts.items()}
         cap = LATENCY_STEP * self._forward_seconds(plain, step_depth(plain, depths))
         shallowest = min(depths, key=depths.get)
-        k = 0
-        while k < self.k_free:
-            fed = {**plain, shallowest: k + 2}
-            if self._forward_seconds(fed, step_depth(fed, depths)) > cap:
-                break
-            k += 1
-        return k
+
+        def fits(k: int) -> bool:
+            fed = {**plain, shallowest: k + 1}
+            return self._forward_seconds(fed, step_depth(fed, depths)) <= cap
+
+        # a forward's cost only grows with its width: the last k that fits, by bisection (a
+        # flat curve's bound, at the widest draft, in one pricing)
+        if fits(self.k_free):
+            return self.k_free
+        lo, hi = 0, self.k_free  # fits(lo) (a plain step, LATENCY_STEP >= 1), not fits(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
 
     def _propose_free(self, drafter: Drafter, contexts, ks) -> dict[int, Draft]:
         """A free drafter's proposals: trees of up to free_width branches where it drafts trees (its
