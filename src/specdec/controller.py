@@ -504,11 +504,11 @@ class CostAwareController:
         taken, so none is asked for or priced: under the bound each row's drafter is chosen by
         what the step can afford (a sure first guess, not a long copy it may not verify), and the
         controller does not price dozens of draft lengths a step for nothing."""
-        if self.objective == "throughput":
-            return self.k_free
         plain = {row: 1 for row in contexts}
         depths = {row: len(context) for row, context in contexts.items()}
-        cap = LATENCY_STEP * self._forward_seconds(plain, step_depth(plain, depths))
+        cap = self._step_bound(lambda: self._forward_seconds(plain, step_depth(plain, depths)))
+        if cap == np.inf:
+            return self.k_free
         shallowest = min(depths, key=depths.get)
 
         def fits(k: int) -> bool:
@@ -524,6 +524,11 @@ class CostAwareController:
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if fits(mid) else (lo, mid)
         return lo
+
+    def _step_bound(self, plain_seconds: Callable[[], float]) -> float:
+        """The most seconds a step may take: LATENCY_STEP times the rows' plain step (priced only
+        when asked), or none under throughput first."""
+        return np.inf if self.objective == "throughput" else LATENCY_STEP * plain_seconds()
 
     def _propose_free(self, drafter: Drafter, contexts, ks) -> dict[int, Draft]:
         """A free drafter's proposals: trees of up to free_width branches where it drafts trees (its
@@ -619,7 +624,7 @@ class CostAwareController:
         seconds = self._step_cost(ks, options)
         plain = speed(total, seconds)
         best = (dict(ks), plain)
-        cap = np.inf if self.objective == "throughput" else LATENCY_STEP * seconds
+        cap = self._step_bound(lambda: seconds)
         # every row's next draft token, by marginal gain (E and log E are concave: a row's gains only shrink)
         heap = [(-gain(o.expected, 0), row) for row, o in options.items() if len(o.expected) > 1]
         heapq.heapify(heap)
