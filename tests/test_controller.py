@@ -240,6 +240,28 @@ def test_cost_table_follows_the_machine():
     assert grid(40) == pytest.approx(7.0)
 
 
+def test_a_width_seen_rarely_follows_the_machine_and_keeps_its_own_shape():
+    # width 2 seen once, as timed; then only plain steps, the machine twice as slow: width 2 is
+    # priced twice as slow too (a ratio learned at width 2 alone kept 1: a draft priced at half its
+    # cost passed the step bound)
+    table = CostTable([0.01, 0.02])
+    table.observe([2], 0.02)
+    for _ in range(50):
+        table.observe([1], 0.02)
+    assert table(2) == pytest.approx(0.04, rel=0.05)
+    # a width whose forwards take 1.5x its curve's point (against width 1's) keeps that shape
+    # through the machine's slow and fast phases, and between its forwards
+    table = CostTable([0.01, 0.02])
+    for phase in range(8):
+        slow = 2.0 if phase % 2 else 1.0
+        for i in range(100):
+            w = 2 if i % 10 == 0 else 1
+            table.observe([w], table.measured(w) * slow * (1.5 if w == 2 else 1.0))
+        assert table(1) == pytest.approx(0.01 * slow, rel=0.05)
+        if phase:
+            assert table(2) / table(1) == pytest.approx(2 * 1.5, rel=0.1)
+
+
 def test_past_the_widest_width_a_forward_costs_the_curves_marginal_rate():
     # a draft model catching up on a whole prompt: 64 more tokens at the upper half's marginal
     # rate (32 -> 64 tokens cost 6 -> 10: 0.125 a token), not 64 / 64 x 10 more

@@ -173,7 +173,7 @@ def test_only_steps_that_only_decoded_are_timed(tmp_path, monkeypatch, timed):
     proposer = runner.proposer
     if timed:  # the live ratio to the timed curve: 1 at every width it saw
         table = proposer.controller.target_cost
-        assert table.overall == pytest.approx(1.0) and all(r == pytest.approx(1.0) for r in table.ratio.values())
+        assert table.overall == pytest.approx(1.0) and all(r == pytest.approx(1.0) for r in table.shape.values())
     else:
         means = {w: m for w, (n, m) in proposer.live.means.items()}
         assert means == {w: pytest.approx(0.05) for w in means} and len(means) > 3

@@ -216,9 +216,10 @@ def format_curves(name: str, curves: list[dict]) -> str:
 class CostTable:
     """target_cost(W, depth) for a forward of width W over a cache `depth` tokens deep: the measured
     curve (linear between measured widths; past the widest, its upper half's marginal cost:
-    `measured`), moved to `depth` along the deep curve when there is one (`at_depth`), times a ratio
-    learned live, per width where that width was seen, else the ratio over all widths (the machine
-    got faster or slower). Without a depth, or without a deep curve, the curve's own depth."""
+    `measured`), moved to `depth` along the deep curve when there is one (`at_depth`), times the drift
+    learned live: the machine's factor (`overall`, from every forward: the machine got faster or
+    slower) times the curve's shape error at that width where it was seen (`shape`, the width's live
+    ratio over the machine's). Without a depth, or without a deep curve, the curve's own depth."""
 
     def __init__(
         self,
@@ -232,8 +233,10 @@ class CostTable:
         self.widths = sorted(costs)
         self.seconds = [costs[w] for w in self.widths]
         self.depth = depth
-        self.ratio: dict[int, float] = {}  # width -> live seconds / measured seconds
-        self.overall = 1.0
+        self.overall = 1.0  # live seconds / measured seconds, the machine's factor
+        self.shape: dict[int, float] = {}  # width -> its live ratio over `overall`
+        self._seen: dict[int, int] = {}  # width -> forwards observed at it
+        self._forwards = 0
         # seconds per token of depth at the deep curve's widths, never negative and never less for
         # a wider forward (more query rows read the cache: a deep forward timed faster than the
         # shallow one, or a wide one gaining less than a narrower one, is noise; on this CPU a
@@ -283,22 +286,34 @@ class CostTable:
         return self.measured(w) + (max(depth, 0.0) - self.depth) * slope
 
     def drift(self, w: int) -> float:
-        """Live seconds over measured at width w: learned at w where it was seen, else over all widths."""
-        return self.ratio.get(w, self.overall)
+        """Live seconds over measured at width w: the machine's factor, times the curve's error at w
+        where w was seen. Not a ratio learned at w alone: a width met rarely would keep the ratio of
+        the moment it was last seen while the machine moved on (measured on this CPU, 2026-11-29: in
+        a slow phase a 2-token forward priced 1.22-1.53 plain steps took 1.9, and drafts passed the
+        step bound)."""
+        return self.overall * self.shape.get(w, 1.0)
 
     def __call__(self, w: int, depth: float | None = None) -> float:
         return self.at_depth(w, depth) * self.drift(w)
 
     def observe(self, passes: Sequence[int], seconds: float, depth: float | None = None) -> None:
-        """A forward of these passes over the weights (their widths) took `seconds`: the live ratio
-        learns from it, over all widths and at each of the passes' widths."""
+        """A forward of these passes over the weights (their widths) took `seconds`: the machine's
+        factor learns the forward's ratio to the curve, whatever its widths (the mean of the
+        forwards seen until there are 1 / EMA: the first sets it, so the shapes do not take a
+        machine slower than its curve for their own); then each of the passes' widths learns its
+        ratio over the machine's factor (a width seen alone keeps a shape near 1: the machine's
+        drift goes to the machine's factor, which every width follows), as the mean of its
+        forwards (the prior 1 one of them) until there are 1 / EMA."""
         passes = [w for w in passes if w >= 1]
         if not passes or seconds <= 0:
             return
         r = seconds / sum(self.at_depth(w, depth) for w in passes)
-        self.overall += EMA * (r - self.overall)
+        self._forwards += 1
+        self.overall += max(EMA, 1 / self._forwards) * (r - self.overall)
         for w in set(passes):
-            self.ratio[w] = self.ratio.get(w, self.overall) + EMA * (r - self.ratio.get(w, self.overall))
+            s, n = self.shape.get(w, 1.0), self._seen.get(w, 0) + 1
+            self.shape[w] = s + max(EMA, 1 / (n + 1)) * (r / self.overall - s)
+            self._seen[w] = n
 
 
 def _interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
