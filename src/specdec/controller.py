@@ -423,10 +423,11 @@ class CostAwareController:
         """The draft model's forward of w rows: its curve, times the drift the target's live timing
         shows over all widths (the machine got slower or faster for both: a draft curve that stayed
         as named while the target's learned a busy machine would make the draft model look cheaper
-        than it is; a CI run once drafted with it where it did not pay). Not the target's ratio at
-        w: that is the target's own kernels at that width, and a width the target met once, early
-        (a catch-up's), keeps the ratio of that moment; a draft model priced by it at a quarter
-        under its cost drafted where it could not pay."""
+        than it is; a CI run once drafted with it where it did not pay): the machine's factor alone.
+        Not the target's drift at w: its shape there is the target's own kernels at that width,
+        and at a width the target met once (a catch-up's) it is one forward's; when the drift was
+        a ratio per width, a draft model priced by that moment's ratio at a quarter under its cost
+        drafted where it could not pay."""
         return self.draft_cost(w, depth) * self.target_cost.overall
 
     def _draft_forward_seconds(self, fed: Mapping[int, int], depth: float | None) -> float:
