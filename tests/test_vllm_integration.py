@@ -113,16 +113,41 @@ def test_our_proposer_samples_what_vllm_samples(engines):
     tokenizer = Tokenizer.from_file(str(vllm_folder(MODEL) / "tokenizer.json"))
     text = "<|im_start|>user\nRepeat this line exactly: x = compute_total(items, tax=0.2, discount=0.1)<|im_end|>\n"
     ids = tokenizer.encode(text + "<|im_start|>assistant\n", add_special_tokens=False).ids  # 600 copies prefill fast
-    outcomes = {}
+    outcomes, runs = {}, {}
     try:
         for name, peer in (("plain", plain), ("ours", ngram)):
-            run = peer.run(ids, 5, temperature=1.0, n=600)  # 600: a lucky pass of a broken sampler is out of reach
+            # 600: a lucky pass of a broken sampler is out of reach
+            runs[name] = peer.run(ids, 5, temperature=1.0, n=600)
             outcomes[name] = Counter(tuple(s[1:5]) for s in peer.last["samples"])  # positions a draft covers
-            if name == "ours" and not (run.drafted and run.accepted):  # not AssertionError: a real failure
+            if name == "ours" and not (runs[name].drafted and runs[name].accepted):
+                # not AssertionError: a real failure
                 raise RuntimeError("the proposer drafted nothing: the samples never met vLLM's rejection sampler")
     finally:
         ngram.close()
+    # Two tests, each at 5e-4 (together at most 1e-3 for a right sampler): the chi-square over every
+    # outcome, and the share of plain's likeliest continuation, where the known bias lies (in the
+    # reason's numbers 98% against 85%). One chi-square alone let the bias through once in CI
+    # (XPASS at 31065ea's first run); the share's test has its power where the effect is.
     stat, df = two_sample(outcomes["plain"], outcomes["ours"])
     assert df >= 1
-    p = chi2.sf(stat, df)
-    assert p > 1e-3, f"two-sample p = {p:.2e} over {df} degrees of freedom"
+    p_all = chi2.sf(stat, df)
+    top = outcomes["plain"].most_common(1)[0][0]
+    p_top = two_proportions(outcomes["plain"][top], outcomes["ours"][top], 600, 600)
+    seen = (
+        f"chi-square p = {p_all:.2e} over {df} degrees of freedom; plain's likeliest continuation "
+        f"{outcomes['plain'][top]} / 600 against ours {outcomes['ours'][top]} / 600 (p = {p_top:.2e}); "
+        f"drafted {runs['ours'].drafted}, accepted {runs['ours'].accepted}"
+    )
+    print(seen)
+    assert p_all > 5e-4 and p_top > 5e-4, seen
+
+
+def two_proportions(a: int, b: int, n_a: int, n_b: int) -> float:
+    """Two-sided p-value of a pooled two-proportion z-test: a of n_a against b of n_b."""
+    from math import erfc, sqrt
+
+    pooled = (a + b) / (n_a + n_b)
+    spread = sqrt(pooled * (1 - pooled) * (1 / n_a + 1 / n_b))
+    if spread == 0:
+        return 1.0
+    return erfc(abs(a / n_a - b / n_b) / spread / sqrt(2))
