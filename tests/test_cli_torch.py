@@ -88,6 +88,25 @@ def test_batch_mode_reads_jsonl_and_prints_text(folders):
     ]
 
 
+def test_an_early_exit_on_the_torch_backend_from_the_command_line(folders):
+    """--draft early-exit:1: the target's first layer drafts through its own cache; compare says
+    the speculative text is plain's, and a batch's rows equal the one-prompt runs."""
+    flags = torch_flags(folders, "-p", PROMPTS[1])
+    flags[flags.index("--draft") + 1] = "early-exit:1"
+    proc = specdec("compare", *flags)
+    assert proc.returncode == 0, proc.stderr
+    assert "identical" in proc.stdout
+    batch = torch_flags(folders, "--prompt-file", str(folders / "prompts.txt"), "-b", "4", "--json", "--stats")
+    batch[batch.index("--draft") + 1] = "early-exit:1"
+    plain = torch_flags(folders, "--prompt-file", str(folders / "prompts.txt"), "-b", "4", "--json")
+    plain[plain.index("--draft") + 1] = "none"
+    runs = [specdec("generate", *args) for args in (batch, plain)]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    spec, base = ([json.loads(line) for line in r.stdout.splitlines()] for r in runs)
+    assert [r["tokens"] for r in spec] == [r["tokens"] for r in base]
+    assert sum(r["stats"]["drafted"] for r in spec) > 0
+
+
 def test_compare_on_the_torch_backend(folders):
     proc = specdec("compare", *torch_flags(folders, "-p", PROMPTS[0]))
     assert proc.returncode == 0, proc.stderr

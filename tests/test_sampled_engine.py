@@ -296,15 +296,20 @@ def torch_decoder(kind: str, target, draft, tmp_path=None) -> SpeculativeDecoder
         drafter = HeadDrafter(target, random_head(target, head, tmp_path / f"{head}.head", vocab=6, scale=0.5))
         assert drafter._torch is not None  # the chain runs in torch, rows batched
         return SpeculativeDecoder(target, drafter, k=TORCH_N - 1)
+    if kind == "early exit":  # the target's first layer, its cache shared, every row's exit in one forward
+        from specdec.drafters.early_exit import EarlyExitDrafter
+
+        return SpeculativeDecoder(target, EarlyExitDrafter(target, 1), k=TORCH_N - 1)
     drafter = {"draft model": draft, "draft tree": ModelDrafter(draft, width=2)}.get(kind, kind)
     return SpeculativeDecoder(target, drafter, k=TORCH_N - 1)
 
 
-@pytest.mark.parametrize("kind", ["draft model", "ngram", "draft tree", "head medusa", "head prophet"])
+@pytest.mark.parametrize("kind", ["draft model", "ngram", "draft tree", "head medusa", "head prophet", "early exit"])
 def test_batched_torch_rows_sample_the_target(torch_pair, kind, tmp_path):
     """2 000 rows in each forward (auto's choice is the toy harness's: it is the same controller
     on any backend, and at batch sizes where it drafts, the torch runs take minutes). A head's
-    rows draft side by side in one batched chain, each token drawn from its own row's q."""
+    rows draft side by side in one batched chain, each token drawn from its own row's q; so do
+    the early exit's, through the target's first layer."""
     target, draft = torch_pair
     prompt = [1, 2, 3, 4, 1, 2, 3]
     config = GenerationConfig(max_new_tokens=TORCH_N, chat=False, **FILTERS["t1-top3"])

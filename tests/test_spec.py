@@ -147,7 +147,7 @@ def test_one_factory_makes_every_drafter():
         make_drafter(parse("same"), target)
     with pytest.raises(SpecdecError, match="is a policy"):
         make_drafter(parse("auto"), target)
-    with pytest.raises(SpecdecError, match="early-exit drafting needs the NumPy backend"):
+    with pytest.raises(SpecdecError, match="early-exit drafting needs a target on the NumPy or torch backend"):
         make_drafter(parse("early-exit:1"), target)
 
 

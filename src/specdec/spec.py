@@ -40,7 +40,7 @@ WIDTH_PER_CALL = ("ngram", "suffix")
 METHODS = (
     "plain, auto, auto:suffix, auto:nosuffix, draft:K, draft:KxW (a tree: W candidates a depth), ngram:K, suffix:K, "
     "suffix:KxW (a tree: the cache's W likeliest continuations under each node), "
-    "early-exit:L:K (--backend numpy), head:K:FILE, head:KxW[/N]:FILE (a head's tree), "
+    "early-exit:L:K (--backend numpy or torch), head:K:FILE, head:KxW[/N]:FILE (a head's tree), "
     "auto:head:FILE (auto with the head in the draft model's place)"
 )
 
@@ -133,8 +133,10 @@ def parse(
             raise SpecdecError(f"draft {text!r}: write early-exit:L with L the number of layers") from None
         if layers < 1:
             raise SpecdecError(f"draft {text!r}: L must be >= 1")
-        if backend is not None and backend != "numpy":
-            raise SpecdecError(f"draft {text}: early exit needs --backend numpy")
+        if backend is not None and backend not in ("numpy", "torch"):
+            raise SpecdecError(
+                f"draft {text}: early exit needs --backend numpy or torch (llama.cpp runs every layer of a forward)"
+            )
         return DraftSpec("early-exit", k=k, layers=layers)
     if text.startswith("head:") or text == "head":
         path = text[5:].strip()

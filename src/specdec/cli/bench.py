@@ -44,7 +44,7 @@ def _add_bench_parser(sub) -> None:
         help="plain, auto, auto:suffix, auto:nosuffix (auto with or without the suffix cache), "
         "draft:K, draft:KxW[/N] (a draft model's tree), ngram:K, ngram:KxW (prompt lookup's tree), "
         "suffix:K, suffix:KxW[/N] (the suffix "
-        "cache's tree), early-exit:L:K (--backend numpy), head:K:FILE (a trained head), head:KxW[/N]:FILE "
+        "cache's tree), early-exit:L:K (--backend numpy or torch), head:K:FILE (a trained head), head:KxW[/N]:FILE "
         "(a head's tree), "
         "auto:head:FILE (auto with that head in the draft model's place), "
         "llama.cpp:plain, llama.cpp:draft:K, "

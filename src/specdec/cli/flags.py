@@ -24,7 +24,7 @@ DRAFT_HELP = (
     "'ngram' (prompt lookup, k tokens a step), "
     "'suffix' (the suffix cache: continues what followed the same tokens in earlier "
     "requests, the corpus or this prompt, k tokens a step), "
-    "'early-exit:L' (the target's first L layers draft; --backend numpy), "
+    "'early-exit:L' (the target's first L layers draft through its own cache; --backend numpy or torch), "
     "'head:FILE' (a head from `specdec train`: medusa and prophet draft from the target's hidden "
     "states; an early-exit:L+B head runs as a draft model of the target's first layers, built from "
     "the target's GGUF) or "

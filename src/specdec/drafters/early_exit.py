@@ -5,19 +5,22 @@ token is the target's final norm and output head applied to the hidden state aft
 instead of after the last layer. No second model, no second vocabulary, no second cache.
 
 One KV cache, shared. Between steps the target's cache holds every token of the context but the
-last, in every layer (the engine keeps it so). A proposal then:
+last, in every layer (the engine keeps it so). A proposal, for every drafting row at once:
 
     1. runs [last] and each draft token but the final one through layers 0 .. L-1 only:
-       forward(..., n_layers=L) writes their K/V into slots len(context) - 1 onward of those
-       layers (the deeper layers' slots are left as they were);
-    2. rolls the cache back to len(context) - 1 tokens, so that the target's verification pass over
-       [last, *draft] starts at the same slot and rewrites every layer there. Layers < L get the
-       same K/V back (same tokens, same positions; only float rounding of a different batch
+       forward_rows(..., n_layers=L) writes their K/V into the rows' next slots of those layers
+       (the deeper layers' slots are left as they were);
+    2. rolls the rows back to len(context) - 1 tokens, so that the target's verification pass
+       over [last, *draft] starts at the same slot and rewrites every layer there. Layers < L get
+       the same K/V back (same tokens, same positions; only float rounding of a different batch
        shape can differ), layers >= L get theirs for the first time;
     3. the engine's rollback to len(context) + n_accepted then leaves all layers holding exactly
        the accepted tokens: the drafter's view of the cache is the target's, by construction.
 
-So `accept` has nothing to do. The target must be a NumpyModel (its `forward` takes n_layers).
+So `accept` has nothing to do. The target's forward_rows must take n_layers: the NumPy backend's
+(its forward stops after a layer) and the torch backend's (its decoder runs with its first layers
+only, models/transformers.py). llama.cpp's C API runs a model's layers whole, so there is no early
+exit on it (an early-exit head drafts there as a draft model of its own: below).
 
 LayerSkip goes further and starts verification at layer L from the draft's own hidden states. We
 recompute the first L layers instead: the verification pass is then exactly a plain forward, so
@@ -26,6 +29,7 @@ the output cannot depend on what the drafter did, and the code stays simple.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -37,15 +41,14 @@ from .base import Draft
 
 
 class EarlyExitDrafter:
-    """Rows are the target's own (the engine's row ids are the target's): each row drafts with
-    that row's cache swapped in (models.base.SequentialRows.use_row)."""
+    """Rows are the target's own (the engine's row ids are the target's)."""
 
     def __init__(self, model, n_layers: int):
         total = getattr(model, "n_layer", None)
-        if total is None:
+        if total is None or "n_layers" not in inspect.signature(model.forward_rows).parameters:
             raise SpecdecError(
-                "early-exit drafting needs the NumPy backend's target model "
-                "(its forward can stop after the first layers)"
+                "early-exit drafting needs a target on the NumPy or torch backend (its forward can stop "
+                "after the first layers; llama.cpp's runs every layer)"
             )
         if not 1 <= n_layers <= total:
             raise SpecdecError(f"early exit after {n_layers} layers: pick 1..{total} for {model.name}")
@@ -62,35 +65,38 @@ class EarlyExitDrafter:
             self._rows.pop(row, None)
 
     def propose(self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int]) -> dict[int, Draft]:
-        drafts = {}
-        for row, k in ks.items():
-            with self.model.use_row(row):
-                drafts[row] = self._propose_one(contexts[row], k, *self._rows[row])
-        return drafts
-
-    def _propose_one(self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         model = self.model
-        k = min(k, model.n_ctx - len(context))
-        if k <= 0:
-            return Draft([])
-        verified = len(context) - 1  # tokens the cache should hold in every layer
-        if model.n_past > verified:
-            model.rollback(verified)
-        if model.n_past < verified:  # not the engine's target (or not in step): catch up
-            model.forward(context[model.n_past : verified], n_rows=0)
-
-        tokens, rows = [], []
-        token = context[-1]
-        for _ in range(k):
+        ks = {row: min(k, model.n_ctx - len(contexts[row])) for row, k in ks.items()}
+        drafts = {row: Draft([]) for row, k in ks.items() if k <= 0}
+        ks = {row: k for row, k in ks.items() if k > 0}
+        if not ks:
+            return drafts
+        verified = {row: len(contexts[row]) - 1 for row in ks}  # tokens the cache should hold in every layer
+        over = {row: n for row, n in verified.items() if model.row_length(row) > n}
+        if over:
+            model.rollback_rows(over)
+        behind = {row: contexts[row][model.row_length(row) : n] for row, n in verified.items()}
+        behind = {row: tokens for row, tokens in behind.items() if tokens}
+        if behind:  # not the engine's target (or not in step): catch up through every layer
+            model.forward_rows(behind)
+        tokens = {row: [] for row in ks}
+        qs = {row: [] for row in ks}
+        last = {row: contexts[row][-1] for row in ks}
+        for depth in range(max(ks.values())):
+            feed = {row: [last[row]] for row, k in ks.items() if k > depth}
             # 1. the first n_layers layers, then the final norm and head
-            logits = model.forward([token], n_rows=1, n_layers=self.n_layers)[0]  # [vocab]
-            token, q = draft_token(logits, params, rng)
-            tokens.append(token)
-            if q is not None:
-                rows.append(q)
+            logits = model.forward_rows(feed, {row: 1 for row in feed}, n_layers=self.n_layers)
+            for row in feed:
+                params, rng = self._rows[row]
+                last[row], q = draft_token(logits[row][0], params, rng)
+                tokens[row].append(last[row])
+                if q is not None:
+                    qs[row].append(q)
         # 2. hand the cache back as we found it: verification rewrites these slots in every layer
-        model.rollback(verified)
-        return Draft(tokens, np.stack(rows) if rows else None)
+        model.rollback_rows(verified)
+        for row in ks:
+            drafts[row] = Draft(tokens[row], np.stack(qs[row]) if qs[row] else None)
+        return drafts
 
     def accept(self, n_accepted: Mapping[int, int]) -> None:
         # 3. nothing to do: the engine's rollback of the target row already cut the shared cache

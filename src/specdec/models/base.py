@@ -277,13 +277,17 @@ class SequentialRows:
             self._current = outer
 
     def forward_rows(
-        self, tokens: Mapping[int, Sequence[int]], n_logits: Mapping[int, int] | None = None
+        self,
+        tokens: Mapping[int, Sequence[int]],
+        n_logits: Mapping[int, int] | None = None,
+        n_layers: int | None = None,  # an early exit, where the subclass's forward takes one
     ) -> dict[int, np.ndarray]:
         n_logits = n_logits or {}
+        exit = {} if n_layers is None else {"n_layers": n_layers}
         out = {}
         for row, row_tokens in tokens.items():
             with self.use_row(row):
-                logits = self.forward(row_tokens, n_rows=n_logits.get(row, 0)) if row_tokens else None
+                logits = self.forward(row_tokens, n_rows=n_logits.get(row, 0), **exit) if row_tokens else None
             if row in n_logits:
                 out[row] = logits if logits is not None else np.zeros((0, self.vocab_size), np.float32)
         return out

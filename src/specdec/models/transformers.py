@@ -347,6 +347,9 @@ class TransformersModel(SingleRow):
         self._ids: list[int] = []  # [rows] the row id at each batch index
         self._index: dict[int, int] = {}  # row id -> batch index
         self._next_id = 0
+        # an early exit's forwards so far (forward_rows' n_layers): (the deepest of their layers,
+        # row -> its length before the first), until every row is rolled back to that length
+        self._exit: tuple[int, dict[int, int]] | None = None
 
     # -- the row protocol ------------------------------------------------------------------
 
@@ -434,18 +437,66 @@ class TransformersModel(SingleRow):
     def n_rows(self) -> int:
         return len(self._ids)
 
-    def forward_rows(self, tokens, n_logits=None) -> dict[int, np.ndarray]:
+    def forward_rows(self, tokens, n_logits=None, n_layers: int | None = None) -> dict[int, np.ndarray]:
         """One padded forward over every row of the batch: row r appends tokens[r] (rows not in
         `tokens` append nothing) and returns the logits of its last n_logits[r] tokens. A row's
-        tree that no path was kept of goes."""
+        tree that no path was kept of goes.
+
+        With n_layers (an early exit, drafters/early_exit.py) only the first n_layers layers run,
+        then the final norm and output head, and only their K/V are written: the deeper layers
+        lack those columns, so until every row is rolled back to where it was before the first
+        such forward, only forwards through the same or fewer layers may follow."""
         for row, row_tokens in tokens.items():
             if self._past[self._index[row]] + len(row_tokens) > self.n_ctx:
                 raise ContextOverflowError(
                     f"the context holds {self.n_ctx} tokens; row {row} would need "
                     f"{self._past[self._index[row]] + len(row_tokens)}"
                 )
+        layers = self._n_layers if n_layers is None else n_layers
+        if not 1 <= layers <= self._n_layers:
+            raise ValueError(f"n_layers must be in 1..{self._n_layers}, got {n_layers}")
+        self._check_exit(layers)
         self._end_trees(tokens)
-        return self._forward_batch(tokens, n_logits or {}, {})
+        if layers == self._n_layers:
+            return self._forward_batch(tokens, n_logits or {}, {})
+        if self._exit is None:  # what each row held before the early exit's first forward
+            self._exit = (layers, {row: self._past[i] for row, i in self._index.items()})
+        self._exit = (max(self._exit[0], layers), self._exit[1])
+        with self._first_layers(layers):
+            return self._forward_batch(tokens, n_logits or {}, {}, partial=True)
+
+    @property
+    def n_layer(self) -> int:
+        """The model's layers (an early exit runs the first few: forward_rows' n_layers)."""
+        return self._n_layers
+
+    def _check_exit(self, layers: int) -> None:
+        """Refuse a forward through deeper layers than an early exit left written (forward_rows)."""
+        if self._exit is not None and layers > self._exit[0]:
+            behind = {row: n for row, n in self._exit[1].items() if row in self._index}
+            raise RuntimeError(
+                f"an early exit wrote only the first {self._exit[0]} layers of the last tokens: "
+                f"rollback_rows({behind}) first"
+            )
+
+    @contextlib.contextmanager
+    def _first_layers(self, n: int):
+        """Within the block the model's decoder has only its first n layers (its final norm and
+        output head stay): a forward is an early exit. Each layer keeps its index, so it writes
+        its own slot of the cache."""
+        torch = self._torch
+        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model
+        name = next(
+            (a for a in ("layers", "h", "blocks") if isinstance(getattr(decoder, a, None), torch.nn.ModuleList)), None
+        )
+        if name is None:
+            raise SpecdecError(f"{self.name}: its layer list is not one this backend knows, so no early exit")
+        every = getattr(decoder, name)
+        setattr(decoder, name, every[:n])
+        try:
+            yield
+        finally:
+            setattr(decoder, name, every)
 
     def forward_tree_rows(self, trees) -> dict[int, np.ndarray]:
         """Each row's tree (tokens, parents: -1 under the row's last token, else an earlier node)
@@ -456,6 +507,7 @@ class TransformersModel(SingleRow):
             depth, above = _tree_shape(tuple(parents))
             check_tree_fits(tokens, parents, depth, self._past[self._index[row]], self.n_ctx)
             shapes[row] = (tuple(parents), depth, above)
+        self._check_exit(self._n_layers)
         self._end_trees(trees)
         tokens = {row: tokens for row, (tokens, _) in trees.items()}
         return self._forward_batch(tokens, {row: len(t) for row, t in tokens.items()}, shapes)
@@ -494,10 +546,10 @@ class TransformersModel(SingleRow):
             self._valid[at[0], at[1]] = False  # in place (the static cache's _valid is a view)
             self._pos[at[0], at[1]] = -1
 
-    def _forward_batch(self, tokens, n_logits, trees) -> dict[int, np.ndarray]:
+    def _forward_batch(self, tokens, n_logits, trees, partial: bool = False) -> dict[int, np.ndarray]:
         """forward_rows' and forward_tree_rows' forward; trees: row -> (parents, depths [T],
         ancestry [T, T]) for the rows whose tokens are a tree: they sit at their depths'
-        positions and read their ancestors."""
+        positions and read their ancestors. partial: an early exit's (eager; no states kept)."""
         torch = self._torch
         B = self.n_rows
         index = self._index
@@ -536,7 +588,7 @@ class TransformersModel(SingleRow):
         # logits only for the columns some row asks for
         need = sorted({c for i in range(B) for c in range(lengths[i] - wants[i], lengths[i])})
         if self.static:
-            L, logits = self._forward_static(ids, pos, new_valid, position_ids, need, new_allowed)
+            L, logits = self._forward_static(ids, pos, new_valid, position_ids, need, new_allowed, partial)
         else:
             L = self._valid.shape[1]
             valid = torch.cat([self._valid, new_valid], dim=1)  # [rows, L + W]
@@ -552,8 +604,9 @@ class TransformersModel(SingleRow):
                 self._trees[row] = (self._past[i], trees[row][0], list(range(L, L + len(row_tokens))))
             else:
                 self._past[i] += lengths[i]
-        if self._hidden is not None:
+        if self._hidden is not None and not partial:
             self._keep_states(tokens, trees, lengths, wants)
+        self._normed = None if partial else self._normed  # an early exit's states are not the model's
         result = {row: empty for row in n_logits if row in tokens}
         if not need:
             return result
@@ -639,12 +692,13 @@ class TransformersModel(SingleRow):
         """Every row left: keep the buffers and the captured graphs for the next batch of as many
         rows (one prompt after another, with graphs, would otherwise capture again every time)."""
         self._parked = len(self._ids)
+        self._exit = None
         self._valid_buf.fill_(False)
         self._pos_buf.fill_(-1)
         self._set_end(0)
         self._past, self._ids, self._index = [], [], {}
 
-    def _forward_static(self, ids, pos, new_valid, position_ids, need: list[int], new_allowed=None):
+    def _forward_static(self, ids, pos, new_valid, position_ids, need: list[int], new_allowed=None, partial=False):
         """Write the new columns at [L, L + W) of the buffers and run the model over a view of
         VIEW_BUCKET-rounded width: eagerly, or as a replayed CUDA graph. Returns (L, logits) with
         logits [rows, len(need), vocab] (graphs: [rows, W, vocab], the columns in `need` picked)."""
@@ -664,7 +718,7 @@ class TransformersModel(SingleRow):
         self._set_end(L + W)
         mask = self._mask(self._valid_buf[:, :view], self._pos_buf[:, :view], pos, L, new_allowed)  # [rows, 1, W, view]
         self._slot.view = view
-        if self.graphs and W <= GRAPH_MAX_WIDTH and not self._sliding and self._layers():
+        if self.graphs and W <= GRAPH_MAX_WIDTH and not self._sliding and self._layers() and not partial:
             logits = self._replay(ids, position_ids, mask, L, view)  # [rows, W, vocab]
             return L, logits[:, need] if need else logits[:, :0]
         self._slot.cols = torch.arange(L, L + W, device=self.device)
@@ -788,6 +842,8 @@ class TransformersModel(SingleRow):
             cut[i] = min(cut[i], n)
             if self._hidden:  # the cut positions' states go too
                 self._hidden[row] = trim_hidden(self._hidden.get(row), cut[i], self.n_embd)
+        if self._exit is not None and all(cut[i] <= self._exit[1].get(row, 0) for row, i in self._index.items()):
+            self._exit = None  # every layer holds every row's tokens again
         if cut == self._past:
             return
         # rows not cut keep every column (a waiting tree's sit past the row's length)
@@ -815,7 +871,7 @@ class TransformersModel(SingleRow):
                     layer.keys, layer.values = layer.keys[..., :end, :], layer.values[..., :end, :]
                 self._valid, self._pos = self._valid[:, :end], self._pos[:, :end]
         longest = max(self._past, default=0)
-        if self._valid.shape[1] > 2 * longest + 64:
+        if self._valid.shape[1] > 2 * longest + 64 and self._exit is None:  # (an exit's layers differ in length)
             self._compact()
 
     def cached_keys_values(self, row: int | None = None):
