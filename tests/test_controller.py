@@ -11,6 +11,7 @@ from specdec.controller import Acceptance, CostAwareController, FixedController,
 from specdec.costs import CostTable, measure_forward_costs
 from specdec.drafters.base import Draft
 from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import Engine
 from specdec.models.base import packed
 
@@ -260,6 +261,32 @@ def test_a_width_seen_rarely_follows_the_machine_and_keeps_its_own_shape():
         assert table(1) == pytest.approx(0.01 * slow, rel=0.05)
         if phase:
             assert table(2) / table(1) == pytest.approx(2 * 1.5, rel=0.1)
+
+
+def test_a_tree_forward_teaches_the_tree_factor_not_the_chains_shape():
+    # every forward scoring a tree of 9 nodes costs 1.07x a chain of 9 tokens (the H200's); chains
+    # of 9 tokens are timed as the curve says. Before, the width's shape took the trees' 1.07 and
+    # priced every 9-token chain as a tree
+    table = CostTable([0.01 * (1 + 0.1 * (w - 1)) for w in range(1, 17)])
+    for i in range(60):
+        tree = i % 3 != 0
+        table.observe([9], table.measured(9) * (1.07 if tree else 1.0), tree=tree)
+        table.observe([1], table.measured(1))
+    assert table.tree == pytest.approx(1.07, rel=0.01)
+    assert table(9) == pytest.approx(table.measured(9), rel=0.01)
+    assert table.overall == pytest.approx(1.0, rel=0.01)
+    # the controller prices a tree's forward with the factor, a chain's without
+    ctl = CostAwareController(NgramDrafter(), None, table)
+    assert ctl._alone_seconds(9, None, k=3) == pytest.approx(table.tree * ctl._alone_seconds(9, None, k=8), rel=1e-9)
+    # the machine turns twice as slow: the machine's factor follows, the tree factor stays
+    for i in range(60):
+        table.observe([9], 2 * table.measured(9) * (1.07 if i % 3 else 1.0), tree=i % 3 != 0)
+        table.observe([1], 2 * table.measured(1))
+    assert table.overall == pytest.approx(2.0, rel=0.02) and table.tree == pytest.approx(1.07, rel=0.02)
+    # seen through trees alone, the two factors cannot be told apart, but a tree's price follows
+    for _ in range(60):
+        table.observe([9], 3 * 1.07 * table.measured(9), tree=True)
+    assert table(9) * table.tree == pytest.approx(3 * 1.07 * table.measured(9), rel=0.02)
 
 
 def test_past_the_widest_width_a_forward_costs_the_curves_marginal_rate():

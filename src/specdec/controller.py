@@ -372,7 +372,7 @@ class CostAwareController:
         self.explore_growth = EXPLORE_GROWTH if explore_growth is None else explore_growth
         self._rows: dict[int, _RowState] = {}
         self.decisions: dict[str, int] = {}  # "plain" / "ngram:k" / "draft:k" -> row steps
-        self._alone: dict[tuple[int, float | None], float] = {}  # _alone_seconds's, this step's
+        self._alone: dict[tuple[int, float | None, bool], float] = {}  # _alone_seconds's, this step's
 
     def begin(self, row: int, prompt: Sequence[int]) -> None:
         self._rows[row] = _RowState(
@@ -400,23 +400,27 @@ class CostAwareController:
         """One row alone at `depth`: argmax over k of expected[k] / (draft_cost(k) + target_cost(k
         width + 1)), or of a tree with nodes[k] nodes k deep or less."""
         values = [
-            expected[k] / (draft_cost(k) + self._alone_seconds(fed_tokens(k, width, nodes), depth))
+            expected[k] / (draft_cost(k) + self._alone_seconds(fed_tokens(k, width, nodes), depth, k))
             for k in range(len(expected))
         ]
         k = int(np.argmax(values))
         return k, values[k]
 
-    def _forward_seconds(self, fed: Mapping[int, int], depth: float | None) -> float:
-        """The target's forward feeding fed[row] tokens to each row: each of its passes on the curve."""
-        return sum(self.target_cost(w, depth) for w in self.passes(fed))
+    def _forward_seconds(self, fed: Mapping[int, int], depth: float | None, tree: bool = False) -> float:
+        """The target's forward feeding fed[row] tokens to each row: each of its passes on the
+        curve; a forward that scores trees, times the tree factor the table learned."""
+        seconds = sum(self.target_cost(w, depth) for w in self.passes(fed))
+        return seconds * self.target_cost.tree if tree else seconds
 
-    def _alone_seconds(self, n: int, depth: float | None) -> float:
-        """The target's forward feeding one row n tokens (_forward_seconds), each width and depth
-        priced once a step: a step's options ask for the same few dozens of times per row, and the
-        curve only changes between steps (observe, or a caller's new table): _options forgets them."""
-        key = (n, depth)
+    def _alone_seconds(self, n: int, depth: float | None, k: int | None = None) -> float:
+        """The target's forward feeding one row n tokens (_forward_seconds; a tree where the n
+        tokens are more than a chain k deep feeds), each width and depth priced once a step: a
+        step's options ask for the same few dozens of times per row, and the curve only changes
+        between steps (observe, or a caller's new table): _options forgets them."""
+        tree = k is not None and n > k + 1
+        key = (n, depth, tree)
         if key not in self._alone:
-            self._alone[key] = self._forward_seconds({0: n}, depth)
+            self._alone[key] = self._forward_seconds({0: n}, depth, tree)
         return self._alone[key]
 
     def _draft_seconds(self, w: int, depth: float | None) -> float:
@@ -595,7 +599,7 @@ class CostAwareController:
         depth = step_depth(fed, {r: o.depth for r, o in options.items()})
         trees = {r: n for r, n in fed.items() if options[r].tree(ks[r])}
         chains = {r: n for r, n in fed.items() if r not in trees}
-        seconds = sum(self._forward_seconds(group, depth) for group in (chains, trees) if group)
+        seconds = sum(self._forward_seconds(group, depth, group is trees) for group in (chains, trees) if group)
         drafting = {r: ks[r] for r, o in options.items() if o.kind == "draft" and ks[r]}
         if drafting:
             seconds += self._draft_forward_seconds({r: options[r].lag for r in drafting}, depth)
@@ -712,7 +716,10 @@ class CostAwareController:
     def observe(
         self, outcomes: Mapping[int, Outcome], passes: Sequence[int], target_seconds: float, depth: float | None = None
     ) -> None:
-        self.target_cost.observe(passes, target_seconds, depth)
+        tree = any(
+            out.draft is not None and out.draft.parents is not None and out.draft.tokens for out in outcomes.values()
+        )
+        self.target_cost.observe(passes, target_seconds, depth, tree)
         for row, out in outcomes.items():
             state = self._rows.get(row)
             if state is not None:

@@ -237,6 +237,10 @@ class CostTable:
         self.shape: dict[int, float] = {}  # width -> its live ratio over `overall`
         self._seen: dict[int, int] = {}  # width -> forwards observed at it
         self._forwards = 0
+        # a forward that scores a tree over a chain's of as many tokens (its mask, its positions;
+        # on llama.cpp a sequence per leaf): learned from the steps that scored trees alone
+        self.tree = 1.0
+        self._trees = 0
         # seconds per token of depth at the deep curve's widths, never negative and never less for
         # a wider forward (more query rows read the cache: a deep forward timed faster than the
         # shallow one, or a wide one gaining less than a narrower one, is noise; on this CPU a
@@ -296,21 +300,32 @@ class CostTable:
     def __call__(self, w: int, depth: float | None = None) -> float:
         return self.at_depth(w, depth) * self.drift(w)
 
-    def observe(self, passes: Sequence[int], seconds: float, depth: float | None = None) -> None:
+    def observe(self, passes: Sequence[int], seconds: float, depth: float | None = None, tree: bool = False) -> None:
         """A forward of these passes over the weights (their widths) took `seconds`: the machine's
         factor learns the forward's ratio to the curve, whatever its widths (the mean of the
         forwards seen until there are 1 / EMA: the first sets it, so the shapes do not take a
         machine slower than its curve for their own); then each of the passes' widths learns its
         ratio over the machine's factor (a width seen alone keeps a shape near 1: the machine's
         drift goes to the machine's factor, which every width follows), as the mean of its
-        forwards (the prior 1 one of them) until there are 1 / EMA."""
+        forwards (the prior 1 one of them) until there are 1 / EMA.
+
+        A step that scored a tree (`tree`) teaches the tree factor its ratio over the chain price
+        of its widths (the mean, the prior 1 one of them, until there are 1 / EMA), and the
+        machine's factor that ratio over the tree factor; not the widths' shapes, which are the
+        chains' (else a tree's price over a chain's, 1.04-1.07 on the H100 and H200, read as the
+        width's shape priced every chain of that width as a tree)."""
         passes = [w for w in passes if w >= 1]
         if not passes or seconds <= 0:
             return
         r = seconds / sum(self.at_depth(w, depth) for w in passes)
+        if tree:
+            chain = sum(self.at_depth(w, depth) * self.drift(w) for w in passes)
+            self._trees += 1
+            self.tree += max(EMA, 1 / (self._trees + 1)) * (seconds / chain - self.tree)
+            r /= self.tree
         self._forwards += 1
         self.overall += max(EMA, 1 / self._forwards) * (r - self.overall)
-        for w in set(passes):
+        for w in set(passes) if not tree else ():
             s, n = self.shape.get(w, 1.0), self._seen.get(w, 0) + 1
             self.shape[w] = s + max(EMA, 1 / (n + 1)) * (r / self.overall - s)
             self._seen[w] = n
