@@ -300,16 +300,32 @@ def torch_decoder(kind: str, target, draft, tmp_path=None) -> SpeculativeDecoder
         from specdec.drafters.early_exit import EarlyExitDrafter
 
         return SpeculativeDecoder(target, EarlyExitDrafter(target, 1), k=TORCH_N - 1)
+    if kind == "early exit block":  # and a block after it (a damped copy of layer 1) with its own cache
+        import copy
+
+        import torch
+
+        from specdec.drafters.early_exit import EarlyExitDrafter
+        from specdec.models.transformers import TransformersModel
+
+        own = TransformersModel(copy.deepcopy(target.model), target.tokenizer, name="t+block")
+        block = copy.deepcopy(own._decoder_layers()[1])
+        with torch.no_grad():
+            block.self_attn.o_proj.weight.mul_(0.5)
+        own.attach_exit_blocks(1, [block])
+        return SpeculativeDecoder(own, EarlyExitDrafter(own, 1, blocks=1), k=TORCH_N - 1)
     drafter = {"draft model": draft, "draft tree": ModelDrafter(draft, width=2)}.get(kind, kind)
     return SpeculativeDecoder(target, drafter, k=TORCH_N - 1)
 
 
-@pytest.mark.parametrize("kind", ["draft model", "ngram", "draft tree", "head medusa", "head prophet", "early exit"])
+@pytest.mark.parametrize(
+    "kind", ["draft model", "ngram", "draft tree", "head medusa", "head prophet", "early exit", "early exit block"]
+)
 def test_batched_torch_rows_sample_the_target(torch_pair, kind, tmp_path):
     """2 000 rows in each forward (auto's choice is the toy harness's: it is the same controller
     on any backend, and at batch sizes where it drafts, the torch runs take minutes). A head's
     rows draft side by side in one batched chain, each token drawn from its own row's q; so do
-    the early exit's, through the target's first layer."""
+    the early exit's, through the target's first layer (and a trained block's stand-in)."""
     target, draft = torch_pair
     prompt = [1, 2, 3, 4, 1, 2, 3]
     config = GenerationConfig(max_new_tokens=TORCH_N, chat=False, **FILTERS["t1-top3"])

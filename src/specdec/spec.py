@@ -238,7 +238,11 @@ def make_drafter(spec: DraftSpec | str, target, load: Callable[[str], object] | 
         from .train.headfile import read_info
 
         info = read_info(spec.head)
-        if info.kind == "early-exit":  # drafts as a draft model of its own
+        if info.kind == "early-exit" and spec.width == 1 and hasattr(target, "attach_exit_blocks"):
+            from .drafters.early_exit import exit_head_drafter
+
+            return exit_head_drafter(target, spec.head)  # a chain through the torch target's own cache
+        if info.kind == "early-exit":  # drafts as a draft model of its own (a tree: as a draft model's)
             from .drafters.early_exit import exit_model_path
 
             model = load_like(target, exit_model_path(target, spec.head))

@@ -129,3 +129,83 @@ def test_an_exit_deeper_than_the_model_is_an_error(pair):
     model, _ = pair
     with pytest.raises(SpecdecError, match="pick 1..2"):
         EarlyExitDrafter(model, 3)
+
+
+# -- an early-exit head's trained blocks, attached after the first layers --------------------------
+
+LAYOUTS = [layout for layout in tiny_hf.LAYOUTS]
+
+
+def with_own_block(tokenizer, layout: str, arch: str = "qwen2"):
+    """The 2-layer target with a copy of its own layer 1 attached as the exit block after layer 1:
+    the exit plus the block computes what the whole model computes, exactly where the block's
+    cache holds what layer 1's does."""
+    import copy
+
+    target, _ = tiny_hf.pair(arch, len(tokenizer))
+    cache = "static" if layout.startswith("static") else "dynamic"
+    model = TransformersModel(target, tokenizer, name=arch, cache=cache, graphs=layout == "static+graphs")
+    model.attach_exit_blocks(1, [copy.deepcopy(model._decoder_layers()[1])])
+    return model
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_exit_blocks_keep_their_cache_through_prompts_verifications_and_trees(tokenizer, layout):
+    model = with_own_block(tokenizer, layout)
+    rows = model.add_rows(2)
+    prompts = {rows[0]: tokens(11, 20), rows[1]: tokens(12, 7)}
+    model.forward_rows(prompts)
+    # a verification of 4 tokens, 2 kept; a tree on the other row, one path kept
+    model.forward_rows({rows[0]: tokens(13, 4)}, {rows[0]: 4})
+    model.rollback_rows({rows[0]: 22})
+    model.forward_tree_rows({rows[1]: (tokens(14, 3), [-1, -1, 0])})
+    model.keep_path_rows({rows[1]: [0, 2]})  # nodes 0 and 2: a path of two
+    step = {rows[0]: tokens(15, 2), rows[1]: tokens(16, 3)}
+    exits = model.forward_rows(step, {r: len(t) for r, t in step.items()}, n_layers=1, blocks=True)
+    model.rollback_rows({rows[0]: 22, rows[1]: 9})
+    full = model.forward_rows(step, {r: len(t) for r, t in step.items()})
+    for row in rows:
+        np.testing.assert_allclose(exits[row], full[row], atol=ATOL)
+    with pytest.raises(ValueError, match="no trained blocks"):
+        model.forward_rows(step, {}, n_layers=2, blocks=True)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_greedy_with_exit_blocks_is_plain_greedy_and_a_perfect_block_is_always_kept(tokenizer, layout):
+    model = with_own_block(tokenizer, layout)
+    config = GenerationConfig(max_new_tokens=24, chat=False)
+    plain = [SpeculativeDecoder(model).generate(p, config).tokens for p in PROMPTS]
+    decoder = SpeculativeDecoder(model, drafter=EarlyExitDrafter(model, 1, blocks=1), k=4)
+    alone = decoder.generate(PROMPTS[2], config)
+    assert alone.tokens == plain[2]
+    assert alone.stats.accepted == alone.stats.drafted > 0  # the block's cache is layer 1's
+    batched = decoder.generate_batch(PROMPTS, config)
+    assert [r.tokens for r in batched] == plain
+    assert all(r.stats.accepted == r.stats.drafted for r in batched)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_rows_held_before_the_blocks_came_draft_on(tokenizer, layout):
+    """Blocks attached while the model holds rows: their block cache is zeros (their drafts are
+    worse), their forwards as before; a row that comes after drafts exactly."""
+    import copy
+
+    target, _ = tiny_hf.pair("llama", len(tokenizer))
+    cache = "static" if layout.startswith("static") else "dynamic"
+    model = TransformersModel(target, tokenizer, name="llama", cache=cache, graphs=layout == "static+graphs")
+    old = model.add_rows(2)
+    model.forward_rows({old[0]: tokens(21, 9), old[1]: tokens(22, 5)})
+    model.attach_exit_blocks(1, [copy.deepcopy(model._decoder_layers()[1])])
+    new = model.add_rows(1)[0]
+    model.forward_rows({new: tokens(23, 6)})
+    step = {old[0]: tokens(24, 1), new: tokens(25, 1)}
+    exits = model.forward_rows(step, {r: 1 for r in step}, n_layers=1, blocks=True)
+    model.rollback_rows({old[0]: 9, new: 6})
+    full = model.forward_rows(step, {r: 1 for r in step})
+    np.testing.assert_allclose(exits[new], full[new], atol=ATOL)
+    assert exits[old[0]].shape == full[old[0]].shape
+    model.rollback_rows({old[0]: 9, new: 6})
+    model.drop_rows([old[1]])  # a row leaves: every layer, the blocks' too, drops it
+    again = model.forward_rows(step, {r: 1 for r in step})
+    for row in step:
+        np.testing.assert_allclose(again[row], full[row], atol=ATOL)

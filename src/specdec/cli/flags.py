@@ -27,7 +27,7 @@ DRAFT_HELP = (
     "'early-exit:L' (the target's first L layers draft through its own cache; --backend numpy or torch), "
     "'head:FILE' (a head from `specdec train`: medusa and prophet draft from the target's hidden "
     "states; an early-exit:L+B head runs as a draft model of the target's first layers, built from "
-    "the target's GGUF) or "
+    "the target's GGUF, or on torch, for a chain, through the target's own cache) or "
     "'none'"
 )
 BACKEND_HELP = (

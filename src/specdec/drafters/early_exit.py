@@ -41,9 +41,11 @@ from .base import Draft
 
 
 class EarlyExitDrafter:
-    """Rows are the target's own (the engine's row ids are the target's)."""
+    """Rows are the target's own (the engine's row ids are the target's). With `blocks`, the
+    trained blocks the target has attached after its first n_layers layers (an early-exit head on
+    the torch backend: exit_head_drafter) run between them and the final norm."""
 
-    def __init__(self, model, n_layers: int):
+    def __init__(self, model, n_layers: int, blocks: int = 0, prior: Sequence[float] | None = None):
         total = getattr(model, "n_layer", None)
         if total is None or "n_layers" not in inspect.signature(model.forward_rows).parameters:
             raise SpecdecError(
@@ -54,8 +56,39 @@ class EarlyExitDrafter:
             raise SpecdecError(f"early exit after {n_layers} layers: pick 1..{total} for {model.name}")
         self.model = model  # the target itself: drafter and target share its cache
         self.n_layers = n_layers
-        self.name, self.kind = f"early-exit:{n_layers}", "early-exit"
+        self.blocks = blocks
+        self.name = f"early-exit:{n_layers}" + (f"+{blocks}" if blocks else "")
+        self.kind = "early-exit"
+        self.prior = prior  # P(position i kept | the ones before were): a head file's held-out agreement
+        self._exit = {"n_layers": n_layers, **({"blocks": True} if blocks else {})}
         self._rows: dict[int, tuple[SamplingParams, np.random.Generator]] = {}
+
+    def lag(self, row: int, context: Sequence[int]) -> int:
+        """What auto asks of a draft model: nothing to catch up on (the target's cache is the draft's)."""
+        return 0
+
+    def cost_curve(self, repeats: int = 5) -> dict[int, float]:
+        """auto's price of one draft position over w rows: the exit's forward of w tokens (one row
+        stands for w: a forward's cost is its tokens'), timed here on a scratch row of the target
+        after 16 tokens, the median of `repeats`, the row given back after."""
+        import time
+
+        model = self.model
+        row = model.add_rows(1)[0]
+        try:
+            model.forward_rows({row: [0] * 16})
+            curve = {}
+            for w in (1, 2, 4, 8, 16, 32):
+                seconds = []
+                for _ in range(repeats):
+                    t = time.perf_counter()
+                    model.forward_rows({row: [0] * w}, {row: 1}, **self._exit)
+                    seconds.append(time.perf_counter() - t)
+                    model.rollback_rows({row: 16})
+                curve[w] = float(np.median(seconds))
+            return curve
+        finally:
+            model.drop_rows([row])
 
     def begin(self, row: int, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
         self._rows[row] = (params, rng)
@@ -85,7 +118,7 @@ class EarlyExitDrafter:
         for depth in range(max(ks.values())):
             feed = {row: [last[row]] for row, k in ks.items() if k > depth}
             # 1. the first n_layers layers, then the final norm and head
-            logits = model.forward_rows(feed, {row: 1 for row in feed}, n_layers=self.n_layers)
+            logits = model.forward_rows(feed, {row: 1 for row in feed}, **self._exit)
             for row in feed:
                 params, rng = self._rows[row]
                 last[row], q = draft_token(logits[row][0], params, rng)
@@ -106,6 +139,23 @@ class EarlyExitDrafter:
 # --------------------------------------------------------------------------------------------
 # Early exit with trained blocks (`specdec train early-exit:L+B`): a draft model built once
 # --------------------------------------------------------------------------------------------
+
+
+def exit_head_drafter(target, head_path) -> EarlyExitDrafter:
+    """An early-exit head drafting through the torch target's own cache: its B blocks (read from
+    the draft GGUF exit_model_path builds, whose layers L .. L + B - 1 they are, by transformers'
+    GGUF loader, which knows each architecture's tensor layout) attached after the target's first
+    L layers (TransformersModel.attach_exit_blocks). The rest of that draft model is let go."""
+    from ..spec import load_like
+    from ..train import headfile
+    from .head import held_out_prior
+
+    info = headfile.read_info(head_path)
+    draft = load_like(target, exit_model_path(target, head_path))
+    blocks = list(draft._decoder_layers())[info.layers : info.layers + info.blocks]
+    del draft
+    target.attach_exit_blocks(info.layers, blocks)
+    return EarlyExitDrafter(target, info.layers, info.blocks, held_out_prior(info))
 
 
 def exit_model_path(target, head_path) -> Path:

@@ -141,6 +141,18 @@ class TorchHead:
                 index = torch.from_numpy(choose(i, logits.cpu().numpy())).to(self.device)
 
 
+def held_out_prior(info) -> list[float] | None:
+    """P(position i kept | the ones before were), from the held-out agreement a head file holds
+    (teacher-forced, so an upper estimate: auto's own observations take over), 0 past the
+    positions it drafts; None where the file has none."""
+    chain = (info.held_out or {}).get("chain")
+    if not chain:
+        return None
+    survive = [1.0, *chain]
+    rates = [min(1.0, b / a) if a > 0 else 0.0 for a, b in zip(survive, survive[1:])]
+    return rates + [0.0] * (K_MAX - len(rates))
+
+
 class HeadDrafter:
     """Drafts for the target's own rows (the engine's row ids are the target's)."""
 
@@ -181,15 +193,7 @@ class HeadDrafter:
 
     @property
     def prior(self) -> list[float] | None:
-        """P(position i kept | the ones before were), from the held-out agreement the head file
-        holds (teacher-forced, so an upper estimate: auto's own observations take over), 0 past
-        the positions it drafts; None where the file has none."""
-        chain = (self.info.held_out or {}).get("chain")
-        if not chain:
-            return None
-        survive = [1.0, *chain]
-        rates = [min(1.0, b / a) if a > 0 else 0.0 for a, b in zip(survive, survive[1:])]
-        return rates + [0.0] * (K_MAX - len(rates))
+        return held_out_prior(self.info)
 
     def lag(self, row: int, context: Sequence[int]) -> int:
         """What auto asks of a draft model: nothing to catch up on (the head reads the target's state)."""

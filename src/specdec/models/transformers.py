@@ -17,6 +17,11 @@ its depth, and the mask of its new columns is the tree's ancestry instead of the
 node reads the row and its own ancestors, so each node's logits are those of a chain of its path.
 `keep_path_rows` then marks the nodes off the kept path invalid, as a rollback marks rejected ones.
 
+An early exit (`forward_rows(..., n_layers=L)`) runs the decoder with its first L layers only,
+then the final norm and head, writing those layers' columns alone until the caller rolls them back;
+an early-exit head's trained blocks (`attach_exit_blocks`) get cache layers after the model's, which
+every full forward keeps up to date from layer L's output.
+
 Rows join a running batch (`add_rows` appends empty rows along the batch axis) and leave it
 (`drop_rows` selects the others), so the engine can batch requests that come and go. Row ids are
 stable; `_ids` maps each to its index along the batch axis.
@@ -317,6 +322,10 @@ class TransformersModel(SingleRow):
         self._hidden: dict[int, tuple[int, np.ndarray]] | None = None
         self._tree_states: dict[int, np.ndarray] = {}  # row -> its tree nodes' states (keep_hidden)
         self._normed = None
+        # an early-exit head's trained blocks: (the layers before them, the blocks), and layer L's
+        # output of the last forward, which a hook leaves (attach_exit_blocks)
+        self._blocks: tuple[int, object] | None = None
+        self._exit_state = None
         self._clear()
 
     def _clear(self) -> None:
@@ -437,7 +446,9 @@ class TransformersModel(SingleRow):
     def n_rows(self) -> int:
         return len(self._ids)
 
-    def forward_rows(self, tokens, n_logits=None, n_layers: int | None = None) -> dict[int, np.ndarray]:
+    def forward_rows(
+        self, tokens, n_logits=None, n_layers: int | None = None, blocks: bool = False
+    ) -> dict[int, np.ndarray]:
         """One padded forward over every row of the batch: row r appends tokens[r] (rows not in
         `tokens` append nothing) and returns the logits of its last n_logits[r] tokens. A row's
         tree that no path was kept of goes.
@@ -445,7 +456,9 @@ class TransformersModel(SingleRow):
         With n_layers (an early exit, drafters/early_exit.py) only the first n_layers layers run,
         then the final norm and output head, and only their K/V are written: the deeper layers
         lack those columns, so until every row is rolled back to where it was before the first
-        such forward, only forwards through the same or fewer layers may follow."""
+        such forward, only forwards through the same or fewer layers may follow. With `blocks`
+        too, the trained blocks attached after those layers (attach_exit_blocks) run between them
+        and the final norm."""
         for row, row_tokens in tokens.items():
             if self._past[self._index[row]] + len(row_tokens) > self.n_ctx:
                 raise ContextOverflowError(
@@ -455,6 +468,8 @@ class TransformersModel(SingleRow):
         layers = self._n_layers if n_layers is None else n_layers
         if not 1 <= layers <= self._n_layers:
             raise ValueError(f"n_layers must be in 1..{self._n_layers}, got {n_layers}")
+        if blocks and (self._blocks is None or self._blocks[0] != layers):
+            raise ValueError(f"no trained blocks are attached after layer {layers} (attach_exit_blocks)")
         self._check_exit(layers)
         self._end_trees(tokens)
         if layers == self._n_layers:
@@ -462,8 +477,41 @@ class TransformersModel(SingleRow):
         if self._exit is None:  # what each row held before the early exit's first forward
             self._exit = (layers, {row: self._past[i] for row, i in self._index.items()})
         self._exit = (max(self._exit[0], layers), self._exit[1])
-        with self._first_layers(layers):
+        with self._first_layers(layers, self._blocks[1] if blocks else ()):
             return self._forward_batch(tokens, n_logits or {}, {}, partial=True)
+
+    def attach_exit_blocks(self, layers: int, blocks) -> None:
+        """Trained transformer blocks (an early-exit head's, `specdec train early-exit:L+B`: decoder
+        layers of this model's own shape) that draft after this model's first `layers` layers.
+        They get cache layers of their own after the model's (each block its index there), kept
+        up to date by every full forward: a hook keeps layer `layers`' output, and the blocks run
+        over it with the forward's mask, so every column a row holds has the blocks' keys and
+        values too, whatever the forward (a prompt's chunk, a verification, a tree). An early exit
+        with `blocks` (forward_rows) then reads them and writes its own, which its rollback drops
+        as it drops the first layers'. Rows already held get zeros there (their drafts are worse,
+        the output is the same)."""
+        torch = self._torch
+        if self._sliding:
+            raise SpecdecError(f"{self.name}: trained exit blocks on a model with sliding-window layers are not built")
+        if not 1 <= layers < self._n_layers:
+            raise ValueError(f"exit blocks go after layer 1..{self._n_layers - 1}, got {layers}")
+        blocks = torch.nn.ModuleList(blocks).to(device=self.device, dtype=self.dtype).eval()
+        for j, block in enumerate(blocks):
+            attention = getattr(block, "self_attn", None)
+            if attention is None or not hasattr(attention, "layer_idx"):
+                raise SpecdecError(f"{self.name}: an exit block is not a decoder layer this backend knows")
+            attention.layer_idx = self._n_layers + j  # its own cache layer, after the model's
+        if self._blocks is None:
+
+            def hook(module, inputs, output):
+                self._exit_state = output[0] if isinstance(output, tuple) else output
+
+            self._decoder_layers()[layers - 1].register_forward_hook(hook)
+        elif self._blocks[0] != layers:
+            raise SpecdecError(f"{self.name} already has exit blocks after layer {self._blocks[0]}")
+        self._blocks = (layers, blocks)
+        self._block_cache()
+        self._drop_graphs()  # captured without the hook: captured again with it
 
     @property
     def n_layer(self) -> int:
@@ -479,11 +527,8 @@ class TransformersModel(SingleRow):
                 f"rollback_rows({behind}) first"
             )
 
-    @contextlib.contextmanager
-    def _first_layers(self, n: int):
-        """Within the block the model's decoder has only its first n layers (its final norm and
-        output head stay): a forward is an early exit. Each layer keeps its index, so it writes
-        its own slot of the cache."""
+    def _decoder_layers(self, replace=None):
+        """The decoder's list of layers; with `replace`, a list put in its place, and the old one."""
         torch = self._torch
         decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model
         name = next(
@@ -492,11 +537,65 @@ class TransformersModel(SingleRow):
         if name is None:
             raise SpecdecError(f"{self.name}: its layer list is not one this backend knows, so no early exit")
         every = getattr(decoder, name)
-        setattr(decoder, name, every[:n])
+        if replace is not None:
+            setattr(decoder, name, replace)
+        return every
+
+    @contextlib.contextmanager
+    def _first_layers(self, n: int, blocks=()):
+        """Within the block the model's decoder has only its first n layers, then `blocks` (its
+        final norm and output head stay): a forward is an early exit. Each layer keeps its index,
+        so it writes its own slot of the cache."""
+        every = self._decoder_layers()
+        self._decoder_layers(self._torch.nn.ModuleList([*every[:n], *blocks]))
         try:
             yield
         finally:
-            setattr(decoder, name, every)
+            self._decoder_layers(every)
+            self._exit_state = None  # (the hook saw the early exit's own layer)
+
+    def _block_cache(self) -> None:
+        """The exit blocks' cache layers, after the model's: zeros shaped like the first layer's
+        where it holds columns and theirs do not (yet), so that every layer holds the same columns."""
+        from transformers.cache_utils import DynamicLayer
+
+        if self._blocks is None:
+            return
+        layers = self._cache.layers
+        end = self._n_layers + len(self._blocks[1])
+        while self.static and len(layers) < end:  # (a static cache's layers are made with it)
+            layers.append(_static_layer(self._slot))
+        first = layers[0] if layers else None
+        if first is None or getattr(first, "keys", None) is None or not first.keys.numel():
+            return  # nothing cached yet: the first forward makes every layer, the blocks' too
+        for idx in range(self._n_layers, end):
+            while len(layers) <= idx:
+                layers.append(DynamicLayer())
+            layer = layers[idx]
+            if getattr(layer, "keys", None) is None or not layer.keys.numel():
+                layer.keys, layer.values = (
+                    first.keys.new_zeros(first.keys.shape),
+                    first.values.new_zeros(first.values.shape),
+                )
+                layer.dtype, layer.device, layer.is_initialized = first.keys.dtype, first.keys.device, True
+
+    def _run_blocks(self, mask, position_ids) -> None:
+        """After a full forward: the exit blocks over layer L's output of its columns (the hook's),
+        with its mask and positions, writing their cache layers' columns (attach_exit_blocks)."""
+        state, self._exit_state = self._exit_state, None
+        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model
+        with self._torch.inference_mode():
+            rotary = decoder.rotary_emb(state, position_ids)
+            for block in self._blocks[1]:
+                out = block(
+                    state,
+                    attention_mask=mask,
+                    position_embeddings=rotary,
+                    position_ids=position_ids,
+                    use_cache=True,
+                    **{self._cache_kw: self._cache},
+                )
+                state = out[0] if isinstance(out, tuple) else out
 
     def forward_tree_rows(self, trees) -> dict[int, np.ndarray]:
         """Each row's tree (tokens, parents: -1 under the row's last token, else an earlier node)
@@ -587,6 +686,7 @@ class TransformersModel(SingleRow):
         position_ids = torch.where(new_valid, pos, 0).clamp(max=self.n_ctx - 1)
         # logits only for the columns some row asks for
         need = sorted({c for i in range(B) for c in range(lengths[i] - wants[i], lengths[i])})
+        self._block_cache()
         if self.static:
             L, logits = self._forward_static(ids, pos, new_valid, position_ids, need, new_allowed, partial)
         else:
@@ -598,6 +698,8 @@ class TransformersModel(SingleRow):
             self._cache = out[self._cache_kw]
             self._valid, self._pos = valid, kv_pos
             logits = out.logits  # [rows, len(need), vocab]
+            if self._blocks is not None and not partial:
+                self._run_blocks(mask, position_ids)
         for row, row_tokens in tokens.items():
             i = index[row]
             if row in trees:  # the tree's columns, not yet the row's
@@ -720,9 +822,14 @@ class TransformersModel(SingleRow):
         self._slot.view = view
         if self.graphs and W <= GRAPH_MAX_WIDTH and not self._sliding and self._layers() and not partial:
             logits = self._replay(ids, position_ids, mask, L, view)  # [rows, W, vocab]
-            return L, logits[:, need] if need else logits[:, :0]
-        self._slot.cols = torch.arange(L, L + W, device=self.device)
-        return L, self._call(ids, mask, position_ids, torch.tensor(need or [W - 1], device=self.device)).logits
+            logits = logits[:, need] if need else logits[:, :0]
+        else:
+            self._slot.cols = torch.arange(L, L + W, device=self.device)
+            logits = self._call(ids, mask, position_ids, torch.tensor(need or [W - 1], device=self.device)).logits
+        if self._blocks is not None and not partial:
+            self._slot.cols = torch.arange(L, L + W, device=self.device)
+            self._run_blocks(mask, position_ids)
+        return L, logits
 
     def _call(self, ids, mask, position_ids, keep):
         """The model over the cache, eagerly, keeping the logits of the `keep` columns: its output."""
@@ -766,9 +873,10 @@ class TransformersModel(SingleRow):
             with torch.inference_mode():
                 # (the warm-up's writes land on the columns this very forward is about to write anyway)
                 graph.graph, graph.logits = cuda_graph(run, self._graph_pool)
-                # a replay runs no hook, but the final norm's output, which the hook saw during
-                # the capture, is the graph's own tensor: each replay refills it
-                graph.normed = self._normed
+                # a replay runs no hook, but the final norm's output (and layer L's, for exit
+                # blocks), which the hooks saw during the capture, is the graph's own tensor:
+                # each replay refills it
+                graph.normed, graph.exit_state = self._normed, self._exit_state
             self._graph_pool = graph.graph.pool()
             self._graph_cache[key] = graph
         else:
@@ -777,7 +885,7 @@ class TransformersModel(SingleRow):
             graph.mask.copy_(mask)
             graph.cols.copy_(torch.arange(L, L + W, device=self.device))
         graph.graph.replay()
-        self._normed = graph.normed
+        self._normed, self._exit_state = graph.normed, graph.exit_state
         return graph.logits
 
     def _compact(self) -> None:
@@ -956,6 +1064,7 @@ class _Graph:
         self.graph = None
         self.logits = None  # [rows, W, vocab], rewritten by every replay
         self.normed = None  # [rows, W, n_embd]: the final norm's output, where hidden states are kept
+        self.exit_state = None  # [rows, W, n_embd]: layer L's output, where exit blocks are attached
 
 
 class ByteTokenizer:
