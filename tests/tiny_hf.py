@@ -73,3 +73,15 @@ def pair(arch: str, vocab_size: int, seed: int = 0, damp: float = 0.3):
     state = {k: v for k, v in copy.deepcopy(target.state_dict()).items() if not any(f".{i}." in k for i in range(1, 2))}
     draft.load_state_dict(state)
     return target.to(DEVICE), draft.to(DEVICE)
+
+
+# (architecture, cache layout) for the torch backend's tests: every architecture dynamic, qwen2 in
+# each other layout (static, and static + CUDA graphs on a GPU)
+CASES = [(arch, "dynamic") for arch in ARCHS] + [("qwen2", layout) for layout in LAYOUTS[1:]]
+
+
+def wrap(model, tokenizer, name: str, layout: str = "dynamic"):
+    """A transformers model as our TransformersModel in one of LAYOUTS."""
+    from specdec.models.transformers import TransformersModel
+
+    return TransformersModel(model, tokenizer, name=name, cache=layout.split("+")[0], graphs="graphs" in layout)

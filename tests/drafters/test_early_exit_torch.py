@@ -23,23 +23,12 @@ ATOL = 1e-4  # float32 summation order differs between batch shapes
 PROMPTS = ["def add(a, b):\n", "The quick brown fox", "class Point:\n    x: int", "Speculative decoding"]
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return tiny_hf.tokenizer()
-
-
-@pytest.fixture(
-    scope="module",
-    params=[(arch, "dynamic") for arch in tiny_hf.ARCHS] + [("qwen2", layout) for layout in tiny_hf.LAYOUTS[1:]],
-    ids=lambda p: "-".join(p),
-)
+@pytest.fixture(scope="module", params=tiny_hf.CASES, ids=lambda p: "-".join(p))
 def pair(request, tokenizer):
     """(the 2-layer target, its first layer alone as a model: what the exit after layer 1 is)."""
     arch, layout = request.param
     target, first = tiny_hf.pair(arch, len(tokenizer))
-    cache = "static" if layout.startswith("static") else "dynamic"
-    model = TransformersModel(target, tokenizer, name=arch, cache=cache, graphs=layout == "static+graphs")
-    return model, TransformersModel(first, tokenizer, name=f"{arch}-first")
+    return tiny_hf.wrap(target, tokenizer, arch, layout), TransformersModel(first, tokenizer, name=f"{arch}-first")
 
 
 def tokens(seed: int, n: int) -> list[int]:
@@ -133,8 +122,6 @@ def test_an_exit_deeper_than_the_model_is_an_error(pair):
 
 # -- an early-exit head's trained blocks, attached after the first layers --------------------------
 
-LAYOUTS = [layout for layout in tiny_hf.LAYOUTS]
-
 
 def with_own_block(tokenizer, layout: str, arch: str = "qwen2"):
     """The 2-layer target with a copy of its own layer 1 attached as the exit block after layer 1:
@@ -143,13 +130,12 @@ def with_own_block(tokenizer, layout: str, arch: str = "qwen2"):
     import copy
 
     target, _ = tiny_hf.pair(arch, len(tokenizer))
-    cache = "static" if layout.startswith("static") else "dynamic"
-    model = TransformersModel(target, tokenizer, name=arch, cache=cache, graphs=layout == "static+graphs")
+    model = tiny_hf.wrap(target, tokenizer, arch, layout)
     model.attach_exit_blocks(1, [copy.deepcopy(model._decoder_layers()[1])])
     return model
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", tiny_hf.LAYOUTS)
 def test_exit_blocks_keep_their_cache_through_prompts_verifications_and_trees(tokenizer, layout):
     model = with_own_block(tokenizer, layout)
     rows = model.add_rows(2)
@@ -170,7 +156,7 @@ def test_exit_blocks_keep_their_cache_through_prompts_verifications_and_trees(to
         model.forward_rows(step, {}, n_layers=2, blocks=True)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", tiny_hf.LAYOUTS)
 def test_greedy_with_exit_blocks_is_plain_greedy_and_a_perfect_block_is_always_kept(tokenizer, layout):
     model = with_own_block(tokenizer, layout)
     config = GenerationConfig(max_new_tokens=24, chat=False)
@@ -184,15 +170,14 @@ def test_greedy_with_exit_blocks_is_plain_greedy_and_a_perfect_block_is_always_k
     assert all(r.stats.accepted == r.stats.drafted for r in batched)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", tiny_hf.LAYOUTS)
 def test_rows_held_before_the_blocks_came_draft_on(tokenizer, layout):
     """Blocks attached while the model holds rows: their block cache is zeros (their drafts are
     worse), their forwards as before; a row that comes after drafts exactly."""
     import copy
 
     target, _ = tiny_hf.pair("llama", len(tokenizer))
-    cache = "static" if layout.startswith("static") else "dynamic"
-    model = TransformersModel(target, tokenizer, name="llama", cache=cache, graphs=layout == "static+graphs")
+    model = tiny_hf.wrap(target, tokenizer, "llama", layout)
     old = model.add_rows(2)
     model.forward_rows({old[0]: tokens(21, 9), old[1]: tokens(22, 5)})
     model.attach_exit_blocks(1, [copy.deepcopy(model._decoder_layers()[1])])

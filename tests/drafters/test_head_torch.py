@@ -19,15 +19,11 @@ from .. import tiny_hf  # noqa: E402
 from .heads import random_head  # noqa: E402
 
 
-@pytest.fixture(
-    scope="module",
-    params=[(arch, "dynamic") for arch in tiny_hf.ARCHS] + [("qwen2", layout) for layout in tiny_hf.LAYOUTS[1:]],
-    ids=lambda p: "-".join(p),
-)
+@pytest.fixture(scope="module", params=tiny_hf.CASES, ids=lambda p: "-".join(p))
 def model(request, tokenizer):
     arch, layout = request.param
     target, _ = tiny_hf.pair(arch, len(tokenizer))
-    return TransformersModel(target, tokenizer, name=arch, cache=layout.split("+")[0], graphs="graphs" in layout)
+    return tiny_hf.wrap(target, tokenizer, arch, layout)
 
 
 def test_hidden_states_are_what_the_output_head_reads(model):
