@@ -345,11 +345,12 @@ def test_headers_that_trickle_in_are_timed_out():
         assert httpx.get(base + "/health").status_code == 200  # and the server goes on
 
 
-@pytest.mark.parametrize("kind", ["medusa", "early-exit"])
+@pytest.mark.parametrize("kind", ["medusa", "early-exit", "early-exit on torch"])
 def test_a_trained_head_per_request(tmp_path, monkeypatch, kind):
     """`specdec serve --draft head:FILE`: requests ask for the head by name ('head') with their own
     k, beside plain rows in the same steps, and get the target's own greedy text (an early exit:
-    its draft model, on the target's backend with room for the server's rows)."""
+    its draft model, on the target's backend with room for the server's rows; on torch, its blocks
+    through the target's own cache)."""
     from specdec.models.numpy_ref import load_numpy_model
     from specdec.spec import DraftSpec, make_drafter
 
@@ -360,10 +361,19 @@ def test_a_trained_head_per_request(tmp_path, monkeypatch, kind):
     path = tmp_path / "tiny-qwen2.gguf"
     write_tiny_gguf(path, "qwen2", seed=3, n_layer=3, n_ctx=2048)
     target = load_numpy_model(path, n_ctx=2048)
-    head = make_drafter(DraftSpec("head", head=str(random_head(target, kind, tmp_path / "m.head"))), target)
-    want = SpeculativeDecoder(load_numpy_model(path)).generate(
-        "the cat", GenerationConfig(max_new_tokens=20, chat=False)
-    )
+    reference = load_numpy_model(path)
+    if kind == "early-exit on torch":
+        pytest.importorskip("torch")
+        from specdec.drafters.early_exit import EarlyExitDrafter
+        from specdec.models.transformers import load_transformers_model
+
+        kind, head_path = "early-exit", random_head(target, "early-exit", tmp_path / "m.head")
+        target = reference = load_transformers_model(path, device="cpu", dtype="float32", n_ctx=2048)
+        head = make_drafter(DraftSpec("head", head=str(head_path)), target)
+        assert isinstance(head, EarlyExitDrafter) and head.blocks
+    else:
+        head = make_drafter(DraftSpec("head", head=str(random_head(target, kind, tmp_path / "m.head"))), target)
+    want = SpeculativeDecoder(reference).generate("the cat", GenerationConfig(max_new_tokens=20, chat=False))
     service = build_service(target, None, DraftSpec("head", k=3), 4, ("tiny",), head=head)
     with serving(service) as base:
         c = client(base)
