@@ -7,7 +7,15 @@ import pytest
 
 from specdec import SpeculativeDecoder
 from specdec.acceptance import DRAFT_PRIOR
-from specdec.controller import Acceptance, CostAwareController, FixedController, MatchAcceptance, Outcome, Overlay
+from specdec.controller import (
+    Acceptance,
+    CostAwareController,
+    FixedController,
+    MatchAcceptance,
+    Outcome,
+    Overlay,
+    scores_tree,
+)
 from specdec.costs import CostTable, measure_forward_costs
 from specdec.drafters.base import Draft
 from specdec.drafters.model import ModelDrafter
@@ -275,9 +283,11 @@ def test_a_tree_forward_teaches_the_tree_factor_not_the_chains_shape():
     assert table.tree == pytest.approx(1.07, rel=0.01)
     assert table(9) == pytest.approx(table.measured(9), rel=0.01)
     assert table.overall == pytest.approx(1.0, rel=0.01)
-    # the controller prices a tree's forward with the factor, a chain's without
+    # the controller prices a tree's forward with the factor, a chain's without (9 tokens: a tree
+    # 3 deep, or a chain 8 deep)
+    assert scores_tree(3, 9) and not scores_tree(8, 9)
     ctl = CostAwareController(NgramDrafter(), None, table)
-    assert ctl._alone_seconds(9, None, k=3) == pytest.approx(table.tree * ctl._alone_seconds(9, None, k=8), rel=1e-9)
+    assert ctl._alone_seconds(9, None, tree=True) == pytest.approx(table.tree * ctl._alone_seconds(9, None), rel=1e-9)
     # the machine turns twice as slow: the machine's factor follows, the tree factor stays
     for i in range(60):
         table.observe([9], 2 * table.measured(9) * (1.07 if i % 3 else 1.0), tree=i % 3 != 0)

@@ -240,6 +240,12 @@ def fed_tokens(k: int, width: int = 1, nodes: np.ndarray | None = None) -> int:
     return 1 + (int(nodes[k]) if nodes is not None else k * width)
 
 
+def scores_tree(k: int, fed: int) -> bool:
+    """Whether a draft k deep that feeds the target `fed` tokens is a tree (more than its chain's
+    k + 1): the engine scores trees in a forward of their own, priced with the tree factor."""
+    return k > 0 and fed > k + 1
+
+
 @dataclass
 class _Option:
     """One row's best drafter this step: E[k] for k = 0..len - 1 and the cost of drafting."""
@@ -258,8 +264,8 @@ class _Option:
         return fed_tokens(k, self.width, self.nodes)
 
     def tree(self, k: int) -> bool:
-        """Whether a draft k deep is a tree (the engine scores trees in a forward of their own)."""
-        return k > 0 and self.fed(k) > k + 1
+        """Whether a draft k deep is a tree (scores_tree)."""
+        return scores_tree(k, self.fed(k))
 
 
 def auto_controller(
@@ -399,8 +405,9 @@ class CostAwareController:
     ) -> tuple[int, float]:
         """One row alone at `depth`: argmax over k of expected[k] / (draft_cost(k) + target_cost(k
         width + 1)), or of a tree with nodes[k] nodes k deep or less."""
+        fed = [fed_tokens(k, width, nodes) for k in range(len(expected))]
         values = [
-            expected[k] / (draft_cost(k) + self._alone_seconds(fed_tokens(k, width, nodes), depth, k))
+            expected[k] / (draft_cost(k) + self._alone_seconds(fed[k], depth, scores_tree(k, fed[k])))
             for k in range(len(expected))
         ]
         k = int(np.argmax(values))
@@ -412,12 +419,11 @@ class CostAwareController:
         seconds = sum(self.target_cost(w, depth) for w in self.passes(fed))
         return seconds * self.target_cost.tree if tree else seconds
 
-    def _alone_seconds(self, n: int, depth: float | None, k: int | None = None) -> float:
-        """The target's forward feeding one row n tokens (_forward_seconds; a tree where the n
-        tokens are more than a chain k deep feeds), each width and depth priced once a step: a
-        step's options ask for the same few dozens of times per row, and the curve only changes
-        between steps (observe, or a caller's new table): _options forgets them."""
-        tree = k is not None and n > k + 1
+    def _alone_seconds(self, n: int, depth: float | None, tree: bool = False) -> float:
+        """The target's forward feeding one row n tokens (_forward_seconds; `tree`: they score a
+        tree), each width and depth priced once a step: a step's options ask for the same few
+        dozens of times per row, and the curve only changes between steps (observe, or a caller's
+        new table): _options forgets them."""
         key = (n, depth, tree)
         if key not in self._alone:
             self._alone[key] = self._forward_seconds({0: n}, depth, tree)

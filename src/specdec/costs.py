@@ -325,7 +325,9 @@ class CostTable:
             r /= self.tree
         self._forwards += 1
         self.overall += max(EMA, 1 / self._forwards) * (r - self.overall)
-        for w in set(passes) if not tree else ():
+        if tree:
+            return  # the widths' shapes are the chains'
+        for w in set(passes):
             s, n = self.shape.get(w, 1.0), self._seen.get(w, 0) + 1
             self.shape[w] = s + max(EMA, 1 / (n + 1)) * (r / self.overall - s)
             self._seen[w] = n

@@ -527,10 +527,14 @@ class TransformersModel(SingleRow):
                 f"rollback_rows({behind}) first"
             )
 
+    def _decoder(self):
+        """The model's decoder (its layers and final norm, without the output head)."""
+        return self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model
+
     def _decoder_layers(self, replace=None):
         """The decoder's list of layers; with `replace`, a list put in its place, and the old one."""
         torch = self._torch
-        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model
+        decoder = self._decoder()
         name = next(
             (a for a in ("layers", "h", "blocks") if isinstance(getattr(decoder, a, None), torch.nn.ModuleList)), None
         )
@@ -557,10 +561,10 @@ class TransformersModel(SingleRow):
     def _block_cache(self) -> None:
         """The exit blocks' cache layers, after the model's: zeros shaped like the first layer's
         where it holds columns and theirs do not (yet), so that every layer holds the same columns."""
-        from transformers.cache_utils import DynamicLayer
-
         if self._blocks is None:
             return
+        from transformers.cache_utils import DynamicLayer
+
         layers = self._cache.layers
         end = self._n_layers + len(self._blocks[1])
         while self.static and len(layers) < end:  # (a static cache's layers are made with it)
@@ -583,7 +587,7 @@ class TransformersModel(SingleRow):
         """After a full forward: the exit blocks over layer L's output of its columns (the hook's),
         with its mask and positions, writing their cache layers' columns (attach_exit_blocks)."""
         state, self._exit_state = self._exit_state, None
-        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model
+        decoder = self._decoder()
         with self._torch.inference_mode():
             rotary = decoder.rotary_emb(state, position_ids)
             for block in self._blocks[1]:
@@ -747,7 +751,7 @@ class TransformersModel(SingleRow):
     def keep_hidden(self) -> None:
         if self._hidden is not None:
             return
-        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model
+        decoder = self._decoder()
         norm = next((getattr(decoder, n) for n in ("norm", "ln_f", "final_layernorm") if hasattr(decoder, n)), None)
         if norm is None:
             raise SpecdecError(f"{self.name}: its final norm is not one this backend knows, so no hidden states")
@@ -823,11 +827,12 @@ class TransformersModel(SingleRow):
         if self.graphs and W <= GRAPH_MAX_WIDTH and not self._sliding and self._layers() and not partial:
             logits = self._replay(ids, position_ids, mask, L, view)  # [rows, W, vocab]
             logits = logits[:, need] if need else logits[:, :0]
+            if self._blocks is not None:  # (the slot's columns may be another graph's tensor)
+                self._slot.cols = torch.arange(L, L + W, device=self.device)
         else:
             self._slot.cols = torch.arange(L, L + W, device=self.device)
             logits = self._call(ids, mask, position_ids, torch.tensor(need or [W - 1], device=self.device)).logits
         if self._blocks is not None and not partial:
-            self._slot.cols = torch.arange(L, L + W, device=self.device)
             self._run_blocks(mask, position_ids)
         return L, logits
 
