@@ -300,6 +300,10 @@ def torch_decoder(kind: str, target, draft, tmp_path=None) -> SpeculativeDecoder
         from specdec.drafters.early_exit import EarlyExitDrafter
 
         return SpeculativeDecoder(target, EarlyExitDrafter(target, 1), k=TORCH_N - 1)
+    if kind == "early exit tree":  # its tree: the 3 likeliest paths of its 2 draws a depth
+        from specdec.drafters.early_exit import EarlyExitDrafter
+
+        return SpeculativeDecoder(target, EarlyExitDrafter(target, 1, width=2, nodes=3), k=TORCH_N - 1)
     if kind == "early exit block":  # and a block after it (a damped copy of layer 1) with its own cache
         import copy
 
@@ -319,7 +323,11 @@ def torch_decoder(kind: str, target, draft, tmp_path=None) -> SpeculativeDecoder
 
 
 @pytest.mark.parametrize(
-    "kind", ["draft model", "ngram", "draft tree", "head medusa", "head prophet", "early exit", "early exit block"]
+    "kind",
+    [
+        *("draft model", "ngram", "draft tree", "head medusa", "head prophet"),
+        *("early exit", "early exit tree", "early exit block"),
+    ],
 )
 def test_batched_torch_rows_sample_the_target(torch_pair, kind, tmp_path):
     """2 000 rows in each forward (auto's choice is the toy harness's: it is the same controller
@@ -353,11 +361,12 @@ def test_the_torch_harness_fails_a_verifier_that_resamples_from_p(torch_pair, mo
 EARLY_ROWS = 1_500
 
 
-def test_early_exit_samples_the_target_on_the_numpy_backend(tmp_path):
-    """A tiny random 4-layer GPT-2 (tests/models/test_numpy_ref.py) drafting with its first layer;
-    top-k 3 keeps the outcomes enumerable over its 300-token vocabulary, and temperature 3 spreads
-    this random model's peaked logits (at 1.0 one outcome has 0.99). Power: the broken residual
-    fails the same harness."""
+@pytest.mark.parametrize("shape", [{}, {"width": 3, "nodes": 4}], ids=["chain", "tree"])
+def test_early_exit_samples_the_target_on_the_numpy_backend(tmp_path, shape):
+    """A tiny random 4-layer GPT-2 (tests/models/test_numpy_ref.py) drafting with its first layer,
+    a chain or a tree (the 4 likeliest paths of 3 draws a depth); top-k 3 keeps the outcomes
+    enumerable over its 300-token vocabulary, and temperature 3 spreads this random model's peaked
+    logits (at 1.0 one outcome has 0.99). Power: the broken residual fails the same harness."""
     from specdec.drafters.early_exit import EarlyExitDrafter
     from specdec.models.numpy_ref import load_numpy_model
 
@@ -371,7 +380,7 @@ def test_early_exit_samples_the_target_on_the_numpy_backend(tmp_path):
     expected = exact_outcomes(target, prompt, config.sampling, TORCH_N)
 
     def run() -> Counter:
-        decoder = SpeculativeDecoder(target, EarlyExitDrafter(target, 1), k=TORCH_N - 1)
+        decoder = SpeculativeDecoder(target, EarlyExitDrafter(target, 1, **shape), k=TORCH_N - 1)
         return sampled_outcomes(decoder, prompt, config, EARLY_ROWS, per_batch=500, seed=0)
 
     chi2, chi2_max, tv, tv_max = distance(run(), expected, rows=EARLY_ROWS)

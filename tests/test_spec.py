@@ -84,6 +84,8 @@ def test_auto_s_draft_model_must_be_a_model():
         ("suffix:8x2", DraftSpec("suffix", k=8, width=2)),
         ("suffix:16x3/16", DraftSpec("suffix", k=16, width=3, nodes=16)),
         ("early-exit:2:3", DraftSpec("early-exit", k=3, layers=2)),
+        ("early-exit:2:4x2", DraftSpec("early-exit", k=4, layers=2, width=2)),
+        ("early-exit:2:4x3/5", DraftSpec("early-exit", k=4, layers=2, width=3, nodes=5)),
     ],
 )
 def test_bench_methods_parse_to_the_same_specs(method, spec):
@@ -96,6 +98,7 @@ def test_bench_methods_parse_to_the_same_specs(method, spec):
         *("ngram", "ngram:0", "auto:ngram", "draft:x", "draft:4x", "draft:4x0", "draft:0x2", "early-exit:1", "gemma:4"),
         *("draft:4x2/", "draft:4x2/0", "draft:4x1/3", "draft:4x2/x"),
         *("suffix:0x2", "suffix:4x0", "suffix:4x1/3", "ngram:4x2/3", "ngram:4x0"),
+        *("early-exit:0:4x2", "early-exit:2:4x1/3", "early-exit:2:x2"),
     ],
 )
 def test_what_is_not_one_of_our_methods_is_none(method):
@@ -178,6 +181,9 @@ def test_early_exit_from_a_spec_on_the_numpy_backend(tmp_path):
     target = load_numpy_model(tmp_path / "tiny.gguf")
     decoder = SpeculativeDecoder.from_spec(target, parse_method("early-exit:1:2"))
     assert isinstance(decoder.drafter, EarlyExitDrafter) and decoder.drafter.n_layers == 1 and decoder.k == 2
+    tree = SpeculativeDecoder.from_spec(target, parse("early-exit:1", k=3, width=2, nodes=3)).drafter
+    assert (tree.width, tree.nodes, tree.name) == (2, 3, "early-exit:1x2/3")
+    assert SpeculativeDecoder.from_spec(target, parse_method("early-exit:1:3x2")).drafter.width == 2
 
 
 def test_every_head_drafts_trees(tmp_path):

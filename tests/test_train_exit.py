@@ -187,7 +187,7 @@ def test_specdec_train_early_exit_then_draft_with_it(tmp_path):
             "2",
             "--draft-nodes",
             "4",
-        )  # it drafts as a draft model: a tree too
+        )  # a tree too (on torch through the target's own cache, elsewhere as a draft model)
         for r in (plain, spec, auto, tree):
             assert r.returncode == 0, r.stderr
         got = json.loads(spec.stdout)

@@ -181,6 +181,34 @@ def test_a_draft_models_greedy_tree_writes_plain_greedy(tmp_path, backend):
     assert batch[0].tokens == plain.tokens
 
 
+@pytest.mark.parametrize("backend", ["numpy", *(f"torch-{layout}" for layout in tiny_hf.LAYOUTS)])
+def test_an_early_exits_greedy_tree_writes_plain_greedy(tmp_path, backend):
+    """The early exit's tree (drafters.model.Levels through the target's own cache: the exit's top 2
+    at each depth, or the 4 likeliest paths of its top 3) through the engine: plain greedy's text,
+    alone and in a batch, with siblings scored and at least its chain's tokens a step."""
+    from specdec.drafters.early_exit import EarlyExitDrafter
+
+    target = _target(backend, tmp_path)
+    config = replace(CONFIG, max_new_tokens=40)
+    plain = SpeculativeDecoder(target, None).generate(PROMPT, config)
+    chain = SpeculativeDecoder(target, EarlyExitDrafter(target, 1), k=4).generate(PROMPT, config)
+    tree_decoder = SpeculativeDecoder(target, EarlyExitDrafter(target, 1, width=2), k=4)
+    tree = tree_decoder.generate(PROMPT, config)
+    assert tree.tokens == chain.tokens == plain.tokens
+    assert tree.stats.drafted == 2 * sum(tree.stats.drafted_at) > 0  # every depth: its token and a sibling
+    assert tree.stats.generated_tokens / tree.stats.steps >= chain.stats.generated_tokens / chain.stats.steps
+    batch = tree_decoder.generate_batch([PROMPT, PROMPT + " then"], config)
+    assert batch[0].tokens == plain.tokens
+    shaped_decoder = SpeculativeDecoder(target, EarlyExitDrafter(target, 1, width=3, nodes=4), k=4)
+    assert shaped_decoder.drafter.name == "early-exit:1x3/4"
+    shaped = shaped_decoder.generate(PROMPT, config)
+    assert shaped.tokens == plain.tokens
+    assert 0 < shaped.stats.drafted <= 4 * shaped.stats.steps
+    batch = shaped_decoder.generate_batch([PROMPT, PROMPT + " then"], config)
+    then = SpeculativeDecoder(target, None).generate(PROMPT + " then", config).tokens
+    assert [r.tokens for r in batch] == [plain.tokens, then]
+
+
 def test_a_sampled_trees_q_follows_its_nodes():
     """A sampled tree's q rows go with their nodes through pruning; a node outside the vocabulary
     leaves the tree's first branch (its later siblings were drawn without it, so their q rows

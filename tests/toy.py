@@ -229,13 +229,17 @@ def piece_lm(pieces: Sequence[bytes], seed: int, **kw) -> ToyLM:
 def on_virtual_clock(model, curve) -> "Callable[[], float]":
     """Makes each of `model`'s forwards take curve(width) seconds of a virtual clock, and returns
     that clock (for Engine(clock=...)): the costs a controller learns live are then the curve's
-    own, so its decisions never depend on the machine's load."""
+    own, so its decisions never depend on the machine's load. (An early exit's forwards, which
+    take n_layers, are charged as whole ones.)"""
+    import functools
+
     now = [0.0]
     forward_rows = model.forward_rows
 
-    def timed(tokens, n_logits=None):
+    @functools.wraps(forward_rows)  # its signature stays the model's (an early exit reads it)
+    def timed(tokens, n_logits=None, **exit):
         now[0] += sum(curve(w) for w in model.passes({row: len(t) for row, t in tokens.items()}))
-        return forward_rows(tokens, n_logits)
+        return forward_rows(tokens, n_logits, **exit)
 
     model.forward_rows = timed
     return lambda: now[0]

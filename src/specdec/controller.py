@@ -273,12 +273,18 @@ def auto_controller(
 ) -> "CostAwareController":
     """`auto`'s controller for `target`, the one way it is built (a decoder's engine, the server's
     router). `costs`: (the target's curve, the draft model's or None); None: timed, and cached, at
-    first use (costs.measure_cost_table). `objective`: OBJECTIVES. A draft model of the target's
-    vocabulary that drafts chains may draft trees where the target scores them (TREE_WIDTHS)."""
-    from .drafters.model import ModelDrafter
+    first use (costs.measure_cost_table). `objective`: OBJECTIVES. A drafter in the draft model's
+    place that drafts chains and takes a width with each call (a draft model of the target's
+    vocabulary, an early exit: drafters.model.Levels) may draft trees where the target scores them
+    (TREE_WIDTHS)."""
     from .drafters.ngram import NgramDrafter
 
-    trees = isinstance(model, ModelDrafter) and model.width == 1 and not model.nodes
+    trees = (
+        model is not None
+        and getattr(model, "width", 0) == 1
+        and not model.nodes
+        and "widths" in inspect.signature(model.propose).parameters
+    )
     scores_trees = getattr(target, "scores_trees", False)
     if costs is None:
         from .costs import measure_cost_table

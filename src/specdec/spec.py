@@ -40,7 +40,8 @@ WIDTH_PER_CALL = ("ngram", "suffix")
 METHODS = (
     "plain, auto, auto:suffix, auto:nosuffix, draft:K, draft:KxW (a tree: W candidates a depth), ngram:K, suffix:K, "
     "suffix:KxW (a tree: the cache's W likeliest continuations under each node), "
-    "early-exit:L:K (--backend numpy or torch), head:K:FILE, head:KxW[/N]:FILE (a head's tree), "
+    "early-exit:L:K and early-exit:L:KxW[/N] (--backend numpy or torch), head:K:FILE, "
+    "head:KxW[/N]:FILE (a head's tree), "
     "auto:head:FILE (auto with the head in the draft model's place)"
 )
 
@@ -102,11 +103,11 @@ def parse(
         raise SpecdecError(f"--draft-nodes {nodes} shapes a tree: give --draft-width 2 or more as well")
     if width > 1:
         spec = parse(text, backend, k, draft_model)
-        if not (spec.kind == "model" and not spec.vocab) and spec.kind not in ("suffix", "head", "ngram"):
+        if not (spec.kind == "model" and not spec.vocab) and spec.kind not in ("suffix", "head", "ngram", "early-exit"):
             raise SpecdecError(
                 f"--draft-width {width} drafts trees from a draft model of the target's vocabulary, a "
-                f"trained head, the suffix cache or prompt lookup: give --draft suffix, ngram, a model "
-                f"name or path, or head:FILE (not {text or 'none'})"
+                f"trained head, an early exit, the suffix cache or prompt lookup: give --draft suffix, "
+                f"ngram, early-exit:L, a model name or path, or head:FILE (not {text or 'none'})"
             )
         if nodes and spec.kind == "ngram":
             raise SpecdecError(
@@ -165,10 +166,11 @@ def parse_method(method: str) -> DraftSpec | None:
     if head == "auto" and rest.startswith("head:") and rest[5:]:  # auto with a head for its draft model
         return DraftSpec("auto", k=0, head=rest[5:])
     try:
-        if head == "early-exit":
-            layers, _, k = rest.partition(":")
-            if int(layers) >= 1 and int(k) >= 1:
-                return DraftSpec("early-exit", k=int(k), layers=int(layers))
+        if head == "early-exit":  # early-exit:L:K; a tree, early-exit:L:KxW[/N]
+            layers, _, shape = rest.partition(":")
+            if int(layers) >= 1 and (kwn := _shape(shape)):
+                k, width, nodes = kwn
+                return DraftSpec("early-exit", k=k, layers=int(layers), width=width, nodes=nodes)
         elif head == "head":  # head:K:FILE; a head's tree, head:KxW[/N]:FILE
             shape, _, path = rest.partition(":")
             if (kwn := _shape(shape)) and path:
@@ -232,17 +234,18 @@ def make_drafter(spec: DraftSpec | str, target, load: Callable[[str], object] | 
         cache.shape(spec.width, spec.nodes)
         return cache
     if spec.kind == "early-exit":
-        return EarlyExitDrafter(target, spec.layers)
+        return EarlyExitDrafter(target, spec.layers, width=spec.width, nodes=spec.nodes)
     if spec.kind == "head":
         from .drafters.head import HeadDrafter
         from .train.headfile import read_info
 
         info = read_info(spec.head)
-        if info.kind == "early-exit" and spec.width == 1 and hasattr(target, "attach_exit_blocks"):
+        if info.kind == "early-exit" and hasattr(target, "attach_exit_blocks"):
             from .drafters.early_exit import exit_head_drafter
 
-            return exit_head_drafter(target, spec.head)  # a chain through the torch target's own cache
-        if info.kind == "early-exit":  # drafts as a draft model of its own (a tree: as a draft model's)
+            # a chain or a tree through the torch target's own cache
+            return exit_head_drafter(target, spec.head, spec.width, spec.nodes)
+        if info.kind == "early-exit":  # drafts as a draft model of its own
             from .drafters.early_exit import exit_model_path
 
             model = load_like(target, exit_model_path(target, spec.head))

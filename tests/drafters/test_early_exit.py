@@ -169,3 +169,26 @@ def test_greedy_speculative_equals_plain_real():
     assert spec.tokens == plain.tokens
     assert 0 < spec.stats.accepted < spec.stats.drafted
     check_cache_mid_run(model, SpeculativeDecoder(model, drafter=EarlyExitDrafter(model, 12), k=3), prompt, config)
+
+
+def test_auto_drafts_the_exits_trees_where_width_is_cheap(tmp_path):
+    """In the draft model's place in auto (where an early-exit head goes), the exit drafts a tree
+    where the target scores trees and width costs nearly nothing (a flat curve, on a virtual clock);
+    greedy output is plain greedy output."""
+    from specdec.costs import CostTable
+
+    from ..toy import on_virtual_clock
+
+    write_tiny_gguf(tmp_path / "tiny.gguf", "gpt2", seed=3, n_layer=4)
+    tiny = load_numpy_model(tmp_path / "tiny.gguf")  # its forwards go on a virtual clock
+    config = GenerationConfig(max_new_tokens=48, chat=False)
+    plain = SpeculativeDecoder(tiny).generate(PROMPT, config).tokens
+    flat = CostTable({w: 0.01 for w in range(1, 17)})
+    auto = SpeculativeDecoder(
+        tiny, "auto", draft_model=EarlyExitDrafter(tiny, 3), suffix=False, costs=(flat, CostTable({1: 0.001}))
+    )
+    assert auto.controller().tree_widths[-1] > 1
+    auto.engine.clock = on_virtual_clock(tiny, flat.measured)
+    assert auto.generate(PROMPT, config).tokens == plain
+    trees = [key for key in auto.controller().decisions if key.startswith("draft:") and "x" in key]
+    assert trees, auto.controller().decisions

@@ -171,6 +171,23 @@ def test_greedy_with_exit_blocks_is_plain_greedy_and_a_perfect_block_is_always_k
 
 
 @pytest.mark.parametrize("layout", tiny_hf.LAYOUTS)
+def test_a_perfect_blocks_tree_keeps_its_chain_through_the_shared_cache(tokenizer, layout):
+    """An early-exit head's tree through the target's own cache (the exit and its block, the
+    block's cache filled by every full forward, trees included): with the block a copy of the last
+    layer every chain token is the target's, so each step keeps its whole depth, and the siblings
+    beside it are scored, never kept."""
+    model = with_own_block(tokenizer, layout)
+    config = GenerationConfig(max_new_tokens=24, chat=False)
+    plain = [SpeculativeDecoder(model).generate(p, config).tokens for p in PROMPTS]
+    decoder = SpeculativeDecoder(model, drafter=EarlyExitDrafter(model, 1, blocks=1, width=2), k=4)
+    batched = decoder.generate_batch(PROMPTS, config)
+    assert [r.tokens for r in batched] == plain
+    for r in batched:
+        assert r.stats.accepted == sum(r.stats.drafted_at) > 0  # every depth's chain token
+        assert r.stats.drafted == 2 * sum(r.stats.drafted_at)  # and a sibling beside each
+
+
+@pytest.mark.parametrize("layout", tiny_hf.LAYOUTS)
 def test_rows_held_before_the_blocks_came_draft_on(tokenizer, layout):
     """Blocks attached while the model holds rows: their block cache is zeros (their drafts are
     worse), their forwards as before; a row that comes after drafts exactly."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec.drafters.model import ModelDrafter
+from specdec.drafters.model import Levels, ModelDrafter
 from specdec.sampling import SamplingParams
 
 from ..toy import ToyLM
@@ -21,12 +21,14 @@ def levels(*probs):
     return out
 
 
-def chooser(nodes: int) -> ModelDrafter:
-    return ModelDrafter(ToyLM(), width=3, nodes=nodes)
+def chooser(nodes: int, depths=()) -> Levels:
+    shaper = Levels(width=3, nodes=nodes)
+    shaper.levels = list(depths)
+    return shaper
 
 
 def test_a_sure_draft_keeps_its_chain():
-    assert chooser(4)._choose(levels([0.9, 0.05], [0.9, 0.05], [0.9, 0.05], [0.9, 0.05], [0.9, 0.05])) == [
+    assert chooser(4, levels([0.9, 0.05], [0.9, 0.05], [0.9, 0.05], [0.9, 0.05], [0.9, 0.05]))._choose() == [
         1,
         1,
         1,
@@ -37,22 +39,22 @@ def test_a_sure_draft_keeps_its_chain():
 
 def test_width_goes_where_the_draft_is_unsure():
     # paths: .95, then .475 (chain) and .4275 (sibling) at depth 2, .38 at depth 3
-    assert chooser(4)._choose(levels([0.95, 0.03], [0.5, 0.45], [0.8, 0.1], [0.9, 0.05])) == [1, 2, 1, 0]
+    assert chooser(4, levels([0.95, 0.03], [0.5, 0.45], [0.8, 0.1], [0.9, 0.05]))._choose() == [1, 2, 1, 0]
     # the sibling of depth 1 outranks every chain node below it
-    assert chooser(3)._choose(levels([0.5, 0.4], [0.6, 0.3], [0.9, 0.05])) == [2, 1, 0]
+    assert chooser(3, levels([0.5, 0.4], [0.6, 0.3], [0.9, 0.05]))._choose() == [2, 1, 0]
 
 
 def test_sampled_siblings_are_kept_in_the_order_they_were_drawn():
     """A chain token drawn against the odds, then siblings of rising probability: the second
     sibling is kept only after the first, however probable, so the kept ones are the first draws
     (the without-replacement rule verifies them in that order)."""
-    assert chooser(2)._choose(levels([0.1, 0.2, 0.6], [0.9, 0.05, 0.01])) == [2, 0]
-    assert chooser(3)._choose(levels([0.1, 0.2, 0.6], [0.9, 0.05, 0.01])) == [3, 0]
-    assert chooser(4)._choose(levels([0.1, 0.2, 0.6], [0.9, 0.05, 0.01])) == [3, 1]
+    assert chooser(2, levels([0.1, 0.2, 0.6], [0.9, 0.05, 0.01]))._choose() == [2, 0]
+    assert chooser(3, levels([0.1, 0.2, 0.6], [0.9, 0.05, 0.01]))._choose() == [3, 0]
+    assert chooser(4, levels([0.1, 0.2, 0.6], [0.9, 0.05, 0.01]))._choose() == [3, 1]
 
 
 def test_the_tree_has_the_budgets_nodes_chain_tokens_first():
-    shaped = chooser(4)._draft(levels([0.95, 0.03], [0.5, 0.45], [0.8, 0.1], [0.9, 0.05]))
+    shaped = chooser(4, levels([0.95, 0.03], [0.5, 0.45], [0.8, 0.1], [0.9, 0.05])).draft()
     # depth 1: node 0; depth 2: nodes 1 (chain) and 2 under node 0; depth 3: node 3 under node 1
     assert shaped.tokens == [0, 2, 3, 4] and shaped.parents == [-1, 0, 0, 1]
 
@@ -106,14 +108,14 @@ def _first_tokens(shape, trials: int = 20_000) -> np.ndarray:
 
     q0, q1 = np.array([0.5, 0.3, 0.2]), np.array([0.5, 0.5, 0.0])
     p = np.array([[0.1, 0.6, 0.3], *[[1 / 3] * 3] * 2])  # [nodes + 1, vocab]
-    drafter, rng, counts = chooser(2), np.random.default_rng(0), np.zeros(3)
+    rng, counts = np.random.default_rng(0), np.zeros(3)
     for _ in range(trials):
         levels = []
         for q in (q0, q1):
             first = sample(q, rng)
             candidates = [first, *model.siblings(q, first, q, 1, rng)]
             levels.append((candidates, shape(q, q, candidates), q))
-        draft = drafter._draft(levels)
+        draft = chooser(2, levels).draft()
         tree = DraftTree(tuple(draft.tokens), tuple(draft.parents))
         path, after = verify_tree(p, tree, _by_parent(draft.q, tree, p.shape), rng, replacement=False)
         counts[draft.tokens[path[0]] if path else after] += 1

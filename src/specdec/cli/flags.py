@@ -104,8 +104,8 @@ def _add_model_flags(
             type=_int_in(1, MAX_DRAFT_WIDTH),
             default=1,
             metavar="W",
-            help="candidates per draft position from a draft model or a trained head:FILE: W > 1 drafts a "
-            "tree (its top W at each "
+            help="candidates per draft position from a draft model, an early-exit:L or a trained head:FILE: "
+            "W > 1 drafts a tree (its top W at each "
             "depth when greedy, W draws without replacement when sampling), all scored by one target "
             "forward; with --draft suffix, the cache's W most frequent continuations under each node; "
             "with --draft ngram, the continuations of up to W earlier occurrences, best match first "
@@ -116,8 +116,8 @@ def _add_model_flags(
             type=_int_in(0, MAX_DRAFT_TOKENS * MAX_DRAFT_WIDTH),
             default=0,
             metavar="N",
-            help="with --draft-width: keep the N candidates whose paths the draft model (or head) finds most probable "
-            "(width where it is unsure, depth where it is sure; the chain stops once nothing deeper could "
+            help="with --draft-width: keep the N candidates whose paths the draft model (exit, head) finds most "
+            "probable (width where it is unsure, depth where it is sure; the chain stops once nothing deeper could "
             "be kept), so the target scores N tokens a step; with --draft suffix, the N whose paths most "
             "of the cache's occurrences agree with (default: 0, all of them; the suffix cache: K x W)",
         )

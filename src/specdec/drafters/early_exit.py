@@ -17,7 +17,12 @@ last, in every layer (the engine keeps it so). A proposal, for every drafting ro
     3. the engine's rollback to len(context) + n_accepted then leaves all layers holding exactly
        the accepted tokens: the drafter's view of the cache is the target's, by construction.
 
-So `accept` has nothing to do. The target's forward_rows must take n_layers: the NumPy backend's
+So `accept` has nothing to do. With `width` w > 1 the draft is a tree as a draft model's is
+(drafters.model.Levels): beside each chain token the exit's next w - 1 candidates of the same
+distribution, free for the drafter (the chain's forwards give them), scored by the target's
+verification in the same forward (forward_tree_rows); with `nodes`, the most probable paths.
+
+The target's forward_rows must take n_layers: the NumPy backend's
 (its forward stops after a layer) and the torch backend's (its decoder runs with its first layers
 only, models/transformers.py). llama.cpp's C API runs a model's layers whole, so there is no early
 exit on it (an early-exit head drafts there as a draft model of its own: below).
@@ -36,16 +41,26 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import SpecdecError
-from ..sampling import SamplingParams, draft_token
-from .base import Draft
+from ..sampling import SamplingParams
+from .base import Draft, tree_shape
+from .model import Levels
 
 
 class EarlyExitDrafter:
     """Rows are the target's own (the engine's row ids are the target's). With `blocks`, the
     trained blocks the target has attached after its first n_layers layers (an early-exit head on
-    the torch backend: exit_head_drafter) run between them and the final norm."""
+    the torch backend: exit_head_drafter) run between them and the final norm. `width` and `nodes`:
+    a tree's shape, as a draft model's (drafters.model)."""
 
-    def __init__(self, model, n_layers: int, blocks: int = 0, prior: Sequence[float] | None = None):
+    def __init__(
+        self,
+        model,
+        n_layers: int,
+        blocks: int = 0,
+        prior: Sequence[float] | None = None,
+        width: int = 1,
+        nodes: int = 0,
+    ):
         total = getattr(model, "n_layer", None)
         if total is None or "n_layers" not in inspect.signature(model.forward_rows).parameters:
             raise SpecdecError(
@@ -57,7 +72,8 @@ class EarlyExitDrafter:
         self.model = model  # the target itself: drafter and target share its cache
         self.n_layers = n_layers
         self.blocks = blocks
-        self.name = f"early-exit:{n_layers}" + (f"+{blocks}" if blocks else "")
+        self.width, self.nodes = width, nodes
+        self.name = f"early-exit:{n_layers}" + (f"+{blocks}" if blocks else "") + tree_shape(width, nodes)
         self.kind = "early-exit"
         self.prior = prior  # P(position i kept | the ones before were): a head file's held-out agreement
         self._exit = {"n_layers": n_layers, **({"blocks": True} if blocks else {})}
@@ -97,7 +113,11 @@ class EarlyExitDrafter:
         for row in rows:
             self._rows.pop(row, None)
 
-    def propose(self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int]) -> dict[int, Draft]:
+    def propose(
+        self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int], widths: Mapping[int, int] | None = None
+    ) -> dict[int, Draft]:
+        """Each row's draft of ks[row] tokens: a tree of widths[row] (default: the drafter's width;
+        `auto` chooses one per row and step)."""
         model = self.model
         ks = {row: min(k, model.n_ctx - len(contexts[row])) for row, k in ks.items()}
         drafts = {row: Draft([]) for row, k in ks.items() if k <= 0}
@@ -112,24 +132,22 @@ class EarlyExitDrafter:
         behind = {row: tokens for row, tokens in behind.items() if tokens}
         if behind:  # not the engine's target (or not in step): catch up through every layer
             model.forward_rows(behind)
-        tokens = {row: [] for row in ks}
-        qs = {row: [] for row in ks}
+        levels = {row: Levels((widths or {}).get(row, self.width), self.nodes) for row in ks}
+        depth = dict(ks)
         last = {row: contexts[row][-1] for row in ks}
-        for depth in range(max(ks.values())):
-            feed = {row: [last[row]] for row, k in ks.items() if k > depth}
+        for i in range(max(ks.values())):
+            feed = {row: [last[row]] for row in ks if i < depth[row]}
+            if not feed:
+                break
             # 1. the first n_layers layers, then the final norm and head
             logits = model.forward_rows(feed, {row: 1 for row in feed}, **self._exit)
             for row in feed:
-                params, rng = self._rows[row]
-                last[row], q = draft_token(logits[row][0], params, rng)
-                tokens[row].append(last[row])
-                if q is not None:
-                    qs[row].append(q)
+                last[row] = levels[row].add(logits[row][0], *self._rows[row])
+                if levels[row].settled():
+                    depth[row] = i + 1  # no deeper node could be chosen: the chain ends here
         # 2. hand the cache back as we found it: verification rewrites these slots in every layer
         model.rollback_rows(verified)
-        for row in ks:
-            drafts[row] = Draft(tokens[row], np.stack(qs[row]) if qs[row] else None)
-        return drafts
+        return {**drafts, **{row: levels[row].draft() for row in ks}}
 
     def accept(self, n_accepted: Mapping[int, int]) -> None:
         # 3. nothing to do: the engine's rollback of the target row already cut the shared cache
@@ -141,11 +159,12 @@ class EarlyExitDrafter:
 # --------------------------------------------------------------------------------------------
 
 
-def exit_head_drafter(target, head_path) -> EarlyExitDrafter:
+def exit_head_drafter(target, head_path, width: int = 1, nodes: int = 0) -> EarlyExitDrafter:
     """An early-exit head drafting through the torch target's own cache: its B blocks (read from
     the draft GGUF exit_model_path builds, whose layers L .. L + B - 1 they are, by transformers'
     GGUF loader, which knows each architecture's tensor layout) attached after the target's first
-    L layers (TransformersModel.attach_exit_blocks). The rest of that draft model is let go."""
+    L layers (TransformersModel.attach_exit_blocks). The rest of that draft model is let go.
+    `width` and `nodes`: a tree's shape."""
     from ..spec import load_like
     from ..train import headfile
     from .head import held_out_prior
@@ -155,7 +174,7 @@ def exit_head_drafter(target, head_path) -> EarlyExitDrafter:
     blocks = list(draft._decoder_layers())[info.layers : info.layers + info.blocks]
     del draft
     target.attach_exit_blocks(info.layers, blocks)
-    return EarlyExitDrafter(target, info.layers, info.blocks, held_out_prior(info))
+    return EarlyExitDrafter(target, info.layers, info.blocks, held_out_prior(info), width, nodes)
 
 
 def exit_model_path(target, head_path) -> Path:

@@ -147,19 +147,15 @@ class ModelDrafter:
             logits[state.model_row] = rows_logits[-1:]  # [1, vocab] what the draft continues from
         # 2. one forward per draft position over the rows still drafting; each depth's candidates:
         # the chain's token first, then its siblings, with the draft's probability of each
-        levels: dict[int, list[tuple[list[int], list[float], np.ndarray | None]]] = {row: [] for row in live}
+        levels = {row: Levels(widths[row], self.nodes) for row in live}
         depth = {row: ks[row] for row in live}
         for i in range(max(ks[row] for row in live)):
             feed = {}
             for row, state in live.items():
                 if i >= depth[row]:
                     continue
-                row_logits = logits[state.model_row][0]
-                token, row_q = draft_token(row_logits, state.params, state.rng)
-                candidates = [token, *siblings(row_logits, token, row_q, widths[row] - 1, state.rng)]
-                probs = shaping_probs(row_logits, row_q, candidates) if self.nodes else []  # shaped trees only
-                levels[row].append((candidates, probs, row_q))
-                if self.nodes and self._settled(levels[row]):
+                token = levels[row].add(logits[state.model_row][0], state.params, state.rng)
+                if levels[row].settled():
                     depth[row] = i + 1  # no deeper node could be chosen: the chain ends here
                 if i + 1 < depth[row]:  # the last draft token need not be fed: nothing reads it
                     feed[state.model_row] = [token]
@@ -168,54 +164,8 @@ class ModelDrafter:
                 logits = model.forward_rows(feed, {r: 1 for r in feed})
         for row, state in live.items():
             state.drafted = depth[row]  # chain tokens: the depth
-            evidence = {"caught_up": caught_up[row]} if row in caught_up else {}
-            drafts[row] = self._draft(levels[row], evidence, tree=widths[row] > 1)
+            drafts[row] = levels[row].draft({"caught_up": caught_up[row]} if row in caught_up else {})
         return drafts
-
-    def _draft(self, levels, evidence: dict | None = None, tree: bool | None = None) -> Draft:
-        """A row's Draft from its depths' candidates: the chain (width 1), every candidate (the
-        fishbone), or the `nodes` most probable paths."""
-        chosen = self._choose(levels) if self.nodes else [len(c) for c, _, _ in levels]
-        tokens, parents, q = [], [], []
-        above = -1  # the chain's node of the depth before, under which a depth's candidates hang
-        for (candidates, _, row_q), n in zip(levels, chosen):
-            if n == 0:
-                break
-            for t in candidates[:n]:
-                tokens.append(t)
-                parents.append(above)
-                if row_q is not None:
-                    q.append(row_q)
-            above = len(tokens) - n
-        tree = self.width > 1 if tree is None else tree
-        return Draft(tokens, np.stack(q) if q else None, evidence or {}, parents if tree else None)
-
-    def _choose(self, levels) -> list[int]:
-        """How many of each depth's candidates the tree keeps: best first by path probability,
-        among the candidates whose chain node above and earlier siblings are already kept."""
-        above = [1.0]  # the path probability of each depth's parent (the chain's node before it)
-        for _, probs, _ in levels[:-1]:
-            above.append(above[-1] * probs[0])
-        chosen = [0] * len(levels)
-        heap = [(-levels[0][1][0], 0, 0)]  # (-path probability, depth, candidate)
-        while heap and sum(chosen) < self.nodes:
-            _, d, j = heapq.heappop(heap)
-            chosen[d] = j + 1
-            candidates, probs, _ = levels[d]
-            if j == 0 and d + 1 < len(levels):  # the chain's node: the next depth opens below it
-                heapq.heappush(heap, (-above[d + 1] * levels[d + 1][1][0], d + 1, 0))
-            if j + 1 < len(candidates):  # the sibling drawn next
-                heapq.heappush(heap, (-above[d] * probs[j + 1], d, j + 1))
-        return chosen
-
-    def _settled(self, levels) -> bool:
-        """Whether `nodes` candidates found so far are at least as probable as the chain's last node,
-        which bounds every node below it: no deeper node could be chosen."""
-        path, values = 1.0, []
-        for _, probs, _ in levels:
-            values += [path * p for p in probs]
-            path *= probs[0]
-        return sum(v >= path for v in values) >= self.nodes
 
     def accept(self, n_accepted: Mapping[int, int]) -> None:
         # Keep the context and the accepted draft tokens that were fed; drop the rejected ones.
@@ -230,6 +180,75 @@ class ModelDrafter:
                 keep[state.model_row] = k
         if keep:
             self.model.rollback_rows(keep)
+
+
+class Levels:
+    """One row's draft, depth by depth (the module docstring): each depth's candidates (the chain's
+    token first, then its width - 1 siblings from the same distribution), the draft's probability of
+    each (a tree shaped by `nodes` only: shaping_probs) and the q they were drawn from (sampled rows).
+    A chain at width 1. Any drafter that drafts a chain position by position shapes trees with it
+    (a draft model, the early exit)."""
+
+    def __init__(self, width: int = 1, nodes: int = 0):
+        tree_shape(width, nodes)
+        self.width, self.nodes = width, nodes
+        self.levels: list[tuple[list[int], list[float], np.ndarray | None]] = []
+
+    def add(self, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+        """The next depth's candidates from the draft's logits there [vocab]; its chain token (the
+        one a further depth is drafted after)."""
+        token, q = draft_token(logits, params, rng)
+        candidates = [token, *siblings(logits, token, q, self.width - 1, rng)]
+        self.levels.append((candidates, shaping_probs(logits, q, candidates) if self.nodes else [], q))
+        return token
+
+    def settled(self) -> bool:
+        """Whether a tree of `nodes` nodes is settled: that many candidates found so far are at least
+        as probable as the chain's last node, which bounds every node below it, so no deeper node
+        could be chosen (never, for a chain or a fishbone)."""
+        if not self.nodes:
+            return False
+        path, values = 1.0, []
+        for _, probs, _ in self.levels:
+            values += [path * p for p in probs]
+            path *= probs[0]
+        return sum(v >= path for v in values) >= self.nodes
+
+    def draft(self, evidence: dict | None = None) -> Draft:
+        """The Draft: the chain (width 1), every candidate (the fishbone), or the `nodes` most
+        probable paths."""
+        chosen = self._choose() if self.nodes else [len(c) for c, _, _ in self.levels]
+        tokens, parents, q = [], [], []
+        above = -1  # the chain's node of the depth before, under which a depth's candidates hang
+        for (candidates, _, row_q), n in zip(self.levels, chosen):
+            if n == 0:
+                break
+            for t in candidates[:n]:
+                tokens.append(t)
+                parents.append(above)
+                if row_q is not None:
+                    q.append(row_q)
+            above = len(tokens) - n
+        return Draft(tokens, np.stack(q) if q else None, evidence or {}, parents if self.width > 1 else None)
+
+    def _choose(self) -> list[int]:
+        """How many of each depth's candidates the tree keeps: best first by path probability,
+        among the candidates whose chain node above and earlier siblings are already kept."""
+        levels = self.levels
+        above = [1.0]  # the path probability of each depth's parent (the chain's node before it)
+        for _, probs, _ in levels[:-1]:
+            above.append(above[-1] * probs[0])
+        chosen = [0] * len(levels)
+        heap = [(-levels[0][1][0], 0, 0)]  # (-path probability, depth, candidate)
+        while heap and sum(chosen) < self.nodes:
+            _, d, j = heapq.heappop(heap)
+            chosen[d] = j + 1
+            candidates, probs, _ = levels[d]
+            if j == 0 and d + 1 < len(levels):  # the chain's node: the next depth opens below it
+                heapq.heappush(heap, (-above[d + 1] * levels[d + 1][1][0], d + 1, 0))
+            if j + 1 < len(candidates):  # the sibling drawn next
+                heapq.heappush(heap, (-above[d] * probs[j + 1], d, j + 1))
+        return chosen
 
 
 def siblings(
