@@ -1,10 +1,12 @@
-"""Verification rules and draft shapes at temperature > 0 on the real models: the draft model's (or
-a trained head's) sampled chains under block and token-by-token verification, and its sampled
-trees, the same prompts and seeds for every arm, the arms taking turns batch by batch.
+"""Verification rules and draft shapes at temperature > 0 on the real models: the draft model's (a
+trained head's, an early exit's) sampled chains under block and token-by-token verification, and its
+sampled trees, the same prompts and seeds for every arm, the arms taking turns batch by batch.
 
     python benchmarks/verification_rules.py --suite benchmarks/dev-prompts.jsonl --per-category 2 \\
         -n 128 --methods draft:4 --temperature 1 --batch 4 --seed 5
     python benchmarks/verification_rules.py --methods draft:8 draft:8x2/8 --rules block --seeds 3
+    python benchmarks/verification_rules.py --backend torch --target qwen2.5-coder-0.5b \
+        --methods early-exit:20:4 early-exit:20:4x2/4 --rules block
 
 Per arm (a method, and for a chain a rule) it prints tokens per target step two ways, each with its
 standard error over the rows:
@@ -119,20 +121,31 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--seeds", type=int, default=1, help="runs of every prompt, each with its own seed")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument(
+        "--backend",
+        default="llama",
+        choices=("llama", "numpy", "torch"),
+        help="the models' (early exit: numpy or torch)",
+    )
+    ap.add_argument("--device", default="auto", help="torch backend: cpu, cuda, auto")
     args = ap.parse_args()
     if not args.temperature > 0:
         ap.error("--temperature must be above 0: greedy verification keeps the same tokens under every rule")
     specs = {m: parse_method(m) for m in args.methods}
     for m, spec in specs.items():
-        if spec is None or spec.kind not in ("model", "head"):
-            ap.error(f"--methods takes draft:K, draft:KxW[/N], head:K:FILE and head:KxW[/N]:FILE, got {m!r}")
+        if spec is None or spec.kind not in ("model", "head", "early-exit"):
+            ap.error(
+                f"--methods takes draft:K, head:K:FILE, early-exit:L:K and their trees (draft:KxW[/N], "
+                f"head:KxW[/N]:FILE, early-exit:L:KxW[/N]), got {m!r}"
+            )
     # a chain under each rule; a tree has its own rule (verify_tree)
     arms = [(m, rule) for m in args.methods for rule in (args.rules if specs[m].width <= 1 else ["tree"])]
 
-    target = load_model(args.target, threads=args.threads, max_rows=args.batch)
+    on = {"backend": args.backend, "device": args.device, "threads": args.threads, "max_rows": args.batch}
+    target = load_model(args.target, **on)
     drafter = None  # the draft model, loaded where a method drafts with it
     if any(spec.kind == "model" for spec in specs.values()):
-        drafter = model_drafter(load_model(args.draft, threads=args.threads, max_rows=args.batch), target, None)
+        drafter = model_drafter(load_model(args.draft, **on), target, None)
     items = load_suite(Path(args.suite), per_category=args.per_category)
     texts = [prompt_text(target, item) for item in items]
     counted = {arm: [] for arm in arms}  # per row: (tokens, steps)

@@ -90,7 +90,7 @@ def test_batch_mode_reads_jsonl_and_prints_text(folders):
 
 def test_an_early_exit_on_the_torch_backend_from_the_command_line(folders):
     """--draft early-exit:1: the target's first layer drafts through its own cache; compare says
-    the speculative text is plain's, and a batch's rows equal the one-prompt runs."""
+    the speculative text is plain's, and a batch's rows, chains or trees, equal plain's."""
     flags = torch_flags(folders, "-p", PROMPTS[1])
     flags[flags.index("--draft") + 1] = "early-exit:1"
     proc = specdec("compare", *flags)
@@ -100,11 +100,12 @@ def test_an_early_exit_on_the_torch_backend_from_the_command_line(folders):
     batch[batch.index("--draft") + 1] = "early-exit:1"
     plain = torch_flags(folders, "--prompt-file", str(folders / "prompts.txt"), "-b", "4", "--json")
     plain[plain.index("--draft") + 1] = "none"
-    runs = [specdec("generate", *args) for args in (batch, plain)]
+    tree = [*batch, "--draft-width", "2", "--draft-nodes", "3"]  # the exit's tree, 3 nodes a step
+    runs = [specdec("generate", *args) for args in (batch, plain, tree)]
     assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
-    spec, base = ([json.loads(line) for line in r.stdout.splitlines()] for r in runs)
-    assert [r["tokens"] for r in spec] == [r["tokens"] for r in base]
-    assert sum(r["stats"]["drafted"] for r in spec) > 0
+    spec, base, trees = ([json.loads(line) for line in r.stdout.splitlines()] for r in runs)
+    assert [r["tokens"] for r in spec] == [r["tokens"] for r in base] == [r["tokens"] for r in trees]
+    assert sum(r["stats"]["drafted"] for r in spec) > 0 and sum(r["stats"]["drafted"] for r in trees) > 0
 
 
 def test_compare_on_the_torch_backend(folders):

@@ -115,6 +115,11 @@ USER_ERRORS = [
     _row("unknown-command", ["nonsense"], "invalid choice", "(see specdec --help)"),
     _row("early-exit-needs-numpy", ["generate", "-p", "x", "--draft", "early-exit:3"], "needs --backend numpy"),
     _row(
+        "early-exit-tree-needs-numpy",
+        ["generate", "-p", "x", "--draft", "early-exit:3", "--draft-width", "2"],
+        "needs --backend numpy",
+    ),
+    _row(
         "early-exit-without-L", ["generate", "-p", "x", "--draft", "early-exit:x", "--backend", "numpy"], "early-exit:L"
     ),
     _row("head-file-missing", ["generate", "-p", "x", "--draft", "head:/nonexistent.head"], "head file not found"),
