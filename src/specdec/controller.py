@@ -282,7 +282,7 @@ def auto_controller(
     trees = (
         model is not None
         and getattr(model, "width", 0) == 1
-        and not model.nodes
+        and not getattr(model, "nodes", 0)
         and "widths" in inspect.signature(model.propose).parameters
     )
     scores_trees = getattr(target, "scores_trees", False)
