@@ -326,13 +326,15 @@ class TransformersModel(SingleRow):
         # output of the last forward, which a hook leaves (attach_exit_blocks)
         self._blocks: tuple[int, object] | None = None
         self._exit_state = None
+        # with graphs, an early exit's forwards are captured too (benchmarks/gpu_exit.py times both)
+        self.graph_exits = True
         self._clear()
 
     def _clear(self) -> None:
         from transformers import DynamicCache
 
         torch = self._torch
-        self._graph_cache: dict[tuple[int, int, int], _Graph] = {}
+        self._graph_cache: dict[tuple, _Graph] = {}
         self._graph_pool = None
         if self.static:
             from transformers.cache_utils import Cache
@@ -478,7 +480,7 @@ class TransformersModel(SingleRow):
             self._exit = (layers, {row: self._past[i] for row, i in self._index.items()})
         self._exit = (max(self._exit[0], layers), self._exit[1])
         with self._first_layers(layers, self._blocks[1] if blocks else ()):
-            return self._forward_batch(tokens, n_logits or {}, {}, partial=True)
+            return self._forward_batch(tokens, n_logits or {}, {}, partial=(layers, blocks))
 
     def attach_exit_blocks(self, layers: int, blocks) -> None:
         """Trained transformer blocks (an early-exit head's, `specdec train early-exit:L+B`: decoder
@@ -649,10 +651,11 @@ class TransformersModel(SingleRow):
             self._valid[at[0], at[1]] = False  # in place (the static cache's _valid is a view)
             self._pos[at[0], at[1]] = -1
 
-    def _forward_batch(self, tokens, n_logits, trees, partial: bool = False) -> dict[int, np.ndarray]:
+    def _forward_batch(self, tokens, n_logits, trees, partial: tuple | None = None) -> dict[int, np.ndarray]:
         """forward_rows' and forward_tree_rows' forward; trees: row -> (parents, depths [T],
         ancestry [T, T]) for the rows whose tokens are a tree: they sit at their depths'
-        positions and read their ancestors. partial: an early exit's (eager; no states kept)."""
+        positions and read their ancestors. partial: an early exit's (its layers, whether the
+        exit blocks run; no states kept)."""
         torch = self._torch
         B = self.n_rows
         index = self._index
@@ -804,10 +807,11 @@ class TransformersModel(SingleRow):
         self._set_end(0)
         self._past, self._ids, self._index = [], [], {}
 
-    def _forward_static(self, ids, pos, new_valid, position_ids, need: list[int], new_allowed=None, partial=False):
+    def _forward_static(self, ids, pos, new_valid, position_ids, need: list[int], new_allowed=None, partial=None):
         """Write the new columns at [L, L + W) of the buffers and run the model over a view of
-        VIEW_BUCKET-rounded width: eagerly, or as a replayed CUDA graph. Returns (L, logits) with
-        logits [rows, len(need), vocab] (graphs: [rows, W, vocab], the columns in `need` picked)."""
+        VIEW_BUCKET-rounded width: eagerly, or as a replayed CUDA graph (an early exit's too,
+        unless graph_exits is off). Returns (L, logits) with logits [rows, len(need), vocab]
+        (graphs: [rows, W, vocab], the columns in `need` picked)."""
         torch = self._torch
         B, W = ids.shape
         if self._end + W > self._capacity:
@@ -824,14 +828,14 @@ class TransformersModel(SingleRow):
         self._set_end(L + W)
         mask = self._mask(self._valid_buf[:, :view], self._pos_buf[:, :view], pos, L, new_allowed)  # [rows, 1, W, view]
         self._slot.view = view
-        if self.graphs and W <= GRAPH_MAX_WIDTH and not self._sliding and self._layers() and not partial:
-            logits = self._replay(ids, position_ids, mask, L, view)  # [rows, W, vocab]
+        graphed = self.graphs and W <= GRAPH_MAX_WIDTH and not self._sliding and self._layers()
+        if graphed and (not partial or self.graph_exits):
+            # (the exit blocks' pass over a full forward is in its graph: _replay)
+            logits = self._replay(ids, position_ids, mask, L, view, partial)  # [rows, W, vocab]
             logits = logits[:, need] if need else logits[:, :0]
-            if self._blocks is not None:  # (the slot's columns may be another graph's tensor)
-                self._slot.cols = torch.arange(L, L + W, device=self.device)
-        else:
-            self._slot.cols = torch.arange(L, L + W, device=self.device)
-            logits = self._call(ids, mask, position_ids, torch.tensor(need or [W - 1], device=self.device)).logits
+            return L, logits
+        self._slot.cols = torch.arange(L, L + W, device=self.device)
+        logits = self._call(ids, mask, position_ids, torch.tensor(need or [W - 1], device=self.device)).logits
         if self._blocks is not None and not partial:
             self._run_blocks(mask, position_ids)
         return L, logits
@@ -854,19 +858,22 @@ class TransformersModel(SingleRow):
         self._graph_cache.clear()
         self._graph_pool = None
 
-    def _replay(self, ids, position_ids, mask, L: int, view: int):
-        """The forward as a CUDA graph: captured once per (rows, width, view), then its inputs are
-        copied into the graph's own tensors and it is replayed."""
+    def _replay(self, ids, position_ids, mask, L: int, view: int, partial: tuple | None = None):
+        """The forward as a CUDA graph: captured once per (rows, width, view, early exit), then its
+        inputs are copied into the graph's own tensors and it is replayed. A full forward's graph
+        runs the exit blocks over its columns too (attach_exit_blocks), so they cost no launches
+        of their own; an early exit's runs the layers _first_layers left (uncompiled: the
+        compiled forward was traced through every layer)."""
         torch = self._torch
         B, W = ids.shape
-        key = (B, W, view)
+        key = (B, W, view, partial)
         graph = self._graph_cache.get(key)
         if graph is None:
             graph = _Graph(ids.clone(), position_ids.clone(), mask.clone(), torch.arange(L, L + W, device=self.device))
             self._slot.cols = graph.cols
 
             def run():
-                return self._forward(
+                logits = (self.model if partial else self._forward)(
                     input_ids=graph.ids,
                     attention_mask=graph.mask,
                     position_ids=graph.position_ids,
@@ -874,14 +881,16 @@ class TransformersModel(SingleRow):
                     logits_to_keep=0,
                     **{self._cache_kw: self._cache},
                 ).logits
+                if self._blocks is not None and not partial:
+                    self._run_blocks(graph.mask, graph.position_ids)
+                return logits
 
             with torch.inference_mode():
                 # (the warm-up's writes land on the columns this very forward is about to write anyway)
                 graph.graph, graph.logits = cuda_graph(run, self._graph_pool)
-                # a replay runs no hook, but the final norm's output (and layer L's, for exit
-                # blocks), which the hooks saw during the capture, is the graph's own tensor:
-                # each replay refills it
-                graph.normed, graph.exit_state = self._normed, self._exit_state
+                # a replay runs no hook, but the final norm's output, which the hook saw during
+                # the capture, is the graph's own tensor: each replay refills it
+                graph.normed = self._normed
             self._graph_pool = graph.graph.pool()
             self._graph_cache[key] = graph
         else:
@@ -890,7 +899,7 @@ class TransformersModel(SingleRow):
             graph.mask.copy_(mask)
             graph.cols.copy_(torch.arange(L, L + W, device=self.device))
         graph.graph.replay()
-        self._normed, self._exit_state = graph.normed, graph.exit_state
+        self._normed = graph.normed
         return graph.logits
 
     def _compact(self) -> None:
@@ -1069,7 +1078,6 @@ class _Graph:
         self.graph = None
         self.logits = None  # [rows, W, vocab], rewritten by every replay
         self.normed = None  # [rows, W, n_embd]: the final norm's output, where hidden states are kept
-        self.exit_state = None  # [rows, W, n_embd]: layer L's output, where exit blocks are attached
 
 
 class ByteTokenizer:
