@@ -114,10 +114,32 @@ def test_compare_on_the_torch_backend(folders):
     assert "identical" in proc.stdout and "speedup" in proc.stdout
 
 
+def test_the_static_cache_from_the_command_line_writes_the_dynamic_caches_tokens(folders):
+    """--cache static (the layout CUDA graphs replay over; with SPECDEC_TEST_DEVICE=cuda, --graphs
+    too): a batch of rows, target and draft model over preallocated buffers, writes what the
+    default dynamic cache writes, with drafts kept."""
+    layouts = [["--cache", "dynamic"], ["--cache", "static"]]
+    if tiny_hf.DEVICE.startswith("cuda"):
+        layouts.append(["--cache", "static", "--graphs"])
+    runs = []
+    for layout in layouts:
+        flags = torch_flags(folders, "--prompt-file", str(folders / "prompts.txt"), "-b", "3", "--json", "--stats")
+        flags[flags.index("--device") + 1] = tiny_hf.DEVICE
+        proc = specdec("generate", *flags, *layout)
+        assert proc.returncode == 0, proc.stderr
+        runs.append([json.loads(line) for line in proc.stdout.splitlines()])
+    assert all([r["tokens"] for r in run] == [r["tokens"] for r in runs[0]] for run in runs)
+    assert all(sum(r["stats"]["accepted"] for r in run) > 0 for run in runs)
+
+
 def test_torch_user_errors(folders, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"text": "no prompt field"}\n')
     assert_user_error(specdec("generate", *torch_flags(folders, "--prompt-file", str(bad), "-b", "2")), "bad.jsonl:2")
+    assert_user_error(
+        specdec("generate", *torch_flags(folders, "-p", "x", "--cache", "static", "--graphs")),
+        "--graphs needs a CUDA device (--device cuda); this one is cpu",
+    )
     assert_user_error(
         specdec(
             "generate", "--backend", "torch", "--device", "cpu", "--target", str(tmp_path), "--draft", "none", "-p", "x"

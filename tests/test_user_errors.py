@@ -115,6 +115,12 @@ USER_ERRORS = [
     _row("unknown-command", ["nonsense"], "invalid choice", "(see specdec --help)"),
     _row("early-exit-needs-numpy", ["generate", "-p", "x", "--draft", "early-exit:3"], "needs --backend numpy"),
     _row(
+        "static-cache-needs-torch", ["generate", "-p", "x", "--cache", "static"], "--cache static needs --backend torch"
+    ),
+    _row("graphs-need-torch", ["serve", "--graphs"], "--graphs needs --backend torch"),
+    _row("graphs-need-static", ["bench", "--backend", "torch", "--graphs"], "--graphs needs --cache static"),
+    _row("bad-cache", ["compare", "--cache", "paged"], "invalid choice: 'paged'"),
+    _row(
         "early-exit-tree-needs-numpy",
         ["generate", "-p", "x", "--draft", "early-exit:3", "--draft-width", "2"],
         "needs --backend numpy",

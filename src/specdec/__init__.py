@@ -54,6 +54,8 @@ def load_model(
     max_rows: int = 1,
     exact: bool = False,
     trees: bool = True,
+    cache: str = "dynamic",
+    graphs: bool = False,
 ):
     """A built-in model name (see `specdec models`) or a path to a .gguf file, loaded on a backend:
     'llama' (llama.cpp, the default), 'numpy' (the pure-NumPy reference, models/numpy_ref.py) or
@@ -66,6 +68,8 @@ def load_model(
     `trees` (llama.cpp only): whether the model will score tree drafts; without them each row
     keeps a KV cache stream of its own, and a step over many rows reads only its own cells
     (models/llama_cpp.py).
+    `cache` and `graphs` (torch only): the KV cache layout, "dynamic" or "static", and whether
+    forwards replay as CUDA graphs (static, on CUDA; models/transformers.py).
     Built-in models are assembled from their installed packages on first use."""
     from pathlib import Path
 
@@ -78,10 +82,13 @@ def load_model(
     if threads is not None and threads < 1:
         raise SpecdecError(f"threads must be >= 1, got {threads}")
     check_exact(backend, exact)
+    if backend != "torch" and (cache != "dynamic" or graphs):
+        raise SpecdecError(f"the KV cache layout and CUDA graphs are the torch backend's, not {backend}'s")
+    torch_options = dict(device=device, dtype=dtype, n_ctx=n_ctx, threads=threads, cache=cache, graphs=graphs)
     if backend == "torch" and Path(name_or_path).is_dir():
         from .models.transformers import load_transformers_model
 
-        return load_transformers_model(name_or_path, device=device, dtype=dtype, n_ctx=n_ctx, threads=threads)
+        return load_transformers_model(name_or_path, **torch_options)
     path = resolve(name_or_path, progress=progress)
     if backend == "torch":
         from .models.transformers import load_transformers_model
@@ -92,7 +99,7 @@ def load_model(
             print(
                 f"loading {path.name} into transformers (the GGUF is dequantised: this takes a while)", file=sys.stderr
             )
-        model = load_transformers_model(path, device=device, dtype=dtype, n_ctx=n_ctx, threads=threads)
+        model = load_transformers_model(path, **torch_options)
     elif backend == "numpy":
         from .models.numpy_ref import load_numpy_model
 

@@ -288,5 +288,6 @@ def load_like(target, path):
         return load_numpy_model(path, n_ctx=target.n_ctx)
     if isinstance(target, TransformersModel):  # dequantised by transformers, on the target's device and dtype
         dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
-        return load_transformers_model(path, device=str(target.device), dtype=dtype, n_ctx=target.n_ctx)
+        layout = dict(cache="static" if target.static else "dynamic", graphs=target.graphs)
+        return load_transformers_model(path, device=str(target.device), dtype=dtype, n_ctx=target.n_ctx, **layout)
     raise SpecdecError(f"an early-exit head drafts as a GGUF draft model, which {type(target).__name__} cannot load")

@@ -94,6 +94,8 @@ class Bench:
         exact: bool = False,
         reproducible: bool = False,
         verification: str = "block",
+        cache: str = "dynamic",
+        graphs: bool = False,
     ):
         from .. import load_model
         from ..catalog import resolve
@@ -109,6 +111,8 @@ class Bench:
         options = dict(
             backend=backend, n_ctx=ctx, threads=self.threads, device=device, dtype=dtype, max_rows=max_rows, exact=exact
         )
+        if backend == "torch":  # (the KV cache layout and CUDA graphs are torch's)
+            options.update(cache=cache, graphs=graphs)
         self.target = load_model(target_name, **options)
         spec = parse(draft_name)  # string:NAME / intersect:NAME: across tokenizers
         draft_name = spec.model

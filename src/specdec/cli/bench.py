@@ -9,7 +9,7 @@ from .. import catalog
 from ..errors import SpecdecError
 from ..sampling import VERIFICATION_RULES
 from .flags import CTX_HELP, _add_model_flags, _add_suffix_flags
-from .loading import _check_draft_corpus
+from .loading import _check_device, _check_draft_corpus
 from .options import SEED, TEMPERATURE_HELP, _float_in, _positive
 
 
@@ -162,6 +162,7 @@ def cmd_bench(args) -> int:
         if method.startswith(("suffix:", "auto:suffix")) and args.suffix_cap == 0:
             raise SpecdecError(f"method {method} needs the suffix cache: give --suffix-cap >= 1")
     _check_draft_corpus(args)
+    _check_device(args)  # --device, --cache and --graphs before a load
     vllm = [m for m in methods if m.startswith("vllm:")]
     if vllm:
         from ..peers import check_vllm
@@ -192,6 +193,8 @@ def cmd_bench(args) -> int:
         exact=args.exact,
         reproducible=args.reproducible,
         verification=args.verification,
+        cache=args.cache,
+        graphs=args.graphs,
     )
     if args.hf or any(m.startswith("hf:") for m in methods):
         runner.enable_hf()

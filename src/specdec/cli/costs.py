@@ -12,7 +12,7 @@ from ..costs import DEEP, SHALLOW
 from ..errors import SpecdecError
 from ..paths import writable_reason
 from .flags import _add_model_flags
-from .loading import _model_loader
+from .loading import _check_device, _model_loader
 from .options import _positive
 
 
@@ -52,17 +52,6 @@ def _add_costs_flags(p) -> None:
         "--draft-random-weights", metavar="CONFIG.json", default=None, help="torch backend: the draft likewise"
     )
     p.add_argument(
-        "--cache",
-        choices=("dynamic", "static"),
-        default="dynamic",
-        help="torch backend: the KV cache layout (static: preallocated, for CUDA graphs)",
-    )
-    p.add_argument(
-        "--graphs",
-        action="store_true",
-        help="torch backend on CUDA: replay the forward as CUDA graphs (needs --cache static)",
-    )
-    p.add_argument(
         "--compile",
         action="store_true",
         help="torch backend on CUDA: torch.compile the forward inside each graph (needs --graphs; "
@@ -98,14 +87,11 @@ def _costs_models(args):
         for flag, value in (
             ("--random-weights", args.random_weights),
             ("--draft-random-weights", args.draft_random_weights),
-            ("--cache static", args.cache == "static"),
-            ("--graphs", args.graphs),
             ("--compile", args.compile),
         ):
             if value:
                 raise SpecdecError(f"{flag} needs --backend torch")
-    if args.graphs and args.cache != "static":
-        raise SpecdecError("--graphs needs --cache static")
+    _check_device(args)  # --cache and --graphs, and the device
     if args.compile and not args.graphs:
         raise SpecdecError("--compile needs --graphs (the compiled forward is captured as a CUDA graph)")
     if args.draft and args.draft_random_weights:
@@ -120,10 +106,6 @@ def _costs_models(args):
     why = writable_reason(args.out) if args.out else None
     if why:  # found now, not after the timing
         raise SpecdecError(f"--out {args.out} cannot be written: {why}")
-    if args.backend == "torch":
-        from ..models.transformers import pick_device
-
-        pick_device(args.device)
     load_by_name = _model_loader(args, max(args.rows))
 
     def load(name, config):
@@ -140,8 +122,8 @@ def _costs_models(args):
                 graphs=args.graphs,
                 compile=args.compile,
             )
-        model = load_by_name(name)
-        if args.cache == "static":  # a loaded torch model: rebuild it over the static cache
+        model = load_by_name(name)  # (over --cache, with --graphs)
+        if args.compile:  # a loaded torch model: rebuild it with the compiled forward
             from ..models.transformers import TransformersModel
 
             model = TransformersModel(

@@ -142,6 +142,19 @@ def _add_torch_flags(g) -> None:
         default="auto",
         help="torch backend: weights and activations (auto: bfloat16 on CUDA, float32 on CPU)",
     )
+    g.add_argument(
+        "--cache",
+        choices=("dynamic", "static"),
+        default="dynamic",
+        help="torch backend: the KV cache layout (static: preallocated buffers, which CUDA graphs need; "
+        "default: dynamic)",
+    )
+    g.add_argument(
+        "--graphs",
+        action="store_true",
+        help="torch backend on CUDA: replay each decode, verification and early-exit forward as a CUDA graph "
+        "(one launch instead of hundreds; needs --cache static; the GPU tables in the README use it)",
+    )
 
 
 def _add_threads_flag(g, help_text: str | None = THREADS_HELP) -> None:

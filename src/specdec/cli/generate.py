@@ -85,6 +85,8 @@ def _add_generate_parsers(sub) -> None:
         draft_backend=None,
         device="auto",
         dtype="auto",
+        cache="dynamic",
+        graphs=False,
         ctx=4096,
         exact=False,
         # auto with an empty suffix cache of the default size, as generate has by default

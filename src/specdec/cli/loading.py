@@ -28,11 +28,13 @@ def _check_threads(args) -> None:
 
 def _model_loader(args, rows: int):
     """load(name, backend=--backend, trees=True): a model as the model flags ask (--ctx, --threads,
-    --device, --dtype), with room for `rows` sequences at once (`trees`: it will score tree drafts,
-    load_model's); every command that loads models through the model flags loads them here."""
+    --device, --dtype, and on torch --cache and --graphs), with room for `rows` sequences at once
+    (`trees`: it will score tree drafts, load_model's); every command that loads models through
+    the model flags loads them here."""
     from .. import load_model
 
     def load(name, backend=args.backend, trees=True):
+        layout = {"cache": args.cache, "graphs": args.graphs} if backend == "torch" else {}
         return load_model(
             name,
             backend=backend,
@@ -43,22 +45,34 @@ def _model_loader(args, rows: int):
             max_rows=rows,
             exact=args.exact,
             trees=trees,
+            **layout,
         )
 
     return load
 
 
 def _check_device(args) -> None:
-    """A bad --device fails before a long load, when the target or the draft runs on torch (and
-    --exact on another backend than llama before that: it needs no torch to be told)."""
+    """A bad --device, --cache or --graphs fails before a long load, when the target or the draft
+    runs on torch (and --exact on another backend than llama, or a torch flag where no model runs
+    on torch, before that: they need no torch to be told)."""
     from .. import check_exact
 
-    for backend in (args.backend, args.draft_backend or args.backend):  # the draft's: the target's unless told
+    draft_backend = getattr(args, "draft_backend", None)
+    for backend in (args.backend, draft_backend or args.backend):  # the draft's: the target's unless told
         check_exact(backend, args.exact)
-    if "torch" in (args.backend, args.draft_backend):
-        from ..models.transformers import pick_device
+    on_torch = "torch" in (args.backend, draft_backend)
+    for flag, value in (("--cache static", args.cache == "static"), ("--graphs", args.graphs)):
+        if value and not on_torch:
+            raise SpecdecError(f"{flag} needs --backend torch")
+    if args.graphs and args.cache != "static":
+        raise SpecdecError("--graphs needs --cache static")
+    if on_torch:
+        from ..models.transformers import check_layout, pick_device
 
-        pick_device(args.device)
+        device = pick_device(args.device)
+        if args.graphs and not device.startswith("cuda"):
+            raise SpecdecError(f"--graphs needs a CUDA device (--device cuda); this one is {device}")
+        check_layout(args.cache, args.graphs, device)
 
 
 def _decoder(args):

@@ -117,6 +117,19 @@ def cuda_graph(run: Callable, pool=None):
     return graph, out
 
 
+def check_layout(cache: str, graphs: bool, device: str, compile: bool = False) -> None:
+    """The KV cache layout asked for is one this backend builds on `device` (a device name as
+    pick_device returns it): checked before a model is loaded."""
+    if cache not in CACHES:
+        raise SpecdecError(f"unknown cache {cache!r}: use one of {', '.join(CACHES)}")
+    if graphs and cache != "static":
+        raise SpecdecError("CUDA graphs need the static cache (--cache static)")
+    if graphs and not device.startswith("cuda"):
+        raise SpecdecError(f"CUDA graphs need a CUDA device, and this model runs on {device}")
+    if compile and not graphs:
+        raise SpecdecError("compile needs graphs (the compiled forward is captured as a CUDA graph)")
+
+
 def pick_device(device: str = "auto") -> str:
     torch = _torch()
     if device == "auto":
@@ -268,8 +281,6 @@ class TransformersModel(SingleRow):
         compile: bool = False,
     ):
         torch = _torch()
-        if cache not in CACHES:
-            raise SpecdecError(f"unknown cache {cache!r}: use one of {', '.join(CACHES)}")
         self._torch = torch
         self.model = model.eval()
         # the cache argument's name: `cache` in transformers 5.x's newer releases (the old name,
@@ -294,12 +305,9 @@ class TransformersModel(SingleRow):
         types = getattr(text, "layer_types", None) or []
         self._sliding = getattr(text, "sliding_window", None) if "sliding_attention" in types else None
         self._mask_keys = sorted(set(types)) if self._sliding else None
+        check_layout(cache, graphs, str(self.device), compile)
         self.static = cache == "static"
-        if graphs and not (self.static and self.device.type == "cuda"):
-            raise SpecdecError("CUDA graphs need cache='static' and a CUDA device")
         self.graphs = graphs
-        if compile and not graphs:
-            raise SpecdecError("compile needs graphs (the compiled forward is captured as a CUDA graph)")
         self._forward = self.model
         if compile:
             import torch._dynamo
@@ -1178,9 +1186,12 @@ def load_transformers_model(
     n_ctx: int | None = 4096,
     threads: int | None = None,
     name: str | None = None,
+    cache: str = "dynamic",
+    graphs: bool = False,
 ) -> TransformersModel:
     """A local transformers folder (config.json + safetensors + tokenizer) or a GGUF file
-    (dequantised by transformers' GGUF loader), on `device` in `dtype`."""
+    (dequantised by transformers' GGUF loader), on `device` in `dtype`, over the `cache` layout
+    (with `graphs`, its forwards replayed as CUDA graphs: TransformersModel)."""
     torch = _torch()
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -1190,6 +1201,7 @@ def load_transformers_model(
         transformers.utils.logging.disable_progress_bar()
     path = Path(path)
     device = pick_device(device)
+    check_layout(cache, graphs, device)
     torch_dtype = pick_dtype(dtype, device)
     if threads is not None and device == "cpu":
         torch.set_num_threads(threads)
@@ -1215,7 +1227,7 @@ def load_transformers_model(
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"transformers could not load {path}: {first}") from None
     model.to(device)
-    loaded = TransformersModel(model, tokenizer, name=name or path.name, n_ctx=n_ctx)
+    loaded = TransformersModel(model, tokenizer, name=name or path.name, n_ctx=n_ctx, cache=cache, graphs=graphs)
     loaded.path = path  # (an early-exit head's draft model is built from a GGUF target's file)
     # a GGUF is named by its sha256, as llama.cpp names it: a head trained on either serves both
     loaded._identity_of = (lambda: _folder_sha256(path)) if path.is_dir() else (lambda: file_sha256(path))
