@@ -67,12 +67,11 @@ def _check_device(args) -> None:
     if args.graphs and args.cache != "static":
         raise SpecdecError("--graphs needs --cache static")
     if on_torch:
-        from ..models.transformers import check_layout, pick_device
+        from ..models.transformers import pick_device
 
         device = pick_device(args.device)
         if args.graphs and not device.startswith("cuda"):
             raise SpecdecError(f"--graphs needs a CUDA device (--device cuda); this one is {device}")
-        check_layout(args.cache, args.graphs, device)
 
 
 def _decoder(args):
