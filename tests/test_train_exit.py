@@ -225,3 +225,29 @@ def _has_llama() -> bool:
     except ImportError:
         return False
     return True
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_the_shared_caches_blocks_are_the_draft_models_layers(tmp_path, monkeypatch, arch):
+    """exit_blocks (the blocks alone, read by transformers' GGUF reader, no draft model loaded)
+    gives the torch target the weights the head's draft model has at layers L .. L + B - 1, under
+    transformers' names and Q/K layout (a llama GGUF's Q and K rows are permuted); an untrained
+    head's blocks are the target's own layers, Q8_0-rounded."""
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    from specdec import load_model
+    from specdec.drafters.early_exit import exit_blocks, exit_model_path
+    from specdec.spec import load_like
+
+    path = tmp_path / f"{arch}.gguf"
+    write_tiny_gguf(path, arch, seed=7, n_layer=4, n_head_kv=2)
+    _, head_path = _untrained_head(load_numpy_model(path, n_ctx=128), 1, 2, tmp_path)
+    target = load_model(str(path), backend="torch", device="cpu", n_ctx=128, progress=False)
+    blocks = exit_blocks(target, head_path)
+    draft = load_like(target, exit_model_path(target, head_path))
+    own = list(target._decoder_layers())[1:3]
+    for got, want, layer in zip(blocks, list(draft._decoder_layers())[1:3], own):
+        got, want, layer = got.state_dict(), want.state_dict(), layer.state_dict()
+        assert got.keys() == want.keys() == layer.keys()
+        for name in got:
+            torch.testing.assert_close(got[name], want[name], rtol=0, atol=0)
+            torch.testing.assert_close(got[name], layer[name], rtol=0, atol=0.02 * float(layer[name].abs().max()))

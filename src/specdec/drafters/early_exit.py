@@ -160,28 +160,54 @@ class EarlyExitDrafter:
 
 
 def exit_head_drafter(target, head_path, width: int = 1, nodes: int = 0) -> EarlyExitDrafter:
-    """An early-exit head drafting through the torch target's own cache: its B blocks (read from
-    the draft GGUF exit_model_path builds, whose layers L .. L + B - 1 they are, by transformers'
-    GGUF loader, which knows each architecture's tensor layout) attached after the target's first
-    L layers (TransformersModel.attach_exit_blocks). The rest of that draft model is let go.
+    """An early-exit head drafting through the torch target's own cache: its B blocks
+    (exit_blocks) attached after the target's first L layers (TransformersModel.attach_exit_blocks).
     `width` and `nodes`: a tree's shape."""
-    from ..spec import load_like
     from ..train import headfile
     from .head import held_out_prior
 
     info = headfile.read_info(head_path)
-    draft = load_like(target, exit_model_path(target, head_path))
-    blocks = list(draft._decoder_layers())[info.layers : info.layers + info.blocks]
-    del draft
-    target.attach_exit_blocks(info.layers, blocks)
+    target.attach_exit_blocks(info.layers, exit_blocks(target, head_path))
     return EarlyExitDrafter(target, info.layers, info.blocks, held_out_prior(info), width, nodes)
 
 
-def exit_model_path(target, head_path) -> Path:
+def exit_blocks(target, head_path) -> list:
+    """An early-exit head's B blocks as decoder layers of the torch target's own class (copies of
+    its layers L .. L + B - 1, given the head's weights). The weights come from a GGUF of the
+    target's metadata and the blocks alone (exit_model_path(blocks_only=True)), read by
+    transformers' GGUF reader, which knows each architecture's tensor names and Q/K layout; the
+    same Q8_0-rounded weights the head's draft model has, without loading that model (its first L
+    layers, embedding and tokenizer: as long again as the target's own load)."""
+    import copy
+
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from ..models.transformers import quiet_transformers
+    from ..train import headfile
+
+    info = headfile.read_info(head_path)
+    path = exit_model_path(target, head_path, blocks_only=True)
+    with quiet_transformers():
+        tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=target.model)["tensors"]
+    layers = list(target._decoder_layers())
+    blocks = []
+    for i in range(info.layers, info.layers + info.blocks):
+        block = copy.deepcopy(layers[i])
+        own = {name.split(f".layers.{i}.", 1)[1]: t for name, t in tensors.items() if f".layers.{i}." in name}
+        missing = sorted(set(block.state_dict()) - set(own))
+        if missing:
+            raise SpecdecError(f"{head_path}: block {i} lacks {', '.join(missing)} as transformers reads it")
+        block.load_state_dict(own)
+        blocks.append(block)
+    return blocks
+
+
+def exit_model_path(target, head_path, blocks_only: bool = False) -> Path:
     """The GGUF that drafts for an early-exit head file: the target's metadata (its block count
     now L + B), its embedding, final norm and output head, its first L layers as they are (the
     same quantisation), and the head's B blocks (Q8_0 matrices, float32 norms and biases). Built
-    once under $SPECDEC_HOME/exits, named by the target's and the head's sha256, written whole."""
+    once under $SPECDEC_HOME/exits, named by the target's and the head's sha256, written whole.
+    `blocks_only`: the target's metadata as it is and the blocks alone (exit_blocks reads them)."""
     from ..models.base import file_sha256
     from ..paths import specdec_home
     from ..train import headfile
@@ -196,14 +222,15 @@ def exit_model_path(target, head_path) -> Path:
             "an early-exit head drafts as a draft model built from the target's GGUF file: load the target "
             "from its .gguf (not a transformers folder)"
         )
-    out = specdec_home() / "exits" / f"{info.target_sha256[:16]}-{file_sha256(Path(head_path))[:16]}.gguf"
+    name = f"{info.target_sha256[:16]}-{file_sha256(Path(head_path))[:16]}" + ("-blocks" if blocks_only else "")
+    out = specdec_home() / "exits" / f"{name}.gguf"
     if not out.exists():  # (the blocks are read only to build it)
         out.parent.mkdir(parents=True, exist_ok=True)
-        write_exit_gguf(Path(source), info, headfile.load(head_path)[1], out)
+        write_exit_gguf(Path(source), info, headfile.load(head_path)[1], out, blocks_only)
     return out
 
 
-def write_exit_gguf(source, info, tensors: dict, out) -> None:
+def write_exit_gguf(source, info, tensors: dict, out, blocks_only: bool = False) -> None:
     """exit_model_path's GGUF, written to a temporary name and moved into place."""
     import os
 
@@ -218,15 +245,17 @@ def write_exit_gguf(source, info, tensors: dict, out) -> None:
         for field in reader.fields.values():
             if field.name.startswith("GGUF.") or field.name == "general.architecture":
                 continue
+            if blocks_only and field.name.startswith("tokenizer."):
+                continue  # (its 150k-entry arrays would be parsed for nothing)
             kind = field.types[0]
             sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
             value = field.contents()
-            if field.name == f"{arch}.block_count":
+            if field.name == f"{arch}.block_count" and not blocks_only:
                 value = layers
             elif field.name == "general.name":
                 value = f"{value} early exit {info.layers}+{info.blocks}"
             writer.add_key_value(field.name, value, kind, sub_type=sub)
-        for t in reader.tensors:
+        for t in [] if blocks_only else reader.tensors:
             if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= info.layers:
                 continue  # the target's deeper layers: not in the draft
             writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)

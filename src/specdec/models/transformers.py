@@ -117,6 +117,12 @@ def cuda_graph(run: Callable, pool=None):
     return graph, out
 
 
+def quiet_transformers():
+    """A context in which transformers' GGUF loader draws no progress bar on stderr (it draws its
+    own, past transformers' switch); SPECDEC_VERBOSE=1 shows it."""
+    return contextlib.nullcontext() if os.environ.get("SPECDEC_VERBOSE") else contextlib.redirect_stderr(io.StringIO())
+
+
 def check_layout(cache: str, graphs: bool, device: str, compile: bool = False) -> None:
     """The KV cache layout asked for is one this backend builds on `device` (a device name as
     pick_device returns it): checked before a model is loaded."""
@@ -1213,10 +1219,8 @@ def load_transformers_model(
         where, extra = str(path.parent), {"gguf_file": path.name}
     else:
         raise ModelLoadError(f"{path}: no such file or folder")
-    # the GGUF loader draws its own progress bar on stderr; SPECDEC_VERBOSE=1 shows it
-    quiet = contextlib.nullcontext() if os.environ.get("SPECDEC_VERBOSE") else contextlib.redirect_stderr(io.StringIO())
     try:
-        with quiet:
+        with quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True, **extra)
             model = AutoModelForCausalLM.from_pretrained(
                 where, local_files_only=True, dtype=torch_dtype, attn_implementation="sdpa", **extra
