@@ -24,7 +24,6 @@ after a warm-up run (the engine). DIR/exit-SHAPE.json keeps them with the device
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import sys
@@ -35,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
-from gpu_heads import DEPTH, SHAPES, build_target, log, timed  # noqa: E402
+from gpu_heads import DEPTH, build_target, forward_costs, log, shape_parser, start, timed  # noqa: E402
 
 
 def exit_forward(model, layers: int, rows: int, repeats: int, sync) -> float:
@@ -116,47 +115,19 @@ def engine_runs(target, draft, layers: int, blocks: int, args) -> list[dict]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--targets", nargs="+", default=["1.5b", "7b"], choices=SHAPES)
+    parser = shape_parser(__doc__)
     parser.add_argument("--exits", nargs="+", default=["14+1", "7+1"], help="L+B: the target's layers, then blocks")
-    parser.add_argument("--config-dir", default=str(HERE / "configs"))
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--tokens", type=int, default=128, help="tokens the engine generates a run")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--dtype", default="bfloat16")
     args = parser.parse_args()
-
-    import torch
-
-    import specdec
-    from specdec import SpeculativeDecoder
-    from specdec.costs import measure_forward_costs
-
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    torch, out, sync, device, versions = start(args)
     cuda = args.device.startswith("cuda")
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    device = torch.cuda.get_device_name(0) if cuda else "cpu"
-    log(f"{device}, torch {torch.__version__}")
 
-    def forwards(model) -> dict:
-        return {
-            str(rows): {
-                str(w): s
-                for w, s in measure_forward_costs(
-                    model, [1, 2, 3, 4, 5], repeats=args.repeats, depth=DEPTH, use_cache=False, rows=rows
-                ).items()
-            }
-            for rows in args.rows
-        }
+    from specdec import SpeculativeDecoder
 
     for shape in args.targets:
         config = Path(args.config_dir) / f"qwen2.5-coder-{shape}.json"
         report = {
             "device": device,
-            "versions": {"torch": torch.__version__, "specdec": specdec.__version__},
+            "versions": versions,
             "config": config.name,
             "dtype": args.dtype,
             "depth": DEPTH,
@@ -166,12 +137,12 @@ def main() -> int:
             started = time.perf_counter()
             layers, blocks = (int(x) for x in spec.split("+"))
             target = build_target(config, args, None)
-            entry = {"target": forwards(target)}
+            entry = {"target": forward_costs(target, args, [1, 2, 3, 4, 5])}
             log(f"{shape} {spec}: the engine, {args.tokens} tokens after {DEPTH}")
             plain = engine_run("plain", SpeculativeDecoder(target), args)
             every = list(target._decoder_layers())
             target.attach_exit_blocks(layers, [copy.deepcopy(every[i]) for i in range(layers, layers + blocks)])
-            entry["target_with_blocks"] = forwards(target)
+            entry["target_with_blocks"] = forward_costs(target, args, [1, 2, 3, 4, 5])
             entry["exit_forward"] = {}
             for rows in args.rows:
                 for graphs in (True, False):

@@ -179,20 +179,23 @@ def time_engine(model, args, out: Path) -> list[dict]:
     return results
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def shape_parser(doc: str) -> argparse.ArgumentParser:
+    """The flags every random-weight GPU timing here takes (this script's, gpu_exit.py's)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--targets", nargs="+", default=["1.5b", "7b"], choices=SHAPES)
     parser.add_argument("--config-dir", default=str(ROOT / "benchmarks" / "configs"))
-    parser.add_argument("--vocab", type=int, nargs="+", default=[8192, 32768, 0], help="draft vocabularies (0: all)")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--engine", action="store_true", help="also time the engine drafting with each head")
     parser.add_argument("--tokens", type=int, default=128, help="tokens the engine generates a run")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
-    args = parser.parse_args()
+    return parser
 
+
+def start(args):
+    """(torch, the output folder, a synchronise function, the device's name, the versions), the
+    device named on the log's first line."""
     import torch
 
     import specdec
@@ -202,8 +205,17 @@ def main() -> int:
     cuda = args.device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     device = torch.cuda.get_device_name(0) if cuda else "cpu"
-    versions = {"torch": torch.__version__, "specdec": specdec.__version__}
     log(f"{device}, torch {torch.__version__}")
+    return torch, out, sync, device, {"torch": torch.__version__, "specdec": specdec.__version__}
+
+
+def main() -> int:
+    parser = shape_parser(__doc__)
+    parser.add_argument("--vocab", type=int, nargs="+", default=[8192, 32768, 0], help="draft vocabularies (0: all)")
+    parser.add_argument("--engine", action="store_true", help="also time the engine drafting with each head")
+    args = parser.parse_args()
+    torch, out, sync, device, versions = start(args)
+    cuda = args.device.startswith("cuda")
     for shape in args.targets:
         started = time.perf_counter()
         config = Path(args.config_dir) / f"qwen2.5-coder-{shape}.json"
