@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec.drafters.model import Levels, ModelDrafter
-from specdec.sampling import SamplingParams
+from specdec.drafters.model import Levels, ModelDrafter, shaping_probs, siblings
+from specdec.sampling import SamplingParams, log_softmax
 
 from ..toy import ToyLM
 
@@ -25,6 +25,24 @@ def chooser(nodes: int, depths=()) -> Levels:
     shaper = Levels(width=3, nodes=nodes)
     shaper.levels = list(depths)
     return shaper
+
+
+def test_greedy_siblings_are_the_next_best_ties_by_id_and_their_probabilities_the_softmax():
+    """Greedy siblings: the best logits after the chain's token, ties by the lower id (before an
+    argmax a sibling, the partition of a sort broke ties at its cut arbitrarily), impossible tokens
+    (-inf) last by id; the shaping probabilities are the softmax's."""
+    rng = np.random.default_rng(3)
+    for trial in range(2000):
+        V = int(rng.integers(2, 30))
+        logits = rng.integers(-3, 3, V).astype(np.float32)  # many ties
+        if trial % 3 == 0:
+            logits[rng.integers(0, V, 2)] = -np.inf
+        token, n = int(rng.integers(0, V)), int(rng.integers(1, 6))
+        want = [i for i in sorted(range(V), key=lambda i: (-logits[i], i)) if i != token][:n]
+        assert siblings(logits, token, None, n, None) == want
+        if np.isfinite(logits).any():
+            p = shaping_probs(logits, None, list(range(V)))
+            np.testing.assert_allclose(p, np.exp(log_softmax(logits)), rtol=1e-6, atol=1e-12)
 
 
 def test_a_sure_draft_keeps_its_chain():
