@@ -34,7 +34,7 @@ def _drop_file_permission_overrides() -> None:
 # `specdec` with every cost timing taken as quiet: a test of what follows a cached timing must not
 # depend on how busy the machine is (a busy timing is never cached: costs.machine_was_busy)
 QUIET_MACHINE = (
-    "import sys, specdec.costs; specdec.costs.machine_was_busy = lambda times, costs: ''; "
+    "import sys, specdec.costs; specdec.costs.machine_was_busy = lambda times, costs, retimed=(): ''; "
     "from specdec.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 
