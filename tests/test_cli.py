@@ -231,7 +231,7 @@ def test_demo_shows_where_auto_pays_and_where_it_steps_aside(target_model, draft
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "1. code edit" in out and "2. open generation" in out
-    assert out.count("predicted") == 2 and out.count("a target forward of 2 rows costs") == 2
+    assert out.count("predicted") == 2 and out.count("a target forward of 2 tokens costs") == 2
     assert out.count("(two runs, ") == 2  # plain decoding ran twice: the verdicts know the noise
     verdicts = ("auto stepped aside", "auto won, beyond", "auto lost, beyond", "no measured difference")
     assert sum(out.count(v) for v in verdicts) == 2, out
