@@ -84,7 +84,8 @@ def reason(stats, controller) -> str:
         what = f"took plain steps on all {steps}: no draft promised 10% more tokens/s than a plain step"
     predicted = stats.predicted_speedup or 1.0
     base = controller.target_cost.base  # width -> seconds of a target forward, measured
-    costs = f"a target forward of 2 tokens costs {base[2] / base[1]:.2f}x one token, of 16 tokens {base[16] / base[1]:.1f}x"
+    costs = f"a target forward of 2 tokens costs {base[2] / base[1]:.2f}x one token"
+    costs += f", of 16 tokens {base[16] / base[1]:.1f}x"
     if controller.draft_cost is not None:
         costs += f", a draft-model token {controller.draft_cost.base[1] / base[1]:.2f}x a target step"
     return f"auto {what}; predicted {predicted:.2f}x. Measured costs: {costs}."
