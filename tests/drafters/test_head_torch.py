@@ -49,21 +49,49 @@ def test_hidden_states_are_what_the_output_head_reads(model):
     assert embedding.shape == (2, model.n_embd) and embedding.dtype == np.float32
 
 
-@pytest.mark.parametrize("kind", ["medusa", "prophet", "medusa tree", "prophet tree"])
+@pytest.mark.parametrize(
+    "kind", ["medusa", "prophet", "medusa tree", "prophet tree", "medusa fishbone", "prophet fishbone"]
+)
 def test_greedy_with_a_head_is_plain_greedy(model, tmp_path, kind):
-    """Chains, and trees (3x2/4: the host's NumPy tree, scored by torch's tree attention, the
-    kept path's states read at the next step)."""
+    """Chains, and trees scored by torch's tree attention, the kept path's states read at the next
+    step: 3x2/4 (the host's NumPy tree) and 3x2 (the fishbone drafted on the device)."""
     kind, _, tree = kind.partition(" ")
     head = random_head(model, kind, tmp_path / f"{kind}.head", scale=0.02)
     config = GenerationConfig(max_new_tokens=32, chat=False)
     prompts = ["def add(a, b):\n", "The quick brown"]
     plain = [SpeculativeDecoder(model).generate(p, config).tokens for p in prompts]
-    shape = {"width": 2, "nodes": 4} if tree else {}
+    shape = {"tree": {"width": 2, "nodes": 4}, "fishbone": {"width": 2}}.get(tree, {})
     spec = SpeculativeDecoder.from_spec(model, parse(f"head:{head}", backend="torch", k=3, **shape))
     alone = spec.generate(prompts[0], config)
     assert alone.tokens == plain[0] and alone.stats.drafted > 0
     batch = spec.generate_batch(prompts, config)  # rows drafting side by side read their own states
     assert [r.tokens for r in batch] == plain
+
+
+@pytest.mark.parametrize("kind", ["medusa", "prophet"])
+@pytest.mark.parametrize("width", [2, 3])
+def test_a_greedy_fishbone_on_the_device_is_the_hosts_tree(model, tmp_path, kind, width):
+    """A greedy k x w tree is drafted on the target's device for all rows at once; it is the tree
+    the host builds node by node from the same states (the chain of each step's best, the next
+    w - 1 beside each of its nodes), at every row's own depth."""
+    from specdec.drafters.head import HeadDrafter
+    from specdec.sampling import SamplingParams
+
+    head = HeadDrafter(model, random_head(model, kind, tmp_path / f"{kind}.head", scale=0.5), width=width)
+    assert head._torch is not None
+    rng = np.random.default_rng(3)
+    todo = {
+        row: (rng.standard_normal(model.n_embd).astype(np.float32), int(rng.integers(model.vocab_size)), k)
+        for row, k in ((0, 3), (1, 1), (2, 2))
+    }
+    greedy = {row: (SamplingParams(), rng) for row in todo}
+    head._tree = lambda *args: pytest.fail("a greedy fishbone was drafted on the host")
+    on_device = head._draft_rows(todo, greedy)
+    del head._tree  # the host's own, to compare with
+    for row, (h, last, k) in todo.items():
+        on_host = head._tree(h, last, k, *greedy[row])
+        assert on_device[row].tokens == on_host.tokens and on_device[row].parents == on_host.parents
+        assert on_device[row].q is None and len(on_host.tokens) == k * width
 
 
 def test_a_head_arriving_after_plain_steps_keeps_greedy_plain(tmp_path, tokenizer):

@@ -17,7 +17,8 @@ Both draft from a reduced vocabulary (the tokens the target predicted most in tr
 outside it, which the rejection rule handles exactly (such a token is never drafted). The math is
 NumPy here, mirrored by train.modules in torch (a test holds them equal).
 
-With `width` w > 1 a head drafts a tree (on the host, in NumPy, for any target that scores trees):
+With `width` w > 1 a head drafts a tree (on the host, in NumPy, for any target that scores trees;
+a greedy k x w tree on a torch target on its device, all rows at once):
 - k x w: at each depth the head's own token continues the chain and the next w - 1 candidates of
   the same distribution hang beside it as leaves (drafters.model's tree);
 - with `nodes` n as well, the n nodes of the most probable paths (the product of the head's
@@ -109,19 +110,20 @@ class TorchHead:
         self.module, self.device, self.torch, self._draft = module.to(device).eval(), device, torch, draft
         self._graphs: dict[tuple[int, int], tuple] = {}
 
-    def greedy(self, states: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
-        """states [B, d], rows [B] (the embedding row of each state's next token) -> [B, k] rows."""
+    def greedy(self, states: np.ndarray, rows: np.ndarray, k: int, width: int = 1) -> np.ndarray:
+        """states [B, d], rows [B] (the embedding row of each state's next token) -> [B, k] rows,
+        or with width w > 1 [B, k, w]: each step's w best, the chain going on from the first."""
         torch = self.torch
         state, index = torch.from_numpy(states).to(self.device), torch.from_numpy(rows).to(self.device)
         if self.device.type != "cuda":
-            return self._draft(self.module, state, index, k).numpy()
-        key = (len(rows), k)
+            return self._draft(self.module, state, index, k, width).numpy()
+        key = (len(rows), k, width)
         if key not in self._graphs:
             from ..models.transformers import cuda_graph
 
             inputs = (state.clone(), index.clone())
             with torch.inference_mode():
-                graph, out = cuda_graph(lambda: self._draft(self.module, *inputs, k))
+                graph, out = cuda_graph(lambda: self._draft(self.module, *inputs, k, width))
             self._graphs[key] = (graph, inputs, out)
         graph, (state_in, index_in), out = self._graphs[key]
         state_in.copy_(state)
@@ -245,9 +247,12 @@ class HeadDrafter:
 
     def _draft_rows(self, todo: Mapping[int, tuple], settings: Mapping[int, tuple]) -> dict[int, Draft]:
         """Per row (its state, the token after it, k) and (params, rng) -> its draft."""
+        on_device = self._torch is not None and bool(todo)
         if self.width > 1:
+            if on_device and not self.nodes and all(settings[row][0].greedy for row in todo):
+                return self._fishbone_torch(todo)
             return {row: self._tree(h, last, k, *settings[row]) for row, (h, last, k) in todo.items()}
-        if self._torch is not None and todo:
+        if on_device:
             return self._draft_torch(todo, settings)
         return {row: self._draft(h, last, k, *settings[row]) for row, (h, last, k) in todo.items()}
 
@@ -337,6 +342,22 @@ class HeadDrafter:
         first = int(np.argmax(head_logits))
         rows = [first, *siblings(head_logits, first, None, self.width - 1, None)]
         return self.vocab[rows].tolist(), shaping_probs(head_logits, None, rows), None, [None] * len(rows)
+
+    def _fishbone_torch(self, todo: Mapping[int, tuple]) -> dict[int, Draft]:
+        """Greedy k x w trees, all rows at once on the target's device: the chain of each step's
+        best and, beside each of its nodes, the next w - 1 of the same step (what _tree builds on
+        the host node by node)."""
+        rows = list(todo)
+        states = np.stack([todo[row][0] for row in rows]).astype(np.float32, copy=False)
+        index = self.index[[todo[row][1] for row in rows]]
+        ks = [todo[row][2] for row in rows]
+        chosen = self._torch.greedy(states, index, max(ks), self.width)  # [rows, k, w]
+        out = {}
+        for j, row in enumerate(rows):
+            levels = self.vocab[chosen[j, : ks[j]]]  # [k, w] target ids
+            parents = [-1 if d == 0 else (d - 1) * self.width for d in range(ks[j]) for _ in range(self.width)]
+            out[row] = Draft(levels.reshape(-1).tolist(), None, {}, parents)
+        return out
 
     def _draft_torch(self, todo: Mapping[int, tuple], settings: Mapping[int, tuple]) -> dict[int, Draft]:
         """All rows' chains at once on the target's device (TorchHead), as long as the longest."""

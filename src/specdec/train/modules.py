@@ -124,16 +124,24 @@ def file_tensors(head: Medusa | Prophet, vocab: np.ndarray) -> dict[str, np.ndar
 
 
 @torch.no_grad()
-def draft(head: Medusa | Prophet, state: torch.Tensor, rows: torch.Tensor, k: int) -> torch.Tensor:
+def draft(head: Medusa | Prophet, state: torch.Tensor, rows: torch.Tensor, k: int, width: int = 1) -> torch.Tensor:
     """Greedy drafting with either head: the target's state [B, d] and the embedding rows [B] of
-    the token after it -> k choices [B, k] (draft-vocabulary indices, each its own embedding row)."""
+    the token after it -> k choices [B, k] (draft-vocabulary indices, each its own embedding row).
+    With width w > 1, [B, k, w]: at each step the w best rows, best first, ties by index (as
+    drafters.model.siblings takes them), the chain going on from the first (a fishbone's levels)."""
     keys: list = []
     values: list = []
     out = []
     for i in range(k):
         state, logits = head.step_logits(state, rows, i, keys, values)
-        rows = logits.argmax(-1)
-        out.append(rows)
+        best = [logits.argmax(-1)]
+        if width > 1:  # argmax again with the ones taken masked out: the first maximum each time
+            logits = logits.clone()
+            for _ in range(width - 1):
+                logits.scatter_(-1, best[-1][:, None], float("-inf"))
+                best.append(logits.argmax(-1))
+        rows = best[0]
+        out.append(torch.stack(best, -1) if width > 1 else rows)
     return torch.stack(out, 1)
 
 
