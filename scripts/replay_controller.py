@@ -5,7 +5,7 @@
     python scripts/replay_controller.py replay [--recording FILE] [-v]
     python scripts/replay_controller.py loo [--recording FILE] [--fit] [--set NAME=VALUE ...]
     python scripts/replay_controller.py copies [--recording FILE]
-    python scripts/replay_controller.py ranks --recording FILE         # add the draft's ranks
+    python scripts/replay_controller.py ranks --recording FILE         # add the draft's ranks, confidences
     python scripts/replay_controller.py trees [--recording FILE] [--curve C --draft-curve D] [--check]
     python scripts/replay_controller.py verdict [--recording FILE] [--curve C --draft-curve D] [--check]
 
@@ -91,22 +91,24 @@ def record(args) -> None:
             result = decoder.generate(prompt, config)
             line = {"id": item["id"], "category": item["category"], "prompt": prompt, "output": result.tokens}
             if draft is not None:
-                line["draft_agrees"], line["draft_ranks"] = draft_agreement(draft, prompt, result.tokens)
+                agreement = draft_agreement(draft, prompt, result.tokens)
+                line["draft_agrees"], line["draft_ranks"], line["draft_p"] = agreement
             out.write(json.dumps(line) + "\n")
             out.flush()
             print(f"{item['id']}: {len(prompt)} prompt tokens, {len(result.tokens)} generated", flush=True)
 
 
-def draft_agreement(draft, prompt: list[int], output: list[int]) -> tuple[str, str]:
-    """(agreement, ranks) of the draft model on the target's output, from one teacher-forced
-    forward. agreement: '1' where the draft's greedy token, given the prompt and the target's
+def draft_agreement(draft, prompt: list[int], output: list[int]) -> tuple[str, str, list[float]]:
+    """(agreement, ranks, confidences) of the draft model on the target's output, from one
+    teacher-forced forward. agreement: '1' where the draft's greedy token, given the prompt and the target's
     output before it, is the target's token, else '0'. Under greedy decoding a draft of k tokens
     from position i is accepted up to the first '0' at or after i (an accepted draft token IS the
     target's token, so the draft's next guess sees the true context), so this string gives every
     draft:K step's accepted length (specdec.replay.draft_run). ranks: the target's token's rank
     among the draft's candidates there (specdec.replay.draft_ranks), which gives every greedy
-    fishbone tree's (specdec.replay.tree_run)."""
-    from specdec.replay import draft_ranks
+    fishbone tree's (specdec.replay.tree_run). confidences: the draft's probability of its own
+    greedy token there (specdec.replay.draft_confidences), which llama.cpp's p_min stops on."""
+    from specdec.replay import draft_confidences, draft_ranks
 
     [row] = draft.add_rows(1)
     try:
@@ -115,15 +117,15 @@ def draft_agreement(draft, prompt: list[int], output: list[int]) -> tuple[str, s
         draft.drop_rows([row])
     guesses = logits[: len(output)].argmax(axis=1)
     agrees = "".join("1" if int(g) == t else "0" for g, t in zip(guesses, output))
-    return agrees, draft_ranks(logits[: len(output)], output)
+    return agrees, draft_ranks(logits[: len(output)], output), draft_confidences(logits[: len(output)])
 
 
 def ranks(args) -> int:
-    """Add the draft model's ranks to a recording made without them: one teacher-forced forward a
-    prompt, the file replaced whole at the end (an interrupted run leaves it as it was). Where the
-    new greedy agreement differs from the recorded one (another machine's kernels parting at a
-    rounding tie), the recorded agreement is kept and the rank follows it (replay.reconcile_ranks);
-    the count is printed."""
+    """Add the draft model's confidences, and its ranks where missing, to a recording made without
+    them: one teacher-forced forward a prompt, the file replaced whole at the end (an interrupted
+    run leaves it as it was). Where the new greedy agreement differs from the recorded one (another
+    machine's kernels parting at a rounding tie), the recorded agreement is kept and the rank
+    follows it (replay.reconcile_ranks); the count is printed."""
     import os
 
     from specdec import load_model
@@ -135,14 +137,20 @@ def ranks(args) -> int:
     draft = load_model(args.draft or header["draft"], backend="llama", n_ctx=args.ctx)
     parted = 0
     for r in records:
-        agrees, found = draft_agreement(draft, r["prompt"], r["output"])
+        agrees, found, r["draft_p"] = draft_agreement(draft, r["prompt"], r["output"])
+        if "draft_ranks" in r:  # ranks already there stay (they priced the tables made since)
+            print(f"{r['id']}: {len(r['output'])} confidences", flush=True)
+            continue
         r["draft_ranks"], differ = reconcile_ranks(found, r.get("draft_agrees", agrees))
         parted += differ
         print(f"{r['id']}: {len(r['output'])} ranks" + (f", {differ} agreements differ" if differ else ""), flush=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("\n".join([lines[0], *(json.dumps(r, separators=(",", ":")) for r in records)]) + "\n")
     os.replace(tmp, path)
-    print(f"{path}: ranks for {len(records)} prompts; {parted} positions where the agreement differed, reconciled")
+    print(
+        f"{path}: ranks and confidences for {len(records)} prompts; {parted} positions where the agreement "
+        "differed, reconciled"
+    )
     return 0
 
 
@@ -534,7 +542,9 @@ def main() -> int:
     ver = sub.add_parser("verdict", help="auto's bars per category: clairvoyant, best fixed, best peer policy")
     _replay_inputs(ver)
     ver.add_argument("--check", action="store_true", help="exit 1 when a bar does not hold")
-    rk = sub.add_parser("ranks", help="add the draft model's ranks of the target's tokens to a recording")
+    rk = sub.add_parser(
+        "ranks", help="add the draft model's ranks of the target's tokens, and its confidences, to a recording"
+    )
     rk.add_argument("--recording", default="greedy-outputs.jsonl")
     rk.add_argument("--draft", default=None, help="the draft model (default: the recording's)")
     rk.add_argument("--ctx", type=int, default=8192)

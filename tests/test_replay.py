@@ -253,6 +253,42 @@ def test_adaptive_k_picks_the_k_that_pays_per_step():
     assert costly.choose() == 1
 
 
+def test_llama_cpps_draft_policy_drafts_while_the_draft_is_sure_and_pays_each_look():
+    """llama.cpp's draft-simple, replayed: it drafts while the draft's own token's probability is
+    at least p_min, at most n_max; a first guess below p_min drafts nothing but the draft model's
+    catch-up forward is paid; a stop below p_min paid one more forward than a stop at n_max. The
+    confidences are each position's greedy token's softmax share of the 10 best, floored."""
+    from specdec.replay import ConfidenceController, RecordedDrafter, draft_confidences
+
+    assert draft_confidences(np.log(np.array([[0.75, 0.25], [0.2, 0.8], [0.7499, 0.2501]]))) == [0.75, 0.8, 0.749]
+    # among the 10 best candidates only, as llama.cpp's draft sampler reads them
+    assert draft_confidences(np.log([[0.5] + [0.05] * 9 + [0.01] * 50])) == [0.526]
+    prompt, output = list(range(10)), list(range(100, 112))
+    agrees = "111011111111"
+    p = [0.9, 0.8, 0.76, 0.9, 0.2, 0.95, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9]
+    recorded = RecordedDrafter({tuple(prompt): (output, agrees, None, p)})
+    flat, draft = [1.0] * 16, [0.25] * 16
+    _, decisions = replay_speedup(prompt, output, flat, ConfidenceController(recorded, 0.75, 3), recorded, draft)
+    # pos 0: sure 3 deep (n_max), all kept -> pos 4 (0.2): a look, nothing drafted -> pos 5: 3 kept
+    # -> pos 9: 3 more, the output's last
+    assert decisions == {"draft:3": 3, "plain": 1}
+
+    # what a look that drafts nothing costs: the catch-up forward, and the context is fed
+    recorded.begin(0, prompt)
+    controller = ConfidenceController(recorded, 0.95, 16)
+    [(drafter, proposal)] = controller.draft({0: prompt + output[:4]}, {0: 8}).values()
+    assert drafter is recorded and proposal.tokens == []
+    assert recorded.last_cost_rows == (len(prompt) + 4, 1) and recorded.lag(0, prompt + output[:4]) == 0
+    recorded.end([0])
+    # a stop below p_min after 2 drafted tokens (0.9, 0.8, then 0.76): the catch-up, then a forward
+    # for each of the two; a stop at n_max: none after the last
+    for p_min, n_max, drafted, rows in ((0.8, 16, 2, (10, 3)), (0.5, 2, 2, (10, 2))):
+        recorded.begin(0, prompt)
+        [(_, proposal)] = ConfidenceController(recorded, p_min, n_max).draft({0: prompt}, {0: 8}).values()
+        assert proposal.tokens == output[:drafted] and recorded.last_cost_rows == rows
+        recorded.end([0])
+
+
 def test_the_verdict_names_the_best_fixed_method_and_peer_and_checks_the_bars(tmp_path):
     """On a shipped recording: every category gets auto held out, the clairvoyant, the best of the
     fixed methods and of the peers, and three bars; `verdict --check` exits 1 exactly when one fails."""
@@ -320,10 +356,11 @@ def test_draft_ranks_break_ties_by_id_and_trees_replay_as_chains_at_width_one():
 @pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.name)
 def test_the_shipped_ranks_agree_with_the_shipped_agreement(path):
     """Every shipped recording holds the draft's ranks, taken on the same outputs as its greedy
-    agreement: rank 0 exactly where the draft agreed."""
+    agreement: rank 0 exactly where the draft agreed; and its confidences, one a position."""
     _, records = load_recording(path)
     for r in records:
-        assert len(r["draft_ranks"]) == len(r["output"])
+        assert len(r["draft_ranks"]) == len(r["output"]) == len(r["draft_p"])
+        assert all(0.1 <= p <= 1.0 for p in r["draft_p"])  # of 10 candidates, the best holds >= 1/10
         assert [c == "0" for c in r["draft_ranks"]] == [c == "1" for c in r["draft_agrees"]], r["id"]
 
 

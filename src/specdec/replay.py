@@ -193,6 +193,49 @@ class AdaptiveKController:
                 self.kept[i] += i < outcome.n_accepted
 
 
+class ConfidenceController:
+    """llama.cpp's draft model policy (draft-simple), replayed: every step the draft model catches
+    up on the context and drafts greedily while its own token's probability is at least p_min, at
+    most n_max (`--spec-draft-p-min 0.75 --spec-draft-n-max 16`: its defaults through 2025; the
+    build here defaults to p_min 0 and 3 tokens, which is fixed draft:3, among the fixed methods);
+    a step whose first guess falls short drafts nothing, the
+    draft model's catch-up forward paid all the same. Its forwards are counted as llama.cpp runs
+    them: the catch-up, then one per drafted token, except after the n_max-th. The recorded
+    confidences are teacher-forced: exact up to the draft's first miss (until then its context is
+    the target's), the target's context's beyond it, where only where it stops (the wasted tokens'
+    cost) depends on them."""
+
+    def __init__(self, recorded: "RecordedDrafter", p_min: float = 0.75, n_max: int = 16):
+        self.recorded, self.p_min, self.n_max = recorded, p_min, n_max
+
+    def begin(self, row, prompt):
+        pass
+
+    def end(self, row):
+        pass
+
+    def draft(self, contexts, caps):
+        plan = {}
+        for row, context in contexts.items():
+            state = self.recorded._rows[row]
+            pos, probs = len(context) - state["start"], state["p"]
+            cap = min(self.n_max, caps[row], len(probs) - pos)
+            k = 0
+            while k < cap and probs[pos + k] >= self.p_min:
+                k += 1
+            catch_up = max(1, len(context) - state["fed"])
+            draft = self.recorded.propose({row: context}, {row: k})[row]
+            if k == 0:  # it looked and stopped: the catch-up forward, and all of the context fed
+                state["fed"] = state["base"] = len(context)
+            # a stop below p_min read one more forward's logits than n_max's stop does
+            self.recorded.last_cost_rows = (catch_up, k + 1 if k < self.n_max else k)
+            plan[row] = (self.recorded, draft)
+        return plan
+
+    def observe(self, outcomes, passes, target_seconds, depth=None):
+        pass
+
+
 # Every fixed method the verdict tries ("best fixed method"), and the peers' policies.
 FIXED_NGRAM_K = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
 FIXED_DRAFT_K = tuple(range(1, 9))
@@ -207,11 +250,13 @@ def recorded_draft(records: Sequence[Mapping], draft_costs) -> tuple[bool, bool]
     return with_draft, with_draft and all("draft_ranks" in r for r in records)
 
 
-def peer_policies(recorded: "RecordedDrafter | None", costs, draft_costs) -> dict[str, object]:
+def peer_policies(recorded: "RecordedDrafter | None", costs, draft_costs, confidences: bool = False) -> dict:
     """The policies of the tools people use instead, as replay controllers (fresh ones):
     llama.cpp's ngram-simple (a 12-token match, up to 48 drafted) and ngram-mod (only inside a
     24-token match, 8 drafted), vLLM's adaptive K over prompt lookup (k_max 8, its drafts costing
-    nothing) and over the draft model (k_max 8, c its one-token forward over the target's)."""
+    nothing) and over the draft model (k_max 8, c its one-token forward over the target's), and
+    where the recording holds the draft's confidences llama.cpp's draft model policy with a
+    confidence stop (p_min 0.75, up to 16: ConfidenceController)."""
     peers = {
         "llama.cpp ngram-simple (12, 48)": LongMatchController(NgramDrafter(match_cap=64), 48, n_match=12),
         "llama.cpp ngram-mod (24, 8)": LongMatchController(NgramDrafter(match_cap=64), 8, n_match=24),
@@ -220,6 +265,8 @@ def peer_policies(recorded: "RecordedDrafter | None", costs, draft_costs) -> dic
     if recorded is not None and draft_costs is not None:
         c = curve_at(draft_costs, 128)[0] / curve_at(costs, 128)[0]
         peers["vLLM adaptive K, draft (8)"] = AdaptiveKController(recorded, 8, c)
+        if confidences:
+            peers["llama.cpp draft (p 0.75, 16)"] = ConfidenceController(recorded)
     return peers
 
 
@@ -245,7 +292,9 @@ def policy_speedups(
         )
         if with_draft:
             policies.update({f"draft:{k}": FixedController(recorded, k) for k in FIXED_DRAFT_K})
-        policies.update({f"peer {name}": c for name, c in peer_policies(recorded, costs, draft_costs).items()})
+        confident = with_draft and all("draft_p" in r for r in test)
+        peers = peer_policies(recorded, costs, draft_costs, confident)
+        policies.update({f"peer {name}": c for name, c in peers.items()})
         out[category] = {
             name: statistics.median(
                 replay_speedup(r["prompt"], r["output"], costs, controller, recorded, draft_costs, stops, tree_cost)[0]
@@ -307,6 +356,25 @@ def draft_ranks(logits, output: Sequence[int]) -> str:
     return "".join(out)
 
 
+# llama.cpp's draft sampler keeps the draft's 10 best candidates and reads their softmax
+# (common/speculative.cpp: top_k 10), so its p_min compares the greedy token's share of those 10.
+CONFIDENCE_TOP_K = 10
+
+
+def draft_confidences(logits) -> list[float]:
+    """The draft model's probability of its own greedy token at each position (logits [n, vocab],
+    teacher-forced) among its CONFIDENCE_TOP_K best, as llama.cpp's draft sampler reads it, floored
+    to 3 decimals (so p >= 0.75 reads as the unrounded p does, within the softmax's own rounding):
+    what a confidence rule (llama.cpp's p_min, ConfidenceController) stops on."""
+    import numpy as np
+
+    logits = np.asarray(logits, dtype=np.float64)
+    k = min(CONFIDENCE_TOP_K, logits.shape[1])
+    best = -np.partition(-logits, k - 1, axis=1)[:, :k]  # the k largest, in any order
+    p = 1.0 / np.exp(best - best.max(axis=1, keepdims=True)).sum(axis=1)
+    return [float(np.floor(v * 1000 + 1e-6) / 1000) for v in p]
+
+
 def reconcile_ranks(ranks: str, agrees: str) -> tuple[str, int]:
     """(ranks, positions changed): ranks taken on another machine than the agreement string they
     extend, made to agree with it. Where the two machines' kernels part at a rounding tie between
@@ -362,16 +430,22 @@ class RecordedDrafter:
 
     @classmethod
     def of(cls, records: Sequence[Mapping]) -> "RecordedDrafter":
-        """From recording lines: their outputs, agreement and (where held) ranks."""
-        return cls({tuple(r["prompt"]): (r["output"], r["draft_agrees"], r.get("draft_ranks")) for r in records})
+        """From recording lines: their outputs, agreement and (where held) ranks and confidences."""
+        return cls(
+            {
+                tuple(r["prompt"]): (r["output"], r["draft_agrees"], r.get("draft_ranks"), r.get("draft_p"))
+                for r in records
+            }
+        )
 
     def begin(self, row: int, prompt: Sequence[int], params=None, rng=None) -> None:
-        output, agrees, *ranks = self._recordings[tuple(prompt)]
+        output, agrees, *rest = self._recordings[tuple(prompt)]
         self._rows[row] = {
             "start": len(prompt),
             "output": output,
             "agrees": agrees,
-            "ranks": ranks[0] if ranks else None,
+            "ranks": rest[0] if rest else None,
+            "p": rest[1] if len(rest) > 1 else None,
             "fed": 0,
             "base": 0,
             "drafted": 0,
