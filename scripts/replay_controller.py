@@ -303,7 +303,7 @@ def stops(header) -> frozenset[int]:
 
 def loo(args) -> None:
     """Leave one category out: priors fitted on the others, auto against the clairvoyant."""
-    from specdec.replay import fit_draft_prior, fit_match_prior, leave_one_category_out
+    from specdec.replay import fit_confidence_prior, fit_draft_prior, fit_match_prior, leave_one_category_out
 
     header, records, costs, draft_costs = load(args)
     if args.fit:
@@ -312,6 +312,8 @@ def loo(args) -> None:
             print(f"    {kind!r}: {values},")
         if all("draft_agrees" in r for r in records):
             print(f"DRAFT_PRIOR fitted on every category: {fit_draft_prior(records)}")
+        if all("draft_p" in r for r in records):
+            print(f"CONFIDENCE_PRIOR fitted on every category: {fit_confidence_prior(records)}")
         print()
     import specdec.acceptance as acceptance
     import specdec.controller as controller

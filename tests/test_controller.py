@@ -933,6 +933,72 @@ def test_auto_drafts_trees_where_width_is_cheap_and_chains_where_it_is_not():
         assert bool(trees) == (name == "flat"), (name, auto.controller().decisions)
 
 
+def test_a_chain_cut_takes_sure_tokens_as_far_as_they_pay_and_stops_at_an_unsure_one():
+    """ChainCut: a token is taken while the chain's expected tokens over its seconds grow with it,
+    its chance read from its confidence; fed while a next one as sure would pay. On a flat curve
+    with cheap draft forwards sure tokens run on, and an unsure one is taken only where verifying
+    it costs next to nothing; where every token costs a step only a near-certain one pays; a
+    fishbone's siblings make an unsure depth worth it."""
+    from specdec.acceptance import ConfidenceAcceptance
+    from specdec.controller import ChainCut
+
+    rate_of = ConfidenceAcceptance().rate_of
+    flat = lambda t: 1.0 + 0.01 * t  # noqa: E731  the target's forward verifying t tokens
+    cut = ChainCut(rate_of, look=0.1, feed=0.1, target=flat)
+    assert all(cut.take(0.999) and cut.feed() for _ in range(6)) and cut.fed == 6
+    assert cut.take(0.2)  # its confidence is paid for: where verifying costs nothing even 39% pays
+    assert cut.taken == 7 and cut.expected == pytest.approx(1 + sum(0.997**d for d in range(1, 7)) + 0.997**6 * 0.389)
+    sloped = ChainCut(rate_of, look=0.1, feed=0.1, target=lambda t: 1.0 + 0.2 * t)
+    assert all(sloped.take(0.999) for _ in range(6))
+    assert not sloped.take(0.2)  # where each verified token costs a fifth of a step, 39% does not
+    steep = ChainCut(rate_of, look=0.1, feed=0.1, target=lambda t: 1.0 + t)
+    assert not steep.take(0.8)  # a token costs a whole step: 84% does not pay it
+    dear = ChainCut(rate_of, look=0.1, feed=2.0, target=flat)  # a draft forward dearer than a step
+    assert dear.take(0.999) and not dear.feed()  # the first token's confidence was free; the next is not
+    unsure = ChainCut(rate_of, look=0.1, feed=0.1, target=lambda t: 1.0 + 0.8 * t)
+    tree = ChainCut(rate_of, look=0.1, feed=0.1, target=lambda t: 1.0 + 0.8 * t, sibling=0.7)
+    assert not unsure.take(0.6) and tree.take(0.6)  # 0.655, and a sibling's 0.7 where it fails
+
+
+def test_auto_cuts_the_draft_models_greedy_chains_by_its_confidence_and_writes_plain_greedy():
+    """auto's draft-model chains (greedy rows) are cut by the draft's confidence: on a flat curve the
+    drafts' lengths follow it (not one k for every step), each draft says its tokens' confidences,
+    the controller learns their rates, and greedy output is plain greedy output, alone and in a
+    batch. A sampled row's chain is not cut."""
+    from specdec.acceptance import CONFIDENCE_PRIOR
+
+    target = ToyLM(vocab_size=32, seed=1)
+    target.path = None
+    prompts = [[5, 6, 7, 5, 6, 7, 8, 5, 6], [9, 3, 4, 9, 3]]
+    plain = [SpeculativeDecoder(target, None).generate(p, max_new_tokens=60).tokens for p in prompts]
+    flat = CostTable({w: 0.01 for w in range(1, 17)})
+    draft = ToyLM(vocab_size=32, seed=2, noise_from=target, noise=1.5)
+    draft.path = None
+    auto = SpeculativeDecoder(
+        target, "auto", draft_model=draft, suffix=False, costs=(flat, CostTable({w: 0.001 for w in range(1, 17)}))
+    )
+    auto.engine.clock = on_virtual_clock(target, flat.measured)
+    controller = auto.controller()
+    seen = []
+    propose = controller.model.propose
+
+    def spy(contexts, ks, widths=None, cuts=None):
+        drafts = propose(contexts, ks, widths, cuts)
+        seen.extend((bool(cuts) and row in cuts, d) for row, d in drafts.items())
+        return drafts
+
+    controller.model.propose = spy
+    assert auto.generate(prompts[0], max_new_tokens=60).tokens == plain[0]
+    assert [r.tokens for r in auto.generate_batch(prompts, max_new_tokens=60)] == plain
+    cut = [d for was_cut, d in seen if was_cut]
+    assert cut and all(len(d.evidence["confidence"]) == len(d.first_branch().tokens) for d in cut)
+    assert len({len(d.first_branch().tokens) for d in cut}) > 1  # lengths follow the confidence
+    assert not np.allclose(controller.confidence_accept.c, CONFIDENCE_PRIOR)  # it learned
+    seen.clear()
+    auto.generate(prompts[0], max_new_tokens=30, temperature=1.0, seed=3)
+    assert seen and not any("confidence" in d.evidence for _, d in seen)  # the drafter cut none
+
+
 def test_a_trees_outcome_teaches_its_chain_and_its_siblings():
     """E_w[k] adds the sibling's rate times the chance the chain fails within k; a tree's outcome
     scores the chain's positions as a chain's would, and where the chain failed, whether a sibling

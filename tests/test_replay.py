@@ -289,6 +289,39 @@ def test_llama_cpps_draft_policy_drafts_while_the_draft_is_sure_and_pays_each_lo
         recorded.end([0])
 
 
+def test_a_recorded_draft_model_is_cut_by_its_recorded_confidence_as_the_real_one_is():
+    """auto's ChainCut on the replay's draft model: asked as ModelDrafter asks it (take each token
+    by its recorded confidence, feed it while another may follow), it drafts what the cut takes,
+    says their confidences, and pays the catch-up and one forward per fed token; a cut that takes
+    nothing still paid the catch-up, and the context is fed."""
+    from specdec.replay import RecordedDrafter
+
+    class Scripted:  # takes a token of confidence >= 0.5, and feeds every token it takes
+        fed = 0
+
+        def take(self, p):
+            return p >= 0.5
+
+        def feed(self):
+            self.fed += 1
+            return True
+
+    prompt, output = list(range(10)), list(range(100, 110))
+    p = [0.9, 0.9, 0.9, 0.3, 0.2, 0.9, 0.9, 0.9, 0.9, 0.9]
+    recorded = RecordedDrafter({tuple(prompt): (output, "1" * 10, None, p)})
+    recorded.begin(0, prompt)
+    [draft] = recorded.propose({0: prompt}, {0: 8}, cuts={0: Scripted()}).values()
+    assert draft.tokens == output[:3] and draft.evidence["confidence"] == [0.9, 0.9, 0.9]
+    assert recorded.last_cost_rows == (len(prompt), 4)  # the catch-up, then 3 fed (the third told 0.3)
+    recorded.accept({0: 3})
+    context = prompt + output[:4]
+    [draft] = recorded.propose({0: context}, {0: 8}, cuts={0: Scripted()}).values()
+    # the catch-up reads the bonus token and the third draft token (accept keeps k - 1 fed, as ModelDrafter)
+    assert draft.tokens == [] and recorded.last_cost_rows == (2, 1)
+    assert recorded.lag(0, context) == 0  # the look fed the context
+    recorded.end([0])
+
+
 def test_the_verdict_names_the_best_fixed_method_and_peer_and_checks_the_bars(tmp_path):
     """On a shipped recording: every category gets auto held out, the clairvoyant, the best of the
     fixed methods and of the peers, and three bars; `verdict --check` exits 1 exactly when one fails."""

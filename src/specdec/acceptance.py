@@ -152,6 +152,42 @@ SIBLING_PRIOR = (0.46, 0.64, 0.74)
 NGRAM_SIBLING_PRIOR = 0.28
 
 
+# The draft model's greedy guess, by its confidence in it (drafters.model.confidence): P(the target
+# keeps it | the confidence lies in [edge i - 1, edge i)), for the buckets these edges make.
+# why: the dev suite's recording (replay.fit_confidence_prior: 698, 723, 442, 764 and 2 280 guesses
+# a bucket; our suites' recordings agree within 0.06); history: docs/provenance.md#confidence_prior
+CONFIDENCE_EDGES = (0.5, 0.75, 0.9, 0.99)
+CONFIDENCE_PRIOR = (0.389, 0.655, 0.836, 0.958, 0.997)
+
+
+@dataclass
+class ConfidenceAcceptance:
+    """c[b] = P(the draft's greedy guess is the target's | its confidence in bucket b), as moving
+    averages from CONFIDENCE_PRIOR: what a chain cut by confidence (controller.ChainCut) reads."""
+
+    prior: Sequence[float] = CONFIDENCE_PRIOR
+    rate: float = EMA
+    c: np.ndarray = field(default=None)
+
+    def __post_init__(self):
+        if self.c is None:
+            self.c = np.asarray(self.prior, dtype=float).copy()
+
+    @staticmethod
+    def bucket(p: float) -> int:
+        return bisect.bisect_right(CONFIDENCE_EDGES, p)
+
+    def rate_of(self, p: float) -> float:
+        return float(self.c[self.bucket(p)])
+
+    def observe(self, confidences: Sequence[float], kept: int) -> None:
+        """A chain's guesses (their confidences, in order), of which the target kept the first
+        `kept`: each kept one, and the one it rejected; what followed was never judged."""
+        for i, p in enumerate(confidences[: kept + 1]):
+            b = self.bucket(p)
+            self.c[b] += self.rate * (float(i < kept) - self.c[b])
+
+
 @dataclass
 class SiblingAcceptance:
     """s[w - 2] = P(a tree of width w keeps a sibling | the chain's token failed there), as moving

@@ -61,6 +61,7 @@ from .acceptance import (
     K_MAX,
     NGRAM_SIBLING_PRIOR,
     Acceptance,
+    ConfidenceAcceptance,
     MatchAcceptance,
     Overlay,
     SiblingAcceptance,
@@ -268,6 +269,69 @@ class _Option:
         return scores_tree(k, self.fed(k))
 
 
+# A greedy row's chain from the draft model (auto's, where the drafter takes cuts) is cut by the
+# draft's confidence in each token (ChainCut) and may run this deep, where the objective lets a
+# step be as wide as it pays (throughput); under a step bound no deeper than the step planned.
+# why: the replayed confidence stop kept all but 1-3% of what 16 gave at 8 on the H100 7B curve
+# (benchmarks/confidence_replay.py); history: docs/provenance.md#cut_depth
+CUT_DEPTH = 8
+
+
+class ChainCut:
+    """One greedy row's draft-model chain (or fishbone tree: the chain's depths, each with its
+    siblings), cut by the draft's confidence in each chain token as it comes (ModelDrafter.propose
+    and the replay's RecordedDrafter call it): a depth is taken while the draft's expected tokens
+    over its seconds grow with it, the chain token's chance that of its confidence
+    (acceptance.ConfidenceAcceptance) and, where it fails, a sibling's the tree's sibling rate s;
+    and a taken token is fed, to learn the next one's confidence, while a depth as sure as it
+    would pay for that forward:
+
+        value(E, taken, fed) = E / (look + fed x feed + target(taken))
+        E(taken) = 1 + sum over depths d <= taken of S_d + S_(d-1) (1 - a_d) s,  S_d = a_1 ... a_d
+
+    look: the draft model's catch-up forward (paid: it told the first token's confidence); feed:
+    one more one-token forward of it; target(t): the target's forward verifying t depths."""
+
+    def __init__(
+        self,
+        rate_of: Callable[[float], float],
+        look: float,
+        feed: float,
+        target: Callable[[int], float],
+        sibling: float = 0.0,
+    ):
+        self.rate_of, self.look, self.feed_seconds, self.target = rate_of, look, feed, target
+        self.sibling = sibling
+        self.taken, self.fed, self.expected, self.survive, self.last = 0, 0, 1.0, 1.0, 0.0
+
+    def _value(self, expected: float, taken: int, fed: int) -> float:
+        return expected / (self.look + fed * self.feed_seconds + self.target(taken))
+
+    def _deeper(self, rate: float) -> float:
+        """The expected tokens with one more depth whose chain token holds with `rate`."""
+        return self.expected + self.survive * rate + self.survive * (1.0 - rate) * self.sibling
+
+    def take(self, p: float) -> bool:
+        """Whether the chain takes its next token, of confidence p (else it ends before it)."""
+        rate = self.rate_of(p)
+        if self._value(self._deeper(rate), self.taken + 1, self.fed) <= self._value(
+            self.expected, self.taken, self.fed
+        ):
+            return False
+        self.expected = self._deeper(rate)
+        self.taken, self.survive, self.last = self.taken + 1, self.survive * rate, rate
+        return True
+
+    def feed(self) -> bool:
+        """Whether to feed the token just taken (and learn the next one's confidence): a next depth
+        as sure as this one would pay for the forward. Else the chain ends after it."""
+        more = self._deeper(self.last)
+        if self._value(more, self.taken + 1, self.fed + 1) <= self._value(self.expected, self.taken, self.fed):
+            return False
+        self.fed += 1
+        return True
+
+
 def auto_controller(
     target, free: Sequence[Drafter], model: DraftModel | None, costs: tuple | None = None, objective: str = "throughput"
 ) -> "CostAwareController":
@@ -379,6 +443,9 @@ class CostAwareController:
         self.free_siblings = {d.name: SiblingAcceptance(prior=(NGRAM_SIBLING_PRIOR,), rate=rate) for d in self.free}
         self._tree_free = {d.name for d in self.free if "widths" in inspect.signature(d.propose).parameters}
         self.tree_widths = sorted({1, *(w for w in tree_widths if w in self.sibling_accept.widths)})
+        # the draft model's greedy chains, cut by its confidence where it takes cuts (ChainCut)
+        self.confidence_accept = ConfidenceAcceptance(rate=rate)
+        self._cuts = model_drafter is not None and "cuts" in inspect.signature(model_drafter.propose).parameters
         self.overlay_weight = OVERLAY_WEIGHT if overlay_weight is None else overlay_weight
         self.explore_every = explore_every
         self.explore_growth = EXPLORE_GROWTH if explore_growth is None else explore_growth
@@ -671,6 +738,7 @@ class CostAwareController:
     ) -> dict[int, tuple[Drafter | None, Draft | None]]:
         options = self._options(contexts, caps)
         ks, value, plain = self._allocate(options)
+        probes: set[int] = set()
         for row in contexts:
             state = self._rows[row]
             state.steps += 1
@@ -699,6 +767,7 @@ class CostAwareController:
                 if k_opt and optimistic > 1.1 * current:
                     options[row] = _Option("draft", np.ones(2), lag=lag, depth=state.depth)
                     ks[row] = 1
+                    probes.add(row)  # one token, uncut: what the probe is for
         plan: dict[int, tuple[Drafter | None, Draft | None]] = {}
         model_ks, widths = {}, {}
         for row, k in ks.items():
@@ -719,9 +788,39 @@ class CostAwareController:
             self.decisions[key] = self.decisions.get(key, 0) + 1
         if model_ks:
             asked = {row: contexts[row] for row in model_ks}
-            drafts = self.model.propose(asked, model_ks, widths) if widths else self.model.propose(asked, model_ks)
+            cuts = self._chain_cuts(model_ks, widths, probes, options) if self._cuts else {}
+            for row in cuts:  # a cut chain may run deeper than planned where a step may (CUT_DEPTH)
+                if self.objective == "throughput":
+                    model_ks[row] = max(model_ks[row], min(caps[row], CUT_DEPTH))
+            kwargs = {"cuts": cuts} if cuts else {}
+            drafts = (
+                self.model.propose(asked, model_ks, widths, **kwargs)
+                if widths or kwargs
+                else self.model.propose(asked, model_ks)
+            )
             plan.update({row: (self.model, drafts[row]) for row in model_ks})
         return plan
+
+    def _chain_cuts(self, model_ks, widths, probes, options) -> dict[int, ChainCut]:
+        """A ChainCut for each row the draft model drafts for (its chain, or its fishbone's, but for
+        a probe), priced at the row's depth as _options prices it alone."""
+        cuts = {}
+        for row in model_ks:
+            if row in probes:
+                continue
+            depth, width = options[row].depth, widths.get(row, 1)
+
+            def verify(t: int, depth=depth, width=width) -> float:  # the target's forward of t depths
+                return self._alone_seconds(t * width + 1, depth, scores_tree(t, t * width + 1))
+
+            cuts[row] = ChainCut(
+                self.confidence_accept.rate_of,
+                self._draft_seconds(max(1, options[row].lag), depth),
+                self._draft_seconds(1, depth),
+                verify,
+                self.sibling_accept.rate_at(width),
+            )
+        return cuts
 
     # -- learning -----------------------------------------------------------------------------
 
@@ -746,6 +845,7 @@ class CostAwareController:
             # misses would keep it out (a probe then scores one guess, not the dozens it skipped).
             for right in out.draft.evidence.get("caught_up", ()):
                 self.model_accept.observe(1, int(right), state.model_overlay)
+            kept = out.n_accepted  # the chain's tokens the target kept
             if out.draft.parents is not None and n_drafted:  # a tree: its chain, and a sibling where it failed
                 chain = out.draft.first_branch().tokens
                 kept = agreement(chain, out.emitted)[1]
@@ -754,6 +854,8 @@ class CostAwareController:
                     self.sibling_accept.observe(n_drafted // len(chain), out.n_accepted > kept)
             elif n_drafted:
                 self.model_accept.observe(n_drafted, out.n_accepted, state.model_overlay)
+            if "confidence" in out.draft.evidence:  # a cut chain: its guesses' rates by confidence
+                self.confidence_accept.observe(out.draft.evidence["confidence"], kept)
         elif out.draft is not None and out.draft.parents is not None and n_drafted:  # a free drafter's tree
             self._observe_free_tree(out)
         if n_drafted:

@@ -356,23 +356,17 @@ def draft_ranks(logits, output: Sequence[int]) -> str:
     return "".join(out)
 
 
-# llama.cpp's draft sampler keeps the draft's 10 best candidates and reads their softmax
-# (common/speculative.cpp: top_k 10), so its p_min compares the greedy token's share of those 10.
-CONFIDENCE_TOP_K = 10
-
-
 def draft_confidences(logits) -> list[float]:
-    """The draft model's probability of its own greedy token at each position (logits [n, vocab],
-    teacher-forced) among its CONFIDENCE_TOP_K best, as llama.cpp's draft sampler reads it, floored
-    to 3 decimals (so p >= 0.75 reads as the unrounded p does, within the softmax's own rounding):
-    what a confidence rule (llama.cpp's p_min, ConfidenceController) stops on."""
+    """The draft model's confidence in its greedy token at each position (logits [n, vocab],
+    teacher-forced; drafters.model.confidence: its share of the draft's 10 best candidates, as
+    llama.cpp's draft sampler reads it), floored to 3 decimals (so p >= 0.75 reads as the unrounded
+    p does, within the softmax's own rounding): what a confidence rule stops on (llama.cpp's p_min,
+    ConfidenceController; auto's chains, controller.ChainCut)."""
     import numpy as np
 
-    logits = np.asarray(logits, dtype=np.float64)
-    k = min(CONFIDENCE_TOP_K, logits.shape[1])
-    best = -np.partition(-logits, k - 1, axis=1)[:, :k]  # the k largest, in any order
-    p = 1.0 / np.exp(best - best.max(axis=1, keepdims=True)).sum(axis=1)
-    return [float(np.floor(v * 1000 + 1e-6) / 1000) for v in p]
+    from .drafters.model import confidence
+
+    return [float(np.floor(confidence(row) * 1000 + 1e-6) / 1000) for row in np.asarray(logits)]
 
 
 def reconcile_ranks(ranks: str, agrees: str) -> tuple[str, int]:
@@ -460,12 +454,19 @@ class RecordedDrafter:
         return len(context) - self._rows[row]["fed"]
 
     def propose(
-        self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int], widths: Mapping[int, int] | None = None
+        self,
+        contexts: Mapping[int, Sequence[int]],
+        ks: Mapping[int, int],
+        widths: Mapping[int, int] | None = None,
+        cuts: Mapping[int, object] | None = None,
     ) -> dict[int, Draft]:
         drafts = {}
         for row, k in ks.items():
             state, context = self._rows[row], contexts[row]
             pos = len(context) - state["start"]
+            cut = (cuts or {}).get(row) if state["p"] is not None else None
+            sure = self._cut(cut, state["p"], pos, k) if cut is not None else None
+            asked, k = k, (len(sure) if sure is not None else k)
             n = draft_run(state["agrees"], pos, k)
             tokens = list(state["output"][pos : pos + n])
             if n < k:  # the first guess the target rejects; what follows it is never looked at
@@ -475,17 +476,40 @@ class RecordedDrafter:
             tree = self._fishbone(state, pos, tokens, n, width) if width > 1 and k else None
             # its guesses at the generated tokens it catches up on (ModelDrafter's "caught_up")
             first = max(0, state["fed"] + 1 - state["start"], pos - CATCH_UP_SCORED)
-            sat_out = k and len(context) - state["fed"] > CATCH_UP_MIN
+            sat_out = asked and len(context) - state["fed"] > CATCH_UP_MIN
             caught_up = [a == "1" for a in state["agrees"][first:pos]] if sat_out else []
             self.last_cost_rows = (max(1, len(context) - state["fed"]) if k else 0, k)
+            fed = max(k - 1, 0)
+            if sure is not None:  # the catch-up told the first confidence; each fed token the next
+                fed = cut.fed
+                self.last_cost_rows = (max(1, len(context) - state["fed"]), fed + 1)
             state["base"], state["drafted"] = len(context), k
-            state["fed"] = len(context) + max(k - 1, 0) if k else state["fed"]
+            state["fed"] = len(context) + fed if k or sure is not None else state["fed"]
             state["chain_run"] = n
             evidence = {"caught_up": caught_up} if caught_up else {}
+            if sure is not None:
+                evidence["confidence"] = sure
             drafts[row] = (
                 Draft(tree[0], evidence=evidence, parents=tree[1]) if tree else Draft(tokens, evidence=evidence)
             )
         return drafts
+
+    @staticmethod
+    def _cut(cut, probs: Sequence[float], pos: int, k: int) -> list[float]:
+        """The confidences of the tokens a chain cut by `cut` (controller.ChainCut) takes from `pos`,
+        at most k, asked as ModelDrafter.propose asks it: take each, and feed it while another may
+        follow. Recorded teacher-forced: exact up to the draft's first miss (its context is the
+        target's until then), the target's context's beyond it, where only the wasted tokens'
+        number depends on them."""
+        sure: list[float] = []
+        while len(sure) < k and pos + len(sure) < len(probs):
+            p = probs[pos + len(sure)]
+            if not cut.take(p):
+                break
+            sure.append(p)
+            if len(sure) < k and not cut.feed():
+                break
+        return sure
 
     def _fishbone(self, state, pos: int, chain: list[int], n: int, width: int) -> tuple[list[int], list[int]]:
         """(tokens, parents) of ModelDrafter's greedy fishbone: each depth's chain token and then
@@ -777,6 +801,21 @@ def fit_sibling_prior(records: Sequence[Mapping], widths: Sequence[int] = (2, 3,
     return tuple(round(sum(rank < w for rank in ranks) / max(1, len(ranks)), 2) for w in widths)
 
 
+def fit_confidence_prior(records: Sequence[Mapping]) -> tuple[float, ...]:
+    """acceptance.CONFIDENCE_PRIOR fitted on recordings with the draft's confidences: per bucket of
+    acceptance.CONFIDENCE_EDGES, the share of the draft's greedy guesses the target kept."""
+    from .acceptance import ConfidenceAcceptance
+
+    buckets = len(ConfidenceAcceptance().c)
+    right, checked = [0] * buckets, [0] * buckets
+    for r in records:
+        for p, agreed in zip(r["draft_p"], r["draft_agrees"]):
+            b = ConfidenceAcceptance.bucket(p)
+            checked[b] += 1
+            right[b] += agreed == "1"
+    return tuple(round(fit_rate(a, n), 3) for a, n in zip(right, checked))
+
+
 def sibling_statistics(
     records: Sequence[Mapping], drafter_of: Callable[[Mapping], object], k: int = K_MAX, width: int | None = None
 ) -> tuple[int, int]:
@@ -905,6 +944,8 @@ def leave_one_category_out(
         auto.free_siblings[auto.ngram.name].s[:] = fit_ngram_sibling_prior(train, NGRAM_TREE_WIDTH)
         if trees:  # the siblings' rates too are fitted on the other categories
             auto.sibling_accept.s[:] = fit_sibling_prior(train, range(2, len(SIBLING_PRIOR) + 2))
+        if with_draft and all("draft_p" in r for r in train):  # and the rates by confidence
+            auto.confidence_accept.c[:] = fit_confidence_prior(train)
         autos, clairs = [], []
         for r in test:
             autos.append(

@@ -29,13 +29,16 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
 from ..models.base import RowModel, check_same_vocab
 from ..sampling import SamplingParams, draft_token, sample
 from .base import Draft, lent_passes, tree_shape
+
+if TYPE_CHECKING:
+    from ..controller import ChainCut
 
 # A catch-up scores the draft's guesses at no more than this many of the last generated tokens it
 # feeds (each costs a row of logits: on a CPU the output head is a quarter of a small model's work).
@@ -106,11 +109,21 @@ class ModelDrafter:
         return lent_passes(self.model, self._rows, fed)
 
     def propose(
-        self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int], widths: Mapping[int, int] | None = None
+        self,
+        contexts: Mapping[int, Sequence[int]],
+        ks: Mapping[int, int],
+        widths: Mapping[int, int] | None = None,
+        cuts: Mapping[int, "ChainCut"] | None = None,
     ) -> dict[int, Draft]:
         """Each row's draft of ks[row] tokens: a tree of widths[row] (default: the drafter's width;
-        `auto` chooses one per row and step)."""
+        `auto` chooses one per row and step). A greedy row with a cut (cuts[row], `auto`'s
+        controller.ChainCut; a chain or a fishbone, not a tree of `nodes`) is up to ks[row] deep:
+        at each depth the cut, told the draft's confidence in its chain token (`confidence`), takes
+        the depth or ends the draft before it, and after a depth it took says whether to feed its
+        chain token (and learn the next one's confidence) or end the draft after it; the draft's
+        evidence "confidence" holds the taken chain tokens' confidences."""
         model = self.model
+        cuts = {row: cut for row, cut in (cuts or {}).items() if self._rows[row].params.greedy}
         widths = {row: (widths or {}).get(row, self.width) for row in ks}
         ks = {row: max(0, min(k, model.n_ctx - len(contexts[row]))) for row, k in ks.items()}
         drafts = {row: Draft([]) for row in ks}
@@ -150,14 +163,21 @@ class ModelDrafter:
         # the chain's token first, then its siblings, with the draft's probability of each
         levels = {row: Levels(widths[row], self.nodes) for row in live}
         depth = {row: ks[row] for row in live}
+        sure: dict[int, list[float]] = {row: [] for row in cuts if row in live and not self.nodes}
         for i in range(max(ks[row] for row in live)):
             feed = {}
             for row, state in live.items():
                 if i >= depth[row]:
                     continue
+                if row in sure:  # a cut chain: the draft's confidence in this token decides
+                    p = confidence(logits[state.model_row][0])
+                    if not cuts[row].take(p):
+                        depth[row] = i
+                        continue
+                    sure[row].append(p)
                 token = levels[row].add(logits[state.model_row][0], state.params, state.rng)
-                if levels[row].settled():
-                    depth[row] = i + 1  # no deeper node could be chosen: the chain ends here
+                if levels[row].settled() or (row in sure and i + 1 < depth[row] and not cuts[row].feed()):
+                    depth[row] = i + 1  # no deeper node could be chosen, or the cut ends it: the chain ends here
                 if i + 1 < depth[row]:  # the last draft token need not be fed: nothing reads it
                     feed[state.model_row] = [token]
                     state.fed.append(token)
@@ -165,7 +185,10 @@ class ModelDrafter:
                 logits = model.forward_rows(feed, {r: 1 for r in feed})
         for row, state in live.items():
             state.drafted = depth[row]  # chain tokens: the depth
-            drafts[row] = levels[row].draft({"caught_up": caught_up[row]} if row in caught_up else {})
+            evidence = {"caught_up": caught_up[row]} if row in caught_up else {}
+            if row in sure:
+                evidence["confidence"] = sure[row]
+            drafts[row] = levels[row].draft(evidence) if depth[row] else Draft([], evidence=evidence)
         return drafts
 
     def accept(self, n_accepted: Mapping[int, int]) -> None:
@@ -250,6 +273,28 @@ class Levels:
             if j + 1 < len(candidates):  # the sibling drawn next
                 heapq.heappush(heap, (-above[d] * probs[j + 1], d, j + 1))
         return chosen
+
+
+# The draft's confidence in its greedy token is that token's softmax share among the draft's
+# CONFIDENCE_TOP_K best candidates, as llama.cpp's draft sampler reads it (common/speculative.cpp:
+# top_k 10, then p_min compares the first's share).
+# why: one measure for the recordings, the replay of llama.cpp's rule (its p_min, the confidence
+# rule users know) and auto's own cut (controller.ChainCut), whose rates are fitted on recordings;
+# history: docs/provenance.md#confidence_top_k
+CONFIDENCE_TOP_K = 10
+
+
+def confidence(logits: np.ndarray) -> float:
+    """The greedy token's softmax share among the CONFIDENCE_TOP_K best logits [vocab]. Candidates
+    more than 20 below the best add under 1e-8 each and are left out: the share is exact to 1e-7
+    without partitioning the whole vocabulary (152k logits: 0.45 ms; this 0.03 ms for a peaked
+    distribution, 0.19 for logits of spread 3)."""
+    logits = np.asarray(logits)
+    top = float(logits.max())
+    near = logits[logits > top - 20.0]
+    if len(near) > CONFIDENCE_TOP_K:
+        near = np.partition(near, len(near) - CONFIDENCE_TOP_K)[-CONFIDENCE_TOP_K:]
+    return float(1.0 / np.exp(near.astype(np.float64) - top).sum())
 
 
 def siblings(
