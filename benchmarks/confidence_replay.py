@@ -44,6 +44,7 @@ from specdec.replay import (  # noqa: E402
     AdaptiveKController,
     ConfidenceController,
     RecordedDrafter,
+    ReplayPolicy,
     _cost,
     curve_at,
     replay_speedup,
@@ -68,20 +69,11 @@ def fit_rates(records) -> np.ndarray:
     return (kept + 1) / (seen + 2)
 
 
-class ConfidenceCost:
+class ConfidenceCost(ReplayPolicy):
     """The cost-aware confidence stop (module docstring), one row, greedy."""
 
     def __init__(self, recorded: RecordedDrafter, rates, costs, draft_costs, k_max: int = K_MAX):
         self.recorded, self.rates, self.costs, self.draft_costs, self.k_max = recorded, rates, costs, draft_costs, k_max
-
-    def begin(self, row, prompt):
-        pass
-
-    def end(self, row):
-        pass
-
-    def observe(self, *args, **kwargs):
-        pass
 
     def draft(self, contexts, caps):
         [(row, context)] = contexts.items()

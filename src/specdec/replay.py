@@ -121,19 +121,27 @@ def copy_ceiling(prompt: Sequence[int], output: Sequence[int], costs: Sequence[f
     return _plain_time(curves) / _best_time(lengths, curves)
 
 
-class LongMatchController:
-    """llama.cpp's ngram-mod, replayed through our lookup: it drafts k tokens only when the last
-    `n_match` tokens (24 by default there) occurred before, i.e. only inside a verbatim copy, and
-    never otherwise. No acceptance model, no margin: it bets that a 24-token copy goes on."""
-
-    def __init__(self, drafter: NgramDrafter, k: int, n_match: int = 24):
-        self.drafter, self.k, self.n_match = drafter, k, n_match
+class ReplayPolicy:
+    """A peer's policy as a replay controller: nothing to set up per row; what it learns, if
+    anything, it learns in observe."""
 
     def begin(self, row, prompt):
         pass
 
     def end(self, row):
         pass
+
+    def observe(self, outcomes, passes, target_seconds, depth=None):
+        pass
+
+
+class LongMatchController(ReplayPolicy):
+    """llama.cpp's ngram-mod, replayed through our lookup: it drafts k tokens only when the last
+    `n_match` tokens (24 by default there) occurred before, i.e. only inside a verbatim copy, and
+    never otherwise. No acceptance model, no margin: it bets that a 24-token copy goes on."""
+
+    def __init__(self, drafter: NgramDrafter, k: int, n_match: int = 24):
+        self.drafter, self.k, self.n_match = drafter, k, n_match
 
     def draft(self, contexts, caps):
         plan = {}
@@ -144,11 +152,8 @@ class LongMatchController:
             plan[row] = (self.drafter, draft) if long else (None, None)
         return plan
 
-    def observe(self, outcomes, passes, target_seconds, depth=None):
-        pass
 
-
-class AdaptiveKController:
+class AdaptiveKController(ReplayPolicy):
     """vLLM's adaptive K, replayed: from the per-position acceptance averages a_i of its drafter's
     steps so far (a_i: the share of drafts that reached position i and had it kept), each step
     drafts the K in 1..k_max that maximises (1 + a_1 + ... + a_K) / (K c + 1), c the drafter's cost
@@ -159,12 +164,6 @@ class AdaptiveKController:
         self.drafter, self.k_max, self.c = drafter, k_max, c
         self.drafted = [0] * k_max  # [position] drafts that reached it
         self.kept = [0] * k_max  # [position] of those, kept
-
-    def begin(self, row, prompt):
-        pass
-
-    def end(self, row):
-        pass
 
     def choose(self) -> int:
         best, best_k, expected, rate = -1.0, 1, 1.0, 1.0
@@ -193,7 +192,7 @@ class AdaptiveKController:
                 self.kept[i] += i < outcome.n_accepted
 
 
-class ConfidenceController:
+class ConfidenceController(ReplayPolicy):
     """llama.cpp's draft model policy (draft-simple), replayed: every step the draft model catches
     up on the context and drafts greedily while its own token's probability is at least p_min, at
     most n_max (`--spec-draft-p-min 0.75 --spec-draft-n-max 16`: its defaults through 2025; the
@@ -207,12 +206,6 @@ class ConfidenceController:
 
     def __init__(self, recorded: "RecordedDrafter", p_min: float = 0.75, n_max: int = 16):
         self.recorded, self.p_min, self.n_max = recorded, p_min, n_max
-
-    def begin(self, row, prompt):
-        pass
-
-    def end(self, row):
-        pass
 
     def draft(self, contexts, caps):
         plan = {}
@@ -231,9 +224,6 @@ class ConfidenceController:
             self.recorded.last_cost_rows = (catch_up, k + 1 if k < self.n_max else k)
             plan[row] = (self.recorded, draft)
         return plan
-
-    def observe(self, outcomes, passes, target_seconds, depth=None):
-        pass
 
 
 # Every fixed method the verdict tries ("best fixed method"), and the peers' policies.
