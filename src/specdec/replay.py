@@ -197,9 +197,9 @@ class ConfidenceController(ReplayPolicy):
     up on the context and drafts greedily while its own token's probability is at least p_min, at
     most n_max (`--spec-draft-p-min 0.75 --spec-draft-n-max 16`: its defaults through 2025; the
     build here defaults to p_min 0 and 3 tokens, which is fixed draft:3, among the fixed methods);
-    a step whose first guess falls short drafts nothing, the
-    draft model's catch-up forward paid all the same. Its forwards are counted as llama.cpp runs
-    them: the catch-up, then one per drafted token, except after the n_max-th. The recorded
+    a step whose first guess falls short drafts nothing, the draft model's catch-up forward paid
+    all the same. Its forwards are counted as llama.cpp runs them: the catch-up, then one per
+    drafted token, except after the n_max-th. The recorded
     confidences are teacher-forced: exact up to the draft's first miss (until then its context is
     the target's), the target's context's beyond it, where only where it stops (the wasted tokens'
     cost) depends on them."""
