@@ -38,8 +38,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "scripts"))
 import replay_controller  # noqa: E402
 
-from specdec.controller import FixedController  # noqa: E402
-from specdec.drafters.base import Draft  # noqa: E402
+from specdec.acceptance import ConfidenceAcceptance  # noqa: E402
+from specdec.controller import ChainCut, FixedController  # noqa: E402
 from specdec.replay import (  # noqa: E402
     AdaptiveKController,
     ConfidenceController,
@@ -47,61 +47,33 @@ from specdec.replay import (  # noqa: E402
     ReplayPolicy,
     _cost,
     curve_at,
+    fit_confidence_prior,
     replay_speedup,
 )
 
-# the confidence buckets of the rate table: [0, 0.5), [0.5, 0.75), [0.75, 0.9), [0.9, 0.99), [0.99, 1]
-EDGES = (0.5, 0.75, 0.9, 0.99)
 K_MAX = 16
 
 
-def bucket(p: float) -> int:
-    return int(np.searchsorted(EDGES, p, side="right"))
-
-
-def fit_rates(records) -> np.ndarray:
-    """Per confidence bucket, the share of the draft's guesses the target kept (add-one smoothed)."""
-    kept, seen = np.zeros(len(EDGES) + 1), np.zeros(len(EDGES) + 1)
-    for r in records:
-        for p, agreed in zip(r["draft_p"], r["draft_agrees"]):
-            seen[bucket(p)] += 1
-            kept[bucket(p)] += agreed == "1"
-    return (kept + 1) / (seen + 2)
-
-
 class ConfidenceCost(ReplayPolicy):
-    """The cost-aware confidence stop (module docstring), one row, greedy."""
+    """The cost-aware confidence stop (module docstring) on the draft model's chains alone: `auto`'s
+    controller.ChainCut, with the rates by confidence it is given, asked by the recorded draft model
+    as ModelDrafter asks it (RecordedDrafter.propose with cuts), up to K_MAX deep."""
 
-    def __init__(self, recorded: RecordedDrafter, rates, costs, draft_costs, k_max: int = K_MAX):
+    def __init__(self, recorded: RecordedDrafter, rates: ConfidenceAcceptance, costs, draft_costs, k_max: int = K_MAX):
         self.recorded, self.rates, self.costs, self.draft_costs, self.k_max = recorded, rates, costs, draft_costs, k_max
 
     def draft(self, contexts, caps):
         [(row, context)] = contexts.items()
-        state = self.recorded._rows[row]
-        pos, probs = len(context) - state["start"], state["p"]
         target, draft = curve_at(self.costs, len(context)), curve_at(self.draft_costs, len(context))
-        lag = max(1, len(context) - state["fed"])
-        cap = min(self.k_max, caps[row], len(probs) - pos)
-        look = _cost(draft, lag)  # the catch-up: its logits give the first guess's confidence
-
-        def value(expected: float, taken: int, fed: int) -> float:
-            return expected / (look + fed * draft[0] + _cost(target, taken + 1))
-
-        taken, fed, expected, survive = 0, 0, 1.0, 1.0
-        while taken < cap:
-            rate = self.rates[bucket(probs[pos + taken])]  # the next guess's chance, its confidence known
-            if value(expected + survive * rate, taken + 1, fed) <= value(expected, taken, fed):
-                break
-            taken, survive = taken + 1, survive * rate
-            expected += survive
-            # feeding it tells the next guess's confidence: worth a forward if one as sure would pay
-            if taken == cap or value(expected + survive * rate, taken + 1, fed + 1) <= value(expected, taken, fed):
-                break
-            fed += 1
-        proposal = self.recorded.propose({row: context}, {row: taken})[row] if taken else Draft([])
-        if not taken:  # it looked: the context is fed all the same
-            state["fed"] = state["base"] = len(context)
-        self.recorded.last_cost_rows = (lag, fed + 1)
+        cut = ChainCut(
+            self.rates.rate_of,
+            _cost(draft, self.recorded.lag(row, context) or 1),  # the catch-up: it tells the first confidence
+            draft[0],
+            lambda taken: _cost(target, taken + 1),
+        )
+        state = self.recorded._rows[row]
+        left = len(state["p"]) - (len(context) - state["start"])  # no deeper than the recorded answer
+        proposal = self.recorded.propose({row: context}, {row: min(self.k_max, caps[row], left)}, cuts={row: cut})[row]
         return {row: (self.recorded, proposal)}
 
 
@@ -138,7 +110,8 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     for category in dict.fromkeys(r["category"] for r in records):
         test = [r for r in records if r["category"] == category]
-        rates = fit_rates([r for r in records if r["category"] != category])
+        train = [r for r in records if r["category"] != category]
+        rates = ConfidenceAcceptance(prior=fit_confidence_prior(train, digits=None))
         replayed = [
             category_median(test, make, costs, draft_costs, stops)
             for make in (

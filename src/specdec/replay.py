@@ -791,9 +791,10 @@ def fit_sibling_prior(records: Sequence[Mapping], widths: Sequence[int] = (2, 3,
     return tuple(round(sum(rank < w for rank in ranks) / max(1, len(ranks)), 2) for w in widths)
 
 
-def fit_confidence_prior(records: Sequence[Mapping]) -> tuple[float, ...]:
+def fit_confidence_prior(records: Sequence[Mapping], digits: int | None = 3) -> tuple[float, ...]:
     """acceptance.CONFIDENCE_PRIOR fitted on recordings with the draft's confidences: per bucket of
-    acceptance.CONFIDENCE_EDGES, the share of the draft's greedy guesses the target kept."""
+    acceptance.CONFIDENCE_EDGES, the share of the draft's greedy guesses the target kept (rounded
+    to `digits`, as the prior is written; None: unrounded)."""
     from .acceptance import ConfidenceAcceptance
 
     buckets = len(ConfidenceAcceptance().c)
@@ -803,7 +804,8 @@ def fit_confidence_prior(records: Sequence[Mapping]) -> tuple[float, ...]:
             b = ConfidenceAcceptance.bucket(p)
             checked[b] += 1
             right[b] += agreed == "1"
-    return tuple(round(fit_rate(a, n), 3) for a, n in zip(right, checked))
+    rates = (fit_rate(a, n) for a, n in zip(right, checked))
+    return tuple(rate if digits is None else round(rate, digits) for rate in rates)
 
 
 def sibling_statistics(
