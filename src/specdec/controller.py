@@ -314,12 +314,10 @@ class ChainCut:
     def take(self, p: float) -> bool:
         """Whether the chain takes its next token, of confidence p (else it ends before it)."""
         rate = self.rate_of(p)
-        if self._value(self._deeper(rate), self.taken + 1, self.fed) <= self._value(
-            self.expected, self.taken, self.fed
-        ):
+        deeper = self._deeper(rate)
+        if self._value(deeper, self.taken + 1, self.fed) <= self._value(self.expected, self.taken, self.fed):
             return False
-        self.expected = self._deeper(rate)
-        self.taken, self.survive, self.last = self.taken + 1, self.survive * rate, rate
+        self.expected, self.taken, self.survive, self.last = deeper, self.taken + 1, self.survive * rate, rate
         return True
 
     def feed(self) -> bool:

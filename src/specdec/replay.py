@@ -468,11 +468,11 @@ class RecordedDrafter:
             first = max(0, state["fed"] + 1 - state["start"], pos - CATCH_UP_SCORED)
             sat_out = asked and len(context) - state["fed"] > CATCH_UP_MIN
             caught_up = [a == "1" for a in state["agrees"][first:pos]] if sat_out else []
-            self.last_cost_rows = (max(1, len(context) - state["fed"]) if k else 0, k)
-            fed = max(k - 1, 0)
+            lag = max(1, len(context) - state["fed"])
             if sure is not None:  # the catch-up told the first confidence; each fed token the next
-                fed = cut.fed
-                self.last_cost_rows = (max(1, len(context) - state["fed"]), fed + 1)
+                fed, self.last_cost_rows = cut.fed, (lag, cut.fed + 1)
+            else:  # the catch-up, then each draft token but the last
+                fed, self.last_cost_rows = max(k - 1, 0), (lag if k else 0, k)
             state["base"], state["drafted"] = len(context), k
             state["fed"] = len(context) + fed if k or sure is not None else state["fed"]
             state["chain_run"] = n
