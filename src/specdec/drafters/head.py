@@ -343,14 +343,18 @@ class HeadDrafter:
         rows = [first, *siblings(head_logits, first, None, self.width - 1, None)]
         return self.vocab[rows].tolist(), shaping_probs(head_logits, None, rows), None, [None] * len(rows)
 
+    def _device_inputs(self, todo: Mapping[int, tuple]) -> tuple[list[int], np.ndarray, np.ndarray, list[int]]:
+        """The rows of `todo` (row -> (state, the token after it, k)), their states [rows, d] as
+        float32, their next tokens' embedding rows and their ks, for TorchHead."""
+        rows = list(todo)
+        states = np.stack([todo[row][0] for row in rows]).astype(np.float32, copy=False)
+        return rows, states, self.index[[todo[row][1] for row in rows]], [todo[row][2] for row in rows]
+
     def _fishbone_torch(self, todo: Mapping[int, tuple]) -> dict[int, Draft]:
         """Greedy k x w trees, all rows at once on the target's device: the chain of each step's
         best and, beside each of its nodes, the next w - 1 of the same step (what _tree builds on
         the host node by node)."""
-        rows = list(todo)
-        states = np.stack([todo[row][0] for row in rows]).astype(np.float32, copy=False)
-        index = self.index[[todo[row][1] for row in rows]]
-        ks = [todo[row][2] for row in rows]
+        rows, states, index, ks = self._device_inputs(todo)
         chosen = self._torch.greedy(states, index, max(ks), self.width)  # [rows, k, w]
         out = {}
         for j, row in enumerate(rows):
@@ -361,10 +365,7 @@ class HeadDrafter:
 
     def _draft_torch(self, todo: Mapping[int, tuple], settings: Mapping[int, tuple]) -> dict[int, Draft]:
         """All rows' chains at once on the target's device (TorchHead), as long as the longest."""
-        rows = list(todo)
-        states = np.stack([todo[row][0] for row in rows]).astype(np.float32, copy=False)
-        index = self.index[[todo[row][1] for row in rows]]
-        ks = [todo[row][2] for row in rows]
+        rows, states, index, ks = self._device_inputs(todo)
         if all(settings[row][0].greedy for row in rows):
             chosen = self._torch.greedy(states, index, max(ks))  # [rows, k] draft-vocabulary rows
             return {row: Draft(self.vocab[chosen[j, : ks[j]]].tolist()) for j, row in enumerate(rows)}
