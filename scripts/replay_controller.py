@@ -92,14 +92,14 @@ def record(args) -> None:
             line = {"id": item["id"], "category": item["category"], "prompt": prompt, "output": result.tokens}
             if draft is not None:
                 agreement = draft_agreement(draft, prompt, result.tokens)
-                line["draft_agrees"], line["draft_ranks"], line["draft_p"] = agreement
+                line["draft_agrees"], line["draft_ranks"], line["draft_p"], line["draft_top"] = agreement
             out.write(json.dumps(line) + "\n")
             out.flush()
             print(f"{item['id']}: {len(prompt)} prompt tokens, {len(result.tokens)} generated", flush=True)
 
 
-def draft_agreement(draft, prompt: list[int], output: list[int]) -> tuple[str, str, list[float]]:
-    """(agreement, ranks, confidences) of the draft model on the target's output, from one
+def draft_agreement(draft, prompt: list[int], output: list[int]) -> tuple[str, str, list[float], list[list[float]]]:
+    """(agreement, ranks, confidences, top probabilities) of the draft model on the target's output, from one
     teacher-forced forward. agreement: '1' where the draft's greedy token, given the prompt and the target's
     output before it, is the target's token, else '0'. Under greedy decoding a draft of k tokens
     from position i is accepted up to the first '0' at or after i (an accepted draft token IS the
@@ -107,8 +107,10 @@ def draft_agreement(draft, prompt: list[int], output: list[int]) -> tuple[str, s
     draft:K step's accepted length (specdec.replay.draft_run). ranks: the target's token's rank
     among the draft's candidates there (specdec.replay.draft_ranks), which gives every greedy
     fishbone tree's (specdec.replay.tree_run). confidences: the draft's probability of its own
-    greedy token there (specdec.replay.draft_confidences), which llama.cpp's p_min stops on."""
-    from specdec.replay import draft_confidences, draft_ranks
+    greedy token there (specdec.replay.draft_confidences), which llama.cpp's p_min stops on. top
+    probabilities: those of its best candidates there (specdec.replay.draft_tops), which shape a
+    tree of its most probable paths (specdec.replay.shaped_run)."""
+    from specdec.replay import draft_confidences, draft_ranks, draft_tops
 
     [row] = draft.add_rows(1)
     try:
@@ -117,15 +119,16 @@ def draft_agreement(draft, prompt: list[int], output: list[int]) -> tuple[str, s
         draft.drop_rows([row])
     guesses = logits[: len(output)].argmax(axis=1)
     agrees = "".join("1" if int(g) == t else "0" for g, t in zip(guesses, output))
-    return agrees, draft_ranks(logits[: len(output)], output), draft_confidences(logits[: len(output)])
+    scored = logits[: len(output)]
+    return agrees, draft_ranks(scored, output), draft_confidences(scored), draft_tops(scored)
 
 
 def ranks(args) -> int:
-    """Add the draft model's confidences, and its ranks where missing, to a recording made without
-    them: one teacher-forced forward a prompt, the file replaced whole at the end (an interrupted
-    run leaves it as it was). Where the new greedy agreement differs from the recorded one (another
-    machine's kernels parting at a rounding tie), the recorded agreement is kept and the rank
-    follows it (replay.reconcile_ranks); the count is printed."""
+    """Add the draft model's top probabilities, and its confidences and ranks where missing, to a
+    recording made without them: one teacher-forced forward a prompt, the file replaced whole at
+    the end (an interrupted run leaves it as it was). Where the new greedy agreement differs from
+    the recorded one (another machine's kernels parting at a rounding tie), the recorded agreement
+    is kept and the rank follows it (replay.reconcile_ranks); the count is printed."""
     import os
 
     from specdec import load_model
@@ -137,9 +140,10 @@ def ranks(args) -> int:
     draft = load_model(args.draft or header["draft"], backend="llama", n_ctx=args.ctx)
     parted = 0
     for r in records:
-        agrees, found, r["draft_p"] = draft_agreement(draft, r["prompt"], r["output"])
-        if "draft_ranks" in r:  # ranks already there stay (they priced the tables made since)
-            print(f"{r['id']}: {len(r['output'])} confidences", flush=True)
+        agrees, found, confidences, r["draft_top"] = draft_agreement(draft, r["prompt"], r["output"])
+        r.setdefault("draft_p", confidences)
+        if "draft_ranks" in r:  # ranks (and confidences) already there stay (they priced the tables made since)
+            print(f"{r['id']}: {len(r['output'])} confidences and top probabilities", flush=True)
             continue
         r["draft_ranks"], differ = reconcile_ranks(found, r.get("draft_agrees", agrees))
         parted += differ
@@ -148,8 +152,8 @@ def ranks(args) -> int:
     tmp.write_text("\n".join([lines[0], *(json.dumps(r, separators=(",", ":")) for r in records)]) + "\n")
     os.replace(tmp, path)
     print(
-        f"{path}: ranks and confidences for {len(records)} prompts; {parted} positions where the agreement "
-        "differed, reconciled"
+        f"{path}: ranks, confidences and top probabilities for {len(records)} prompts; {parted} positions where "
+        "the agreement differed, reconciled"
     )
     return 0
 
@@ -160,12 +164,12 @@ def trees(args) -> int:
     there, on the given curves."""
     from specdec.controller import FixedController
     from specdec.drafters.ngram import NgramDrafter
-    from specdec.replay import RANK_CAP, fixed_tree, replay_speedup
+    from specdec.replay import RANK_CAP, TOP_WIDTH, fixed_tree, replay_speedup
 
     header, records, costs, draft_costs = load(args)
     if args.drafter == "ngram":  # fixed candidates: replayed step by step, nothing to pay for drafting
 
-        def fixed(r, k, width, tree_cost):
+        def fixed(r, k, width, tree_cost, nodes=0):
             drafter = FixedController(NgramDrafter(width=width), k)
             speedup, decisions = replay_speedup(
                 r["prompt"], r["output"], costs, drafter, stops=stops(header), tree_cost=tree_cost
@@ -179,20 +183,39 @@ def trees(args) -> int:
         print(f"error: {args.recording} holds no draft model curve: give --draft-curve", file=sys.stderr)
         return 2
     if args.drafter == "draft":
-        fixed = partial(fixed_tree, costs=costs, draft_costs=draft_costs)
+        fixed = partial(fixed_tree, costs=costs, draft_costs=draft_costs, past_miss=args.past_miss)
     tree_cost = tree_cost_of(args)
     if min(args.chains) < 1:
         print(f"error: --chains {min(args.chains)}: a chain drafts 1 token or more", file=sys.stderr)
         return 2
-    shapes = [(k, 1) for k in args.chains]
-    for shape in args.trees:
-        k, _, w = shape.partition("x")
-        if not (k.isdigit() and w.isdigit() and int(k) >= 1 and 2 <= int(w) <= RANK_CAP):
-            print(f"error: --trees {shape}: want KxW, K >= 1 and 2 <= W <= {RANK_CAP}", file=sys.stderr)
+    shapes = [(k, 1, 0) for k in args.chains]
+    fishbones = [f"{k}x{w}" for w in (2, 3, 4) for k in (1, 2, 3, 4, 6, 8, 12, 16)]
+    # the trees of the N most probable paths, N deep at most: as many nodes as each chain's
+    shaped = [f"{n}x{w}/{n}" for w in (2, 3, 4) for n in range(2, 17)] if args.drafter == "draft" else []
+    for shape in args.trees or fishbones + shaped:
+        k, _, rest = shape.partition("x")
+        w, slash, n = rest.partition("/")
+        if not (k.isdigit() and w.isdigit() and int(k) >= 1 and 2 <= int(w) <= RANK_CAP) or (
+            slash and not (n.isdigit() and int(n) >= 1 and int(w) <= TOP_WIDTH and args.drafter == "draft")
+        ):
+            print(
+                f"error: --trees {shape}: want KxW (K >= 1, 2 <= W <= {RANK_CAP}) or, for the draft model, "
+                f"KxW/N (N >= 1, W <= {TOP_WIDTH})",
+                file=sys.stderr,
+            )
             return 2
-        shapes.append((int(k), int(w)))
+        if slash and not all("draft_top" in r for r in records):
+            print(
+                f"error: {args.recording} holds no top probabilities: run `{Path(__file__).name} ranks` on it",
+                file=sys.stderr,
+            )
+            return 2
+        shapes.append((int(k), int(w), int(n) if slash else 0))
     print(
-        describe(header, costs, draft_costs) + f"a tree's forward costs {tree_cost:.3f}x a chain's of as many nodes\n"
+        describe(header, costs, draft_costs)
+        + f"a tree's forward costs {tree_cost:.3f}x a chain's of as many nodes"
+        + (f"; past a shaped tree's first miss: {args.past_miss}" if any(n for _, _, n in shapes) else "")
+        + "\n"
     )
     print(
         "| category | prompts | best chain | tokens/step | best tree | tokens/step | tree / chain "
@@ -203,17 +226,19 @@ def trees(args) -> int:
     categories = list(dict.fromkeys(r["category"] for r in records))
 
     def name(shape):
-        return f"{args.drafter}:{shape[0]}" + (f"x{shape[1]}" if shape[1] > 1 else "")
+        k, w, n = shape
+        return f"{args.drafter}:{k}" + (f"x{w}" if w > 1 else "") + (f"/{n}" if n else "")
 
     for category in categories:
         rows = [r for r in records if r["category"] == category]
         result = {}
-        for k, w in shapes:
-            runs = [fixed(r, k=k, width=w, tree_cost=tree_cost) for r in rows]
-            result[(k, w)] = (statistics.median(s for s, _ in runs), statistics.median(t for _, t in runs))
+        for k, w, n in shapes:
+            runs = [fixed(r, k=k, width=w, tree_cost=tree_cost, nodes=n) for r in rows]
+            result[(k, w, n)] = (statistics.median(s for s, _ in runs), statistics.median(t for _, t in runs))
         chain = max((s for s in result if s[1] == 1), key=lambda s: result[s][0])
         tree = max((s for s in result if s[1] > 1), key=lambda s: result[s][0])
-        fewer = [s for s in result if s[1] > 1 and s[0] * s[1] <= chain[0]]  # no more nodes than the chain
+        # no more nodes than the chain
+        fewer = [s for s in result if s[1] > 1 and (s[2] or s[0] * s[1]) <= chain[0]]
         small = max(fewer, key=lambda s: result[s][0], default=None)
         ratio = result[tree][0] / result[chain][0]
         matched += ratio >= 1.0
@@ -480,6 +505,8 @@ def _tree_flags(p) -> None:
 
 
 def main() -> int:
+    from specdec.replay import PAST_MISS
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="plain greedy outputs of the target over the suite")
@@ -559,8 +586,16 @@ def main() -> int:
     tr.add_argument(
         "--trees",
         nargs="+",
-        default=[f"{k}x{w}" for w in (2, 3, 4) for k in (1, 2, 3, 4, 6, 8, 12, 16)],
-        help="fishbones KxW to try (W <= 9)",
+        default=None,
+        help="fishbones KxW to try (W <= 9) and, for the draft model, trees of its N most probable "
+        "paths KxW/N (W <= 4); default: KxW for K 1-4, 6, 8, 12, 16 and W 2-4, and NxW/N for N 2-16",
+    )
+    tr.add_argument(
+        "--past-miss",
+        choices=PAST_MISS,
+        default="recorded",
+        help="a shaped tree's probabilities past the draft's first miss, which a recording does not hold: "
+        "the recorded ones (an estimate), every chain token sure (fewest siblings kept), or none possible (most)",
     )
     tr.add_argument("--check", action="store_true", help="exit 1 when the tree bar does not hold")
     cop = sub.add_parser("copies", help="how far long matches run: whole copies against partial ones")

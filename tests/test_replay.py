@@ -389,11 +389,14 @@ def test_draft_ranks_break_ties_by_id_and_trees_replay_as_chains_at_width_one():
 @pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.name)
 def test_the_shipped_ranks_agree_with_the_shipped_agreement(path):
     """Every shipped recording holds the draft's ranks, taken on the same outputs as its greedy
-    agreement: rank 0 exactly where the draft agreed; and its confidences, one a position."""
+    agreement: rank 0 exactly where the draft agreed; its confidences, one a position; and its top
+    probabilities, best first, its confidence a share of a softmax whose best is the first."""
     _, records = load_recording(path)
     for r in records:
-        assert len(r["draft_ranks"]) == len(r["output"]) == len(r["draft_p"])
+        assert len(r["draft_ranks"]) == len(r["output"]) == len(r["draft_p"]) == len(r["draft_top"])
         assert all(0.1 <= p <= 1.0 for p in r["draft_p"])  # of 10 candidates, the best holds >= 1/10
+        for p, top in zip(r["draft_p"], r["draft_top"]):
+            assert len(top) == 4 and top == sorted(top, reverse=True) and top[0] <= p + 1e-3 and sum(top) <= 1.001
         assert [c == "0" for c in r["draft_ranks"]] == [c == "1" for c in r["draft_agrees"]], r["id"]
 
 
@@ -436,6 +439,32 @@ def test_the_trees_table_sets_the_best_tree_against_the_best_chain(tmp_path):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "no draft ranks" in proc.stderr
     proc = subprocess.run([*args[:5], "--trees", "8y2"], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.startswith("error: --trees 8y2: want KxW")
+    for shape in ("4x5/4", "4x2/0"):  # a shaped tree: 4 candidates a depth are recorded, and a node or more
+        proc = subprocess.run([*args[:5], "--trees", shape], capture_output=True, text=True)
+        assert proc.returncode == 2 and proc.stderr.startswith(f"error: --trees {shape}: want KxW")
+    proc = subprocess.run([*args[:5], "--drafter", "ngram", "--trees", "4x2/4"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "for the draft model, KxW/N" in proc.stderr  # prompt lookup's trees have no budget
+    untopped = tmp_path / "untopped.jsonl"
+    untopped.write_text(
+        "\n".join(
+            [json.dumps(header)] + [json.dumps({k: v for k, v in r.items() if k != "draft_top"}) for r in records]
+        )
+        + "\n"
+    )
+    proc = subprocess.run([*args[:4], str(untopped), "--trees", "4x2/4"], capture_output=True, text=True)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "no top probabilities" in proc.stderr
+    # a shaped tree's row: its median is fixed_tree's, and the bounds past the first miss order it
+    shaped = {}
+    for past in ("sure", "recorded", "unsure"):
+        proc = subprocess.run(
+            [*args[:5], "--chains", "4", "--trees", "4x3/4", "--past-miss", past], capture_output=True, text=True
+        )
+        assert proc.returncode == 0 and f"past a shaped tree's first miss: {past}" in proc.stdout
+        line = next(line for line in proc.stdout.splitlines() if line.startswith(f"| {records[0]['category']} |"))
+        shaped[past] = float(line.split("draft:4x3/4 ")[1].split("x")[0])
+    rows = [r for r in records if r["category"] == records[0]["category"]]
+    want = np.median([fixed_tree(r, header["costs"], header["draft_costs"], 4, 3, nodes=4)[0] for r in rows])
+    assert shaped["recorded"] == round(want, 2)
     proc = subprocess.run([*args[:5], "--chains", "0", "4"], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.strip() == "error: --chains 0: a chain drafts 1 token or more"
     for flag, value, message in (

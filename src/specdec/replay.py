@@ -359,6 +359,29 @@ def draft_confidences(logits) -> list[float]:
     return [float(np.floor(confidence(row) * 1000 + 1e-6) / 1000) for row in np.asarray(logits)]
 
 
+# A recording's "draft_top" holds, at each position, the draft model's probabilities of its
+# TOP_WIDTH best candidates (its whole softmax, best first; ties by id), teacher-forced as its ranks.
+# why: what a greedy tree shaped by path probability (draft:KxW/N, drafters.model.Levels) keeps
+# depends on them; 4 is the widest tree auto drafts (controller.TREE_WIDTHS)
+TOP_WIDTH = 4
+
+
+def draft_tops(logits, width: int = TOP_WIDTH) -> list[list[float]]:
+    """The draft's probabilities of its `width` best candidates at each position (logits [n, vocab],
+    teacher-forced), best first, to 4 significant digits: the greedy shaping probability of each
+    candidate of a tree's depth (drafters.model.shaping_probs)."""
+    import numpy as np
+
+    from .drafters.model import shaping_probs
+
+    out = []
+    for row in np.asarray(logits):
+        best = np.argpartition(-row, width)[:width] if len(row) > width else np.arange(len(row))
+        best = sorted((int(i) for i in best), key=lambda i: (-row[i], i))  # ties by id, as the siblings
+        out.append([float(f"{p:.4g}") for p in shaping_probs(row, None, best)])
+    return out
+
+
 def reconcile_ranks(ranks: str, agrees: str) -> tuple[str, int]:
     """(ranks, positions changed): ranks taken on another machine than the agreement string they
     extend, made to agree with it. Where the two machines' kernels part at a rounding tie between
@@ -386,6 +409,51 @@ def tree_run(ranks: str, pos: int, k: int, width: int) -> int:
     if n < k and pos + n < len(ranks) and int(ranks[pos + n]) < width:
         n += 1
     return n
+
+
+# Where a shaped tree's draft ran past its first miss, the probabilities it shapes by there are
+# the draft's on its own (wrong) path, which a teacher-forced recording does not hold: "recorded"
+# takes the recorded ones (the draft's on the target's path, an estimate), "sure" every chain token
+# certain there (its deeper nodes crowd out the siblings at and above the miss: fewest kept),
+# "unsure" every candidate impossible there (no node past the miss competes: most kept).
+PAST_MISS = ("recorded", "sure", "unsure")
+
+
+def shaped_run(
+    ranks: str, tops: Sequence[Sequence[float]], pos: int, k: int, width: int, nodes: int, past_miss: str = "recorded"
+) -> tuple[int, int, bool, int]:
+    """(draft tokens the target keeps, nodes fed, whether it is a tree, depths drafted) of a greedy
+    tree of the `nodes` most probable paths among the draft model's k deep x width candidates from
+    position `pos` (draft:KxW/N), built as drafters.model.Levels builds it: depth by depth until it
+    is settled or k deep, then the most probable paths, siblings as leaves under the chain's node;
+    kept as tree_run keeps a fishbone's (the chain while it holds, then the target's token where it
+    is one of that depth's kept siblings). Exact up to the draft's first miss; past it `past_miss`
+    (PAST_MISS) stands in for what the recording does not hold."""
+    from .drafters.model import Levels
+
+    if past_miss not in PAST_MISS:
+        raise ValueError(f"past_miss must be one of {', '.join(PAST_MISS)}, got {past_miss!r}")
+    miss = 0
+    while miss < k and pos + miss < len(ranks) and ranks[pos + miss] == "0":
+        miss += 1
+    levels = Levels(width, nodes)
+    for d in range(k):
+        at = pos + d
+        probs = list(tops[at][:width]) if at < len(tops) else []
+        probs += [0.0] * (width - len(probs))
+        if d > miss and past_miss != "recorded":
+            probs = [1.0] + [0.0] * (width - 1) if past_miss == "sure" else [0.0] * width
+        levels.extend(list(range(width)), probs)
+        if levels.settled():
+            break
+    chosen = levels.shape()
+    kept = 0
+    while kept < len(chosen) and chosen[kept] and kept < miss:
+        kept += 1
+    if kept == miss and kept < len(chosen) and pos + kept < len(ranks) and 0 < int(ranks[pos + kept]) < chosen[kept]:
+        kept += 1  # the target's token is a kept sibling at the first miss
+    depth = next((d for d, n in enumerate(chosen) if n == 0), len(chosen))
+    return kept, sum(chosen[:depth]), max(chosen[:depth], default=0) > 1, len(levels.levels)
 
 
 def draft_run(agrees: str, pos: int, k: int) -> int:
@@ -567,14 +635,33 @@ def tree_steps(curves, draft_costs, prompt_len: int, depth: int, width: int, tre
     return steps
 
 
-def fixed_tree(record: Mapping, costs, draft_costs, k: int, width: int, tree_cost: float = 1.0) -> tuple[float, float]:
+def fixed_tree(
+    record: Mapping,
+    costs,
+    draft_costs,
+    k: int,
+    width: int,
+    tree_cost: float = 1.0,
+    nodes: int = 0,
+    past_miss: str = "recorded",
+) -> tuple[float, float]:
     """(speedup over plain, tokens per target step) of the draft model's fishbone draft:KxW at every
-    step on one recorded prompt (record["draft_ranks"]); width 1 is the chain draft:K. Its first
+    step on one recorded prompt (record["draft_ranks"]); width 1 is the chain draft:K; with `nodes`,
+    the tree of its most probable paths draft:KxW/N (record["draft_top"]: shaped_run). Its first
     step pays the draft model's read of the prompt, as a fixed chain replayed step by step does."""
     prompt, output, ranks = record["prompt"], record["output"], record["draft_ranks"]
     curves = _curves(costs, len(prompt), len(output))
-    runs = [tree_run(ranks, pos, k, width) for pos in range(len(output))]
-    steps = tree_steps(curves, draft_costs, len(prompt), k, width, tree_cost)
+    if nodes:
+        shaped = [shaped_run(ranks, record["draft_top"], pos, k, width, nodes, past_miss) for pos in range(len(output))]
+        runs = [run for run, _, _, _ in shaped]
+        steps = []  # a step of the tree from each position: only its k-th entry is read (fixed_speedup)
+        for costs_at, (_, fed, tree, depth), i in zip(curves, shaped, range(len(output))):
+            seconds = _cost(costs_at, fed + 1) * (tree_cost if tree else 1.0)
+            seconds += draft_seconds(curve_at(draft_costs, len(prompt) + i), 1, depth)
+            steps.append([0.0] * k + [seconds])
+    else:
+        runs = [tree_run(ranks, pos, k, width) for pos in range(len(output))]
+        steps = tree_steps(curves, draft_costs, len(prompt), k, width, tree_cost)
     if k and steps:  # its first draft reads the whole prompt first (as ModelDrafter and the recorded one do)
         first = curve_at(draft_costs, len(prompt))
         steps[0] = [s + (_cost(first, len(prompt)) - first[0] if j else 0.0) for j, s in enumerate(steps[0])]

@@ -111,7 +111,7 @@ def test_a_sure_draft_stops_drafting_at_the_budget():
     the draft model is not run there."""
     sure = ToyLM(seed=3, sharpness=40.0)
     drafter, draft = _propose(sure, 3, 8, SamplingParams())
-    assert draft.parents == [-1, 0, 1]  # a chain of 3
+    assert draft.parents is None and len(draft.tokens) == 3  # a chain of 3, verified as a chain
     assert drafter._rows[0].drafted == 3  # not 8
     assert len(sure.forward_calls) == 3  # catch-up, then depths 1 and 2 fed (the third is not)
 
@@ -207,3 +207,62 @@ def test_the_replay_keeps_what_a_greedy_fishbone_keeps():
             recorded.accept({0: kept})
             pos += kept + 1
         assert saved >= (3 if width > 1 else 0), width
+
+
+def test_a_greedy_tree_that_keeps_no_sibling_is_its_chain():
+    """A greedy tree of `nodes` whose most probable paths are all its chain's is drafted as that
+    chain (parents None: the engine verifies it as a chain, without a tree's dearer forward); one
+    that keeps a sibling stays a tree; a sampled one keeps its tree form."""
+    sure = chooser(3, levels([0.9, 0.05], [0.9, 0.05], [0.9, 0.05]))
+    assert sure.shape() == [1, 1, 1] and sure.draft().parents is None and sure.draft().tokens == [0, 2, 4]
+    unsure = chooser(3, levels([0.5, 0.4], [0.6, 0.3], [0.9, 0.05]))
+    assert unsure.draft().parents == [-1, -1, 0]
+    q = np.array([0.9, 0.1])
+    sampled = chooser(2, [([0], [0.9], q), ([1], [0.9], q)])
+    assert sampled.draft().parents == [-1, 0]
+
+
+def test_the_replay_keeps_what_a_greedy_shaped_tree_keeps():
+    """replay.shaped_run, from the draft's ranks and top probabilities (one teacher-forced forward),
+    builds the tree ModelDrafter's greedy KxW/N builds (as many nodes, tree or chain, as deep) and
+    keeps what the target keeps of it, wherever the recording holds every depth drafted (up to the
+    draft's first miss); past it, the bounds of PAST_MISS order what a sibling there can keep."""
+    from specdec.replay import draft_ranks, draft_tops, shaped_run
+    from specdec.sampling import DraftTree
+
+    draft = ToyLM(seed=6, sharpness=1.0)
+    target = ToyLM(seed=7, noise_from=draft, noise=0.6)
+    prompt, output = [3, 4, 5, 6], []
+    while len(output) < 120:
+        context = prompt + output
+        output.append(int(np.argmax(target.table[context[-2], context[-1]])))
+    [row] = draft.add_rows(1)
+    logits = draft.forward_rows({row: prompt + output}, {row: len(output) + 1})[row][: len(output)]
+    draft.drop_rows([row])
+    ranks, tops = draft_ranks(logits, output), draft_tops(logits)
+    trees = siblings_kept = 0
+    for width, nodes in ((2, 4), (3, 5), (4, 6)):
+        drafter = ModelDrafter(ToyLM(seed=6, sharpness=1.0), width=width, nodes=nodes)
+        drafter.begin(0, prompt, SamplingParams(), np.random.default_rng(0))
+        for pos in range(len(output) - nodes):
+            miss = next((d for d in range(nodes) if ranks[pos + d] != "0"), nodes)
+            k = min(nodes, miss + 1)  # every depth drafted is the target's context up to the miss
+            d = drafter.propose({0: prompt + output[:pos]}, {0: k})[0]
+            parents = d.parents if d.parents is not None else list(range(-1, len(d.tokens) - 1))
+            tree = DraftTree(d.tokens, parents)
+            node, kept = -1, 0
+            while pos + kept < len(output):
+                node = next((c for c in tree.children(node) if tree.tokens[c] == output[pos + kept]), None)
+                if node is None:
+                    break
+                kept += 1
+            run, fed, is_tree, depth = shaped_run(ranks, tops, pos, k, width, nodes)
+            assert (run, fed, is_tree, depth) == (kept, len(d.tokens), d.parents is not None, drafter._rows[0].drafted)
+            trees += is_tree
+            siblings_kept += run > miss
+            drafter.accept({0: 0})
+    assert trees and siblings_kept  # both shapes met, and a sibling kept somewhere
+    # past the first miss the recording is an estimate: certain chain tokens there keep the fewest siblings
+    for pos in range(len(output) - 8):
+        sure, unsure = (shaped_run(ranks, tops, pos, 8, 3, 6, past)[0] for past in ("sure", "unsure"))
+        assert sure <= shaped_run(ranks, tops, pos, 8, 3, 6)[0] <= unsure

@@ -223,8 +223,14 @@ class Levels:
         one a further depth is drafted after)."""
         token, q = draft_token(logits, params, rng)
         candidates = [token, *siblings(logits, token, q, self.width - 1, rng)]
-        self.levels.append((candidates, shaping_probs(logits, q, candidates) if self.nodes else [], q))
+        self.extend(candidates, shaping_probs(logits, q, candidates) if self.nodes else [], q)
         return token
+
+    def extend(self, candidates: list[int], probs: list[float], q: np.ndarray | None = None) -> None:
+        """The next depth: its candidates (the chain's token first), the probability the tree is
+        shaped by for each (shaping_probs; none unless `nodes`) and the q they were drawn from
+        (None: greedy). `add` drafts them; the replay gives a recording's (replay.shaped_run)."""
+        self.levels.append((candidates, probs, q))
 
     def settled(self) -> bool:
         """Whether a tree of `nodes` nodes is settled: that many candidates found so far are at least
@@ -238,10 +244,16 @@ class Levels:
             path *= probs[0]
         return sum(v >= path for v in values) >= self.nodes
 
+    def shape(self) -> list[int]:
+        """How many of each depth's candidates the draft keeps (its chain's node first): all of
+        them, or those of the `nodes` most probable paths (0 from the first depth it leaves out)."""
+        return self._choose() if self.nodes else [len(c) for c, _, _ in self.levels]
+
     def draft(self, evidence: dict | None = None) -> Draft:
         """The Draft: the chain (width 1), every candidate (the fishbone), or the `nodes` most
-        probable paths."""
-        chosen = self._choose() if self.nodes else [len(c) for c, _, _ in self.levels]
+        probable paths. A greedy tree of `nodes` that keeps no sibling is its chain, verified as one
+        (a tree's forward costs more than a chain's of as many tokens)."""
+        chosen = self.shape()
         tokens, parents, q = [], [], []
         above = -1  # the chain's node of the depth before, under which a depth's candidates hang
         for (candidates, _, row_q), n in zip(self.levels, chosen):
@@ -253,7 +265,9 @@ class Levels:
                 if row_q is not None:
                     q.append(row_q)
             above = len(tokens) - n
-        return Draft(tokens, np.stack(q) if q else None, evidence or {}, parents if self.width > 1 else None)
+        greedy_chain = self.nodes and not q and max(chosen, default=0) <= 1
+        tree = self.width > 1 and not greedy_chain
+        return Draft(tokens, np.stack(q) if q else None, evidence or {}, parents if tree else None)
 
     def _choose(self) -> list[int]:
         """How many of each depth's candidates the tree keeps: best first by path probability,
