@@ -5,8 +5,8 @@
     python scripts/replay_controller.py replay [--recording FILE] [-v]
     python scripts/replay_controller.py loo [--recording FILE] [--fit] [--set NAME=VALUE ...]
     python scripts/replay_controller.py copies [--recording FILE]
-    python scripts/replay_controller.py ranks --recording FILE         # add the draft's ranks, confidences
-    python scripts/replay_controller.py trees [--recording FILE] [--curve C --draft-curve D] [--check]
+    python scripts/replay_controller.py ranks --recording FILE         # add the draft's ranks, confidences, tops
+    python scripts/replay_controller.py trees [--recording FILE] [--curve C --draft-curve D] [--past-miss P] [--check]
     python scripts/replay_controller.py verdict [--recording FILE] [--curve C --draft-curve D] [--check]
 
 `record` runs the default target (or --target) with plain greedy decoding over the benchmark suite
@@ -23,9 +23,11 @@ default), also fixed draft:K, `auto` with the draft model, and a clairvoyant dra
         --curve benchmarks/gpu-h100/costs-1.5b-static-graphs.json \
         --draft-curve benchmarks/gpu-h100/costs-0.5b-static-graphs.json
 
-`trees` sets the draft model's fixed chains against its fixed fishbone trees (draft:KxW) per
-category, each at its best shape, from a recording with the draft's ranks (`record` writes them;
-`ranks` adds them to an older recording).
+`trees` sets the draft model's fixed chains against its fixed trees per category, each at its best
+shape: fishbones (draft:KxW) from a recording with the draft's ranks, and the trees of its N most
+probable paths (draft:KxW/N) from one with its top probabilities as well (`record` writes both;
+`ranks` adds them to an older recording; --past-miss: what stands in for the draft's own path past
+its first miss, which a teacher-forced recording does not hold).
 
 `verdict` prints auto's bars per category (leave-one-category-out auto against the clairvoyant,
 the best of every fixed method and the best of the peers' policies: llama.cpp's ngram-simple and
