@@ -655,7 +655,7 @@ def fixed_tree(
         shaped = [shaped_run(ranks, record["draft_top"], pos, k, width, nodes, past_miss) for pos in range(len(output))]
         runs = [run for run, _, _, _ in shaped]
         steps = []  # a step of the tree from each position: only its k-th entry is read (fixed_speedup)
-        for costs_at, (_, fed, tree, depth), i in zip(curves, shaped, range(len(output))):
+        for i, (costs_at, (_, fed, tree, depth)) in enumerate(zip(curves, shaped)):
             seconds = _cost(costs_at, fed + 1) * (tree_cost if tree else 1.0)
             seconds += draft_seconds(curve_at(draft_costs, len(prompt) + i), 1, depth)
             steps.append([0.0] * k + [seconds])
