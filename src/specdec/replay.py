@@ -433,9 +433,7 @@ def shaped_run(
 
     if past_miss not in PAST_MISS:
         raise ValueError(f"past_miss must be one of {', '.join(PAST_MISS)}, got {past_miss!r}")
-    miss = 0
-    while miss < k and pos + miss < len(ranks) and ranks[pos + miss] == "0":
-        miss += 1
+    miss = tree_run(ranks, pos, k, 1)  # the chain's run: its first miss's depth (or k)
     levels = Levels(width, nodes)
     for d in range(k):
         at = pos + d
@@ -447,12 +445,10 @@ def shaped_run(
         if levels.settled():
             break
     chosen = levels.shape()
-    kept = 0
-    while kept < len(chosen) and chosen[kept] and kept < miss:
-        kept += 1
-    if kept == miss and kept < len(chosen) and pos + kept < len(ranks) and 0 < int(ranks[pos + kept]) < chosen[kept]:
+    depth = next((d for d, n in enumerate(chosen) if n == 0), len(chosen))  # the tree's depth
+    kept = min(miss, depth)  # the chain's tokens, while they hold
+    if kept == miss < depth and pos + kept < len(ranks) and 0 < int(ranks[pos + kept]) < chosen[kept]:
         kept += 1  # the target's token is a kept sibling at the first miss
-    depth = next((d for d, n in enumerate(chosen) if n == 0), len(chosen))
     return kept, sum(chosen[:depth]), max(chosen[:depth], default=0) > 1, len(levels.levels)
 
 
