@@ -10,6 +10,8 @@ llama:plain, llama:ngram-simple, llama:ngram-mod, llama:draft (the 0.5B draft mo
 and `vllm serve` (`make vllm-peer`) as vllm:plain, vllm:ngram:K,
 vllm:draft:K, vllm:suffix:K, or with our proposers inside it, vllm:specdec:auto:K,
 vllm:specdec:ngram:K, vllm:specdec:suffix:K (specdec.vllm_peer.speculative_config).
+The prompts are our suite's (benchmarks/prompts.jsonl) unless --suite names another, such as
+benchmarks/dev-prompts.jsonl, with --categories to take some of its categories only.
 With --repeats R every cell runs R times, the servers taking turns within each round, in the
 reverse order every other round (a drifting machine then moves every server alike), and a last
 table gives each cell's median and its spread (max / min tokens/s over the repeats).
@@ -146,7 +148,9 @@ def run_cell(server: str, c: int, args) -> dict:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, proc, 600)
         load = ["--url", url + "/v1", "-c", str(c), "-n", str(args.prompts), "--max-tokens", str(args.max_tokens)]
-        load += ["--label", server]
+        load += ["--label", server, "--suite", str(args.suite)]
+        if args.categories:
+            load += ["--categories", *args.categories]
         if server.startswith(("specdec", "vllm")):
             load += ["--model", args.target]
         ns = serve_load.main_args(load)
@@ -174,6 +178,8 @@ def main(argv=None) -> int:
     p.add_argument("-c", "--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("-n", "--prompts", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--suite", type=Path, default=serve_load.SUITE, help="the prompts (default: our suite)")
+    p.add_argument("--categories", nargs="+", default=None, help="only the suite's prompts of these categories")
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
     p.add_argument("--draft", default="qwen2.5-coder-0.5b")
     p.add_argument("--ctx", type=int, default=4096, help="per row")
