@@ -167,6 +167,7 @@ def trees(args) -> int:
     from specdec.controller import FixedController
     from specdec.drafters.ngram import NgramDrafter
     from specdec.replay import RANK_CAP, TOP_WIDTH, fixed_tree, replay_speedup
+    from specdec.spec import parse_shape
 
     header, records, costs, draft_costs = load(args)
     if args.drafter == "ngram":  # fixed candidates: replayed step by step, nothing to pay for drafting
@@ -195,24 +196,26 @@ def trees(args) -> int:
     # the trees of the N most probable paths, N deep at most: as many nodes as each chain's
     shaped = [f"{n}x{w}/{n}" for w in (2, 3, 4) for n in range(2, 17)] if args.drafter == "draft" else []
     for shape in args.trees or fishbones + shaped:
-        k, _, rest = shape.partition("x")
-        w, slash, n = rest.partition("/")
-        if not (k.isdigit() and w.isdigit() and int(k) >= 1 and 2 <= int(w) <= RANK_CAP) or (
-            slash and not (n.isdigit() and int(n) >= 1 and int(w) <= TOP_WIDTH and args.drafter == "draft")
-        ):
+        parsed = None  # the grammar of bench's methods (draft:KxW[/N]), then what a recording can tell
+        try:
+            parsed = parse_shape(shape) if "x" in shape else None
+        except ValueError:
+            pass
+        k, w, n = parsed or (0, 0, 0)
+        if not (k and 2 <= w <= RANK_CAP) or (n and not (w <= TOP_WIDTH and args.drafter == "draft")):
             print(
                 f"error: --trees {shape}: want KxW (K >= 1, 2 <= W <= {RANK_CAP}) or, for the draft model, "
                 f"KxW/N (N >= 1, W <= {TOP_WIDTH})",
                 file=sys.stderr,
             )
             return 2
-        if slash and not all("draft_top" in r for r in records):
+        if n and not all("draft_top" in r for r in records):
             print(
                 f"error: {args.recording} holds no top probabilities: run `{Path(__file__).name} ranks` on it",
                 file=sys.stderr,
             )
             return 2
-        shapes.append((int(k), int(w), int(n) if slash else 0))
+        shapes.append((k, w, n))
     print(
         describe(header, costs, draft_costs)
         + f"a tree's forward costs {tree_cost:.3f}x a chain's of as many nodes"

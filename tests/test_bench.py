@@ -29,7 +29,8 @@ def test_parse_method():
     assert bench.parse_method("vllm:plain") == ("vllm", "plain", 0)
     assert bench.parse_method("vllm:ngram:8") == ("vllm", "ngram", 8)
     assert bench.parse_method("vllm:specdec:auto:16") == ("vllm", "specdec:auto", 16)
-    for bad in ("vllm:specdec:magic:4", "vllm:ngram", "vllm:ngram:0", "vllm:specdec:auto"):
+    # a peer's K is a count as ours are (ASCII digits: int() alone took "+4" and other scripts' digits)
+    for bad in ("vllm:specdec:magic:4", "vllm:ngram", "vllm:ngram:0", "vllm:specdec:auto", "vllm:ngram:+4"):
         with pytest.raises(SpecdecError, match="unknown method"):
             bench.parse_method(bad)
     assert bench.parse_method("early-exit:20:4") == ("specdec", DraftSpec("early-exit", k=4, layers=20), 4)
@@ -47,6 +48,8 @@ def test_parse_method():
         "suffix",
         "hf:suffix:3",
         "early-exit:0:4",
+        "llama.cpp:draft:\u0663",
+        "hf:assisted:1_0",
         "early-exit:2",
         "early-exit:2:x",
         "ngram:-1",

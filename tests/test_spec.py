@@ -53,6 +53,8 @@ def test_k_and_auto_s_draft_model_are_part_of_the_spec():
         ("early-exit", None, "early-exit:L"),
         ("early-exit:x", None, "early-exit:L"),
         ("early-exit:0", None, "L must be >= 1"),
+        ("early-exit:+2", None, "early-exit:L"),
+        ("early-exit:1_2", None, "early-exit:L"),
         ("early-exit:2", "llama", "needs --backend numpy"),
         ("intersect:", None, "intersect:MODEL"),
         ("string: ", None, "string:MODEL"),
@@ -99,6 +101,8 @@ def test_bench_methods_parse_to_the_same_specs(method, spec):
         *("draft:4x2/", "draft:4x2/0", "draft:4x1/3", "draft:4x2/x"),
         *("suffix:0x2", "suffix:4x0", "suffix:4x1/3", "ngram:4x2/3", "ngram:4x0"),
         *("early-exit:0:4x2", "early-exit:2:4x1/3", "early-exit:2:x2"),
+        # counts are ASCII digits: int() alone took these, so draft:1_0x2 drafted 10 deep
+        *("draft:1_0x2", "draft:+3x2", "draft:3x2/+4", "ngram:\u0663x2", "draft:\u0663", "early-exit:1_2:3"),
     ],
 )
 def test_what_is_not_one_of_our_methods_is_none(method):

@@ -38,8 +38,9 @@ AUTO_SUFFIX = True
 # one of it serves requests of different widths (a draft model or head drafts the shape it was built with)
 WIDTH_PER_CALL = ("ngram", "suffix")
 METHODS = (
-    "plain, auto, auto:suffix, auto:nosuffix, draft:K, draft:KxW (a tree: W candidates a depth), ngram:K, suffix:K, "
-    "suffix:KxW (a tree: the cache's W likeliest continuations under each node), "
+    "plain, auto, auto:suffix, auto:nosuffix, draft:K, draft:KxW[/N] (a tree: W candidates a depth; /N: "
+    "the N likeliest of them), ngram:K, ngram:KxW (a tree: up to W continuations of the earlier occurrences), "
+    "suffix:K, suffix:KxW[/N] (a tree: the cache's W likeliest continuations under each node), "
     "early-exit:L:K and early-exit:L:KxW[/N] (--backend numpy or torch), head:K:FILE, "
     "head:KxW[/N]:FILE (a head's tree), "
     "auto:head:FILE (auto with the head in the draft model's place)"
@@ -129,7 +130,7 @@ def parse(
         return DraftSpec(text, k=k)
     if text.startswith("early-exit"):
         try:
-            layers = int(text.split(":", 1)[1])
+            layers = count(text.split(":", 1)[1])
         except (IndexError, ValueError):
             raise SpecdecError(f"draft {text!r}: write early-exit:L with L the number of layers") from None
         if layers < 1:
@@ -168,17 +169,17 @@ def parse_method(method: str) -> DraftSpec | None:
     try:
         if head == "early-exit":  # early-exit:L:K; a tree, early-exit:L:KxW[/N]
             layers, _, shape = rest.partition(":")
-            if int(layers) >= 1 and (kwn := _shape(shape)):
+            if count(layers) >= 1 and (kwn := parse_shape(shape)):
                 k, width, nodes = kwn
-                return DraftSpec("early-exit", k=k, layers=int(layers), width=width, nodes=nodes)
+                return DraftSpec("early-exit", k=k, layers=count(layers), width=width, nodes=nodes)
         elif head == "head":  # head:K:FILE; a head's tree, head:KxW[/N]:FILE
             shape, _, path = rest.partition(":")
-            if (kwn := _shape(shape)) and path:
+            if (kwn := parse_shape(shape)) and path:
                 k, width, nodes = kwn
                 return DraftSpec("head", k=k, head=path, width=width, nodes=nodes)
-        elif head in ("draft", "ngram", "suffix") and rest.isdigit() and int(rest) >= 1:
-            return DraftSpec("model" if head == "draft" else head, k=int(rest))
-        elif head in ("draft", "suffix", "ngram") and "x" in rest and (kwn := _shape(rest)):
+        elif head in ("draft", "ngram", "suffix") and "x" not in rest and count(rest) >= 1:
+            return DraftSpec("model" if head == "draft" else head, k=count(rest))
+        elif head in ("draft", "suffix", "ngram") and "x" in rest and (kwn := parse_shape(rest)):
             k, width, nodes = kwn
             if not (head == "ngram" and nodes):  # prompt lookup's tree has no node budget
                 return DraftSpec({"draft": "model"}.get(head, head), k=k, width=width, nodes=nodes)
@@ -187,12 +188,20 @@ def parse_method(method: str) -> DraftSpec | None:
     return None
 
 
-def _shape(text: str) -> tuple[int, int, int] | None:
+def count(text: str) -> int:
+    """A count written in a draft's name: ASCII digits only (int() would also take "+3", " 3",
+    "1_0" and other scripts' digits, so "draft:1_0x2" drafted 10 deep); ValueError otherwise."""
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(f"not a count: {text!r}")
+    return int(text)
+
+
+def parse_shape(text: str) -> tuple[int, int, int] | None:
     """A method's draft shape, K, KxW or KxW/N (a tree of the N most probable nodes) -> (k, width,
-    nodes); None where a number is out of range (ValueError where one is not a number)."""
+    nodes); None where a number is out of range (ValueError where one is not a count)."""
     k, x, shape = text.partition("x")
     width, slash, nodes = shape.partition("/") if x else ("1", "", "")
-    k, width, nodes = int(k), int(width), int(nodes) if slash else 0
+    k, width, nodes = count(k), count(width), count(nodes) if slash else 0
     return (k, width, nodes) if k >= 1 and width >= 1 and (not slash or (nodes >= 1 and width >= 2)) else None
 
 

@@ -31,6 +31,16 @@ def vllm_engines(methods: list[str], repeats: int) -> int:
     return sum(repeats if kind in VLLM_LEARNING_KINDS else 1 for kind in kinds)
 
 
+def _count(text: str) -> int:
+    """A peer method's K as our methods read theirs (spec.count), 0 where it is not one."""
+    from ..spec import count
+
+    try:
+        return count(text)
+    except ValueError:
+        return 0
+
+
 def parse_method(method: str) -> tuple[str, DraftSpec | str, int]:
     """One of our methods (spec.METHODS) -> ('specdec', its DraftSpec, k); a peer's,
     'llama.cpp:plain' | 'llama.cpp:draft:K' | 'llama.cpp:<ngram type>:K' | 'hf:plain' |
@@ -46,7 +56,7 @@ def parse_method(method: str) -> tuple[str, DraftSpec | str, int]:
         kind, _, k = rest.rpartition(":")
         if rest == "plain":
             return runner, "plain", 0
-        if kind in VLLM_KINDS and k.isdigit() and int(k) >= 1:
+        if kind in VLLM_KINDS and _count(k) >= 1:
             return runner, kind, int(k)
     elif runner not in ("llama.cpp", "hf"):
         spec = parse_ours(method)
@@ -56,18 +66,14 @@ def parse_method(method: str) -> tuple[str, DraftSpec | str, int]:
         drafter, _, k = rest.rpartition(":")
         if rest == "plain":
             return runner, "plain", 0
-        if (
-            k.isdigit()
-            and int(k) >= 1
-            and (
-                (runner == "llama.cpp" and (drafter == "draft" or drafter.startswith("ngram")))
-                or (runner == "hf" and drafter in ("assisted", "prompt-lookup"))
-            )
+        if _count(k) >= 1 and (
+            (runner == "llama.cpp" and (drafter == "draft" or drafter.startswith("ngram")))
+            or (runner == "hf" and drafter in ("assisted", "prompt-lookup"))
         ):
             return runner, drafter, int(k)
     raise SpecdecError(
         f"unknown method {method!r}: use {METHODS}, llama.cpp:plain, "
-        f"llama.cpp:draft:K, llama.cpp:ngram-simple:K, hf:plain, hf:assisted:K, "
+        f"llama.cpp:draft:K, llama.cpp:ngram-simple:K (or another llama.cpp n-gram type), hf:plain, hf:assisted:K, "
         f"hf:prompt-lookup:K, vllm:plain, vllm:ngram:K, vllm:draft:K, vllm:suffix:K, vllm:specdec:auto:K, "
         f"vllm:specdec:ngram:K, vllm:specdec:suffix:K"
     )
