@@ -119,9 +119,8 @@ def draft_agreement(draft, prompt: list[int], output: list[int]) -> tuple[str, s
         logits = draft.forward_rows({row: prompt + output}, {row: len(output) + 1})[row]  # [n + 1, vocab]
     finally:
         draft.drop_rows([row])
-    guesses = logits[: len(output)].argmax(axis=1)
-    agrees = "".join("1" if int(g) == t else "0" for g, t in zip(guesses, output))
-    scored = logits[: len(output)]
+    scored = logits[: len(output)]  # row i guesses output[i]
+    agrees = "".join("1" if int(g) == t else "0" for g, t in zip(scored.argmax(axis=1), output))
     return agrees, draft_ranks(scored, output), draft_confidences(scored), draft_tops(scored)
 
 

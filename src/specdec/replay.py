@@ -37,7 +37,7 @@ from .acceptance import K_MAX, MATCH_BUCKETS, MatchAcceptance, agreement
 from .controller import Outcome
 from .costs import CostTable
 from .drafters.base import Draft
-from .drafters.model import CATCH_UP_MIN, CATCH_UP_SCORED
+from .drafters.model import CATCH_UP_MIN, CATCH_UP_SCORED, Levels, confidence, shaping_probs
 from .drafters.ngram import NgramDrafter
 
 
@@ -354,8 +354,6 @@ def draft_confidences(logits) -> list[float]:
     ConfidenceController; auto's chains, controller.ChainCut)."""
     import numpy as np
 
-    from .drafters.model import confidence
-
     return [float(np.floor(confidence(row) * 1000 + 1e-6) / 1000) for row in np.asarray(logits)]
 
 
@@ -371,8 +369,6 @@ def draft_tops(logits, width: int = TOP_WIDTH) -> list[list[float]]:
     teacher-forced), best first, to 4 significant digits: the greedy shaping probability of each
     candidate of a tree's depth (drafters.model.shaping_probs)."""
     import numpy as np
-
-    from .drafters.model import shaping_probs
 
     out = []
     for row in np.asarray(logits):
@@ -429,8 +425,6 @@ def shaped_run(
     kept as tree_run keeps a fishbone's (the chain while it holds, then the target's token where it
     is one of that depth's kept siblings). Exact up to the draft's first miss; past it `past_miss`
     (PAST_MISS) stands in for what the recording does not hold."""
-    from .drafters.model import Levels
-
     if past_miss not in PAST_MISS:
         raise ValueError(f"past_miss must be one of {', '.join(PAST_MISS)}, got {past_miss!r}")
     miss = tree_run(ranks, pos, k, 1)  # the chain's run: its first miss's depth (or k)
