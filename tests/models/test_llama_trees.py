@@ -112,6 +112,71 @@ def test_a_rollback_or_a_forward_gives_the_trees_sequences_back(tiny_path):
     model.close()
 
 
+# The tree in rounds a drafter growing it best first would read it: each round's nodes hang under
+# nodes of earlier rounds (drafters.model's growth), numbered on in the order they come
+GROWN_ROUNDS = [[0, 6], [1, 7], [2, 4], [3, 5]]
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_tree_grown_in_rounds_scores_each_node_as_its_own_chain(tiny_path, rows):
+    """grow_tree_rows computes only the new nodes, each as a chain of its own path would (a first
+    child goes on down its parent's sequence, a later one takes a copy of the parent's path); a
+    path kept of the grown tree continues as a chain, and every lent sequence id comes back."""
+    from specdec.models.llama_cpp import TREE_SEQS
+
+    model = _model(tiny_path, rows=rows)
+    made = model.add_rows(rows)
+    prompts = {row: model.tokenizer.encode("the cat in" if i == 0 else "then a hat") for i, row in enumerate(made)}
+    model.forward_rows(prompts, {})
+    order: list[int] = []  # the grown tree's node i is TREE_TOKENS' node order[i]
+    gaps = []
+    for nodes in GROWN_ROUNDS:
+        index = {node: i for i, node in enumerate(order)}
+        parents = [index.get(TREE_PARENTS[n], -1) for n in nodes]
+        out = model.grow_tree_rows({row: ([TREE_TOKENS[n] for n in nodes], parents) for row in made})
+        order += nodes
+        for row in made:
+            assert out[row].shape == (len(nodes), model.vocab_size)
+            assert model.row_length(row) == len(prompts[row])  # the tree is not the row's yet
+            for node, scores in zip(nodes, out[row]):
+                want = _chain(tiny_path, prompts[row] + [TREE_TOKENS[i] for i in _tree_path(node)])[-1]
+                gaps.append(float(np.abs(scores - want).max()))
+    assert max(gaps) < TOLERANCE, gaps
+    # keep the path down to the third child of node 0 (node 3, the copy of a parent's path)
+    path = [order.index(n) for n in _tree_path(3)]
+    model.keep_path_rows({row: path for row in made})
+    after = model.tokenizer.encode(" and")
+    for row in made:
+        got = model.forward_rows({row: after}, {row: len(after)})[row]
+        want = _chain(tiny_path, prompts[row] + [TREE_TOKENS[i] for i in _tree_path(3)] + after)[-len(after) :]
+        assert np.abs(got - want).max() < TOLERANCE
+    assert len(model._tree_free) == TREE_SEQS
+    model.close()
+
+
+def test_a_grown_tree_may_be_dropped_whole_and_grown_again(tiny_path):
+    """Keeping the empty path drops a grown tree (the row is its context again); a forward ends a
+    tree in flight; a new growth starts from the row."""
+    from specdec.models.llama_cpp import TREE_SEQS
+
+    model = _model(tiny_path)
+    (row,) = model.add_rows(1)
+    prefix = model.tokenizer.encode("the cat in")
+    model.forward_rows({row: prefix}, {})
+    model.grow_tree_rows({row: ([5, 9], [-1, -1])})
+    model.grow_tree_rows({row: ([17, 23], [0, 0])})
+    model.keep_path_rows({row: []})
+    assert model.row_length(row) == len(prefix) and len(model._tree_free) == TREE_SEQS
+    model.grow_tree_rows({row: ([5], [-1])})
+    first = model.grow_tree_rows({row: ([17], [0])})[row][0]
+    model.forward_rows({row: [5]}, {})  # ends the tree in flight
+    assert len(model._tree_free) == TREE_SEQS
+    want = _chain(tiny_path, prefix + [5, 17])[-1]
+    assert np.abs(first - want).max() < TOLERANCE
+    assert np.abs(model.forward_rows({row: [17]}, {row: 1})[row][0] - want).max() < TOLERANCE
+    model.close()
+
+
 def test_a_model_of_row_streams_refuses_trees():
     """The exact mode, and a model loaded with trees=False, keep a cache stream per row."""
     from specdec.models.llama_cpp import LlamaCppModel

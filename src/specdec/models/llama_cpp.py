@@ -464,6 +464,54 @@ class LlamaCppModel(SingleRow):
             at += n
         return out
 
+    def grow_tree_rows(self, trees) -> dict[int, np.ndarray]:
+        """Each row's tree grown by new nodes (tokens, parents: -1 under the row's last token,
+        else a node of the row's tree so far, numbered on from its last), in one llama_decode; the
+        new nodes' logits per row. A row with no tree in flight starts one. Only the new nodes are
+        computed: a drafter growing its tree best first (drafters.model) pays for each node once,
+        where forward_tree_rows would score the whole tree again. A node gets the sequence id of
+        its parent where it is the parent's first child (the root's children each a new one, the
+        row's own id holds the context only), else a new id holding a copy of its parent's path
+        (llama.cpp shares the cells); each id then holds the row and one path down the tree.
+        keep_path_rows follows, as after forward_tree_rows."""
+        if not self.scores_trees:
+            raise SpecdecError("tree drafts need one pool of cache cells (the default build, loaded with trees=True)")
+        lib = _lib()
+        items, layout = [], []
+        for row, (tokens, new_parents) in trees.items():
+            past, parents, node_seqs, states = self._trees.get(row) or (self._len[row], (), [], None)
+            if states is not None:
+                raise SpecdecError("a tree with hidden states kept cannot grow (forward_tree_rows scores it whole)")
+            parents = (*parents, *new_parents)
+            depth = tree_depths(parents)
+            check_tree_fits(tokens, new_parents, depth, past, self.n_ctx)
+            node_seqs = [list(seqs) for seqs in node_seqs]
+            has_child = {p for p in parents[: len(node_seqs)] if p >= 0}
+            for i in range(len(node_seqs), len(parents)):
+                parent = parents[i]
+                if parent >= 0 and parent not in has_child:
+                    seq = node_seqs[parent][0]  # its first child goes on down the parent's path
+                else:
+                    if not self._tree_free:
+                        raise SpecdecError(f"trees in flight may have {TREE_SEQS} leaves; this one has more")
+                    seq = self._tree_free.pop()
+                    lib.llama_memory_seq_rm(self._mem, seq, -1, -1)
+                    # the row and the parent's path (the cells of its id before the parent's children)
+                    src, end = (row, -1) if parent < 0 else (node_seqs[parent][0], past + int(depth[parent]) + 1)
+                    lib.llama_memory_seq_cp(self._mem, src, seq, -1, end)
+                has_child.add(parent)
+                node_seqs.append([seq])
+            self._trees[row] = (past, parents, node_seqs, None)
+            first = len(parents) - len(tokens)
+            items += [((node_seqs[first + i][0],), past + int(depth[first + i]), t, True) for i, t in enumerate(tokens)]
+            layout.append((row, len(tokens)))
+        flat = self._decode(items)[0] if items else None
+        out, at = {}, 0
+        for row, n in layout:
+            out[row] = flat[at : at + n] if n else np.empty((0, self.vocab_size), np.float32)
+            at += n
+        return out
+
     @property
     def tree_leaves(self) -> int:
         """Leaves the next forward_tree_rows may hold over all its trees (a sequence id each)."""
