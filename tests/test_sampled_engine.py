@@ -137,7 +137,7 @@ def toy_decoder(kind: str, target) -> SpeculativeDecoder:
     drafter = {
         "draft model": lambda: same_vocab_draft(target),
         "draft tree": lambda: ModelDrafter(same_vocab_draft(target), width=2),
-        "draft tree by path": lambda: ModelDrafter(same_vocab_draft(target), width=3, nodes=6),
+        "draft tree by path": lambda: ModelDrafter(same_vocab_draft(target), width=2, nodes=8),
         "ngram": lambda: "ngram",
         "suffix": lambda: "suffix",
         "suffix tree": lambda: SuffixCacheDrafter(width=2),  # fixed candidates (no q) under sampling

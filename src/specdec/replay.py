@@ -359,8 +359,8 @@ def draft_confidences(logits) -> list[float]:
 
 # A recording's "draft_top" holds, at each position, the draft model's probabilities of its
 # TOP_WIDTH best candidates (its whole softmax, best first; ties by id), teacher-forced as its ranks.
-# why: what a greedy tree shaped by path probability (draft:KxW/N, drafters.model.Levels) keeps
-# depends on them; 4 is the widest tree auto drafts (controller.TREE_WIDTHS)
+# why: what a greedy tree shaped by path probability (drafters.model.Levels: the shaped fishbone
+# priced as draft:KxW/N) keeps depends on them; 4 is the widest tree auto drafts (controller.TREE_WIDTHS)
 TOP_WIDTH = 4
 
 
@@ -420,8 +420,10 @@ def shaped_run(
 ) -> tuple[int, int, bool, int]:
     """(draft tokens the target keeps, nodes fed, whether it is a tree, depths drafted) of a greedy
     tree of the `nodes` most probable paths among the draft model's k deep x width candidates from
-    position `pos` (draft:KxW/N), built as drafters.model.Levels builds it: depth by depth until it
-    is settled or k deep, then the most probable paths, siblings as leaves under the chain's node;
+    position `pos` (priced as draft:KxW/N), built as drafters.model.Levels builds it (the early
+    exit's tree, and the draft model's until 2026-11-30: it now grows its branches on, which a
+    recording does not hold): depth by depth until it is settled or k deep, then the most probable
+    paths, siblings as leaves under the chain's node;
     kept as tree_run keeps a fishbone's (the chain while it holds, then the target's token where it
     is one of that depth's kept siblings). Exact up to the draft's first miss; past it `past_miss`
     (PAST_MISS) stands in for what the recording does not hold."""
@@ -637,7 +639,8 @@ def fixed_tree(
 ) -> tuple[float, float]:
     """(speedup over plain, tokens per target step) of the draft model's fishbone draft:KxW at every
     step on one recorded prompt (record["draft_ranks"]); width 1 is the chain draft:K; with `nodes`,
-    the tree of its most probable paths draft:KxW/N (record["draft_top"]: shaped_run). Its first
+    the shaped fishbone of its most probable paths, priced as draft:KxW/N (record["draft_top"]:
+    shaped_run; the draft model's own KxW/N grows its tree, which a recording cannot replay). Its first
     step pays the draft model's read of the prompt, as a fixed chain replayed step by step does."""
     prompt, output, ranks = record["prompt"], record["output"], record["draft_ranks"]
     curves = _curves(costs, len(prompt), len(output))

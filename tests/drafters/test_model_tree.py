@@ -1,13 +1,17 @@
-"""The draft model's tree shaped by its own confidence (drafters.model, `nodes`): which of the
-candidates it keeps, that the kept ones form a tree whose sampled siblings stay in draw order, and
-that its chain stops where nothing deeper could be kept."""
+"""Trees shaped by the draft's own confidence (drafters.model, `nodes`). Levels' shaped fishbone
+(the early exit's tree, and what the replay prices): which of the candidates it keeps, that the
+kept ones form a tree whose sampled siblings stay in draw order, and that its chain stops where
+nothing deeper could be kept. The draft model's grown tree (EAGLE-2's): each node's children are
+the draft's own at that node's path, a sure draft grows its chain, and a sampled tree's shape never
+reads a candidate's own draw (the target's distribution comes out, and does not where it does)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from specdec.drafters.model import Levels, ModelDrafter, shaping_probs, siblings
-from specdec.sampling import SamplingParams, log_softmax
+from specdec.sampling import SamplingParams, log_softmax, logits_to_probs
 
 from ..toy import ToyLM
 
@@ -77,43 +81,106 @@ def test_the_tree_has_the_budgets_nodes_chain_tokens_first():
     assert shaped.tokens == [0, 2, 3, 4] and shaped.parents == [-1, 0, 0, 1]
 
 
-def _propose(draft: ToyLM, nodes: int, k: int, params: SamplingParams, seed=0):
-    drafter = ModelDrafter(draft, width=3, nodes=nodes)
-    drafter.begin(0, [3, 4, 5], params, np.random.default_rng(seed))
-    out = drafter.propose({0: [3, 4, 5]}, {0: k})[0]
+def _propose(draft: ToyLM, nodes: int, k: int, params: SamplingParams, seed=0, width=3, context=(3, 4, 5)):
+    drafter = ModelDrafter(draft, width=width, nodes=nodes)
+    drafter.begin(0, list(context), params, np.random.default_rng(seed))
+    out = drafter.propose({0: list(context)}, {0: k})[0]
     return drafter, out
 
 
-def _check_tree(draft, budget):
-    assert len(draft.tokens) <= budget and len(draft.parents) == len(draft.tokens)
-    for i, parent in enumerate(draft.parents):
-        assert parent < i
-        if parent >= 0:  # a node hangs under its depth's chain node: the first child of its parent
-            assert draft.parents.index(draft.parents[parent]) == parent
+def _path(draft, node: int) -> list[int]:
+    """The tokens from the root down to `node` of a drafted tree."""
+    tokens = []
+    while node >= 0:
+        tokens.append(draft.tokens[node])
+        node = draft.parents[node]
+    return tokens[::-1]
 
 
-def test_greedy_and_sampled_trees_keep_the_budget():
+def test_a_grown_trees_nodes_are_the_drafts_own_candidates_at_their_paths():
+    """Every node's children are its own path's candidates: greedy, the draft's best tokens there
+    in order (ties by id); sampled, drawn from the draft's q there (each node's q row). The tree
+    has its budget's nodes and, for an unsure draft, branches below a sibling (a true tree, not a
+    chain with leaves)."""
     toy = ToyLM(seed=3, sharpness=1.0)  # unsure: the budget goes to siblings too
+    context = [3, 4, 5]
+    below_a_sibling = 0
     for params in (SamplingParams(), SamplingParams(temperature=1.0)):
         for seed in range(5):
-            drafter, draft = _propose(toy, 5, 6, params, seed)
-            assert len(draft.tokens) == 5
-            _check_tree(draft, 5)
-            if params.greedy:
-                assert draft.q is None
-            else:  # each node's row: the distribution it was drawn from (its depth's)
-                assert draft.q.shape == (5, toy.vocab_size)
-                assert all(abs(row.sum() - 1) < 1e-6 for row in draft.q)
+            _, draft = _propose(toy, 8, 6, params, seed)
+            assert len(draft.tokens) == 8 and len(draft.parents) == 8
+            for node in [-1, *range(8)]:
+                seq = context + ([] if node < 0 else _path(draft, node))
+                logits = toy.table[seq[-2], seq[-1]]
+                children = [c for c, parent in enumerate(draft.parents) if parent == node]
+                if not children:
+                    continue
+                tokens = [draft.tokens[c] for c in children]
+                assert len(set(tokens)) == len(tokens) and len(tokens) <= 3
+                if params.greedy:
+                    assert draft.q is None
+                    assert tokens == sorted(range(toy.vocab_size), key=lambda t: (-logits[t], t))[: len(tokens)]
+                else:
+                    want = logits_to_probs(logits, params)
+                    for c in children:
+                        np.testing.assert_allclose(draft.q[c], want, rtol=1e-5, atol=1e-7)
+                below_a_sibling += node >= 0 and draft.parents.index(draft.parents[node]) != node
+    assert below_a_sibling
 
 
-def test_a_sure_draft_stops_drafting_at_the_budget():
-    """Its chain's nodes outrank every sibling: nothing below the budget's depth could be kept, so
-    the draft model is not run there."""
+def test_a_sure_draft_grows_its_chain():
+    """Its chain's nodes outrank every sibling: the tree is the chain of the budget, drafted as a
+    chain, the draft model reading one node a round (a model without grow_tree_rows scores the tree
+    so far again each round), and its cache holds the context alone afterwards."""
     sure = ToyLM(seed=3, sharpness=40.0)
     drafter, draft = _propose(sure, 3, 8, SamplingParams())
     assert draft.parents is None and len(draft.tokens) == 3  # a chain of 3, verified as a chain
-    assert drafter._rows[0].drafted == 3  # not 8
-    assert len(sure.forward_calls) == 3  # catch-up, then depths 1 and 2 fed (the third is not)
+    seq = [3, 4, 5]
+    for token in draft.tokens:
+        assert token == int(np.argmax(sure.table[seq[-2], seq[-1]]))
+        seq.append(token)
+    assert sure.forward_calls == [3, 1, 2]  # catch-up, then rounds of the tree so far (the third node is not read)
+    assert drafter._rows[0].fed == [3, 4, 5] and sure.row_length(drafter._rows[0].model_row) == 3
+
+
+def test_a_sampled_grown_tree_never_reads_a_candidates_own_draw(monkeypatch):
+    """The first token a sampled grown tree emits (budget 2: a second root candidate or the first
+    one's child), verified by the engine's rule, follows the target's p; the power of that: a
+    candidate placed by its own drawn q is kept when likely, and the output is off by many standard
+    errors."""
+    from specdec.drafters import model
+    from specdec.engine import _by_parent
+    from specdec.sampling import DraftTree, verify_tree
+
+    from ..test_sampling import chi2_statistic, chi2_threshold
+
+    p_row, trials = np.array([0.1, 0.6, 0.3]), 20_000
+    draft = ToyLM(vocab_size=3, seed=0, eog=())
+    draft.table[:] = np.log([0.5, 0.3, 0.2])  # the same q after any context
+
+    def first_tokens() -> np.ndarray:
+        counts, rng = np.zeros(3), np.random.default_rng(1)
+        drafter = ModelDrafter(draft, width=2, nodes=2)
+        drafter.begin(0, [1, 2], SamplingParams(temperature=1.0), rng)
+        for _ in range(trials):
+            d = drafter.propose({0: [1, 2]}, {0: 2})[0]
+            parents = d.parents if d.parents is not None else list(range(-1, len(d.tokens) - 1))
+            tree = DraftTree(tuple(d.tokens), tuple(parents))
+            p = np.tile(p_row, (len(d.tokens) + 1, 1))
+            path, after = verify_tree(p, tree, _by_parent(d.q, tree, p.shape), rng, replacement=False)
+            counts[d.tokens[path[0]] if path else after] += 1
+            drafter.accept({0: 0})
+        return counts
+
+    chi2, df = chi2_statistic(first_tokens(), p_row * trials)
+    assert chi2 < chi2_threshold(df), chi2
+
+    def own_draw(logits, q, tokens):
+        return [float(q[t]) for t in tokens] if q is not None else shaping_probs(logits, q, tokens)
+
+    monkeypatch.setattr(model, "shaping_probs", own_draw)
+    chi2, df = chi2_statistic(first_tokens(), p_row * trials)
+    assert chi2 > 3 * chi2_threshold(df), chi2  # 102 against 19
 
 
 def _first_tokens(shape, trials: int = 20_000) -> np.ndarray:
@@ -222,9 +289,20 @@ def test_a_greedy_tree_that_keeps_no_sibling_is_its_chain():
     assert sampled.draft().parents == [-1, 0]
 
 
+def _shaped_fishbone(draft: ToyLM, context: list[int], k: int, width: int, nodes: int):
+    """Levels' greedy tree of `nodes` over k depths of the draft's chain, drafted as the early exit
+    drafts it (a depth at a time, until no deeper node could be kept): (the Draft, depths drafted)."""
+    levels, seq = Levels(width, nodes), list(context)
+    for depth in range(k):
+        seq.append(levels.add(draft.table[seq[-2], seq[-1]], SamplingParams(), np.random.default_rng(0)))
+        if levels.settled():
+            return levels.draft(), depth + 1
+    return levels.draft(), k
+
+
 def test_the_replay_keeps_what_a_greedy_shaped_tree_keeps():
     """replay.shaped_run, from the draft's ranks and top probabilities (one teacher-forced forward),
-    builds the tree ModelDrafter's greedy KxW/N builds (as many nodes, tree or chain, as deep) and
+    builds the tree Levels' greedy KxW/N shapes (as many nodes, tree or chain, as deep) and
     keeps what the target keeps of it, wherever the recording holds every depth drafted (up to the
     draft's first miss); past it, the bounds of PAST_MISS order what a sibling there can keep."""
     from specdec.replay import draft_ranks, draft_tops, shaped_run
@@ -242,12 +320,10 @@ def test_the_replay_keeps_what_a_greedy_shaped_tree_keeps():
     ranks, tops = draft_ranks(logits, output), draft_tops(logits)
     trees = siblings_kept = 0
     for width, nodes in ((2, 4), (3, 5), (4, 6)):
-        drafter = ModelDrafter(ToyLM(seed=6, sharpness=1.0), width=width, nodes=nodes)
-        drafter.begin(0, prompt, SamplingParams(), np.random.default_rng(0))
         for pos in range(len(output) - nodes):
             miss = next((d for d in range(nodes) if ranks[pos + d] != "0"), nodes)
             k = min(nodes, miss + 1)  # every depth drafted is the target's context up to the miss
-            d = drafter.propose({0: prompt + output[:pos]}, {0: k})[0]
+            d, drafted = _shaped_fishbone(draft, prompt + output[:pos], k, width, nodes)
             parents = d.parents if d.parents is not None else list(range(-1, len(d.tokens) - 1))
             tree = DraftTree(d.tokens, parents)
             node, kept = -1, 0
@@ -257,12 +333,36 @@ def test_the_replay_keeps_what_a_greedy_shaped_tree_keeps():
                     break
                 kept += 1
             run, fed, is_tree, depth = shaped_run(ranks, tops, pos, k, width, nodes)
-            assert (run, fed, is_tree, depth) == (kept, len(d.tokens), d.parents is not None, drafter._rows[0].drafted)
+            assert (run, fed, is_tree, depth) == (kept, len(d.tokens), d.parents is not None, drafted)
             trees += is_tree
             siblings_kept += run > miss
-            drafter.accept({0: 0})
     assert trees and siblings_kept  # both shapes met, and a sibling kept somewhere
     # past the first miss the recording is an estimate: certain chain tokens there keep the fewest siblings
     for pos in range(len(output) - 8):
         sure, unsure = (shaped_run(ranks, tops, pos, 8, 3, 6, past)[0] for past in ("sure", "unsure"))
         assert sure <= shaped_run(ranks, tops, pos, 8, 3, 6)[0] <= unsure
+
+
+def test_a_grown_tree_needs_a_draft_model_that_scores_trees():
+    """llama.cpp's exact build (a cache stream per row) scores no trees: a tree of nodes is refused
+    in one line, before any drafting."""
+    from specdec.errors import SpecdecError
+
+    toy = ToyLM(seed=3)
+    toy.scores_trees = False
+    with pytest.raises(SpecdecError, match="does not score"):
+        ModelDrafter(toy, width=2, nodes=4)
+    assert ModelDrafter(toy, width=2).width == 2  # its fishbone needs no tree forward of the draft's
+
+
+def test_rows_past_the_draft_models_sequence_ids_grow_smaller_trees():
+    """A node may take a sequence id of the draft model's own (llama.cpp lends TREE_SEQS): rows
+    drafting at once share what is left, the last down to a single node, rather than fail."""
+    toy = ToyLM(seed=3, sharpness=1.0)
+    toy.tree_leaves = 5
+    drafter = ModelDrafter(toy, width=3, nodes=4)
+    contexts = {row: [3, 4, 5 + row] for row in range(3)}
+    for row, context in contexts.items():
+        drafter.begin(row, context, SamplingParams(), np.random.default_rng(row))
+    drafts = drafter.propose(contexts, dict.fromkeys(contexts, 6))
+    assert [len(drafts[row].tokens) for row in contexts] == [4, 1, 1]

@@ -116,10 +116,12 @@ def _add_model_flags(
             type=_int_in(0, MAX_DRAFT_TOKENS * MAX_DRAFT_WIDTH),
             default=0,
             metavar="N",
-            help="with --draft-width: keep the N candidates whose paths the draft model (exit, head) finds most "
-            "probable (width where it is unsure, depth where it is sure; the chain stops once nothing deeper could "
-            "be kept), so the target scores N tokens a step; with --draft suffix, the N whose paths most "
-            "of the cache's occurrences agree with (default: 0, all of them; the suffix cache: K x W)",
+            help="with --draft-width: a tree of the N nodes whose paths the drafter finds most probable (width "
+            "where it is unsure, depth where it is sure), so the target scores N tokens a step: a draft model or "
+            "a head grows it best first, each node with up to W children of its own (EAGLE-2's dynamic tree, up "
+            "to --draft-tokens deep), an early-exit:L keeps its chain's N best candidates; with --draft suffix, "
+            "the N whose paths most of the cache's occurrences agree with (default: 0, all of them; the suffix "
+            "cache: K x W)",
         )
         then("--draft-tokens")
     g.add_argument("--backend", choices=BACKENDS, default="llama", help=backend_help)

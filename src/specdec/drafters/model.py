@@ -14,25 +14,35 @@ ones when greedy, else further draws without replacement): where the chain's tok
 target may keep a sibling. The siblings cost the draft model nothing and the target w - 1 more
 tokens a depth in the same forward (tree attention, models' forward_tree_rows).
 
-With `nodes` n as well, the tree is shaped by the draft's own confidence (EAGLE-2's idea, on the
-chain the draft model drafts): of the k x w candidates, the n whose paths the draft finds most
-probable (the product of its probabilities from the root: the softmax of its logits when greedy;
-when sampled, each draw's expected q given the draws before it, never its own, which would bias
-the output: shaping_probs). Width goes where the draft is unsure and depth where it is sure, and a
-tree of n nodes scores as many tokens as a chain of n. The chain stops early once no deeper node could be
-chosen. Which nodes are kept depends on the draft alone, and a depth's siblings are kept in the
-order they were drawn (a sibling only after the chain's token and the siblings drawn before it),
-so sampled trees keep the rule of verify_tree exact.
+With `nodes` n as well, the draft model grows a true tree, EAGLE-2's dynamic tree (Li et al.
+2406.16858): the n nodes whose paths the draft finds most probable (the product of its
+probabilities from the root: the softmax of its logits when greedy; when sampled, the q of each
+ancestor's drawn token times the expected q of the node's own draw given the draws before it,
+never its own q, which would bias the output: shaping_probs), each node with up to w children of
+its own distribution, k deep at most. It grows
+best first: the most probable candidate not yet in the tree joins it, then its next sibling
+becomes a candidate and, once the draft model has read it, its own first child. One forward of
+the draft model (a tree forward over its own cache: models' grow_tree_rows, else forward_tree_rows
+of the tree so far) reads up to w nodes that joined: a round goes on while the next candidate is
+worth what the children of those that joined may be (_Growth.join), so the tree is up to one depth deeper
+per draft forward; a branch is continued by the draft itself, where a sibling of the chain (the
+fishbone above, and Levels' shaped one, which the early exit drafts) is a leaf. Width goes where
+the draft is unsure and depth where it is sure, and a tree of n nodes scores as many tokens as a
+chain of n. Whether a candidate joins depends on candidates found before it (never on its own
+draw, nor on anything drawn below it), and siblings join in the order they were drawn, so sampled
+trees keep the rule of verify_tree exact.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
+from ..errors import SpecdecError
 from ..models.base import RowModel, check_same_vocab
 from ..sampling import SamplingParams, draft_token, sample
 from .base import Draft, lent_passes, tree_shape
@@ -78,6 +88,11 @@ class ModelDrafter:
         if target is not None:
             check_same_vocab(target, model)
         shape = tree_shape(width, nodes)
+        if nodes and not getattr(model, "scores_trees", False):
+            raise SpecdecError(
+                f"a tree of {nodes} nodes grows on the draft model's own tree forwards, which {model.name} "
+                "does not score (llama.cpp's exact build keeps a stream per row): leave out --draft-nodes"
+            )
         self.model, self.width, self.nodes = model, width, nodes
         self.name, self.kind = f"draft:{model.name}{shape}", "draft"
         self._rows: dict[int, _Row] = {}
@@ -159,11 +174,17 @@ class ModelDrafter:
                 guesses = np.argmax(rows_logits[:-1], axis=1)  # [scored - 1]
                 caught_up[row] = [bool(g == t) for g, t in zip(guesses, tokens[len(tokens) - len(rows_logits) + 1 :])]
             logits[state.model_row] = rows_logits[-1:]  # [1, vocab] what the draft continues from
+        if self.nodes:  # 2. a tree grown best first (the module docstring)
+            trees = self._grow(live, logits, ks, widths)
+            for row, state in live.items():
+                evidence = {"caught_up": caught_up[row]} if row in caught_up else {}
+                drafts[row] = trees[row].draft(state.params.greedy, evidence)
+            return drafts
         # 2. one forward per draft position over the rows still drafting; each depth's candidates:
         # the chain's token first, then its siblings, with the draft's probability of each
-        levels = {row: Levels(widths[row], self.nodes) for row in live}
+        levels = {row: Levels(widths[row]) for row in live}
         depth = {row: ks[row] for row in live}
-        sure: dict[int, list[float]] = {row: [] for row in cuts if row in live and not self.nodes}
+        sure: dict[int, list[float]] = {row: [] for row in cuts if row in live}
         for i in range(max(ks[row] for row in live)):
             feed = {}
             for row, state in live.items():
@@ -191,6 +212,46 @@ class ModelDrafter:
             drafts[row] = levels[row].draft(evidence) if depth[row] else Draft([], evidence=evidence)
         return drafts
 
+    def _grow(self, live, logits, ks, widths) -> dict[int, "_Growth"]:
+        """Each drafting row's tree of `nodes`, grown best first from the draft's logits after the
+        row's context (logits[model row] [1, vocab]): each round the next widths[row] nodes that
+        may have children join, and one tree forward of the draft model (all rows) reads them.
+        The draft model's cache holds the context alone after it (state.fed; the tree is dropped)."""
+        model = self.model
+        grow = getattr(model, "grow_tree_rows", None)
+        # a node may take a sequence id of its own (llama.cpp lends a few dozen): rows past what is
+        # left grow smaller trees, down to one node (a chain of one)
+        room = getattr(model, "tree_leaves", len(live) * self.nodes)
+        growth = {}
+        for row, state in live.items():
+            growth[row] = _Growth(ks[row], max(1, min(self.nodes, room)))
+            room -= growth[row].nodes
+            growth[row].open(-1, 1.0, 0, candidates(logits[state.model_row][0], state.params, state.rng, widths[row]))
+        grown: set[int] = set()  # model rows with a tree in flight
+        while True:
+            picked = {row: g.join(widths[row]) for row, g in growth.items()}
+            picked = {row: nodes for row, nodes in picked.items() if nodes}
+            if not picked:
+                break
+            new = {live[row].model_row: growth[row].feed(nodes) for row, nodes in picked.items()}
+            if grow is not None:
+                out = grow(new)
+            else:  # the tree so far again, whole
+                if grown:
+                    model.keep_path_rows({r: [] for r in grown})
+                    grown = set()
+                scores = model.forward_tree_rows({live[row].model_row: growth[row].fed_tree() for row in picked})
+                out = {r: scores[r][len(scores[r]) - len(tokens) :] for r, (tokens, _) in new.items()}
+            grown.update(new)
+            for row, nodes in picked.items():
+                state, g = live[row], growth[row]
+                for node, row_logits in zip(nodes, out[state.model_row]):
+                    level = candidates(row_logits, state.params, state.rng, widths[row])
+                    g.open(node, g.value[node], g.depth[node] + 1, level)
+        if grown:
+            model.keep_path_rows({r: [] for r in grown})
+        return growth
+
     def accept(self, n_accepted: Mapping[int, int]) -> None:
         # Keep the context and the accepted draft tokens that were fed; drop the rejected ones.
         keep = {}
@@ -204,6 +265,93 @@ class ModelDrafter:
                 keep[state.model_row] = k
         if keep:
             self.model.rollback_rows(keep)
+
+
+class _Growth:
+    """One row's tree grown best first (ModelDrafter._grow): its nodes (token, parent, the q it was
+    drawn from, path probability, depth), the candidates that may join next (a heap by path
+    probability, ties to the one found first), and which nodes the draft model has read."""
+
+    def __init__(self, k: int, nodes: int):
+        self.k, self.nodes = k, nodes
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.q: list[np.ndarray | None] = []
+        # each node's path probability (sampled: by its path's drawn q, whose last factor only its
+        # children's places read; its own place was taken by the expectation of its draw)
+        self.value: list[float] = []
+        self.depth: list[int] = []  # 0: under the row's last token
+        self.fed: dict[int, int] = {}  # node -> its index in the draft model's tree
+        self._heap: list[tuple] = []
+        self._order = itertools.count()
+        self._first, self._levels = 0.0, 0  # the first candidates' probabilities, summed, and their count
+
+    def open(self, parent: int, above: float, depth: int, level: tuple) -> None:
+        """Node `parent`'s children (level: candidates' tokens, their shaping probabilities, q), at
+        `depth`, under a path of probability `above`: the first becomes a candidate."""
+        if depth < self.k:
+            self._push(parent, above, depth, level, 0)
+            self._first += level[1][0]
+            self._levels += 1
+
+    def _push(self, parent: int, above: float, depth: int, level: tuple, j: int) -> None:
+        heapq.heappush(self._heap, (-above * level[1][j], next(self._order), parent, above, depth, level, j))
+
+    def join(self, most: int) -> list[int]:
+        """A round: the best candidates join the tree, best first, while the next is worth what
+        the children of one that joined this round may be (their path probability times the
+        draft's mean first-candidate probability so far: those children are not known until the
+        draft model reads their parent), until `most` joined that may have children (above depth
+        k - 1) or the tree has its nodes. Returns those that may, unless the tree is full (nothing
+        below could join). Which candidate joins reads only what was drafted before it."""
+        picked: list[int] = []
+        bound = 0.0  # what the best child of a node that joined this round may be worth
+        while self._heap and len(self.tokens) < self.nodes and len(picked) < most:
+            if picked and -self._heap[0][0] < bound:
+                break
+            negative, _, parent, above, depth, level, j = heapq.heappop(self._heap)
+            node = len(self.tokens)
+            self.tokens.append(level[0][j])
+            self.parents.append(parent)
+            self.q.append(level[2])
+            # below it, its own draw may count: its drawn q (an ancestor's draw shapes a node's fate)
+            self.value.append(above * (level[1][j] if level[2] is None else float(level[2][level[0][j]])))
+            self.depth.append(depth)
+            if j + 1 < len(level[0]):  # the sibling drawn next
+                self._push(parent, above, depth, level, j + 1)
+            if depth + 1 < self.k:
+                picked.append(node)
+                bound = max(bound, self.value[node] * self._first / self._levels)
+        return picked if len(self.tokens) < self.nodes else []
+
+    def feed(self, nodes: list[int]) -> tuple[list[int], list[int]]:
+        """These nodes, for the draft model to read: (tokens, parents in its tree, numbered on from
+        the nodes it read before). Their parents were read before them."""
+        first = len(self.fed)
+        for i, node in enumerate(nodes):
+            self.fed[node] = first + i
+        return [self.tokens[n] for n in nodes], [self.fed.get(self.parents[n], -1) for n in nodes]
+
+    def fed_tree(self) -> tuple[list[int], list[int]]:
+        """Every node the draft model has read, as its tree (tokens, parents), in the order read."""
+        nodes = sorted(self.fed, key=self.fed.get)
+        return [self.tokens[n] for n in nodes], [self.fed.get(self.parents[n], -1) for n in nodes]
+
+    def draft(self, greedy: bool, evidence: dict) -> Draft:
+        """The Draft: the tree, or its chain where a greedy tree has no sibling (a tree's forward
+        costs more than a chain's of as many tokens)."""
+        q = np.stack(self.q) if self.tokens and not greedy else None
+        chain = all(parent == i - 1 for i, parent in enumerate(self.parents))
+        return Draft(list(self.tokens), q, evidence, None if greedy and chain else list(self.parents))
+
+
+def candidates(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator, width: int, shaped: bool = True):
+    """One position's candidates from the draft's logits there [vocab]: its own token (the argmax,
+    or a draw from q) and width - 1 siblings (siblings); (tokens, shaping_probs of each, or none
+    unless `shaped`, q: None when greedy)."""
+    token, q = draft_token(logits, params, rng)
+    tokens = [token, *siblings(logits, token, q, width - 1, rng)]
+    return tokens, shaping_probs(logits, q, tokens) if shaped else [], q
 
 
 class Levels:
@@ -221,10 +369,9 @@ class Levels:
     def add(self, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
         """The next depth's candidates from the draft's logits there [vocab]; its chain token (the
         one a further depth is drafted after)."""
-        token, q = draft_token(logits, params, rng)
-        candidates = [token, *siblings(logits, token, q, self.width - 1, rng)]
-        self.extend(candidates, shaping_probs(logits, q, candidates) if self.nodes else [], q)
-        return token
+        tokens, probs, q = candidates(logits, params, rng, self.width, shaped=bool(self.nodes))
+        self.extend(tokens, probs, q)
+        return tokens[0]
 
     def extend(self, candidates: list[int], probs: list[float], q: np.ndarray | None = None) -> None:
         """The next depth: its candidates (the chain's token first), the probability the tree is
