@@ -257,7 +257,7 @@ def make_drafter(spec: DraftSpec | str, target, load: Callable[[str], object] | 
         if info.kind == "early-exit":  # drafts as a draft model of its own
             from .drafters.early_exit import exit_model_path
 
-            model = load_like(target, exit_model_path(target, spec.head))
+            model = load_like(target, exit_model_path(target, spec.head), trees=spec.nodes > 0)
             model.name = f"early-exit:{info.layers}+{info.blocks}"
             return model_drafter(model, target, None, spec.width, spec.nodes)
         return HeadDrafter(target, spec.head, spec.width, spec.nodes)
@@ -282,16 +282,17 @@ def make_drafter(spec: DraftSpec | str, target, load: Callable[[str], object] | 
     raise SpecdecError(f"'{spec.kind}' is a policy, not a drafter: use SpeculativeDecoder(target, 'auto')")
 
 
-def load_like(target, path):
+def load_like(target, path, trees: bool = False):
     """A draft model at `path` on the target's backend with the target's context, threads and rows
-    (an early-exit head's GGUF: the target's first layers, so it runs where the target runs)."""
+    (an early-exit head's GGUF: the target's first layers, so it runs where the target runs);
+    `trees`: one that scores its own trees (it grows them: drafters.model, `nodes`)."""
     from .models.llama_cpp import LlamaCppModel
     from .models.numpy_ref import NumpyModel, load_numpy_model
     from .models.transformers import TransformersModel, load_transformers_model
 
     if isinstance(target, LlamaCppModel):
         return LlamaCppModel(
-            path, n_ctx=target.n_ctx, n_threads=target.n_threads, max_rows=target.max_rows, trees=False
+            path, n_ctx=target.n_ctx, n_threads=target.n_threads, max_rows=target.max_rows, trees=trees
         )
     if isinstance(target, NumpyModel):
         return load_numpy_model(path, n_ctx=target.n_ctx)

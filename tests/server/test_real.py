@@ -65,6 +65,30 @@ def test_real_serve_saves_the_suffix_cache_after_draining(tmp_path, draft_model)
     assert SuffixCacheDrafter().load(cache) >= 16 + r.json()["usage"]["prompt_tokens"]
 
 
+@pytest.mark.real_models
+def test_real_serve_grows_the_draft_models_trees(draft_model):
+    """`specdec serve --draft-width 2 --draft-nodes 4` with a draft model: the draft model is loaded
+    to score its own trees (it grows them), so the server starts and answers (it once loaded every
+    draft model without tree scoring, which a grown tree refuses)."""
+    proc, base = _serve_process(
+        "--target", "qwen2.5-coder-0.5b", "--draft", "qwen2.5-coder-0.5b", "--draft-width", "2", "--draft-nodes",
+        "4", "--max-batch", "2", "--ctx", "1024",
+    )  # fmt: skip
+    try:
+        _wait_healthy(base, 600, proc)
+        r = httpx.post(
+            base + "/v1/completions",
+            timeout=120,
+            json={"prompt": "def reverse(s):", "max_tokens": 16, "temperature": 0},
+        )
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16, r.text
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0, proc.stderr.read()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def _suite_prompts(n: int) -> list[str]:
     rows = [json.loads(line) for line in (ROOT / "benchmarks" / "prompts.jsonl").read_text().splitlines() if line]
     short = [r["prompt"] for r in rows if r["category"] in ("chat", "math")]

@@ -188,9 +188,10 @@ def cmd_serve(args) -> int:
     # the target scores trees only where the server drafts them (--draft-width > 1: the draft model,
     # a head, prompt lookup or the suffix cache; then requests may ask for their own widths and auto
     # drafts trees too); without them every row keeps a cache stream of its own (faster steps over
-    # many rows); a draft model scores no trees
+    # many rows); a draft model scores trees only where it grows its own (--draft-nodes)
     target = load(args.target, trees=spec.width > 1)
-    draft = load(draft_spec.model, args.draft_backend or args.backend, trees=False) if draft_name else None
+    grows = spec.kind == "model" and spec.nodes > 0
+    draft = load(draft_spec.model, args.draft_backend or args.backend, trees=grows) if draft_name else None
     # across tokenizers, or the default --draft's trees (a head's tree leaves the draft model chains)
     if draft is not None and (draft_spec.vocab or (spec.kind == "model" and spec.width > 1)):
         from ..drafters import model_drafter
