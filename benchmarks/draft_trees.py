@@ -24,7 +24,6 @@ measures the same while each arm writes its own text; this one removes the texts
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -33,6 +32,7 @@ import numpy as np
 
 from specdec import GenerationConfig, SpeculativeDecoder, load_model
 from specdec.bench import load_suite, prompt_text
+from specdec.bench.report import ratio_of_sums
 from specdec.engine import _by_parent
 from specdec.sampling import (
     DraftTree,
@@ -70,13 +70,6 @@ def step_tokens(target, row: int, last: int, draft, params: SamplingParams, rule
     p = logits_to_probs(logits, params)
     by = {name: 1 + expected_kept(p, draft.tokens, draft.q, name) for name in (rule, "token")}
     return by[rule], len(tokens), by["token"]
-
-
-def ratio(pairs: list[tuple[float, float]]) -> tuple[float, float]:
-    """sum(a) / sum(b) and the ratio estimator's standard error over the pairs."""
-    a, b = (sum(col) for col in zip(*pairs))
-    r, m = a / b, len(pairs)
-    return r, math.sqrt(sum((ai - r * bi) ** 2 for ai, bi in pairs) / (m * max(1, m - 1))) / (b / m)
 
 
 def main() -> None:
@@ -163,10 +156,10 @@ def main() -> None:
         rows, against = steps[m], steps[base(m)]
         mean = sum(x for _, x, _ in rows) / len(rows)
         scored = sum(s for _, _, s in rows) / len(rows)
-        r, se = ratio([(a[1], b[1]) for a, b in zip(rows, against)])
+        r, se = ratio_of_sums([(a[1], b[1]) for a, b in zip(rows, against)])
         per = []
         for c in categories:
-            rc, sec = ratio([(a[1], b[1]) for a, b in zip(rows, against) if a[0] == c])
+            rc, sec = ratio_of_sums([(a[1], b[1]) for a, b in zip(rows, against) if a[0] == c])
             per.append(f"{rc:.3f} +- {sec:.3f}")
         print(
             f"| {m} | {scored:.1f} | {mean:.3f} | {base(m)} | {r:.3f} +- {se:.3f} | "

@@ -38,6 +38,7 @@ from pathlib import Path
 import specdec.engine as engine
 from specdec import GenerationConfig, SpeculativeDecoder, load_model
 from specdec.bench import load_suite, prompt_text
+from specdec.bench.report import ratio_of_sums
 from specdec.drafters import model_drafter
 from specdec.sampling import VERIFICATION_RULES, expected_kept, expected_tree_kept, logits_to_probs
 from specdec.spec import parse_method
@@ -91,14 +92,6 @@ class Expectations:
         """The rows' sums so far (one batch's), and a fresh start."""
         rows, self.rows = list(self.rows.values()), {}
         return rows
-
-
-def ratio(pairs: list[tuple[float, float]]) -> tuple[float, float]:
-    """sum(a) / sum(b) over rows and the ratio estimator's standard error over them:
-    sqrt(sum (a_i - R b_i)^2 / (m (m - 1))) / mean(b)."""
-    a, b = (sum(col) for col in zip(*pairs))
-    r, m = a / b, len(pairs)
-    return r, math.sqrt(sum((ai - r * bi) ** 2 for ai, bi in pairs) / (m * max(1, m - 1))) / (b / m)
 
 
 def main() -> None:
@@ -197,11 +190,11 @@ def main() -> None:
     per_row = {arm: [(e["steps"] + e["used"]) / e["steps"] for e in expected[arm]] for arm in arms}
     for arm in arms:
         method, rule = arm
-        by_count, se_c = ratio(counted[arm])
-        by_rule, se_e = ratio([(e["steps"] + e["used"], e["steps"]) for e in expected[arm]])
+        by_count, se_c = ratio_of_sums(counted[arm])
+        by_rule, se_e = ratio_of_sums([(e["steps"] + e["used"], e["steps"]) for e in expected[arm]])
         paired = "-"
         if rule != "tree":
-            r, se = ratio([(e["steps"] + e["block"], e["steps"] + e["token"]) for e in expected[arm]])
+            r, se = ratio_of_sums([(e["steps"] + e["block"], e["steps"] + e["token"]) for e in expected[arm]])
             paired = f"{r:.3f} +- {se:.3f}"
         # the same prompt and seed under this arm and the first: the geometric mean of the rows'
         # ratios, with its standard error (over rows, on the log scale)

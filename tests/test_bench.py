@@ -493,3 +493,13 @@ def test_the_bench_measures_its_own_noise(tmp_path):
     assert "within 1 +- 0.10 is no difference" in lines[0]
     assert "| plain#2 |" in "\n".join(bench._category_tables(rows, ["plain", "plain#2", "ngram:4"]))
     assert bench._noise_lines([r for r in rows if r.method != "plain#2"]) == []
+
+
+def test_ratio_of_sums_and_its_standard_error():
+    """The paired benchmarks' ratio estimator: sum(a) / sum(b), and a standard error that is 0 where
+    every pair has that ratio and grows with the pairs' spread around it."""
+    from specdec.bench.report import ratio_of_sums
+
+    assert ratio_of_sums([(2.0, 1.0), (4.0, 2.0), (6.0, 3.0)]) == (2.0, 0.0)
+    r, se = ratio_of_sums([(1.0, 1.0), (3.0, 1.0)])
+    assert r == 2.0 and abs(se - 1.0) < 1e-12  # sqrt(((1 - 2)^2 + (3 - 2)^2) / 2) / 1
