@@ -24,6 +24,7 @@ measures the same while each arm writes its own text; this one removes the texts
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -169,4 +170,12 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from specdec.errors import SpecdecError
+
+    try:
+        main()
+    except SpecdecError as exc:  # a missing suite or model, a bad method: one line, exit 2
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
