@@ -177,6 +177,23 @@ def test_a_grown_tree_may_be_dropped_whole_and_grown_again(tiny_path):
     model.close()
 
 
+def test_a_growth_past_the_sequence_ids_is_refused_whole(tiny_path):
+    """More new branches than sequence ids left: a one-line error before any id is lent, the tree
+    in flight as it was (it still keeps a path)."""
+    from specdec.models.llama_cpp import TREE_SEQS
+
+    model = _model(tiny_path)
+    (row,) = model.add_rows(1)
+    model.forward_rows({row: [1, 2, 3]}, {})
+    model.grow_tree_rows({row: ([5], [-1])})
+    with pytest.raises(SpecdecError, match="more sequence ids"):
+        model.grow_tree_rows({row: (list(range(TREE_SEQS)), [-1] * TREE_SEQS)})
+    assert len(model._tree_free) == TREE_SEQS - 1
+    model.keep_path_rows({row: [0]})
+    assert model.row_length(row) == 4 and len(model._tree_free) == TREE_SEQS
+    model.close()
+
+
 def test_a_model_of_row_streams_refuses_trees():
     """The exact mode, and a model loaded with trees=False, keep a cache stream per row."""
     from specdec.models.llama_cpp import LlamaCppModel

@@ -477,7 +477,7 @@ class LlamaCppModel(SingleRow):
         if not self.scores_trees:
             raise SpecdecError("tree drafts need one pool of cache cells (the default build, loaded with trees=True)")
         lib = _lib()
-        items, layout = [], []
+        plans = {}  # row -> (past, parents, depth, the tree's node_seqs so far, which new nodes need an id)
         for row, (tokens, new_parents) in trees.items():
             past, parents, node_seqs, states = self._trees.get(row) or (self._len[row], (), [], None)
             if states is not None:
@@ -485,24 +485,33 @@ class LlamaCppModel(SingleRow):
             parents = (*parents, *new_parents)
             depth = tree_depths(parents)
             check_tree_fits(tokens, new_parents, depth, past, self.n_ctx)
-            node_seqs = [list(seqs) for seqs in node_seqs]
             has_child = {p for p in parents[: len(node_seqs)] if p >= 0}
-            for i in range(len(node_seqs), len(parents)):
-                parent = parents[i]
-                if parent >= 0 and parent not in has_child:
-                    seq = node_seqs[parent][0]  # its first child goes on down the parent's path
+            needs = []
+            for parent in new_parents:  # a first child goes on down its parent's id; others take one
+                needs.append(parent < 0 or parent in has_child)
+                has_child.add(parent)
+            plans[row] = (past, parents, depth, node_seqs, needs)
+        wanted = sum(sum(plan[4]) for plan in plans.values())
+        if wanted > len(self._tree_free):  # before any id is lent: nothing half-grown
+            free = len(self._tree_free)
+            raise SpecdecError(f"trees in flight may have {free} more sequence ids; these need {wanted}")
+        items, layout = [], []
+        for row, (tokens, _) in trees.items():
+            past, parents, depth, node_seqs, needs = plans[row]
+            node_seqs = [list(seqs) for seqs in node_seqs]
+            first = len(node_seqs)
+            for i, need in enumerate(needs):
+                parent = parents[first + i]
+                if not need:
+                    seq = node_seqs[parent][0]
                 else:
-                    if not self._tree_free:
-                        raise SpecdecError(f"trees in flight may have {TREE_SEQS} leaves; this one has more")
                     seq = self._tree_free.pop()
                     lib.llama_memory_seq_rm(self._mem, seq, -1, -1)
                     # the row and the parent's path (the cells of its id before the parent's children)
                     src, end = (row, -1) if parent < 0 else (node_seqs[parent][0], past + int(depth[parent]) + 1)
                     lib.llama_memory_seq_cp(self._mem, src, seq, -1, end)
-                has_child.add(parent)
                 node_seqs.append([seq])
             self._trees[row] = (past, parents, node_seqs, None)
-            first = len(parents) - len(tokens)
             items += [((node_seqs[first + i][0],), past + int(depth[first + i]), t, True) for i, t in enumerate(tokens)]
             layout.append((row, len(tokens)))
         flat = self._decode(items)[0] if items else None
