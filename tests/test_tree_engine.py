@@ -159,9 +159,14 @@ def test_a_draft_models_greedy_tree_writes_plain_greedy(tmp_path, backend):
         from .models.test_numpy_ref import write_tiny_gguf
 
         write_tiny_gguf(tmp_path / "draft.gguf", "qwen2", seed=1, n_head_kv=2, n_ctx=256)
-        from specdec.models.numpy_ref import load_numpy_model
+        if backend == "llama":  # a llama.cpp draft grows its trees in place (grow_tree_rows)
+            from specdec.models.llama_cpp import LlamaCppModel
 
-        draft = load_numpy_model(tmp_path / "draft.gguf", n_ctx=256)
+            draft = LlamaCppModel(tmp_path / "draft.gguf", n_ctx=256, max_rows=4, n_threads=1)
+        else:  # the NumPy draft scores its tree so far again each round
+            from specdec.models.numpy_ref import load_numpy_model
+
+            draft = load_numpy_model(tmp_path / "draft.gguf", n_ctx=256)
     config = replace(CONFIG, max_new_tokens=40)
     plain = SpeculativeDecoder(target, None).generate(PROMPT, config)
     chain = SpeculativeDecoder(target, ModelDrafter(draft), k=4).generate(PROMPT, config)
@@ -172,7 +177,7 @@ def test_a_draft_models_greedy_tree_writes_plain_greedy(tmp_path, backend):
     assert tree.stats.generated_tokens / tree.stats.steps >= chain.stats.generated_tokens / chain.stats.steps
     batch = tree_decoder.generate_batch([PROMPT, PROMPT + " then"], config)
     assert batch[0].tokens == plain.tokens
-    # shaped by the draft's path probabilities: 4 of the 4 x 3 candidates a step
+    # grown best first by the draft's path probabilities (EAGLE-2's tree): 4 nodes a step, 4 deep at most
     shaped_decoder = SpeculativeDecoder(target, ModelDrafter(draft, width=3, nodes=4), k=4)
     shaped = shaped_decoder.generate(PROMPT, config)
     assert shaped.tokens == plain.tokens
