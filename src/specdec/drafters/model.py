@@ -16,10 +16,9 @@ tokens a depth in the same forward (tree attention, models' forward_tree_rows).
 
 With `nodes` n as well, the draft model grows a true tree, EAGLE-2's dynamic tree (Li et al.
 2406.16858): the n nodes whose paths the draft finds most probable (the product of its
-probabilities from the root: the softmax of its logits when greedy; when sampled, the q of each
-ancestor's drawn token times the expected q of the node's own draw given the draws before it,
-never its own q, which would bias the output: shaping_probs), each node with up to w children of
-its own distribution, k deep at most. It grows
+probabilities from the root: the softmax of its logits when greedy; when sampled, each draw's
+expected q given the draws before it, never its own, which would bias the output: shaping_probs),
+each node with up to w children of its own distribution, k deep at most. It grows
 best first: the most probable candidate not yet in the tree joins it, then its next sibling
 becomes a candidate and, once the draft model has read it, its own first child. One forward of
 the draft model (a tree forward over its own cache: models' grow_tree_rows, else forward_tree_rows
@@ -277,9 +276,7 @@ class _Growth:
         self.tokens: list[int] = []
         self.parents: list[int] = []
         self.q: list[np.ndarray | None] = []
-        # each node's path probability (sampled: by its path's drawn q, whose last factor only its
-        # children's places read; its own place was taken by the expectation of its draw)
-        self.value: list[float] = []
+        self.value: list[float] = []  # each node's place: the product of the places from the root
         self.depth: list[int] = []  # 0: under the row's last token
         self.fed: dict[int, int] = {}  # node -> its index in the draft model's tree
         self._heap: list[tuple] = []
@@ -314,8 +311,9 @@ class _Growth:
             self.tokens.append(level[0][j])
             self.parents.append(parent)
             self.q.append(level[2])
-            # below it, its own draw may count: its drawn q (an ancestor's draw shapes a node's fate)
-            self.value.append(above * (level[1][j] if level[2] is None else float(level[2][level[0][j]])))
+            # its children's places build on its own, not on its drawn q: a drawn token is kept with
+            # min(1, p / q), which its q alone does not tell (measured: docs/bench-tree-grown.md)
+            self.value.append(-negative)
             self.depth.append(depth)
             if j + 1 < len(level[0]):  # the sibling drawn next
                 self._push(parent, above, depth, level, j + 1)
