@@ -39,7 +39,8 @@ AUTO_SUFFIX = True
 WIDTH_PER_CALL = ("ngram", "suffix")
 METHODS = (
     "plain, auto, auto:suffix, auto:nosuffix, draft:K, draft:KxW[/N] (a tree: W candidates a depth; /N: "
-    "the N likeliest of them), ngram:K, ngram:KxW (a tree: up to W continuations of the earlier occurrences), "
+    "grown to its N likeliest nodes, W children a node), ngram:K, "
+    "ngram:KxW (a tree: up to W continuations of the earlier occurrences), "
     "suffix:K, suffix:KxW[/N] (a tree: the cache's W likeliest continuations under each node), "
     "early-exit:L:K and early-exit:L:KxW[/N] (--backend numpy or torch), head:K:FILE, "
     "head:KxW[/N]:FILE (a head's tree), "

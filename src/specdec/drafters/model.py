@@ -196,8 +196,8 @@ class ModelDrafter:
                         continue
                     sure[row].append(p)
                 token = levels[row].add(logits[state.model_row][0], state.params, state.rng)
-                if levels[row].settled() or (row in sure and i + 1 < depth[row] and not cuts[row].feed()):
-                    depth[row] = i + 1  # no deeper node could be chosen, or the cut ends it: the chain ends here
+                if row in sure and i + 1 < depth[row] and not cuts[row].feed():
+                    depth[row] = i + 1  # the cut ends it: the chain ends here
                 if i + 1 < depth[row]:  # the last draft token need not be fed: nothing reads it
                     feed[state.model_row] = [token]
                     state.fed.append(token)
