@@ -49,3 +49,13 @@ def test_a_chain_shaped_tree_counts_as_its_chain_and_the_row_is_left_as_it_was()
     )
     assert abs(as_tree - by_token) < 1e-9 and 1 <= by_token <= 6 and 1 <= block <= 6
     assert target.row_length(row) == len(context) - 1
+
+
+def test_a_method_it_cannot_pair_is_one_line_and_exit_2():
+    """Before any model loads: a method that drafts no chain or tree of a drafter's own."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "draft_trees.py"
+    proc = subprocess.run([sys.executable, str(script), "--methods", "ngram:4"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--methods takes" in proc.stderr and "Traceback" not in proc.stderr
