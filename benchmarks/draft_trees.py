@@ -10,11 +10,12 @@ decoding, -n tokens). At every --stride-th token of it, every method drafts from
 in one forward (a tree by tree attention), and the step's tokens are counted as 1 plus what the
 verification rule keeps: greedy, the target's walk down the draft; sampled, in expectation over
 the rule's draws (sampling.expected_kept under block or token-by-token verification for a chain,
-expected_tree_kept for a tree). The text does not depend on the method, so the comparison is
-paired position by position; what is left is the drafts' own randomness.
+expected_tree_kept under the same rules for a tree: walked from its leaves up, or node by node).
+The text does not depend on the method, so the comparison is paired position by position; what is
+left is the drafts' own randomness.
 
-It prints, per category and overall, mean tokens per step for each method (a sampled chain also
-under token-by-token verification, "token", the rule a tree's nodes are verified by), and each
+It prints, per category and overall, mean tokens per step for each method (a sampled draft also
+under token-by-token verification, "token": a tree node by node), and each
 method against another (a tree of N nodes against the chain of N where one is among the methods,
 else the first): the ratio of their means with its standard error over positions (a ratio
 estimator), and the scored tokens per step (how wide the target's forward was). verification_rules.py
@@ -49,8 +50,8 @@ from specdec.spec import make_drafter, parse_method
 
 def step_tokens(target, row: int, last: int, draft, params: SamplingParams, rule: str) -> tuple[float, int, float]:
     """(1 + what the rule keeps of `draft` after the row's context, in expectation where sampled;
-    the tokens the target scored; what token-by-token verification keeps of a sampled chain, else
-    the first). The row holds the context but its last token `last`; it is left so."""
+    the tokens the target scored; what token-by-token verification keeps of a sampled draft (a tree:
+    node by node), else the first). The row holds the context but its last token `last`; it is left so."""
     if draft.parents is not None:
         tree = DraftTree(tuple(draft.tokens), tuple(draft.parents))
         logits = target.forward_tree_rows({row: ([last, *tree.tokens], [-1, *(p + 1 for p in tree.parents)])})[row]
@@ -59,7 +60,9 @@ def step_tokens(target, row: int, last: int, draft, params: SamplingParams, rule
             kept = len(verify_tree_greedy(logits, tree)[0])
         else:
             p = logits_to_probs(logits, params)
-            kept = expected_tree_kept(p, tree, _by_parent(draft.q, tree, p.shape), replacement=False)
+            q = _by_parent(draft.q, tree, p.shape)
+            by = {name: 1 + expected_tree_kept(p, tree, q, False, name) for name in (rule, "token")}
+            return by[rule], len(tree.tokens) + 1, by["token"]
         return 1 + kept, len(tree.tokens) + 1, 1 + kept
     tokens = [last, *draft.tokens]
     length = target.row_length(row)
@@ -82,7 +85,7 @@ def main() -> None:
     ap.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens of each prompt's text")
     ap.add_argument("--stride", type=int, default=4, help="a step drafted at every stride-th token of the text")
     ap.add_argument("--methods", nargs="+", required=True, help="draft:K, draft:KxW, draft:KxW/N, head:..., ...")
-    ap.add_argument("--rule", default="block", choices=("block", "token"), help="a sampled chain's verification")
+    ap.add_argument("--rule", default="block", choices=("block", "token"), help="a sampled draft's verification")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
@@ -125,7 +128,7 @@ def main() -> None:
                 tokens, scored, by_token = step_tokens(target, row, context[-1], draft, params, args.rule)
                 drafter.accept({0: 0})
                 steps[m].append((item.get("category", "-"), tokens, scored))
-                if args.rule != "token" and not params.greedy and specs[m].width == 1:
+                if args.rule != "token" and not params.greedy:
                     steps[f"{m} token"].append((item.get("category", "-"), by_token, scored))
         target.drop_rows([row])
         for drafter in drafters.values():
@@ -137,7 +140,7 @@ def main() -> None:
 
     def base(arm: str) -> str:
         """What an arm is set against: a tree of N nodes against the chain of N among the methods
-        (as many tokens scored), a chain's token-by-token count against its own rule's, else the first."""
+        (as many tokens scored), a draft's token-by-token count against its own rule's, else the first."""
         if arm.endswith(" token"):
             return arm[: -len(" token")]
         spec = specs[arm]
@@ -148,7 +151,7 @@ def main() -> None:
     print(
         f"\n{args.target} <- {args.draft}, temperature {args.temperature}, {len(items)} prompts, -n "
         f"{args.max_tokens}, a step every {args.stride} tokens ({len(steps[first])} steps a method), "
-        f"seed {args.seed}, sampled chains by {args.rule} verification"
+        f"seed {args.seed}, sampled drafts by {args.rule} verification"
     )
     head = "| method | scored a step | tokens per step | over | ratio | " + " | ".join(categories)
     print(head + " | draft ms a step |")

@@ -1,6 +1,7 @@
 """Verification rules and draft shapes at temperature > 0 on the real models: the draft model's (a
-trained head's, an early exit's) sampled chains under block and token-by-token verification, and its
-sampled trees, the same prompts and seeds for every arm, the arms taking turns batch by batch.
+trained head's, an early exit's) sampled chains and trees under block and token-by-token verification
+(a tree: walked from its leaves up, or node by node), the same prompts and seeds for every arm, the
+arms taking turns batch by batch.
 
     python benchmarks/verification_rules.py --suite benchmarks/dev-prompts.jsonl --per-category 2 \\
         -n 128 --methods draft:4 --temperature 1 --batch 4 --seed 5
@@ -15,7 +16,7 @@ standard error over the rows:
   (sampling.expected_kept, expected_tree_kept). Same mean, less noise: the draws' luck is gone, the
   drafts' and the text's remain (a Rao-Blackwellised count; it ignores the cut at end-of-generation
   and at -n, so it reads a little above the counted one).
-For a chain it also prints what block and token-by-token verification keep of the SAME drafts
+It also prints what block and token-by-token verification keep of the SAME drafts
 (block / token, expected tokens per step, with the paired standard error): the comparison the
 rules' own runs can only make through two samples of text. Every arm is also set against the first
 on the same prompts and seeds (the geometric mean of the rows' ratios of expected tokens per step,
@@ -24,8 +25,8 @@ Wall-clock tokens/s leaves out the expectations' own time, and means something o
 machine.
 
 Both rules sample the target exactly (tests/test_verify_rules.py); block verification keeps at
-least as many tokens in expectation over the drafts (Sun et al. 2025, arXiv:2403.10444), though
-not on every single draft.
+least as many tokens of a chain in expectation over the drafts (Sun et al. 2025, arXiv:2403.10444),
+though not on every single draft; of a tree, more on the toys there (no theorem says always).
 """
 
 from __future__ import annotations
@@ -46,12 +47,12 @@ from specdec.spec import parse_method
 
 class Expectations:
     """Wraps the engine's sampled verifiers (engine.verify, engine.verify_tree): every step, before
-    the rule runs, it adds what each chain rule keeps of that draft in expectation (or what the tree
-    rule keeps of a tree) to the row's sums. A row is known by its random stream (one per request)."""
+    the rule runs, it adds what each rule keeps of that draft (chain or tree) in expectation to the
+    row's sums. A row is known by its random stream (one per request)."""
 
     def __init__(self):
-        # id(rng) -> sums over the row's steps: "steps"; each chain rule's expected kept ("block",
-        # "token"); and that of the rule the step used ("used": a tree's, or the chain's rule)
+        # id(rng) -> sums over the row's steps: "steps"; each rule's expected kept ("block",
+        # "token"); and that of the rule the step used ("used")
         self.rows: dict[int, dict[str, float]] = {}
         self.seconds = 0.0  # spent here, not in decoding
         self._verify, self._verify_tree = engine.verify, engine.verify_tree
@@ -80,13 +81,16 @@ class Expectations:
             self.seconds += time.perf_counter() - t
         return self._verify(logits, draft, q, params, rng, rule)
 
-    def verify_tree(self, p, tree, q, rng, replacement=True):
+    def verify_tree(self, p, tree, q, rng, replacement=True, rule="block"):
         t = time.perf_counter()
         row = self._row(rng)
         row["steps"] += 1
-        row["used"] += expected_tree_kept(p, tree, q, replacement)
+        kept = {name: expected_tree_kept(p, tree, q, replacement, name) for name in VERIFICATION_RULES}
+        for name, value in kept.items():
+            row[name] += value
+        row["used"] += kept[rule]
         self.seconds += time.perf_counter() - t
-        return self._verify_tree(p, tree, q, rng, replacement)
+        return self._verify_tree(p, tree, q, rng, replacement, rule)
 
     def take(self) -> list[dict[str, float]]:
         """The rows' sums so far (one batch's), and a fresh start."""
@@ -131,8 +135,7 @@ def main() -> None:
                 f"--methods takes draft:K, head:K:FILE, early-exit:L:K and their trees (draft:KxW[/N], "
                 f"head:KxW[/N]:FILE, early-exit:L:KxW[/N]), got {m!r}"
             )
-    # a chain under each rule; a tree has its own rule (verify_tree)
-    arms = [(m, rule) for m in args.methods for rule in (args.rules if specs[m].width <= 1 else ["tree"])]
+    arms = [(m, rule) for m in args.methods for rule in args.rules]
 
     on = {"backend": args.backend, "device": args.device, "threads": args.threads, "max_rows": args.batch}
     target = load_model(args.target, **on)
@@ -158,7 +161,7 @@ def main() -> None:
                     temperature=args.temperature,
                     top_p=args.top_p,
                     chat=False,
-                    verification="block" if rule == "tree" else rule,
+                    verification=rule,
                 )
                 spent, t = expectations.seconds, time.perf_counter()
                 results = decoders[arm].generate_batch(batch, config, seed=args.seed + start + 1000 * j)
@@ -192,10 +195,8 @@ def main() -> None:
         method, rule = arm
         by_count, se_c = ratio_of_sums(counted[arm])
         by_rule, se_e = ratio_of_sums([(e["steps"] + e["used"], e["steps"]) for e in expected[arm]])
-        paired = "-"
-        if rule != "tree":
-            r, se = ratio_of_sums([(e["steps"] + e["block"], e["steps"] + e["token"]) for e in expected[arm]])
-            paired = f"{r:.3f} +- {se:.3f}"
+        r, se = ratio_of_sums([(e["steps"] + e["block"], e["steps"] + e["token"]) for e in expected[arm]])
+        paired = f"{r:.3f} +- {se:.3f}"
         # the same prompt and seed under this arm and the first: the geometric mean of the rows'
         # ratios, with its standard error (over rows, on the log scale)
         logs = [math.log(x / y) for x, y in zip(per_row[arm], per_row[arms[0]])]

@@ -176,17 +176,19 @@ def test_every_drafter_samples_the_target_through_the_engine(toy, kind, filters)
         assert {"ngram", "suffix", "draft"} <= used, stats
 
 
+@pytest.mark.parametrize("kind", ["draft model", "draft tree", "draft tree by path"])
 @pytest.mark.parametrize("rule", VERIFICATION_RULES)
-def test_both_chain_rules_sample_the_target_through_the_engine(toy, rule):
-    """The draft model's real q, verified by either rule (GenerationConfig.verification), in the
+def test_both_rules_sample_the_target_through_the_engine(toy, rule, kind):
+    """The draft model's real q, its chains and its trees, verified by either rule
+    (GenerationConfig.verification: a tree walked from its leaves up, or node by node), in the
     harness's batches: the target's distribution (tests/test_verify_rules.py holds the rules
     themselves, block verification exactly)."""
     target, prompt = toy
     config = GenerationConfig(max_new_tokens=N, chat=False, verification=rule, **FILTERS["t1-top3"])
     expected = exact_outcomes(target, prompt, config.sampling, N)
-    counts = sampled_outcomes(toy_decoder("draft model", target), prompt, config)
+    counts = sampled_outcomes(toy_decoder(kind, target), prompt, config)
     chi2, chi2_max, tv, tv_max = distance(counts, expected)
-    assert chi2 < chi2_max and tv < tv_max, (rule, chi2, chi2_max, tv, tv_max)
+    assert chi2 < chi2_max and tv < tv_max, (rule, kind, chi2, chi2_max, tv, tv_max)
 
 
 def test_every_drafter_drafts_long_and_is_sometimes_right(toy):
@@ -216,12 +218,14 @@ def broken_residual(p_row, q_row):
 
 
 def break_residuals(patch) -> None:
-    """The classic bug in both chain rules: token by token (sampling.residual) and block
-    verification (sampling.block_residual) sample from p after a rejection."""
+    """The classic bug in every rule: token by token (sampling.residual), block verification
+    (sampling.block_residual) and its tree form (sampling._after_cut) sample from p after a
+    rejection."""
     import specdec.sampling
 
     patch.setattr(specdec.sampling, "residual", broken_residual)
     patch.setattr(specdec.sampling, "block_residual", lambda p_row, q_row, weight: p_row)
+    patch.setattr(specdec.sampling, "_after_cut", lambda m, row: row)
 
 
 @pytest.mark.parametrize("kind", ["draft model", "ngram", "draft tree"])

@@ -6,6 +6,7 @@ with a broken variant of each that the same test fails (its power)."""
 
 from __future__ import annotations
 
+import inspect
 import itertools
 
 import numpy as np
@@ -142,6 +143,170 @@ def test_block_verification_keeps_the_papers_example_and_never_less_than_token_b
     assert max(gains) > 0.01
 
 
+# -- block verification of a tree, exactly ----------------------------------------------------------
+
+
+def drawn_trees(q, prev: int, mode: str, more, depth: int) -> list[tuple[float, tuple, tuple]]:
+    """Every tree the drafter can draw after `prev`, with its probability: [(prob, tokens, parents)].
+    Drawn depth first: a node draws a child (from q, "with" replacement or "without" the earlier
+    ones), grows its subtree, then asks more(tokens, parents, node, drawn) whether to draw another,
+    so a tree's shape may hang on anything drawn before (as a grown tree's does), never on the draw
+    it decides."""
+    out = []
+
+    def grow(tokens: list, parents: list, prob: float, open_: list) -> None:
+        if not open_:
+            out.append((prob, tuple(tokens), tuple(parents)))
+            return
+        node, last, drawn, level = open_[-1]
+        if level >= depth or not more(tokens, node, drawn):
+            grow(tokens, parents, prob, open_[:-1])
+            return
+        row = q[last].copy()
+        if mode == "without":
+            row[list(drawn)] = 0.0
+            if not row.sum() > 0:
+                grow(tokens, parents, prob, open_[:-1])
+                return
+            row /= row.sum()
+        for x in np.flatnonzero(row):
+            child = (len(tokens), int(x), (), level + 1)
+            grow(
+                [*tokens, int(x)],
+                [*parents, node],
+                prob * row[x],
+                [*open_[:-1], (node, last, (*drawn, int(x)), level), child],
+            )
+
+    grow([], [], 1.0, [(-1, prev, (), 0)])
+    return out
+
+
+def two_each(tokens, node, drawn) -> bool:
+    return len(drawn) < 2
+
+
+def uneven(tokens, node, drawn) -> bool:
+    """A second child under the root only after an even first one (whose subtree is grown by then),
+    one child elsewhere."""
+    return len(drawn) < (2 if node == -1 and drawn and drawn[0] % 2 == 0 else 1) or not drawn
+
+
+def tree_block_step(p, q, prev: int, mode: str, more, depth: int, cuts=S.tree_block_cuts) -> dict[tuple, float]:
+    """Every outcome of one step that verifies a drawn tree by block verification, exactly:
+    {emitted tokens: probability}, from `cuts` (tree_block_cuts) over every tree drawn_trees draws."""
+    out: dict[tuple, float] = {}
+    for prob, tokens, parents in drawn_trees(q, prev, mode, more, depth):
+        states = [prev, *tokens]
+        pr, qr = np.stack([p[t] for t in states]), np.stack([q[t] for t in states])
+        ends, after = cuts(pr, DraftTree(tokens, parents), qr, mode == "with")
+        assert ends.sum() == pytest.approx(1.0, abs=1e-12)
+        for j in np.flatnonzero(ends):
+            path, node = [], j - 1
+            while node >= 0:
+                path.append(tokens[node])
+                node = parents[node]
+            for y in np.flatnonzero(after[j]):
+                key = (*path[::-1], int(y))
+                out[key] = out.get(key, 0.0) + prob * ends[j] * after[j][y]
+    return out
+
+
+def tree_block_distribution(p, q, mode: str, more, depth: int, cuts=S.tree_block_cuts) -> np.ndarray:
+    """The first L tokens of speculative sampling with block-verified trees, exactly, [V] * L."""
+    dist, steps = np.zeros((V,) * L), {}
+
+    def walk(emitted: tuple, mass: float):
+        if len(emitted) >= L:
+            dist[emitted[:L]] += mass
+            return
+        prev = emitted[-1] if emitted else V
+        if prev not in steps:
+            steps[prev] = tree_block_step(p, q, prev, mode, more, depth, cuts)
+        for tokens, m in steps[prev].items():
+            walk(emitted + tokens, mass * m)
+
+    walk((), 1.0)
+    return dist
+
+
+@pytest.mark.parametrize(
+    "seed, mode, more, depth",
+    [(1, "without", two_each, 2), (2, "with", two_each, 2), (3, "without", uneven, 3), (4, "with", uneven, 3)],
+)
+def test_tree_block_verification_emits_the_targets_distribution_exactly(seed, mode, more, depth):
+    """Every tree of the shape, drawn with or without replacement, every end of its kept path and
+    every token after it: the first L tokens equal the target's joint within 1e-12."""
+    p, q = markov(seed)
+    assert np.abs(tree_block_distribution(p, q, mode, more, depth) - joint(p)).max() < 1e-12
+
+
+def mutant(source_line: str, broken_line: str):
+    """tree_block_cuts with one line of its source changed (a power check's broken rule)."""
+    source = inspect.getsource(S.tree_block_cuts)
+    assert source.count(source_line) == 1, source_line
+    space = dict(vars(S))
+    exec(source.replace(source_line, broken_line), space)
+    return space["tree_block_cuts"]
+
+
+@pytest.mark.parametrize(
+    "line, broken",
+    [
+        # a later sibling weighed against what is left of the node's measure without its scale
+        ("m[x] / (z * q_i[x])", "m[x] / q_i[x]"),
+        # the node's "not this node" mass forgotten: a path would end wherever the walk got to
+        ("m, b = weight * row, 1.0 - weight", "m, b = weight * row, 0.0"),
+        # what a rejected child's draw covered left in the node's measure
+        ("m, b = np.maximum(m / z - q_i, 0.0), b / z", "m, b = m / z, b / z"),
+    ],
+)
+def test_the_exact_tree_check_fails_a_broken_rule(line, broken):
+    """Power of the exact check: each one-line break of tree_block_cuts moves the distribution."""
+    p, q = markov(1)
+    broken_dist = tree_block_distribution(p, q, "without", two_each, 2, cuts=mutant(line, broken))
+    assert np.abs(broken_dist - joint(p)).sum() > 1e-3
+
+
+def test_tree_block_cuts_on_a_chain_are_block_verifications():
+    """A chain is a tree of one child a node: where its kept path ends, by tree_block_cuts, is where
+    block verification cuts it (block_weights' h: prefix n passes and every longer one fails), and
+    the token after follows block_residual there."""
+    p, q = markov(6)
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        draft, t = [], V
+        for _ in range(4):
+            t = sample(q[t], rng)
+            draft.append(t)
+        pr, qr = rows(p, V, draft), rows(q, V, draft)
+        ends, after = S.tree_block_cuts(pr, DraftTree(tuple(draft), tuple(range(-1, 3))), qr)
+        w, h = block_weights(pr, draft, qr[:4])
+        cut = [(h[n - 1] if n else 1.0) * np.prod(1 - h[n:]) for n in range(5)]
+        assert ends == pytest.approx(cut, abs=1e-12)
+        for n in range(4):
+            if cut[n] > 1e-9:  # (block_weights' product leaves 1e-16 where the walk stops for sure)
+                assert after[n] == pytest.approx(block_residual(pr[n], qr[n], w[n]), abs=1e-12)
+
+
+def test_tree_block_verification_keeps_more_than_node_by_node_over_the_draws():
+    """Over every tree drawn (summed with its probability), block verification keeps more than the
+    node-by-node rule on each Markov toy, though not on every single tree."""
+    for seed in range(5, 9):
+        p, q = markov(seed)
+        for mode, more, depth in (("without", two_each, 2), ("with", uneven, 2)):
+            kept = {"block": 0.0, "token": 0.0}
+            for prev in range(V + 1):
+                for prob, tokens, parents in drawn_trees(q, prev, mode, more, depth):
+                    states = [prev, *tokens]
+                    pr, qr = np.stack([p[t] for t in states]), np.stack([q[t] for t in states])
+                    for rule in kept:
+                        kept[rule] += prob * S.expected_tree_kept(
+                            pr, DraftTree(tokens, parents), qr, mode == "with", rule
+                        )
+            assert kept["block"] > kept["token"] + 1e-3, (seed, mode, kept)
+
+
 # -- the code itself, sampled -----------------------------------------------------------------------
 
 SAMPLES = 200_000  # honest runs (DESIGN.md: >= 200 000 seeded samples)
@@ -262,23 +427,38 @@ def draw_tree(p, q, prev: int, mode: str, width: int, depth: int, rng):
     return np.stack([p[t] for t in states]), DraftTree(tuple(tokens), tuple(parents)), qr
 
 
-def tree_step(p, q, mode: str, width: int = 2, depth: int = 2, verify=verify_tree):
+def tree_step(p, q, mode: str, width: int = 2, depth: int = 2, verify=verify_tree, rule: str = "token"):
     """Draft a full tree from the drafter as `mode` says (draw_tree), verify it with verify_tree
-    on the Markov rows of every node."""
+    (by `rule`) on the Markov rows of every node."""
 
     def step(prev, rng):
         pr, tree, qr = draw_tree(p, q, prev, mode, width, depth, rng)
-        path, y = verify(pr, tree, qr, rng, replacement=mode == "with")
+        path, y = verify(pr, tree, qr, rng, replacement=mode == "with", rule=rule)
         return [tree.tokens[i] for i in path] + [y]
 
     return step
 
 
-@pytest.mark.parametrize("mode", ["with", "without", "top"])
-def test_a_tree_samples_the_target(mode):
+@pytest.mark.parametrize(
+    "mode, rule", [("with", "token"), ("without", "token"), ("top", "token"), ("with", "block"), ("without", "block")]
+)
+def test_a_tree_samples_the_target(mode, rule):
     p, q = markov(5)
-    ok, stat, limit = check(decode(p, q, tree_step(p, q, mode), 2), joint(p))
-    assert ok, (mode, stat, limit)
+    ok, stat, limit = check(decode(p, q, tree_step(p, q, mode, rule=rule), 2), joint(p))
+    assert ok, (mode, rule, stat, limit)
+
+
+def test_a_block_verified_tree_fails_when_drawn_without_replacement_but_verified_as_with():
+    """Power, through verify_tree's own sampling: siblings drawn without replacement verified as if
+    drawn with it (q_i kept whole after a rejection) is caught."""
+    p, q = markov(5)
+
+    def as_with(pr, tree, qr, rng, replacement, rule):
+        return verify_tree(pr, tree, qr, rng, True, rule)
+
+    step = tree_step(p, q, "without", width=3, depth=1, verify=as_with, rule="block")
+    ok, stat, limit = check(decode(p, q, step, 2, POWER_SAMPLES), joint(p))
+    assert not ok, (stat, limit)
 
 
 def test_a_tree_fails_when_a_node_is_verified_against_its_parents_row():
@@ -286,9 +466,9 @@ def test_a_tree_fails_when_a_node_is_verified_against_its_parents_row():
     the off-by-one a tree's row bookkeeping invites) is caught."""
     p, q = markov(5)
 
-    def shifted(pr, tree, qr, rng, replacement):
+    def shifted(pr, tree, qr, rng, replacement, rule):
         parent_rows = np.stack([pr[0], *[pr[tree.parents[i] + 1] for i in range(len(tree.tokens))]])
-        return verify_tree(parent_rows, tree, qr, rng, replacement)
+        return verify_tree(parent_rows, tree, qr, rng, replacement, rule)
 
     ok, stat, limit = check(decode(p, q, tree_step(p, q, "with", verify=shifted), 2, POWER_SAMPLES), joint(p))
     assert not ok, (stat, limit)
@@ -352,29 +532,38 @@ def test_expected_kept_matches_the_verifiers_own_counts_and_tells_the_rules_apar
     assert apart > 8
 
 
-@pytest.mark.parametrize("mode", ["with", "without", "top"])
-def test_expected_tree_kept_matches_verify_trees_own_counts(mode):
+@pytest.mark.parametrize(
+    "mode, rule", [("with", "token"), ("without", "token"), ("top", "token"), ("without", "block")]
+)
+def test_expected_tree_kept_matches_verify_trees_own_counts(mode, rule):
     """On drafted trees (width 2, depth 2), the mean path verify_tree keeps over 20 000 draws sits
-    within 4 standard errors of expected_tree_kept. Power: for drafts without replacement, the
-    expectation computed as if with replacement is off by more than 8 on some tree."""
+    within 4 standard errors of expected_tree_kept under the same rule. Power: for drafts without
+    replacement, the expectation computed as if with replacement (token) or by the other rule
+    (block) is off by more than 8 on some tree."""
     p, q = markov(5)
     rng = np.random.default_rng(3)
     worst_wrong = 0.0
     for _ in range(4):
         pr, tree, qr = draw_tree(p, q, V, mode, 2, 2, rng)
-        counts = np.array([len(verify_tree(pr, tree, qr, rng, replacement=mode == "with")[0]) for _ in range(20_000)])
+        with_ = mode == "with"
+        counts = np.array([len(verify_tree(pr, tree, qr, rng, with_, rule)[0]) for _ in range(20_000)])
         se = counts.std() / np.sqrt(counts.size) + 1e-9
-        expected = S.expected_tree_kept(pr, tree, qr, replacement=mode == "with")
+        expected = S.expected_tree_kept(pr, tree, qr, with_, rule)
         assert abs(counts.mean() - expected) < 4 * se, (tree, counts.mean(), expected)
         if mode == "without":
-            worst_wrong = max(worst_wrong, abs(S.expected_tree_kept(pr, tree, qr, True) - counts.mean()) / se)
+            wrong = (
+                S.expected_tree_kept(pr, tree, qr, True, rule)
+                if rule == "token"
+                else S.expected_tree_kept(pr, tree, qr, False, "token")
+            )
+            worst_wrong = max(worst_wrong, abs(wrong - counts.mean()) / se)
     if mode == "without":
         assert worst_wrong > 8
 
 
 def test_a_chain_is_a_tree_of_width_one_in_expectation_too():
-    """expected_tree_kept of a chain (each node the only child of the one before) is token-by-token
-    expected_kept of the same draft, sampled (q) and fixed (None)."""
+    """expected_tree_kept of a chain (each node the only child of the one before) is expected_kept
+    of the same draft under the same rule, sampled (q) and fixed (None)."""
     p, q = markov(8)
     rng = np.random.default_rng(0)
     for _ in range(20):
@@ -385,8 +574,9 @@ def test_a_chain_is_a_tree_of_width_one_in_expectation_too():
         pr, qr = rows(p, V, draft), rows(q, V, draft)
         chain = DraftTree(tuple(draft), tuple(range(-1, 3)))
         for q_rows in (qr, None):
-            tree = S.expected_tree_kept(pr, chain, q_rows)
-            assert tree == pytest.approx(S.expected_kept(pr, draft, None if q_rows is None else qr[:4], "token"))
+            for rule in ("block", "token"):
+                tree = S.expected_tree_kept(pr, chain, q_rows, rule=rule)
+                assert tree == pytest.approx(S.expected_kept(pr, draft, None if q_rows is None else qr[:4], rule))
 
 
 def test_greedy_tree_verification_follows_the_targets_argmax():

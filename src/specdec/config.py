@@ -33,7 +33,8 @@ class GenerationConfig:
     # cache or batch (bit for bit in the exact mode; elsewhere rounding may flip a near-tie)
     reproducible: bool = False
     # how a sampled draft with a real q (a draft model, a head) is verified: "block" (block
-    # verification: never fewer tokens kept in expectation) or "token" (token by token);
+    # verification: never fewer tokens kept in expectation; a tree by its form for trees,
+    # sampling.tree_block_cuts) or "token" (token by token; a tree node by node);
     # sampling.VERIFICATION_RULES. Greedy rows, one-hot drafts and reproducible rows are unaffected.
     verification: str = "block"
 

@@ -299,10 +299,11 @@ class Engine:
             if row in trees:  # node by node down the tree: the path kept, the token after it
                 if r.params.greedy:
                     path, after = verify_tree_greedy(logits[row], trees[row])
-                else:  # sampled nodes by their q (without replacement), else the rule for fixed candidates
+                else:  # sampled nodes by their q (without replacement), else the rule for fixed candidates;
+                    # block verification's tree form where the row asks for it (config.verification)
                     p = logits_to_probs(logits[row], r.params)
                     path, after = verify_tree(
-                        p, trees[row], _by_parent(q, trees[row], p.shape), r.rng, replacement=False
+                        p, trees[row], _by_parent(q, trees[row], p.shape), r.rng, False, r.config.verification
                     )
                 paths[row], verdicts[row] = path, (len(path), after)
             elif r.config.reproducible and not r.params.greedy:  # the token of (seed, position), whatever q

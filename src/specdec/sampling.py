@@ -12,7 +12,8 @@ Chen et al. 2023, arXiv:2302.01318).
 Beside that token-by-token rule: block verification of a chain (verify_block, Sun et al. 2025,
 arXiv:2403.10444), which keeps as long a prefix as any rule can while the emitted tokens still
 follow p; and the rules for several drafts (verify_candidates for the candidates of one position,
-verify_tree for a tree of them, node by node down the accepted path).
+verify_tree for a tree of them: node by node down the accepted path, or by block verification
+generalised to trees, tree_block_cuts, which walks the tree from its leaves up).
 
 Pure functions of numpy arrays; no model state.
 """
@@ -35,6 +36,7 @@ __all__ = [
     "verify_block",
     "verify_candidates",
     "verify_tree",
+    "tree_block_cuts",
     "verify_tree_greedy",
     "expected_kept",
     "expected_tree_kept",
@@ -43,8 +45,9 @@ __all__ = [
     "draft_token",
 ]
 
-# how a sampled chain drafted from a real q is verified: "block" (verify_block, the default: never
-# fewer tokens kept, in expectation, than "token") or "token" (verify_stochastic, token by token)
+# how a sampled chain or tree drafted from a real q is verified: "block" (verify_block, the default:
+# never fewer tokens kept, in expectation, than "token"; a tree's form, tree_block_cuts) or "token"
+# (verify_stochastic token by token; a tree node by node)
 VERIFICATION_RULES = ("block", "token")
 
 
@@ -378,21 +381,32 @@ def verify_tree(
     q: np.ndarray | None,
     rng: np.random.Generator,
     replacement: bool = True,
+    rule: str = "block",
 ) -> tuple[list[int], int]:
-    """A tree of drafts verified node by node: from the root, verify_candidates over the children
-    of the node reached, and down into the one accepted, until none is or a leaf is reached; then
-    the token after the path (the one verify_candidates sampled, or from p at the leaf). The tokens
-    emitted follow p exactly when each node's children were drawn as `q` and `replacement` say.
+    """A tree of drafts verified so that the tokens emitted follow p exactly when each node's
+    children were drawn as `q` and `replacement` say (verify_candidates). rule "token": node by
+    node from the root, verify_candidates over the children of the node reached, and down into the
+    one accepted, until none is or a leaf is reached; then the token after the path (the one
+    verify_candidates sampled, or from p at the leaf). rule "block" (the default): the tree is
+    walked from its leaves up, a whole path judged at once (tree_block_cuts), which on a chain is
+    block verification (verify_block) and keeps more than node by node where a later token's
+    p / q makes up for an earlier one's. For q None (children chosen deterministically) the two
+    keep the same in distribution, so it goes node by node.
     p [n + 1, vocab]: row 0 the target's distribution after the root, row i + 1 after node i.
     q [n + 1, vocab] alike, the distribution each node's children were drawn from, or None for
-    children chosen deterministically (a top-k tree). Returns (the accepted
-    path's nodes, root to leaf, the next token)."""
+    children chosen deterministically (a top-k tree). rng draws, rule "block": two uniforms (the
+    node the path ends at, the token after it). Returns (the accepted path's nodes, root to leaf,
+    the next token)."""
     p = np.asarray(p)
-    n = len(tree.tokens)
-    if p.ndim != 2 or p.shape[0] != n + 1:
-        raise ValueError(f"p must be [nodes + 1 = {n + 1}, vocab], got {p.shape}")
-    if q is not None and q.shape != p.shape:
-        raise ValueError(f"q must be [nodes + 1, vocab] = {p.shape}, got {q.shape}")
+    _check_tree(p, tree, q)
+    if rule == "block" and q is not None:
+        ends, after = tree_block_cuts(p, tree, q, replacement)
+        end = sample(ends, rng)  # the row of the node the path ends at (0: the root, no node kept)
+        path, node = [], end - 1
+        while node >= 0:
+            path.append(node)
+            node = tree.parents[node]
+        return path[::-1], sample(after[end], rng)
     path: list[int] = []
     node = -1
     while kids := tree.children(node):
@@ -404,6 +418,75 @@ def verify_tree(
         node = kids[i]
         path.append(node)
     return path, sample(p[node + 1], rng)
+
+
+def _check_tree(p: np.ndarray, tree: DraftTree, q: np.ndarray | None) -> None:
+    n = len(tree.tokens)
+    if p.ndim != 2 or p.shape[0] != n + 1:
+        raise ValueError(f"p must be [nodes + 1 = {n + 1}, vocab], got {p.shape}")
+    if q is not None and q.shape != p.shape:
+        raise ValueError(f"q must be [nodes + 1, vocab] = {p.shape}, got {q.shape}")
+
+
+def tree_block_cuts(
+    p: np.ndarray, tree: DraftTree, q: np.ndarray, replacement: bool = True
+) -> tuple[np.ndarray, list[np.ndarray | None]]:
+    """Block verification of a tree, as the chances of where the kept path ends: (ends [n + 1],
+    after [n + 1]): ends[0] the chance that no node is kept, ends[i + 1] that the path to node i is,
+    summing to 1; after[j] the distribution of the token that then follows (None where ends[j] is 0).
+    p, q as in verify_tree (q real: each node's children drawn from its row, with or without
+    replacement).
+
+    The tree is walked leaves first (a node's subtrees in the order its children were drawn, then
+    the node itself), as Weng et al.'s traversal verification (2025, arXiv:2505.12398) walks it,
+    here with siblings drawn without replacement too. A node is entered with a weight w (the
+    root's 1) and holds a measure m over the next token, w p at first, beside a mass b = 1 - w of
+    "not this node". Its child x, drawn from the node's q_i, is entered with weight
+    min(1, m(x) / (z q_i(x))), z = sum(m) + b; if nothing in the child's subtree is kept, the node
+    holds what that child's draw did not cover, m <- max(0, m / z - q_i) and b <- b / z, and q_i
+    loses x when drawn without replacement. Once its children are done the path ends at the node
+    with chance sum(m) / (sum(m) + b), the next token drawn from norm(m); else the walk goes on to
+    the node's next sibling, or up. By induction over the tree, a node entered with weight w emits
+    w times the target's continuation after it, and "not this node" with 1 - w, over the draws of
+    its subtree, whatever its shape, so the root (w = 1) emits p exactly; on a chain these are
+    block_weights' numbers. (A child with q_i(x) = 0 has weight 0: its subtree is never kept.)"""
+    n = len(tree.tokens)
+    kids: list[list[int]] = [[] for _ in range(n + 1)]  # kids[j]: the children of row j's node
+    for i, parent in enumerate(tree.parents):
+        kids[parent + 1].append(i)
+    ends = np.zeros(n + 1)
+    after: list[np.ndarray | None] = [None] * (n + 1)
+
+    def enter(node: int, weight: float, reach: float) -> float:
+        """Walks node's subtree, entered with `weight`, `reach` the chance the walk gets there;
+        returns the chance that the path ends in this subtree once it is entered."""
+        row = np.asarray(p[node + 1], dtype=np.float64)  # [vocab]
+        m, b = weight * row, 1.0 - weight  # [vocab], the mass of "not this node"
+        q_i = np.asarray(q[node + 1], dtype=np.float64)  # [vocab]
+        kept, left = 0.0, 1.0  # the chance the path ends below; that every child so far was not kept
+        for child in kids[node + 1]:
+            x = tree.tokens[child]
+            z = m.sum() + b
+            w = min(1.0, m[x] / (z * q_i[x])) if q_i[x] > 0 and z > 0 else 0.0
+            below = enter(child, w, reach * left)
+            kept += left * below
+            left *= 1.0 - below
+            if left <= 0.0:
+                return kept
+            m, b = np.maximum(m / z - q_i, 0.0), b / z
+            if not replacement:
+                q_i = q_i.copy()
+                q_i[x] = 0.0
+                s = q_i.sum()
+                q_i = q_i / s if s > 0 else q_i  # every token drafted: no further child can come
+        s = m.sum()
+        here = s / (s + b) if s + b > 0 else 1.0  # s + b = 0: a walk that cannot get here
+        ends[node + 1] = reach * left * here
+        after[node + 1] = _after_cut(m, row)
+        return kept + left * here
+
+    enter(-1, 1.0, 1.0)
+    return ends, after
 
 
 def verify_tree_greedy(target_logits: np.ndarray, tree: DraftTree) -> tuple[list[int], int]:
@@ -454,14 +537,29 @@ def expected_kept(p: np.ndarray, draft_tokens: Sequence[int], q: np.ndarray | No
     return float(np.cumprod(ratio).sum())
 
 
-def expected_tree_kept(p: np.ndarray, tree: DraftTree, q: np.ndarray | None, replacement: bool = True) -> float:
-    """The nodes verify_tree keeps of this tree (its accepted path's length), in expectation over
-    its draws: under each node, each child's chance of being the one accepted (min(1, r(x) / q_i(x))
-    once the siblings before it were rejected, verify_candidates' rule) times one plus what its own
-    subtree keeps. p and q as in verify_tree."""
+def _after_cut(m: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """The token after a tree's kept path (tree_block_cuts): norm(m), what is left of the node's
+    measure; p's row where nothing is (a cut the walk cannot make)."""
+    s = m.sum()
+    return m / s if s > 0 else row
+
+
+def expected_tree_kept(
+    p: np.ndarray, tree: DraftTree, q: np.ndarray | None, replacement: bool = True, rule: str = "block"
+) -> float:
+    """The nodes verify_tree(..., rule) keeps of this tree (its accepted path's length), in
+    expectation over its draws. Block (q real): each node's depth times the chance the path ends
+    there (tree_block_cuts). Token (or q None): under each node, each child's chance of being the
+    one accepted (min(1, r(x) / q_i(x)) once the siblings before it were rejected, verify_candidates'
+    rule) times one plus what its own subtree keeps. p and q as in verify_tree."""
     p = np.asarray(p)
-    if p.ndim != 2 or p.shape[0] != len(tree.tokens) + 1:
-        raise ValueError(f"p must be [nodes + 1 = {len(tree.tokens) + 1}, vocab], got {p.shape}")
+    _check_tree(p, tree, q)
+    if rule == "block" and q is not None:
+        ends, _ = tree_block_cuts(p, tree, q, replacement)
+        depth = np.zeros(len(tree.tokens) + 1)  # [n + 1] row i + 1: node i's depth
+        for i, parent in enumerate(tree.parents):
+            depth[i + 1] = depth[parent + 1] + 1
+        return float(ends @ depth)
 
     def kept(node: int) -> float:
         r = np.asarray(p[node + 1], dtype=np.float64)  # [vocab]

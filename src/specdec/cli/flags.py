@@ -230,7 +230,8 @@ def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
         default="block",
         help="how a draft model's (or a head's) sampled drafts are verified: block (block "
         "verification, Sun et al. 2025: the whole draft judged at once, never fewer tokens kept in "
-        "expectation) or token (token by token); both sample the target exactly (default: block)",
+        "expectation; a tree walked from its leaves up, each path judged whole) or token (token by "
+        "token; a tree node by node); both sample the target exactly (default: block)",
     )
     g.add_argument(
         "--stop",
