@@ -10,7 +10,7 @@ decoding, -n tokens). At every --stride-th token of it, every method drafts from
 in one forward (a tree by tree attention), and the step's tokens are counted as 1 plus what the
 verification rule keeps: greedy, the target's walk down the draft; sampled, in expectation over
 the rule's draws (sampling.expected_kept under block or token-by-token verification for a chain,
-expected_tree_kept under the same rules for a tree: walked from its leaves up, or node by node).
+expected_tree_kept for a tree: node by node, or under --rule traversal walked from its leaves up).
 The text does not depend on the method, so the comparison is paired position by position; what is
 left is the drafts' own randomness.
 
@@ -37,6 +37,7 @@ from specdec.bench import load_suite, prompt_text
 from specdec.bench.report import ratio_of_sums
 from specdec.engine import _by_parent
 from specdec.sampling import (
+    VERIFICATION_RULES,
     DraftTree,
     SamplingParams,
     expected_kept,
@@ -85,7 +86,12 @@ def main() -> None:
     ap.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens of each prompt's text")
     ap.add_argument("--stride", type=int, default=4, help="a step drafted at every stride-th token of the text")
     ap.add_argument("--methods", nargs="+", required=True, help="draft:K, draft:KxW, draft:KxW/N, head:..., ...")
-    ap.add_argument("--rule", default="block", choices=("block", "token"), help="a sampled draft's verification")
+    ap.add_argument(
+        "--rule",
+        default="block",
+        choices=VERIFICATION_RULES,
+        help="a sampled draft's verification (traversal: a tree's block form; a tree goes node by node under block)",
+    )
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)

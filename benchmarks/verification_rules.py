@@ -1,7 +1,7 @@
 """Verification rules and draft shapes at temperature > 0 on the real models: the draft model's (a
-trained head's, an early exit's) sampled chains and trees under block and token-by-token verification
-(a tree: walked from its leaves up, or node by node), the same prompts and seeds for every arm, the
-arms taking turns batch by batch.
+trained head's, an early exit's) sampled chains and trees under each verification rule (block and
+token by token; a tree node by node under both, or walked from its leaves up under traversal), the
+same prompts and seeds for every arm, the arms taking turns batch by batch.
 
     python benchmarks/verification_rules.py --suite benchmarks/dev-prompts.jsonl --per-category 2 \\
         -n 128 --methods draft:4 --temperature 1 --batch 4 --seed 5
@@ -16,7 +16,7 @@ standard error over the rows:
   (sampling.expected_kept, expected_tree_kept). Same mean, less noise: the draws' luck is gone, the
   drafts' and the text's remain (a Rao-Blackwellised count; it ignores the cut at end-of-generation
   and at -n, so it reads a little above the counted one).
-It also prints what block and token-by-token verification keep of the SAME drafts
+It also prints what block (a tree: traversal) and token-by-token verification keep of the SAME drafts
 (block / token, expected tokens per step, with the paired standard error): the comparison the
 rules' own runs can only make through two samples of text. Every arm is also set against the first
 on the same prompts and seeds (the geometric mean of the rows' ratios of expected tokens per step,
@@ -65,7 +65,7 @@ class Expectations:
         engine.verify, engine.verify_tree = self._verify, self._verify_tree
 
     def _row(self, rng) -> dict[str, float]:
-        return self.rows.setdefault(id(rng), {"block": 0.0, "token": 0.0, "used": 0.0, "steps": 0})
+        return self.rows.setdefault(id(rng), {**dict.fromkeys(VERIFICATION_RULES, 0.0), "used": 0.0, "steps": 0})
 
     def verify(self, logits, draft, q, params, rng, rule="block"):
         if not params.greedy:
@@ -111,7 +111,7 @@ def main() -> None:
         default=["draft:4"],
         help="draft:K chains and draft:KxW[/N] trees of the draft model; head:K:FILE and head:KxW[/N]:FILE of a head",
     )
-    ap.add_argument("--rules", nargs="+", default=list(VERIFICATION_RULES), choices=VERIFICATION_RULES)
+    ap.add_argument("--rules", nargs="+", default=["block", "token"], choices=VERIFICATION_RULES)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--batch", type=int, default=4, help="rows generated together")
@@ -186,7 +186,7 @@ def main() -> None:
         f"x {args.seeds} seeds, -n {args.max_tokens}, batches of {args.batch}, seed {args.seed}"
     )
     print(
-        "| method | rule | steps | tokens per step, counted | expected | block / token, same drafts "
+        "| method | rule | steps | tokens per step, counted | expected | block (tree: traversal) / token, same drafts "
         f"| expected over {arms[0][0]} {arms[0][1]}, same prompts | acceptance by draft position | tokens/s (wall) |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
@@ -195,7 +195,7 @@ def main() -> None:
         method, rule = arm
         by_count, se_c = ratio_of_sums(counted[arm])
         by_rule, se_e = ratio_of_sums([(e["steps"] + e["used"], e["steps"]) for e in expected[arm]])
-        r, se = ratio_of_sums([(e["steps"] + e["block"], e["steps"] + e["token"]) for e in expected[arm]])
+        r, se = ratio_of_sums([(e["steps"] + e["traversal"], e["steps"] + e["token"]) for e in expected[arm]])
         paired = f"{r:.3f} +- {se:.3f}"
         # the same prompt and seed under this arm and the first: the geometric mean of the rows'
         # ratios, with its standard error (over rows, on the log scale)

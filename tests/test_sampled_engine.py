@@ -178,9 +178,9 @@ def test_every_drafter_samples_the_target_through_the_engine(toy, kind, filters)
 
 @pytest.mark.parametrize("kind", ["draft model", "draft tree", "draft tree by path"])
 @pytest.mark.parametrize("rule", VERIFICATION_RULES)
-def test_both_rules_sample_the_target_through_the_engine(toy, rule, kind):
-    """The draft model's real q, its chains and its trees, verified by either rule
-    (GenerationConfig.verification: a tree walked from its leaves up, or node by node), in the
+def test_every_rule_samples_the_target_through_the_engine(toy, rule, kind):
+    """The draft model's real q, its chains and its trees, verified by each rule
+    (GenerationConfig.verification: a tree node by node, or walked from its leaves up), in the
     harness's batches: the target's distribution (tests/test_verify_rules.py holds the rules
     themselves, block verification exactly)."""
     target, prompt = toy

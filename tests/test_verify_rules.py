@@ -290,12 +290,13 @@ def test_tree_block_cuts_on_a_chain_are_block_verifications():
 
 
 def test_tree_block_verification_keeps_more_than_node_by_node_over_the_draws():
-    """Over every tree drawn (summed with its probability), block verification keeps more than the
-    node-by-node rule on each Markov toy, though not on every single tree."""
+    """Over every tree drawn (summed with its probability), block verification's tree form
+    ("traversal") keeps more than the node-by-node rule on each Markov toy, though not on every
+    single tree."""
     for seed in range(5, 9):
         p, q = markov(seed)
         for mode, more, depth in (("without", two_each, 2), ("with", uneven, 2)):
-            kept = {"block": 0.0, "token": 0.0}
+            kept = {"traversal": 0.0, "token": 0.0}
             for prev in range(V + 1):
                 for prob, tokens, parents in drawn_trees(q, prev, mode, more, depth):
                     states = [prev, *tokens]
@@ -304,7 +305,7 @@ def test_tree_block_verification_keeps_more_than_node_by_node_over_the_draws():
                         kept[rule] += prob * S.expected_tree_kept(
                             pr, DraftTree(tokens, parents), qr, mode == "with", rule
                         )
-            assert kept["block"] > kept["token"] + 1e-3, (seed, mode, kept)
+            assert kept["traversal"] > kept["token"] + 1e-3, (seed, mode, kept)
 
 
 # -- the code itself, sampled -----------------------------------------------------------------------
@@ -440,7 +441,8 @@ def tree_step(p, q, mode: str, width: int = 2, depth: int = 2, verify=verify_tre
 
 
 @pytest.mark.parametrize(
-    "mode, rule", [("with", "token"), ("without", "token"), ("top", "token"), ("with", "block"), ("without", "block")]
+    "mode, rule",
+    [("with", "token"), ("without", "token"), ("top", "token"), ("with", "traversal"), ("without", "traversal")],
 )
 def test_a_tree_samples_the_target(mode, rule):
     p, q = markov(5)
@@ -456,7 +458,7 @@ def test_a_block_verified_tree_fails_when_drawn_without_replacement_but_verified
     def as_with(pr, tree, qr, rng, replacement, rule):
         return verify_tree(pr, tree, qr, rng, True, rule)
 
-    step = tree_step(p, q, "without", width=3, depth=1, verify=as_with, rule="block")
+    step = tree_step(p, q, "without", width=3, depth=1, verify=as_with, rule="traversal")
     ok, stat, limit = check(decode(p, q, step, 2, POWER_SAMPLES), joint(p))
     assert not ok, (stat, limit)
 
@@ -533,7 +535,7 @@ def test_expected_kept_matches_the_verifiers_own_counts_and_tells_the_rules_apar
 
 
 @pytest.mark.parametrize(
-    "mode, rule", [("with", "token"), ("without", "token"), ("top", "token"), ("without", "block")]
+    "mode, rule", [("with", "token"), ("without", "token"), ("top", "token"), ("without", "traversal")]
 )
 def test_expected_tree_kept_matches_verify_trees_own_counts(mode, rule):
     """On drafted trees (width 2, depth 2), the mean path verify_tree keeps over 20 000 draws sits
@@ -563,7 +565,8 @@ def test_expected_tree_kept_matches_verify_trees_own_counts(mode, rule):
 
 def test_a_chain_is_a_tree_of_width_one_in_expectation_too():
     """expected_tree_kept of a chain (each node the only child of the one before) is expected_kept
-    of the same draft under the same rule, sampled (q) and fixed (None)."""
+    of the same draft, sampled (q) and fixed (None): block verification's under "traversal",
+    token by token's under "token" and "block" (a tree's "block" goes node by node)."""
     p, q = markov(8)
     rng = np.random.default_rng(0)
     for _ in range(20):
@@ -574,9 +577,10 @@ def test_a_chain_is_a_tree_of_width_one_in_expectation_too():
         pr, qr = rows(p, V, draft), rows(q, V, draft)
         chain = DraftTree(tuple(draft), tuple(range(-1, 3)))
         for q_rows in (qr, None):
-            for rule in ("block", "token"):
+            for rule, chain_rule in (("traversal", "block"), ("token", "token"), ("block", "token")):
                 tree = S.expected_tree_kept(pr, chain, q_rows, rule=rule)
-                assert tree == pytest.approx(S.expected_kept(pr, draft, None if q_rows is None else qr[:4], rule))
+                chain_q = None if q_rows is None else qr[:4]
+                assert tree == pytest.approx(S.expected_kept(pr, draft, chain_q, chain_rule))
 
 
 def test_greedy_tree_verification_follows_the_targets_argmax():

@@ -296,7 +296,7 @@ class Engine:
         for row, r in rows.items():
             drafter, draft = plan[row]
             q = draft.q if draft is not None else None
-            if row in trees:  # node by node down the tree: the path kept, the token after it
+            if row in trees:  # down the tree (greedy) or from its leaves up (block): the path kept, the token after it
                 if r.params.greedy:
                     path, after = verify_tree_greedy(logits[row], trees[row])
                 else:  # sampled nodes by their q (without replacement), else the rule for fixed candidates;

@@ -45,10 +45,12 @@ __all__ = [
     "draft_token",
 ]
 
-# how a sampled chain or tree drafted from a real q is verified: "block" (verify_block, the default:
-# never fewer tokens kept, in expectation, than "token"; a tree's form, tree_block_cuts) or "token"
-# (verify_stochastic token by token; a tree node by node)
-VERIFICATION_RULES = ("block", "token")
+# how a sampled chain or tree drafted from a real q is verified: "block" (the default: a chain by
+# verify_block, never fewer tokens kept in expectation than token by token; a tree node by node),
+# "token" (verify_stochastic token by token; a tree node by node) or "traversal" (a chain by
+# verify_block; a tree by block verification's tree form, tree_block_cuts: on the draft model's
+# grown trees it kept what node by node keeps, +-1%, at ten times the host time, so not the default)
+VERIFICATION_RULES = ("block", "token", "traversal")
 
 
 @dataclass(frozen=True)
@@ -243,7 +245,8 @@ def verify(
     rule: str = "block",
 ) -> tuple[int, int]:
     """Greedy params: verify_greedy(logits); else the sampled rule on logits_to_probs(logits):
-    verify_block for a draft with a real q when rule is "block", else verify_stochastic. (For a
+    verify_block for a draft with a real q when rule is "block" or "traversal", else
+    verify_stochastic. (For a
     one-hot draft the two keep the same number of tokens in distribution, so it goes token by
     token, with fewer draws.)
 
@@ -252,7 +255,7 @@ def verify(
     if params.greedy:
         return verify_greedy(logits, draft_tokens)
     p = logits_to_probs(logits, params)
-    if rule == "block" and q is not None:
+    if rule in ("block", "traversal") and q is not None:
         return verify_block(p, draft_tokens, q, rng)
     return verify_stochastic(p, draft_tokens, q, rng)
 
@@ -384,22 +387,22 @@ def verify_tree(
     rule: str = "block",
 ) -> tuple[list[int], int]:
     """A tree of drafts verified so that the tokens emitted follow p exactly when each node's
-    children were drawn as `q` and `replacement` say (verify_candidates). rule "token": node by
-    node from the root, verify_candidates over the children of the node reached, and down into the
-    one accepted, until none is or a leaf is reached; then the token after the path (the one
-    verify_candidates sampled, or from p at the leaf). rule "block" (the default): the tree is
-    walked from its leaves up, a whole path judged at once (tree_block_cuts), which on a chain is
-    block verification (verify_block) and keeps more than node by node where a later token's
-    p / q makes up for an earlier one's. For q None (children chosen deterministically) the two
-    keep the same in distribution, so it goes node by node.
+    children were drawn as `q` and `replacement` say (verify_candidates). Rules "block" (the
+    default) and "token": node by node from the root, verify_candidates over the children of the
+    node reached, and down into the one accepted, until none is or a leaf is reached; then the token
+    after the path (the one verify_candidates sampled, or from p at the leaf). Rule "traversal": the
+    tree is walked from its leaves up, a whole path judged at once (tree_block_cuts), which on a
+    chain is block verification (verify_block) and can keep a path whose later token's p / q makes
+    up for an earlier one's. For q None (children chosen deterministically) the two keep the same
+    in distribution, so it goes node by node.
     p [n + 1, vocab]: row 0 the target's distribution after the root, row i + 1 after node i.
     q [n + 1, vocab] alike, the distribution each node's children were drawn from, or None for
-    children chosen deterministically (a top-k tree). rng draws, rule "block": two uniforms (the
+    children chosen deterministically (a top-k tree). rng draws, rule "traversal": two uniforms (the
     node the path ends at, the token after it). Returns (the accepted path's nodes, root to leaf,
     the next token)."""
     p = np.asarray(p)
     _check_tree(p, tree, q)
-    if rule == "block" and q is not None:
+    if rule == "traversal" and q is not None:
         ends, after = tree_block_cuts(p, tree, q, replacement)
         end = sample(ends, rng)  # the row of the node the path ends at (0: the root, no node kept)
         path, node = [], end - 1
@@ -461,12 +464,16 @@ def tree_block_cuts(
         """Walks node's subtree, entered with `weight`, `reach` the chance the walk gets there;
         returns the chance that the path ends in this subtree once it is entered."""
         row = np.asarray(p[node + 1], dtype=np.float64)  # [vocab]
+        children = kids[node + 1]
+        if not children:  # a leaf: m = w p, so the path ends here with chance w, p's token after
+            ends[node + 1], after[node + 1] = reach * weight, row
+            return weight
         m, b = weight * row, 1.0 - weight  # [vocab], the mass of "not this node"
         q_i = np.asarray(q[node + 1], dtype=np.float64)  # [vocab]
-        kept, left = 0.0, 1.0  # the chance the path ends below; that every child so far was not kept
-        for child in kids[node + 1]:
+        kept, left = 0.0, 1.0  # the chance the path ends below; that no child so far was kept
+        z = m.sum() + b
+        for n, child in enumerate(children):
             x = tree.tokens[child]
-            z = m.sum() + b
             w = min(1.0, m[x] / (z * q_i[x])) if q_i[x] > 0 and z > 0 else 0.0
             below = enter(child, w, reach * left)
             kept += left * below
@@ -474,13 +481,14 @@ def tree_block_cuts(
             if left <= 0.0:
                 return kept
             m, b = np.maximum(m / z - q_i, 0.0), b / z
-            if not replacement:
+            z = m.sum() + b
+            if not replacement and n + 1 < len(children):
                 q_i = q_i.copy()
                 q_i[x] = 0.0
                 s = q_i.sum()
                 q_i = q_i / s if s > 0 else q_i  # every token drafted: no further child can come
-        s = m.sum()
-        here = s / (s + b) if s + b > 0 else 1.0  # s + b = 0: a walk that cannot get here
+        s = z - b
+        here = s / z if z > 0 else 1.0  # z = 0: a walk that cannot get here
         ends[node + 1] = reach * left * here
         after[node + 1] = _after_cut(m, row)
         return kept + left * here
@@ -519,14 +527,15 @@ def expected_kept(p: np.ndarray, draft_tokens: Sequence[int], q: np.ndarray | No
     """The draft tokens verify(..., rule) keeps of this chain, in expectation over its draws. Token
     by token: the sum over j of prod_{i <= j} min(1, p_i(x_i) / q_i(x_i)). Block: the sum over n of
     n h[n - 1] prod_{m >= n} (1 - h[m]) (block_weights: prefix n passes, every longer one fails).
-    A one-hot q (None) goes token by token under either rule, as verify does.
+    A one-hot q (None) goes token by token under every rule, as verify does ("traversal" is
+    "block" on a chain).
     p [k + 1, vocab], q [k, vocab] or None."""
     p = np.asarray(p)
     k = len(draft_tokens)
     _check_chain(p, k, q)
     if k == 0:
         return 0.0
-    if rule == "block" and q is not None:
+    if rule in ("block", "traversal") and q is not None:
         _, h = block_weights(p, draft_tokens, q)  # [k]
         later = np.append(np.cumprod((1.0 - h)[::-1])[::-1][1:], 1.0)  # [k] later[n - 1] = prod_{m >= n} (1 - h[m])
         return float(np.sum(np.arange(1, k + 1) * h * later))
@@ -548,13 +557,13 @@ def expected_tree_kept(
     p: np.ndarray, tree: DraftTree, q: np.ndarray | None, replacement: bool = True, rule: str = "block"
 ) -> float:
     """The nodes verify_tree(..., rule) keeps of this tree (its accepted path's length), in
-    expectation over its draws. Block (q real): each node's depth times the chance the path ends
-    there (tree_block_cuts). Token (or q None): under each node, each child's chance of being the
+    expectation over its draws. Traversal (q real): each node's depth times the chance the path
+    ends there (tree_block_cuts). Block, token (or q None): under each node, each child's chance of being the
     one accepted (min(1, r(x) / q_i(x)) once the siblings before it were rejected, verify_candidates'
     rule) times one plus what its own subtree keeps. p and q as in verify_tree."""
     p = np.asarray(p)
     _check_tree(p, tree, q)
-    if rule == "block" and q is not None:
+    if rule == "traversal" and q is not None:
         ends, _ = tree_block_cuts(p, tree, q, replacement)
         depth = np.zeros(len(tree.tokens) + 1)  # [n + 1] row i + 1: node i's depth
         for i, parent in enumerate(tree.parents):
