@@ -188,6 +188,10 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--repeats", type=int, default=1, help="rounds; the servers take turns within each")
     args = p.parse_args(argv)
+    try:  # the prompts are read before any server starts: a bad suite is a usage error, not a lost run
+        serve_load.load_prompts(args.suite, args.prompts, args.categories)
+    except ValueError as exc:
+        p.error(str(exc))
     print(serve_load.HEADER, flush=True)
     rows = []
     for round_ in range(args.repeats):

@@ -29,12 +29,27 @@ SUITE = Path(__file__).resolve().parent / "prompts.jsonl"
 
 
 def load_prompts(path: Path, n: int, categories: list[str] | None) -> list[str]:
-    """n prompts, taking the categories in turn (so a short run still covers them all)."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """n prompts, taking the categories in turn (so a short run still covers them all). A file that
+    cannot be read, a line that is not a JSON object with "prompt" and "category", or no prompt
+    left to send: ValueError, one line."""
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the suite {path}: {exc}") from None
     by_cat: dict[str, list[str]] = {}
-    for row in rows:
-        if categories is None or row["category"] in categories:
-            by_cat.setdefault(row["category"], []).append(row["prompt"])
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            category, prompt = row["category"], row["prompt"]
+        except (ValueError, TypeError, KeyError):
+            raise ValueError(f"{path}:{number}: not a JSON object with a prompt and a category") from None
+        if categories is None or category in categories:
+            by_cat.setdefault(category, []).append(prompt)
+    if not by_cat or n < 1:
+        wanted = f" of categories {', '.join(categories)}" if categories else ""
+        raise ValueError(f"no prompt to send: {path} has none{wanted}" if n >= 1 else "-n must be at least 1")
     out, i = [], 0
     while len(out) < n and any(i < len(v) for v in by_cat.values()):
         out += [v[i] for v in by_cat.values() if i < len(v)]
@@ -203,7 +218,11 @@ def base_url(args):
 def main(argv=None) -> int:
     args = main_args(argv)
     url = base_url(args)
-    prompts = load_prompts(args.suite, args.prompts, args.categories)
+    try:
+        prompts = load_prompts(args.suite, args.prompts, args.categories)
+    except ValueError as exc:  # one line, exit 2, before any request
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     for _ in range(args.warmup):
         r = one_request(url, prompts[0], argparse.Namespace(**{**vars(args), "max_tokens": 8}))
         if "error" in r:

@@ -1,0 +1,38 @@
+"""The serving benchmarks' bad input: a suite they cannot use is one line and exit 2, before any
+server starts or any request is sent (benchmarks/serve_compare.py starts servers for minutes)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    # a URL nothing listens on: were a request sent, it would fail otherwise than asserted
+    return subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("script", ["serve_compare.py", "serve_load.py"])
+@pytest.mark.parametrize(
+    "suite_text, extra, fragment",
+    [
+        (None, [], "cannot read the suite"),
+        ('{"category": "qa", "prompt": "hi"}\nnot json\n', [], ":2: not a JSON object"),
+        ('{"category": "qa"}\n', [], ":1: not a JSON object"),
+        ('{"category": "qa", "prompt": "hi"}\n', ["--categories", "math"], "no prompt to send"),
+    ],
+)
+def test_a_bad_suite_is_one_line_and_exit_2(tmp_path, script, suite_text, extra, fragment):
+    suite = tmp_path / "suite.jsonl"
+    if suite_text is not None:
+        suite.write_text(suite_text)
+    url = ["--url", "http://127.0.0.1:9/v1"] if script == "serve_load.py" else ["--servers", "specdec:none"]
+    proc = _run(script, *url, "--suite", str(suite), *extra)
+    assert proc.returncode == 2, proc.stderr
+    assert fragment in proc.stderr and "Traceback" not in proc.stderr
+    assert "| server" not in proc.stdout  # no table begun: nothing ran
