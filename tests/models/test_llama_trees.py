@@ -194,6 +194,29 @@ def test_a_growth_past_the_sequence_ids_is_refused_whole(tiny_path):
     model.close()
 
 
+def test_trees_past_the_sequence_ids_are_refused_before_any_row_is_touched(tiny_path):
+    """Two rows' trees whose leaves together pass the ids left: a one-line error before the first
+    row's ids are lent (or its tree in flight given back), every row as it was; the rows' own trees
+    in flight count as free, since a new tree gives them back."""
+    from specdec.models.llama_cpp import TREE_SEQS
+
+    model = _model(tiny_path, rows=2)
+    a, b = model.add_rows(2)
+    model.forward_rows({a: [1, 2, 3], b: [4, 5]}, {})
+    model.forward_tree_rows({a: ([6, 7], [-1, -1])})  # two leaves in flight on row a
+    wide = (list(range(TREE_SEQS)), [-1] * TREE_SEQS)
+    with pytest.raises(SpecdecError, match="more leaves"):  # 1 + TREE_SEQS leaves, TREE_SEQS ids
+        model.forward_tree_rows({a: ([8], [-1]), b: wide})
+    assert len(model._tree_free) == TREE_SEQS - 2  # row a's tree still in flight, nothing lent to b
+    model.keep_path_rows({a: [1]})
+    assert model.row_length(a) == 4 and len(model._tree_free) == TREE_SEQS
+    # exactly as many leaves as ids once row a's own tree comes back: taken
+    model.forward_tree_rows({a: ([6, 7], [-1, -1])})
+    model.forward_tree_rows({a: ([8], [-1]), b: (list(range(TREE_SEQS - 1)), [-1] * (TREE_SEQS - 1))})
+    assert len(model._tree_free) == 0
+    model.close()
+
+
 def test_a_model_of_row_streams_refuses_trees():
     """The exact mode, and a model loaded with trees=False, keep a cache stream per row."""
     from specdec.models.llama_cpp import LlamaCppModel

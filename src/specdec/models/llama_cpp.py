@@ -432,17 +432,20 @@ class LlamaCppModel(SingleRow):
                 "this model keeps one cache stream per row, and a tree's nodes share cells across sequences"
             )
         lib = _lib()
+        plans = {}  # row -> (depth, leaves): every row checked before any id is lent or given back
+        for row, (tokens, parents) in trees.items():
+            depth = tree_depths(parents)
+            check_tree_fits(tokens, parents, depth, self._len[row], self.n_ctx)
+            plans[row] = (depth, sorted(set(range(len(tokens))) - set(parents)))
+        held = {seq for row in trees if row in self._trees for seqs in self._trees[row][2] for seq in seqs}
+        free, wanted = len(self._tree_free) + len(held), sum(len(leaves) for _, leaves in plans.values())
+        if wanted > free:  # the rows' own trees would come back: nothing else changed
+            raise SpecdecError(f"trees in flight may have {free} more leaves; these have {wanted}")
         items, layout = [], []
         for row, (tokens, parents) in trees.items():
             self._end_tree(row)
-            depth = tree_depths(parents)
+            depth, leaves = plans[row]
             past = self._len[row]
-            check_tree_fits(tokens, parents, depth, past, self.n_ctx)
-            leaves = sorted(set(range(len(tokens))) - set(parents))
-            if len(leaves) > len(self._tree_free):
-                raise SpecdecError(
-                    f"trees in flight may have {len(self._tree_free)} more leaves; this one has {len(leaves)}"
-                )
             node_seqs: list[list[int]] = [[] for _ in tokens]
             for leaf in leaves:
                 seq = self._tree_free.pop()
