@@ -48,6 +48,11 @@ def test_a_chain_shaped_tree_counts_as_its_chain_and_the_row_is_left_as_it_was()
         target, row, context[-1], Draft(tokens, q, parents=[-1, 0, 1, 2, 3]), sampled, "block"
     )
     assert abs(as_tree - by_token) < 1e-9 and 1 <= by_token <= 6 and 1 <= block <= 6
+    # under traversal the same chain as a tree is block verification's, its token column node by node's
+    walked, _, node_by_node = draft_trees.step_tokens(
+        target, row, context[-1], Draft(tokens, q, parents=[-1, 0, 1, 2, 3]), sampled, "traversal"
+    )
+    assert abs(walked - block) < 1e-9 and abs(node_by_node - by_token) < 1e-9
     assert target.row_length(row) == len(context) - 1
 
 
