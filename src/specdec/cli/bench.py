@@ -133,8 +133,8 @@ def _add_bench_parser(sub) -> None:
         "--verification",
         choices=VERIFICATION_RULES,
         default="block",
-        help="how our sampled runs verify a draft model's drafts, chains and trees: block or token "
-        "(token by token, a tree node by node), as for generate (default: block)",
+        help="how our sampled runs verify a draft model's drafts: block, token (token by token) or "
+        "traversal (a tree from its leaves up), as for generate (default: block)",
     )
 
 

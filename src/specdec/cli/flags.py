@@ -229,9 +229,11 @@ def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
         choices=VERIFICATION_RULES,
         default="block",
         help="how a draft model's (or a head's) sampled drafts are verified: block (block "
-        "verification, Sun et al. 2025: the whole draft judged at once, never fewer tokens kept in "
-        "expectation; a tree walked from its leaves up, each path judged whole) or token (token by "
-        "token; a tree node by node); both sample the target exactly (default: block)",
+        "verification, Sun et al. 2025: the whole chain judged at once, never fewer tokens kept in "
+        "expectation; a tree node by node), token (token by token; a tree node by node) or traversal "
+        "(a chain as block; a tree walked from its leaves up, each path judged whole: no gain "
+        "measured on the draft model's trees, ten times the host time); all sample the target "
+        "exactly (default: block)",
     )
     g.add_argument(
         "--stop",
