@@ -56,6 +56,15 @@ def rows(p: np.ndarray, prev: int, chain: list[int]) -> np.ndarray:
     return np.stack([p[t] for t in [prev, *chain]])
 
 
+def draw_chain(q: np.ndarray, prev: int, k: int, rng) -> list[int]:
+    """k tokens the drafter draws after `prev`, each from q's row after the one before."""
+    draft, t = [], prev
+    for _ in range(k):
+        t = sample(q[t], rng)
+        draft.append(t)
+    return draft
+
+
 # -- block verification, exactly --------------------------------------------------------------------
 
 
@@ -275,10 +284,7 @@ def test_tree_block_cuts_on_a_chain_are_block_verifications():
     p, q = markov(6)
     rng = np.random.default_rng(1)
     for _ in range(30):
-        draft, t = [], V
-        for _ in range(4):
-            t = sample(q[t], rng)
-            draft.append(t)
+        draft = draw_chain(q, V, 4, rng)
         pr, qr = rows(p, V, draft), rows(q, V, draft)
         ends, after = S.tree_block_cuts(pr, DraftTree(tuple(draft), tuple(range(-1, 3))), qr)
         w, h = block_weights(pr, draft, qr[:4])
@@ -339,10 +345,7 @@ def decode(p, q, step, seed: int, samples: int = SAMPLES) -> np.ndarray:
 
 def chain_step(p, q, k: int, verify):
     def step(prev, rng):
-        draft, t = [], prev
-        for _ in range(k):
-            t = sample(q[t], rng)
-            draft.append(t)
+        draft = draw_chain(q, prev, k, rng)
         n, y = verify(rows(p, prev, draft), draft, rows(q, prev, draft)[:k], rng)
         return [*draft[:n], y]
 
@@ -518,10 +521,7 @@ def test_expected_kept_matches_the_verifiers_own_counts_and_tells_the_rules_apar
     for seed in (2, 3):
         p, q = markov(seed)
         for _ in range(3):
-            draft, t = [], V
-            for _ in range(3):
-                t = sample(q[t], rng)
-                draft.append(t)
+            draft = draw_chain(q, V, 3, rng)
             pr, qr = rows(p, V, draft), rows(q, V, draft)[:3]
             for rule, verify in (("block", verify_block), ("token", S.verify_stochastic)):
                 counts = np.array([verify(pr, draft, qr, rng)[0] for _ in range(20_000)])
@@ -570,10 +570,7 @@ def test_a_chain_is_a_tree_of_width_one_in_expectation_too():
     p, q = markov(8)
     rng = np.random.default_rng(0)
     for _ in range(20):
-        draft, t = [], V
-        for _ in range(4):
-            t = sample(q[t], rng)
-            draft.append(t)
+        draft = draw_chain(q, V, 4, rng)
         pr, qr = rows(p, V, draft), rows(q, V, draft)
         chain = DraftTree(tuple(draft), tuple(range(-1, 3)))
         for q_rows in (qr, None):
