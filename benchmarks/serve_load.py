@@ -47,9 +47,11 @@ def load_prompts(path: Path, n: int, categories: list[str] | None) -> list[str]:
             raise ValueError(f"{path}:{number}: not a JSON object with a prompt and a category") from None
         if categories is None or category in categories:
             by_cat.setdefault(category, []).append(prompt)
-    if not by_cat or n < 1:
+    if n < 1:
+        raise ValueError(f"-n must be at least 1, got {n}")
+    if not by_cat:
         wanted = f" of categories {', '.join(categories)}" if categories else ""
-        raise ValueError(f"no prompt to send: {path} has none{wanted}" if n >= 1 else "-n must be at least 1")
+        raise ValueError(f"no prompt to send: {path} has none{wanted}")
     out, i = [], 0
     while len(out) < n and any(i < len(v) for v in by_cat.values()):
         out += [v[i] for v in by_cat.values() if i < len(v)]

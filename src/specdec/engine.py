@@ -296,11 +296,11 @@ class Engine:
         for row, r in rows.items():
             drafter, draft = plan[row]
             q = draft.q if draft is not None else None
-            if row in trees:  # down the tree (greedy) or from its leaves up (block): the path kept, the token after it
+            if row in trees:  # down the tree, or from its leaves up (traversal): the path kept, the token after it
                 if r.params.greedy:
                     path, after = verify_tree_greedy(logits[row], trees[row])
                 else:  # sampled nodes by their q (without replacement), else the rule for fixed candidates;
-                    # block verification's tree form where the row asks for it (config.verification)
+                    # block verification's tree form where the row asks for traversal (config.verification)
                     p = logits_to_probs(logits[row], r.params)
                     path, after = verify_tree(
                         p, trees[row], _by_parent(q, trees[row], p.shape), r.rng, False, r.config.verification

@@ -246,9 +246,8 @@ def verify(
 ) -> tuple[int, int]:
     """Greedy params: verify_greedy(logits); else the sampled rule on logits_to_probs(logits):
     verify_block for a draft with a real q when rule is "block" or "traversal", else
-    verify_stochastic. (For a
-    one-hot draft the two keep the same number of tokens in distribution, so it goes token by
-    token, with fewer draws.)
+    verify_stochastic. (For a one-hot draft the two keep the same number of tokens in
+    distribution, so it goes token by token, with fewer draws.)
 
     logits [k + 1, vocab] raw target logits; q as in verify_stochastic (ignored if greedy).
     """
@@ -436,7 +435,8 @@ def tree_block_cuts(
 ) -> tuple[np.ndarray, list[np.ndarray | None]]:
     """Block verification of a tree, as the chances of where the kept path ends: (ends [n + 1],
     after [n + 1]): ends[0] the chance that no node is kept, ends[i + 1] that the path to node i is,
-    summing to 1; after[j] the distribution of the token that then follows (None where ends[j] is 0).
+    summing to 1; after[j] the distribution of the token that then follows (None where the walk
+    never gets).
     p, q as in verify_tree (q real: each node's children drawn from its row, with or without
     replacement).
 
@@ -472,7 +472,7 @@ def tree_block_cuts(
         q_i = np.asarray(q[node + 1], dtype=np.float64)  # [vocab]
         kept, left = 0.0, 1.0  # the chance the path ends below; that no child so far was kept
         z = m.sum() + b
-        for n, child in enumerate(children):
+        for j, child in enumerate(children):
             x = tree.tokens[child]
             w = min(1.0, m[x] / (z * q_i[x])) if q_i[x] > 0 and z > 0 else 0.0
             below = enter(child, w, reach * left)
@@ -482,7 +482,7 @@ def tree_block_cuts(
                 return kept
             m, b = np.maximum(m / z - q_i, 0.0), b / z
             z = m.sum() + b
-            if not replacement and n + 1 < len(children):
+            if not replacement and j + 1 < len(children):  # (the last child's q is not needed)
                 q_i = q_i.copy()
                 q_i[x] = 0.0
                 s = q_i.sum()
@@ -558,9 +558,9 @@ def expected_tree_kept(
 ) -> float:
     """The nodes verify_tree(..., rule) keeps of this tree (its accepted path's length), in
     expectation over its draws. Traversal (q real): each node's depth times the chance the path
-    ends there (tree_block_cuts). Block, token (or q None): under each node, each child's chance of being the
-    one accepted (min(1, r(x) / q_i(x)) once the siblings before it were rejected, verify_candidates'
-    rule) times one plus what its own subtree keeps. p and q as in verify_tree."""
+    ends there (tree_block_cuts). Block, token (or q None): under each node, each child's chance
+    of being the one accepted (min(1, r(x) / q_i(x)) once the siblings before it were rejected,
+    verify_candidates' rule) times one plus what its own subtree keeps. p and q as in verify_tree."""
     p = np.asarray(p)
     _check_tree(p, tree, q)
     if rule == "traversal" and q is not None:
