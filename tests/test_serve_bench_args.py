@@ -25,6 +25,7 @@ def _run(script: str, *args: str) -> subprocess.CompletedProcess:
         ('{"category": "qa", "prompt": "hi"}\nnot json\n', [], ":2: not a JSON object"),
         ('{"category": "qa"}\n', [], ":1: not a JSON object"),
         ('{"category": "qa", "prompt": "hi"}\n', ["--categories", "math"], "no prompt to send"),
+        ('{"category": "qa", "prompt": "hi"}\n', ["-n", "0"], "-n must be at least 1"),
     ],
 )
 def test_a_bad_suite_is_one_line_and_exit_2(tmp_path, script, suite_text, extra, fragment):
