@@ -37,6 +37,8 @@ from specdec.bench import load_suite, prompt_text
 from specdec.bench.report import ratio_of_sums
 from specdec.engine import _by_parent
 from specdec.sampling import (
+    CHAIN_RULES,
+    TREE_RULES,
     VERIFICATION_RULES,
     DraftTree,
     SamplingParams,
@@ -62,8 +64,8 @@ def step_tokens(target, row: int, last: int, draft, params: SamplingParams, rule
         else:
             p = logits_to_probs(logits, params)
             q = _by_parent(draft.q, tree, p.shape)
-            by = {name: 1 + expected_tree_kept(p, tree, q, False, name) for name in (rule, "token")}
-            return by[rule], len(tree.tokens) + 1, by["token"]
+            by = {how: 1 + expected_tree_kept(p, tree, q, False, how) for how in {TREE_RULES[rule], "token"}}
+            return by[TREE_RULES[rule]], len(tree.tokens) + 1, by["token"]
         return 1 + kept, len(tree.tokens) + 1, 1 + kept
     tokens = [last, *draft.tokens]
     length = target.row_length(row)
@@ -73,8 +75,8 @@ def step_tokens(target, row: int, last: int, draft, params: SamplingParams, rule
         kept = verify_greedy(logits, draft.tokens)[0] if params.greedy else 0
         return 1 + kept, len(tokens), 1 + kept
     p = logits_to_probs(logits, params)
-    by = {name: 1 + expected_kept(p, draft.tokens, draft.q, name) for name in (rule, "token")}
-    return by[rule], len(tokens), by["token"]
+    by = {how: 1 + expected_kept(p, draft.tokens, draft.q, how) for how in {CHAIN_RULES[rule], "token"}}
+    return by[CHAIN_RULES[rule]], len(tokens), by["token"]
 
 
 def main() -> None:

@@ -41,7 +41,14 @@ from specdec import GenerationConfig, SpeculativeDecoder, load_model
 from specdec.bench import load_suite, prompt_text
 from specdec.bench.report import ratio_of_sums
 from specdec.drafters import model_drafter
-from specdec.sampling import VERIFICATION_RULES, expected_kept, expected_tree_kept, logits_to_probs
+from specdec.sampling import (
+    CHAIN_RULES,
+    TREE_RULES,
+    VERIFICATION_RULES,
+    expected_kept,
+    expected_tree_kept,
+    logits_to_probs,
+)
 from specdec.spec import parse_method
 
 
@@ -51,8 +58,8 @@ class Expectations:
     row's sums. A row is known by its random stream (one per request)."""
 
     def __init__(self):
-        # id(rng) -> sums over the row's steps: "steps"; each rule's expected kept ("block",
-        # "token"); and that of the rule the step used ("used")
+        # id(rng) -> sums over the row's steps: "steps"; each rule's expected kept (by name,
+        # VERIFICATION_RULES); and that of the rule the step used ("used")
         self.rows: dict[int, dict[str, float]] = {}
         self.seconds = 0.0  # spent here, not in decoding
         self._verify, self._verify_tree = engine.verify, engine.verify_tree
@@ -74,10 +81,9 @@ class Expectations:
             row["steps"] += 1
             if len(draft):
                 p = logits_to_probs(logits, params)  # [k + 1, vocab]
-                kept = {name: expected_kept(p, draft, q, name) for name in VERIFICATION_RULES}
-                for name, value in kept.items():
-                    row[name] += value
-                row["used"] += kept[rule]  # (a one-hot draft: both rules keep the same, as verify does)
+                # (a one-hot draft: every rule keeps the same, as verify does)
+                kept = {how: expected_kept(p, draft, q, how) for how in set(CHAIN_RULES.values())}
+                _add(row, rule, kept, CHAIN_RULES)
             self.seconds += time.perf_counter() - t
         return self._verify(logits, draft, q, params, rng, rule)
 
@@ -85,10 +91,8 @@ class Expectations:
         t = time.perf_counter()
         row = self._row(rng)
         row["steps"] += 1
-        kept = {name: expected_tree_kept(p, tree, q, replacement, name) for name in VERIFICATION_RULES}
-        for name, value in kept.items():
-            row[name] += value
-        row["used"] += kept[rule]
+        kept = {how: expected_tree_kept(p, tree, q, replacement, how) for how in set(TREE_RULES.values())}
+        _add(row, rule, kept, TREE_RULES)
         self.seconds += time.perf_counter() - t
         return self._verify_tree(p, tree, q, rng, replacement, rule)
 
@@ -96,6 +100,14 @@ class Expectations:
         """The rows' sums so far (one batch's), and a fresh start."""
         rows, self.rows = list(self.rows.values()), {}
         return rows
+
+
+def _add(row: dict[str, float], rule: str, kept: dict[str, float], rules: dict[str, str]) -> None:
+    """Adds a step's expectations to a row's sums: `kept` holds each distinct verifier's (computed
+    once), `rules` (sampling.CHAIN_RULES or TREE_RULES) says which verifier each rule is."""
+    for name in VERIFICATION_RULES:
+        row[name] += kept[rules[name]]
+    row["used"] += kept[rules[rule]]
 
 
 def main() -> None:

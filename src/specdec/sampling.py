@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .models.base import tree_depths
+
 __all__ = [
     "SamplingParams",
     "logits_to_probs",
@@ -42,6 +44,8 @@ __all__ = [
     "expected_tree_kept",
     "DraftTree",
     "VERIFICATION_RULES",
+    "CHAIN_RULES",
+    "TREE_RULES",
     "draft_token",
 ]
 
@@ -51,6 +55,11 @@ __all__ = [
 # verify_block; a tree by block verification's tree form, tree_block_cuts: on the draft model's
 # grown trees it kept what node by node keeps, +-1%, at ten times the host time, so not the default)
 VERIFICATION_RULES = ("block", "token", "traversal")
+# what each rule does to a chain ("block" or "token") and to a tree ("traversal" or "token": node by
+# node), the one place that says so: the verifiers read it, and a benchmark that prices every rule
+# computes each distinct one once
+CHAIN_RULES = {"block": "block", "token": "token", "traversal": "block"}
+TREE_RULES = {"block": "token", "token": "token", "traversal": "traversal"}
 
 
 @dataclass(frozen=True)
@@ -254,7 +263,7 @@ def verify(
     if params.greedy:
         return verify_greedy(logits, draft_tokens)
     p = logits_to_probs(logits, params)
-    if rule in ("block", "traversal") and q is not None:
+    if CHAIN_RULES.get(rule) == "block" and q is not None:
         return verify_block(p, draft_tokens, q, rng)
     return verify_stochastic(p, draft_tokens, q, rng)
 
@@ -401,7 +410,7 @@ def verify_tree(
     the next token)."""
     p = np.asarray(p)
     _check_tree(p, tree, q)
-    if rule == "traversal" and q is not None:
+    if TREE_RULES.get(rule) == "traversal" and q is not None:
         ends, after = tree_block_cuts(p, tree, q, replacement)
         end = sample(ends, rng)  # the row of the node the path ends at (0: the root, no node kept)
         path, node = [], end - 1
@@ -535,7 +544,7 @@ def expected_kept(p: np.ndarray, draft_tokens: Sequence[int], q: np.ndarray | No
     _check_chain(p, k, q)
     if k == 0:
         return 0.0
-    if rule in ("block", "traversal") and q is not None:
+    if CHAIN_RULES.get(rule) == "block" and q is not None:
         _, h = block_weights(p, draft_tokens, q)  # [k]
         later = np.append(np.cumprod((1.0 - h)[::-1])[::-1][1:], 1.0)  # [k] later[n - 1] = prod_{m >= n} (1 - h[m])
         return float(np.sum(np.arange(1, k + 1) * h * later))
@@ -563,12 +572,10 @@ def expected_tree_kept(
     verify_candidates' rule) times one plus what its own subtree keeps. p and q as in verify_tree."""
     p = np.asarray(p)
     _check_tree(p, tree, q)
-    if rule == "traversal" and q is not None:
+    if TREE_RULES.get(rule) == "traversal" and q is not None:
         ends, _ = tree_block_cuts(p, tree, q, replacement)
-        depth = np.zeros(len(tree.tokens) + 1)  # [n + 1] row i + 1: node i's depth
-        for i, parent in enumerate(tree.parents):
-            depth[i + 1] = depth[parent + 1] + 1
-        return float(ends @ depth)
+        kept = np.concatenate([[0], tree_depths(tree.parents) + 1])  # [n + 1] row i + 1: node i's path
+        return float(ends @ kept)
 
     def kept(node: int) -> float:
         r = np.asarray(p[node + 1], dtype=np.float64)  # [vocab]

@@ -437,8 +437,8 @@ class LlamaCppModel(SingleRow):
             depth = tree_depths(parents)
             check_tree_fits(tokens, parents, depth, self._len[row], self.n_ctx)
             plans[row] = (depth, sorted(set(range(len(tokens))) - set(parents)))
-        held = {seq for row in trees if row in self._trees for seqs in self._trees[row][2] for seq in seqs}
-        free, wanted = len(self._tree_free) + len(held), sum(len(leaves) for _, leaves in plans.values())
+        held = sum(len(self._tree_ids(row)) for row in trees)
+        free, wanted = len(self._tree_free) + held, sum(len(leaves) for _, leaves in plans.values())
         if wanted > free:  # the rows' own trees would come back: nothing else changed
             raise SpecdecError(f"trees in flight may have {free} more leaves; these have {wanted}")
         items, layout = [], []
@@ -527,7 +527,7 @@ class LlamaCppModel(SingleRow):
     @property
     def tree_leaves(self) -> int:
         """Leaves the next forward_tree_rows may hold over all its trees (a sequence id each)."""
-        return len(self._tree_free) + sum(len({s for seqs in t[2] for s in seqs}) for t in self._trees.values())
+        return len(self._tree_free) + sum(len(self._tree_ids(row)) for row in self._trees)
 
     def keep_path_rows(self, paths) -> None:
         """Per row, after forward_tree_rows: keep the row and the path's nodes (root first, each
@@ -549,13 +549,17 @@ class LlamaCppModel(SingleRow):
             if self._hidden is not None:
                 self._hidden[row] = path_hidden(self._hidden.get(row), states, past, path, self.n_embd)
 
+    def _tree_ids(self, row: int) -> set[int]:
+        """The sequence ids the row's tree in flight holds (none without one)."""
+        tree = self._trees.get(row)
+        return {seq for seqs in tree[2] for seq in seqs} if tree is not None else set()
+
     def _end_tree(self, row: int) -> None:
         """Give back the sequence ids of the row's tree, if it has one (its kept path is the row's)."""
-        tree = self._trees.pop(row, None)
-        if tree is not None:
-            for seq in {seq for seqs in tree[2] for seq in seqs}:
-                _lib().llama_memory_seq_rm(self._mem, seq, -1, -1)
-                self._tree_free.append(seq)
+        for seq in self._tree_ids(row):
+            _lib().llama_memory_seq_rm(self._mem, seq, -1, -1)
+            self._tree_free.append(seq)
+        self._trees.pop(row, None)
 
     # -- hidden states (models.base.HiddenStates), for trained heads ------------------------
 
