@@ -1,0 +1,176 @@
+"""Where one stream's time per token goes: the same greedy prompts decoded by llama-server (plain),
+by `specdec serve` (plain), by our engine in this process (plain, no server) and by a bare loop of
+one-token forwards and argmax (the floor our llama.cpp binding allows), the four taking turns
+request by request. Prints each arm's TPOT (decode time over the tokens after the first) and its
+per-prompt ratio to the first arm, so a gap between servers is placed in the engine or in the
+serving layer (HTTP, the event loop, the worker's publishing); and, on Linux, the CPU time per token
+of `specdec serve`'s event-loop thread, which shares the cores with llama.cpp's threads.
+
+    python benchmarks/serve_overhead.py --llama-bin "$(python scripts/build_llama_cpp_tools.py | tail -n 1)" \
+        --prompts 4 --rounds 3 --max-tokens 128 --threads 2
+
+Without --llama-bin the first arm is `specdec serve`. Every server is loaded before the first
+request and stays idle while another arm runs. Take the CPU to yourself while it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import serve_compare  # noqa: E402
+import serve_load  # noqa: E402
+
+
+def main_thread_cpu(pid: int) -> float | None:
+    """CPU seconds of a process's first thread (the server's event loop), or None off Linux."""
+    try:
+        stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Served:
+    """An OpenAI-compatible server started by serve_compare.command; one streamed request = one run."""
+
+    def __init__(self, server: str, args):
+        self.port = serve_compare.free_port()
+        self.is_ours = server.startswith("specdec")
+        self.proc = subprocess.Popen(
+            serve_compare.command(server, 1, self.port, args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = args
+
+    def ready(self) -> None:
+        serve_compare.wait_healthy(self.url, self.proc, 600)
+
+    def run(self, prompt: str) -> tuple[float, int]:
+        load = ["--url", self.url + "/v1", "-c", "1", "-n", "1", "--max-tokens", str(self.args.max_tokens)]
+        ns = serve_load.main_args(load + (["--model", self.args.target] if self.is_ours else []))
+        r = serve_load.one_request(serve_load.base_url(ns), prompt, ns)
+        if "error" in r or not r.get("tpot"):
+            raise SystemExit(f"{self.url}: {r.get('error', 'fewer than two tokens came back')}")
+        return r["tpot"], r["tokens"]
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+class InProcess:
+    """Our engine in this process (`loop=False`), or the bare forward-and-argmax loop (`loop=True`)."""
+
+    def __init__(self, target, decoder, max_tokens: int, loop: bool):
+        self.target, self.decoder, self.max_tokens, self.loop = target, decoder, max_tokens, loop
+
+    def run(self, prompt: str) -> tuple[float, int]:
+        import numpy as np
+
+        text = self.target.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        if not self.loop:
+            stats = self.decoder.generate(text, max_new_tokens=self.max_tokens, temperature=0.0).stats
+            return stats.decode_seconds / max(1, stats.generated_tokens - 1), stats.generated_tokens
+        [row] = self.target.add_rows(1)
+        try:
+            logits = self.target.forward_rows({row: self.target.tokenizer.encode(text)}, {row: 1})[row]
+            token = int(np.argmax(logits[-1]))
+            start = time.perf_counter()
+            for _ in range(self.max_tokens - 1):
+                token = int(np.argmax(self.target.forward_rows({row: [token]}, {row: 1})[row][-1]))
+            return (time.perf_counter() - start) / (self.max_tokens - 1), self.max_tokens
+        finally:
+            self.target.drop_rows([row])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-n", "--prompts", type=int, default=4, help="prompts of the suite, the categories in turn")
+    p.add_argument("--rounds", type=int, default=3, help="every prompt through every arm, this many times")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--suite", type=Path, default=serve_load.SUITE)
+    p.add_argument("--categories", nargs="+", default=None, help="only the suite's prompts of these categories")
+    p.add_argument("--target", default="qwen2.5-coder-1.5b")
+    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--llama-bin", default=None, help="llama.cpp's tools: llama-server is the first arm")
+    args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.max_tokens < 2:
+        p.error(f"--max-tokens must be at least 2 (a time per token needs two), got {args.max_tokens}")
+    try:  # before anything loads: a bad suite is a usage error, not a lost run
+        prompts = serve_load.load_prompts(args.suite, args.prompts, args.categories)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.llama_bin and not (Path(args.llama_bin) / "llama-server").is_file():
+        p.error(f"no llama-server in {args.llama_bin}")
+    args.draft = args.target  # serve_compare.command's draft model: unused by the plain servers
+
+    from specdec import SpeculativeDecoder, load_model
+
+    arms: dict[str, object] = {}
+    try:
+        if args.llama_bin:
+            arms["llama-server"] = Served("llama:plain", args)
+        arms["specdec serve"] = ours = Served("specdec:none", args)
+        target = load_model(args.target, n_ctx=args.ctx, threads=args.threads)
+        arms["engine in-process"] = InProcess(target, SpeculativeDecoder(target, None), args.max_tokens, loop=False)
+        arms["forward loop"] = InProcess(target, None, args.max_tokens, loop=True)
+        for arm in arms.values():
+            if isinstance(arm, Served):
+                arm.ready()
+        names = list(arms)
+        tpot: dict[str, list[float]] = {name: [] for name in names}
+        served_tokens, loop_cpu = 0, 0.0
+        for round_ in range(args.rounds):
+            for i, prompt in enumerate(prompts):
+                # every other turn in the reverse order: no arm always runs first or after the same one
+                for name in names if (round_ + i) % 2 == 0 else names[::-1]:
+                    before = main_thread_cpu(ours.proc.pid) if arms[name] is ours else None
+                    seconds, tokens = arms[name].run(prompt)
+                    if before is not None:
+                        served_tokens += tokens
+                        loop_cpu += main_thread_cpu(ours.proc.pid) - before
+                    tpot[name].append(seconds)
+                print(
+                    f"round {round_ + 1} prompt {i + 1}: " + ", ".join(f"{n} {tpot[n][-1] * 1e3:.2f}" for n in names),
+                    flush=True,
+                )
+    finally:
+        for arm in arms.values():
+            if isinstance(arm, Served):
+                arm.close()
+    first = names[0]
+    print(f"\n| arm | TPOT median, ms | over {first}: median of per-prompt ratios | range |")
+    print("|---|---|---|---|")
+    for name in names:
+        ratios = [a / b for a, b in zip(tpot[name], tpot[first])]
+        print(
+            f"| {name} | {statistics.median(tpot[name]) * 1e3:.2f} | {statistics.median(ratios):.3f} "
+            f"| {min(ratios):.3f}-{max(ratios):.3f} |"
+        )
+    if served_tokens:
+        print(f"\nspecdec serve's event-loop thread: {loop_cpu / served_tokens * 1e3:.3f} ms of CPU a token")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the servers were stopped on the way out (main's finally)
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
