@@ -103,6 +103,7 @@ def main(argv=None) -> int:
     p.add_argument("--suite", type=Path, default=serve_load.SUITE)
     p.add_argument("--categories", nargs="+", default=None, help="only the suite's prompts of these categories")
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
+    p.add_argument("--draft", default="qwen2.5-coder-0.5b", help="the draft model `specdec serve` holds (unused)")
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--llama-bin", default=None, help="llama.cpp's tools: llama-server is the first arm")
@@ -117,7 +118,6 @@ def main(argv=None) -> int:
         p.error(str(exc))
     if args.llama_bin and not (Path(args.llama_bin) / "llama-server").is_file():
         p.error(f"no llama-server in {args.llama_bin}")
-    args.draft = args.target  # serve_compare.command's draft model: unused by the plain servers
 
     from specdec import SpeculativeDecoder, load_model
 
@@ -126,7 +126,8 @@ def main(argv=None) -> int:
         if args.llama_bin:
             arms["llama-server"] = Served("llama:plain", args)
         arms["specdec serve"] = ours = Served("specdec:none", args)
-        target = load_model(args.target, n_ctx=args.ctx, threads=args.threads)
+        # as `specdec serve --draft none --max-batch 1` holds it: one row, a cache stream of its own
+        target = load_model(args.target, n_ctx=args.ctx, threads=args.threads, trees=False)
         arms["engine in-process"] = InProcess(target, SpeculativeDecoder(target, None), args.max_tokens, loop=False)
         arms["forward loop"] = InProcess(target, None, args.max_tokens, loop=True)
         for arm in arms.values():
