@@ -165,11 +165,16 @@ def run_cell(server: str, c: int, args) -> dict:
                 f.write(json.dumps(row) + "\n")
         return row
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
+
+
+def stop(proc) -> None:
+    """Stop a server started here: SIGTERM, then SIGKILL if it has not exited within a minute."""
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def main(argv=None) -> int:

@@ -63,11 +63,7 @@ class Served:
         return r["tpot"], r["tokens"]
 
     def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        serve_compare.stop(self.proc)
 
 
 class InProcess:
