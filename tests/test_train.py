@@ -208,6 +208,8 @@ def test_specdec_train_then_generate_with_the_head(setup, tmp_path):
             "--out",
             "x.head",
         ),
+        ("train", "medusa:2", "--backend", "numpy", "--target", str(target), "--rows", "0", "--out", "x.head"),
+        ("train", "medusa:2", "--backend", "numpy", "--target", str(target), "--cache", "static", "--out", "x.head"),
     ):
         run = specdec(*args)
         errors = [line for line in run.stderr.splitlines() if line.startswith("specdec: error:")]
@@ -318,3 +320,65 @@ def test_self_data_is_the_targets_own_answers_and_resumes(tmp_path, monkeypatch)
     assert len(written) >= 5 and asked_now == len(written) + follow_ups  # every request answered once
     f = features.load_features(folder)
     assert f.n_windows == len(written)
+
+
+def test_a_head_trains_where_the_torch_target_runs_and_rows_change_only_the_speed(tmp_path, monkeypatch, tokenizer):
+    """`--data self` answered 1 or 3 at a time writes the same conversations (greedy: the rows
+    change the speed only), and the head trains on the torch target's own device (a GPU's under
+    SPECDEC_TEST_DEVICE=cuda), its file drafting as any head's."""
+    from specdec.train import conversations
+    from specdec.train.trainer import device_of
+
+    from . import tiny_hf
+
+    for name, value in (("ANSWER_TOKENS", 16), ("PROMPT_TOKENS", 300), ("N_CTX", 512)):  # the tiny models' context
+        monkeypatch.setattr(conversations, name, value)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "cats.md").write_text(f"# Cats\n\n{PROSE}\n\n{PROSE.upper()}\n")
+    (data / "purr.py").write_text(SOURCE)
+    target = tiny_hf.wrap(tiny_hf.pair("qwen2", len(tokenizer))[0], tokenizer, "qwen2")
+    corpus = conversations.SelfCorpus(features.expand([str(data)]), 1200)
+    windows = {}
+    for rows in (1, 3):
+        monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / f"home-{rows}"))
+        folder = conversations.collect(target, corpus, progress=False, rows=rows)
+        parts = [np.load(f) for f in sorted(folder.glob("window-*.npz"))]
+        windows[rows] = [(p["tokens"].tolist(), p["labels"].tolist()) for p in parts]
+    assert len(windows[1]) >= 5 and windows[1] == windows[3]
+    assert device_of(target).split(":")[0] == tiny_hf.DEVICE.split(":")[0]
+    out = tmp_path / "m.head"
+    config = TrainConfig("medusa", steps=2, vocab=100, epochs=1.0, batch=16)
+    info = train(target, features.load_features(folder), config, out, {"kind": "test"}, progress=False)
+    assert info.training["device"] == device_of(target) and out.exists()
+    loaded, tensors = headfile.load(out)
+    # the blocks start at zero (the target's own head): the updates on the device moved them
+    assert loaded.target_sha256 == target.identity and np.abs(tensors["medusa.0.weight"]).max() > 0
+
+
+def test_train_loads_a_torch_target_static_with_graphs_on_a_gpu_and_dynamic_elsewhere(monkeypatch):
+    """--cache auto (train's default): the layout the GPU answers fastest in, the static cache
+    with CUDA graphs, on a CUDA device; the dynamic cache on a CPU; what is asked, when asked.
+    The chosen layout, and the device flags, reach load_model."""
+    import specdec
+    from specdec.cli import build_parser
+    from specdec.cli import train as train_cli
+    from specdec.models import transformers
+
+    from .conftest import Stopped, captured_call
+
+    seen = captured_call(monkeypatch, specdec, "load_model")
+    for device, flags, layout in (
+        ("cuda", [], ("static", True)),
+        ("cpu", [], ("dynamic", False)),
+        ("cuda", ["--cache", "dynamic"], ("dynamic", False)),
+        ("cpu", ["--cache", "static"], ("static", False)),
+    ):
+        monkeypatch.setattr(transformers, "pick_device", lambda name, device=device: device)
+        args = build_parser().parse_args(["train", "medusa:2", "--backend", "torch", "--out", "x.head", *flags])
+        with pytest.raises(Stopped):
+            train_cli.cmd_train(args)
+        assert (seen["cache"], seen["graphs"], seen["device"]) == (*layout, "auto"), (device, flags)
+    args = build_parser().parse_args(["train", "medusa:2", "--backend", "torch", "--graphs", "--out", "x.head"])
+    with pytest.raises(SpecdecError, match="--graphs needs a CUDA device"):  # on the CPU
+        train_cli.cmd_train(args)

@@ -136,7 +136,10 @@ def _add_model_flags(
         raise ValueError(f"no model flag {', '.join(after)} to add flags after")
 
 
-def _add_torch_flags(g) -> None:
+def _add_torch_flags(g, auto_layout: bool = False) -> None:
+    """--device, --dtype, --cache, --graphs. `auto_layout` (specdec train): --cache also takes and
+    defaults to auto, the static cache with CUDA graphs on a GPU and the dynamic one elsewhere
+    (resolved by torch_layout once the device is known)."""
     g.add_argument("--device", default="auto", help="torch backend: cuda, cuda:N, cpu, or auto (CUDA when present)")
     g.add_argument(
         "--dtype",
@@ -146,10 +149,14 @@ def _add_torch_flags(g) -> None:
     )
     g.add_argument(
         "--cache",
-        choices=("dynamic", "static"),
-        default="dynamic",
+        choices=("auto", "dynamic", "static") if auto_layout else ("dynamic", "static"),
+        default="auto" if auto_layout else "dynamic",
         help="torch backend: the KV cache layout (static: preallocated buffers, which CUDA graphs need; "
-        "default: dynamic)",
+        + (
+            "auto: static with --graphs on a GPU, dynamic on a CPU; default: auto)"
+            if auto_layout
+            else "default: dynamic)"
+        ),
     )
     g.add_argument(
         "--graphs",

@@ -12,7 +12,8 @@ and arithmetic word problems drawn from a seeded generator. Never our evaluation
 
 Each conversation is one window of features (train.features: tokens, the target's greedy next
 token at each, the final-norm hidden states), taken while the target answers: the prompt's in
-its prefill, the answer's one decode step at a time, ROWS answers at once. A conversation's file
+its prefill, the answer's one decode step at a time, `rows` answers at once (ROWS on a CPU, GPU_ROWS
+on a GPU, where a step of many rows costs about one of a few). A conversation's file
 is written whole when its answer ends, so Ctrl-C loses only the answers under way, and the same
 command resumes; conversation i is the same request for every budget, so budgets share a cache
 and a held-out set (every HELD_OUT_EVERY-th conversation).
@@ -43,6 +44,7 @@ N_CTX = PROMPT_TOKENS + 2 * ANSWER_TOKENS + FOLLOW_TOKENS  # what a row must hol
 FOLLOW_SHARE = 0.4  # conversations that go on to a second turn, asked about the target's own answer
 SYSTEM_SHARE = 0.25  # conversations that open with a system message
 ROWS = 4  # answers decoded together (a 4-row step costs about 1.3 plain steps on this CPU's 1.5B)
+GPU_ROWS = 64  # on a GPU: docs/provenance.md#answer_tokens-prompt_tokens-rows-gpu_rows
 MAX_SKIPPED = 1000  # requests in a row too long for a row: the sources give none that fit
 VERSION = "self v2"  # names the templates in the cache key: a change of wording is a new data set
 
@@ -346,9 +348,10 @@ def follow_up_tokens(target, turns: list[dict[str, str]], follow: str) -> list[i
     return tokenizer.encode(text[text.index(mark) + len(mark) :], add_special=False, special=True)
 
 
-def collect(target, corpus: SelfCorpus, progress: bool = True) -> Path:
-    """Have the target answer the corpus's requests, keeping features as it goes; the folder.
-    Conversations already on disk are not asked again."""
+def collect(target, corpus: SelfCorpus, progress: bool = True, rows: int = ROWS) -> Path:
+    """Have the target answer the corpus's requests, `rows` at a time, keeping features as it
+    goes; the folder. Conversations already on disk are not asked again. The answers are greedy, so
+    `rows` changes how fast they come, not what they are (up to the backend's rounding ties)."""
     from ..request import tokens as prompt_tokens
 
     if target.n_ctx < N_CTX:
@@ -366,7 +369,7 @@ def collect(target, corpus: SelfCorpus, progress: bool = True) -> Path:
         while True:
             # take requests while the budget lasts (the ones under way count as far as they got)
             while (
-                len(live) < min(ROWS, target.max_rows)
+                len(live) < min(rows, target.max_rows)
                 and done + sum(len(a.fed) for a in live.values()) < corpus.max_tokens
             ):
                 category, turns, follow = request(index, pools, corpus.seed)

@@ -5,7 +5,8 @@ target, not with the text). Medusa head i on the hidden state at t learns the ta
 t + i + 2; the prophet chain, started from the hidden state at t and fed the text's tokens
 t + 1, t + 2, ..., learns the target's tokens after each, and, at a small weight, the target's
 own next hidden states (EAGLE's feature regression). It is unrolled on its own predicted features,
-as it drafts.
+as it drafts. It trains where the target runs: on the target's GPU when the torch backend has it
+on one, else on the CPU.
 
 A checkpoint (the weights, the optimiser, the update count) is written whole every minute and on
 Ctrl-C, beside the output file; the same command resumes from it, and it goes once the head file
@@ -46,6 +47,13 @@ class TrainConfig:
     blocks: int = 0  # early-exit: trained blocks after them
 
 
+def device_of(target) -> str:
+    """Where a head for `target` trains: the torch backend's device when it is not the CPU (the
+    features then come fast, and so do the updates), else the CPU (llama.cpp, NumPy)."""
+    device = str(getattr(target, "device", "cpu"))
+    return device if device.split(":")[0] in ("cuda", "mps", "xpu") else "cpu"
+
+
 def draft_vocabulary(labels: np.ndarray, size: int, vocab_size: int) -> np.ndarray:
     """`size` target ids ([V] int32): the tokens the target predicted in the training data, most
     often first, then the lowest ids it never predicted there. Tens of thousands of training tokens
@@ -70,19 +78,21 @@ def start_positions(f: Features, steps: int) -> np.ndarray:
 class _Batches:
     """What one update needs, gathered from the cached features for start positions t."""
 
-    def __init__(self, f: Features, index: np.ndarray, steps: int):
-        self.f, self.index, self.steps = f, index, steps
+    def __init__(self, f: Features, index: np.ndarray, steps: int, device: str = "cpu"):
+        self.f, self.index, self.steps, self.device = f, index, steps, device
 
     def __call__(self, t: np.ndarray):
         import torch
 
         ahead = t[:, None] + 1 + np.arange(self.steps)  # [B, steps]: t + 1 .. t + steps
-        return (
-            torch.from_numpy(self.f.hidden[t].astype(np.float32)),  # [B, d]
-            torch.from_numpy(self.index[self.f.tokens[ahead]]),  # [B, steps] embedding rows
-            torch.from_numpy(self.index[self.f.labels[ahead]]),  # [B, steps] draft-vocabulary labels
-            torch.from_numpy(self.f.hidden[ahead].astype(np.float32)),  # [B, steps, d]
+        parts = (
+            self.f.hidden[t],  # [B, d] (float16, made float32 where the update runs)
+            self.index[self.f.tokens[ahead]],  # [B, steps] embedding rows
+            self.index[self.f.labels[ahead]],  # [B, steps] draft-vocabulary labels
+            self.f.hidden[ahead],  # [B, steps, d]
         )
+        out = [torch.from_numpy(np.ascontiguousarray(p)).to(self.device) for p in parts]
+        return out[0].float(), out[1], out[2], out[3].float()
 
 
 def _losses(model, config: TrainConfig, batch, outside: int):
@@ -119,7 +129,7 @@ def evaluate(model, config: TrainConfig, batches: _Batches, positions: np.ndarra
     rows = []
     with torch.no_grad():
         for start in range(0, len(positions), 512):
-            rows.append(_losses(model, config, batches(positions[start : start + 512]), outside)[1].numpy())
+            rows.append(_losses(model, config, batches(positions[start : start + 512]), outside)[1].cpu().numpy())
     agree = np.concatenate(rows)  # [n, steps]
     chain = np.cumprod(agree, axis=1).mean(0)
     return {
@@ -160,14 +170,15 @@ def train(target, f: Features, config: TrainConfig, out: Path, data: dict, progr
     index[vocab] = np.arange(len(vocab))
     lm_head = torch.from_numpy(target.head_weights("output", vocab))  # [V, d]
     embed = torch.from_numpy(target.head_weights("embedding", vocab)) if config.kind == "prophet" else None
-    model = build(config.kind, lm_head, embed, config.steps, config.n_head, config.n_ff)
+    device = device_of(target)
+    model = build(config.kind, lm_head, embed, config.steps, config.n_head, config.n_ff).to(device)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr, weight_decay=0.0)
     positions = start_positions(training, config.steps)
     if len(positions) == 0:
         raise SpecdecError("not enough training text for one chain: give more with --data or --tokens")
     total = max(1, int(config.epochs * len(positions) / config.batch))
 
-    batches = _Batches(training, index, config.steps)
+    batches = _Batches(training, index, config.steps, device)
 
     def step(rng) -> str:
         t = rng.choice(positions, size=min(config.batch, len(positions)), replace=False)
@@ -178,7 +189,7 @@ def train(target, f: Features, config: TrainConfig, out: Path, data: dict, progr
     update, seconds = run_updates(model, optimizer, config, total, out, f"train {config.kind}", step, progress)
     model.eval()
     held_out = evaluate(
-        model, config, _Batches(held, index, config.steps), start_positions(held, config.steps), outside
+        model, config, _Batches(held, index, config.steps, device), start_positions(held, config.steps), outside
     )
     info = headfile.HeadInfo(
         kind=config.kind,
@@ -195,6 +206,7 @@ def train(target, f: Features, config: TrainConfig, out: Path, data: dict, progr
             "tokens": int(len(training.tokens)),
             "updates": update,
             "seconds_this_run": round(seconds, 1),
+            "device": device,
         },
         held_out=held_out,
     )
@@ -219,7 +231,7 @@ def run_updates(module, optimizer, config, total: int, out, label: str, step, pr
     checkpoint = checkpoint_path(out)
     update = 0
     if checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=True)
+        saved = torch.load(checkpoint, weights_only=True, map_location=next(module.parameters()).device)
         if saved["config"] == asdict(config):
             module.load_state_dict(saved["model"])
             optimizer.load_state_dict(saved["optimizer"])
