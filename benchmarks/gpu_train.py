@@ -103,15 +103,15 @@ def time_training(model, loaded, kind: str, updates: int, out: Path) -> dict:
     info = train(model, loaded, config, out / f"{kind.replace(':', '-')}.head", {"kind": "random"}, progress=False)
     (out / f"{kind.replace(':', '-')}.head").unlink(missing_ok=True)
     done = info.training["updates"]
-    seconds = info.training["seconds_this_run"]
-    per_update = seconds / done
+    seconds = info.training["seconds_this_run"]  # the updates alone (kept to the millisecond)
+    per_update = seconds / max(done, 1)
     return {
         "kind": kind,
         "device": info.training["device"],
         "updates": done,
         "seconds": seconds,
         "ms_an_update": round(1e3 * per_update, 2),
-        "tokens_per_s": round(done * 128 / seconds, 1),  # chain starts (about a token each) a second
+        "tokens_per_s": round(done * 128 / max(seconds, 1e-3), 1),  # chain starts (about a token each) a second
         "minutes_a_million_2_epochs": round(2 * MILLION / 128 * per_update / 60, 1),
     }
 

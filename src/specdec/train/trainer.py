@@ -205,7 +205,7 @@ def train(target, f: Features, config: TrainConfig, out: Path, data: dict, progr
             **asdict(config),
             "tokens": int(len(training.tokens)),
             "updates": update,
-            "seconds_this_run": round(seconds, 1),
+            "seconds_this_run": round(seconds, 3),
             "device": device,
         },
         held_out=held_out,
