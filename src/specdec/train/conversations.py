@@ -13,7 +13,7 @@ and arithmetic word problems drawn from a seeded generator. Never our evaluation
 Each conversation is one window of features (train.features: tokens, the target's greedy next
 token at each, the final-norm hidden states), taken while the target answers: the prompt's in
 its prefill, the answer's one decode step at a time, `rows` answers at once (ROWS on a CPU, GPU_ROWS
-on a GPU, where a step of many rows costs about one of a few). A conversation's file
+on a GPU: docs/provenance.md). A conversation's file
 is written whole when its answer ends, so Ctrl-C loses only the answers under way, and the same
 command resumes; conversation i is the same request for every budget, so budgets share a cache
 and a held-out set (every HELD_OUT_EVERY-th conversation).
