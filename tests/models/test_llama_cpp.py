@@ -79,6 +79,9 @@ def test_tokenizer_round_trip_and_end_tokens(target_model):
     assert {"<|im_end|>", "<|endoftext|>"} <= eog_texts
     chat = tok.apply_chat_template([{"role": "user", "content": "hi"}])
     assert "<|im_start|>user\nhi<|im_end|>" in chat and chat.endswith("<|im_start|>assistant\n")
+    # the GGUF's Jinja template, as llama-server and transformers render it: Qwen's default system
+    # message where the request has none (llama.cpp's built-in ChatML left it out)
+    assert chat.startswith("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud.")
     assert target_model.is_instruct
     end = tok.encode("<|im_end|>", add_special=False)  # a special token's text: the token ...
     assert len(end) == 1 and end[0] in tok.eog_ids

@@ -212,12 +212,11 @@ class NumpyTokenizer:
         )
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        """ChatML (Qwen and others): <|im_start|>role\\ncontent<|im_end|>\\n ... <|im_start|>assistant\\n.
-        Like llama.cpp, no default system message is added."""
-        if "<|im_start|>" not in (self.chat_template or ""):
-            raise SpecdecError(
-                "the NumPy backend formats ChatML chat templates only, and this model's "
-                "is not one; use --no-chat, or the llama.cpp backend"
-            )
-        turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-        return turns + "<|im_start|>assistant\n"
+        """The GGUF's own template, rendered as the llama.cpp backend renders it (models.chat)."""
+        from .chat import render
+
+        if not self.chat_template:
+            raise SpecdecError("this model has no chat template in its GGUF; use --no-chat")
+        ids = (self.bos_id, self.eos_id)
+        special = [self.tokens[i] if i is not None and 0 <= i < len(self.tokens) else "" for i in ids]
+        return render(self.chat_template, messages, *special)

@@ -204,25 +204,17 @@ class LlamaTokenizer:
         return longest
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        lib = self._lib
-        template = lib.llama_model_chat_template(self._model, None)
+        """The GGUF's own template, rendered as transformers and llama-server render it (models.chat)."""
+        from .chat import render
+
+        template = self._lib.llama_model_chat_template(self._model, None)
         if template is None:
             raise SpecdecError("this model has no chat template in its GGUF; use --no-chat")
-        chat = (lib.llama_chat_message * len(messages))()
-        keep = []  # the encoded strings must outlive the call
-        for slot, message in zip(chat, messages):
-            role, content = message["role"].encode(), message["content"].encode()
-            keep += [role, content]
-            slot.role, slot.content = role, content
-        size = 2 * sum(len(s) for s in keep) + 256
-        while True:
-            buf = ctypes.create_string_buffer(size)
-            n = lib.llama_chat_apply_template(template, chat, len(messages), True, buf, size)
-            if n < 0:
-                raise SpecdecError("llama.cpp does not support this model's chat template; use --no-chat")
-            if n <= size:
-                return buf.raw[:n].decode("utf-8")
-            size = n
+        return render(template.decode("utf-8"), messages, *map(self._special_text, ("bos", "eos")))
+
+    def _special_text(self, kind: str) -> str:
+        token = getattr(self._lib, f"llama_vocab_{kind}")(self._vocab)
+        return self.token_text(token) if token >= 0 else ""
 
 
 class LlamaCppModel(SingleRow):
