@@ -5,7 +5,8 @@ by benchmarks/serve_load.py the same way. Prints one markdown table (and appends
         --servers specdec:auto specdec:none llama:plain llama:ngram-simple llama:draft -c 1 2 4 8
 
 Servers: specdec:<draft> (auto, none, ngram, or a draft model name), optionally with
-",stall=X", ",waste=W", ",objective=latency" (its --prefill-stall, --prefill-waste, --objective),
+",stall=X", ",waste=W", ",objective=latency", ",long=S" (its --prefill-stall, --prefill-waste,
+--objective, --long-step-share),
 llama:plain, llama:ngram-simple, llama:ngram-mod, llama:draft (the 0.5B draft model, 4 tokens),
 and `vllm serve` (`make vllm-peer`) as vllm:plain, vllm:ngram:K,
 vllm:draft:K, vllm:suffix:K, or with our proposers inside it, vllm:specdec:auto:K,
@@ -62,7 +63,12 @@ def command(server: str, c: int, port: int, args) -> list[str]:
     kind, _, variant = name.partition(":")
     options = dict(o.split("=", 1) for o in options)
     if kind == "specdec":
-        flags = {"stall": "--prefill-stall", "waste": "--prefill-waste", "objective": "--objective"}
+        flags = {
+            "stall": "--prefill-stall",
+            "waste": "--prefill-waste",
+            "objective": "--objective",
+            "long": "--long-step-share",
+        }
         unknown = set(options) - set(flags)
         if unknown:
             raise SystemExit(f"{server}: unknown option(s) {', '.join(sorted(unknown))} (known: {', '.join(flags)})")

@@ -284,13 +284,16 @@ def test_serve_passes_the_scheduling_flags_to_the_service(monkeypatch):
     monkeypatch.setattr(serve, "_suffix_cache", lambda args, target: None)
     args = build_parser().parse_args(
         ["serve", "--draft", "none", "--prefill-stall", "3.5", "--prefill-waste", "inf", "--objective", "throughput"]
+        + ["--long-step-share", "0.02"]
     )
     with pytest.raises(Stopped):
         serve.cmd_serve(args)
     assert (seen["prefill_stall"], seen["prefill_waste"], seen["objective"]) == (3.5, float("inf"), "throughput")
+    assert seen["long_step_share"] == 0.02
     assert seen["prefix_cache"] is True
     with pytest.raises(Stopped):
         serve.cmd_serve(build_parser().parse_args(["serve", "--draft", "none", "--no-prefix-cache"]))
     assert seen["prefix_cache"] is False
     # unless asked, a server maximises its batch's tokens per second with no step past LATENCY_STEP
     assert seen["objective"] == "bounded"
+    assert seen["long_step_share"] == __import__("specdec.controller").controller.LONG_STEP_SHARE

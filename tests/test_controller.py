@@ -882,6 +882,38 @@ def test_under_the_step_bound_a_row_takes_the_drafter_whose_affordable_draft_pay
     assert drafter == "ngram" and k >= 16
 
 
+def test_bounded_spends_its_tail_budget_on_a_long_sure_copy():
+    """Under "bounded" with a tail budget (long_step_share), a step may pass the bound once the
+    budget holds a whole step's credit (one every 1 / share steps), and only for a draft that
+    saves at least LONG_STEP_SAVING plain steps against drafting within the bound. On a curve
+    where 2 tokens cost 1.8 plain steps and every token past 3 a twentieth of one, a row alone in
+    a sure copy drafts 1 token a step (the bound's), and every fourth step the whole copy, as
+    throughput first would; an unsure copy saves nothing, and the credit waits (up to its cap)."""
+    from specdec.controller import LONG_STEP_CREDIT
+
+    curve = {1: 0.04, 2: 0.072, **{w: 0.1 + 0.002 * (w - 3) for w in list(range(3, 17)) + [24, 32, 48, 64]}}
+
+    def run(rate: float, share: float = 0.25) -> tuple[list[int], CostAwareController]:
+        c = CostAwareController(FixedProposals(range(40)), None, curve, objective="bounded", long_step_share=share)
+        for table in c.ngram_accept.tables.values():
+            table[:] = rate
+        c.begin(0, [1, 2])
+        c.ngram.propose = lambda contexts, ks: {0: Draft(list(range(40))[: ks[0]], evidence={"match": 40})}
+        ks = []
+        for _ in range(8):
+            _, draft = c.draft({0: [1, 2]}, {0: 63})[0]
+            ks.append(len(draft.tokens) if draft else 0)
+        return ks, c
+
+    ks, c = run(0.99)
+    assert ks[:3] == ks[4:7] == [1, 1, 1] and ks[3] == ks[7] >= 16 and c.long_steps == 2, ks
+    assert run(0.99, share=0.0)[0] == [1] * 8  # no budget: the bound every step
+    ks, c = run(0.5)
+    assert max(ks) <= 1 and c.long_steps == 0 and c._credit == LONG_STEP_CREDIT, ks
+    with pytest.raises(ValueError, match="long_step_share"):
+        CostAwareController(None, None, CURVE, objective="bounded", long_step_share=1.0)
+
+
 def test_an_unknown_objective_is_refused():
     with pytest.raises(ValueError, match="objective must be one of throughput, latency, bounded"):
         CostAwareController(None, None, CURVE, objective="fast")

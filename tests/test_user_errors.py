@@ -223,6 +223,7 @@ USER_ERRORS = [
     _row("serve-prefill-waste-below-one", ["serve", "--prefill-waste", "0.9"], "--prefill-waste", "must be >= 1"),
     _row("serve-prefill-waste-nan", ["serve", "--prefill-waste", "nan"], "--prefill-waste", "must be a finite number"),
     _row("serve-objective-unknown", ["serve", "--objective", "fast"], "--objective", "invalid choice"),
+    _row("serve-long-step-share-too-large", ["serve", "--long-step-share", "0.7"], "--long-step-share", "must be in"),
     _row(
         "generate-verification-unknown",
         ["generate", "-p", "x", "--verification", "tree"],

@@ -92,6 +92,16 @@ SERVER_OBJECTIVE = "bounded"
 # on this CPU's steep curve that allows drafts of one or two tokens, on a GPU's flat one long ones;
 # history: docs/provenance.md#latency_step
 LATENCY_STEP = 2.0
+# Under "bounded", this share of steps may pass the bound: a tail budget, credited a step at a
+# time (at most LONG_STEP_CREDIT held), each spent on a step whose long, sure draft saves at least
+# LONG_STEP_SAVING plain steps of the batch against drafting within the bound. Gaps past the bound
+# stay under 1% of a stream's, so its 99th-percentile gap is still the bound's, while a long copy
+# is verified at once, as llama-server's n-gram drafts are.
+# why: at C = 1 the bound alone drafted one token at a time through copies llama-server verified
+# 40 at a time (served, the suite's prompts); history: docs/provenance.md#long_step_share
+LONG_STEP_SHARE = 0.005
+LONG_STEP_CREDIT = 2.0
+LONG_STEP_SAVING = 4.0
 # A request's own evidence weighs as much as OVERLAY_WEIGHT guesses from the shared table (Overlay):
 # after 3 x OVERLAY_WEIGHT guesses of a kind its own rate has 3/4 of the say.
 # why: best on code and RAG, the categories where requests differ most; history: docs/provenance.md#overlay_weight
@@ -331,7 +341,12 @@ class ChainCut:
 
 
 def auto_controller(
-    target, free: Sequence[Drafter], model: DraftModel | None, costs: tuple | None = None, objective: str = "throughput"
+    target,
+    free: Sequence[Drafter],
+    model: DraftModel | None,
+    costs: tuple | None = None,
+    objective: str = "throughput",
+    long_step_share: float = 0.0,
 ) -> "CostAwareController":
     """`auto`'s controller for `target`, the one way it is built (a decoder's engine, the server's
     router). `costs`: (the target's curve, the draft model's or None); None: timed, and cached, at
@@ -366,6 +381,7 @@ def auto_controller(
         draft_prior=getattr(model, "prior", None),  # a head's held-out agreement
         tree_widths=TREE_WIDTHS if trees and scores_trees else (1,),
         free_width=NGRAM_TREE_WIDTH if scores_trees and free and isinstance(free[0], NgramDrafter) else 1,
+        long_step_share=long_step_share,
     )
 
 
@@ -395,10 +411,17 @@ class CostAwareController:
         reach: float | None = None,  # a cap: free drafts at most reach x their match (None: none)
         tree_widths: Sequence[int] = (1,),  # the draft model's tree widths to choose from (1: chains)
         free_width: int = 1,  # the free drafters' trees: at most this many branches (1: chains)
+        long_step_share: float = 0.0,  # "bounded": the share of steps that may pass the bound (LONG_STEP_SHARE)
     ):
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+        if not 0.0 <= long_step_share < 1.0:
+            raise ValueError(f"long_step_share must be in [0, 1), got {long_step_share}")
         self.objective = objective  # what a step maximises over the batch (_allocate)
+        self.long_step_share = long_step_share if objective == "bounded" else 0.0
+        self._credit = 0.0  # steps past the bound that may be taken now (long_step_share a step)
+        self._unbounded = False  # pricing a step past the bound (_step_bound)
+        self.long_steps = 0  # steps taken past the bound
         # a CostTable (with a deep curve, costs.measure_cost_table), or a curve at one depth
         self.target_cost = CostTable.of(target_costs)
         # A free drafter (prompt lookup, the suffix cache) may draft as far as the widest forward the cost
@@ -610,7 +633,32 @@ class CostAwareController:
     def _step_bound(self, plain_seconds: Callable[[], float]) -> float:
         """The most seconds a step may take: LATENCY_STEP times the rows' plain step (priced only
         when asked), or none under throughput first."""
-        return np.inf if self.objective == "throughput" else LATENCY_STEP * plain_seconds()
+        return np.inf if self.objective == "throughput" or self._unbounded else LATENCY_STEP * plain_seconds()
+
+    def _long_step(self, contexts, caps, ks, value: float, plain: float, options):
+        """A step past the bound in place of (options, ks, value), where the tail budget has credit
+        for one and its draft saves LONG_STEP_SAVING plain steps of the batch: its expected tokens
+        at the bounded step's pace would take that much longer than the long step does. Else
+        None."""
+        self._credit = min(LONG_STEP_CREDIT, self._credit + self.long_step_share)
+        if self._credit < 1.0:
+            return None
+        shadows = {row: self._rows[row].shadow for row in contexts}  # what the bounded step scores
+        self._unbounded = True
+        try:
+            long_options = self._options(contexts, caps)
+            long_ks, long_value, _ = self._allocate(long_options)
+            seconds = self._step_cost(long_ks, long_options)
+        finally:
+            self._unbounded = False
+        plain_seconds = len(ks) / plain
+        if long_value * seconds / value - seconds < LONG_STEP_SAVING * plain_seconds:
+            for row, shadow in shadows.items():
+                self._rows[row].shadow = shadow
+            return None
+        self._credit -= 1.0
+        self.long_steps += 1
+        return long_options, long_ks, long_value
 
     def _propose_free(self, drafter: Drafter, contexts, ks) -> dict[int, Draft]:
         """A free drafter's proposals: trees of up to free_width branches where it drafts trees (its
@@ -736,6 +784,10 @@ class CostAwareController:
     ) -> dict[int, tuple[Drafter | None, Draft | None]]:
         options = self._options(contexts, caps)
         ks, value, plain = self._allocate(options)
+        if self.long_step_share:
+            long = self._long_step(contexts, caps, ks, value, plain, options)
+            if long is not None:
+                options, ks, value = long
         probes: set[int] = set()
         for row in contexts:
             state = self._rows[row]

@@ -6,12 +6,12 @@ import os
 import sys
 
 from .. import catalog
-from ..controller import LATENCY_STEP, OBJECTIVES, SERVER_OBJECTIVE
+from ..controller import LATENCY_STEP, LONG_STEP_SAVING, LONG_STEP_SHARE, OBJECTIVES, SERVER_OBJECTIVE
 from ..engine import PREFILL_STALL, PREFILL_WASTE
 from ..errors import SpecdecError
 from .flags import _add_model_flags, _add_suffix_flags
 from .loading import _check_device, _check_suffix_flags, _model_loader, _suffix_cache
-from .options import _at_least_one, _at_least_one_or_inf, _non_negative_int, _port, _positive
+from .options import _at_least_one, _at_least_one_or_inf, _float_in, _non_negative_int, _port, _positive
 
 
 def _add_serve_parser(sub) -> None:
@@ -101,6 +101,16 @@ def _add_serve_parser(sub) -> None:
         "for one request pays only if it outweighs slowing every other stream; or throughput, their "
         "tokens per second all told, long drafts and long gaps included "
         f"(default: {SERVER_OBJECTIVE})",
+    )
+    g.add_argument(
+        "--long-step-share",
+        type=_float_in(0.0, 0.5, low_open=False),
+        default=LONG_STEP_SHARE,
+        metavar="S",
+        help="under --objective bounded, this share of steps may pass the bound, each to verify a "
+        f"long, sure draft (a copy) that saves at least {LONG_STEP_SAVING:g} plain steps at once; "
+        "under 0.01 a stream's 99th-percentile gap between tokens stays the bound's; 0: none "
+        f"(default: {LONG_STEP_SHARE:g})",
     )
     g.add_argument(
         "--max-queue",
@@ -230,6 +240,7 @@ def cmd_serve(args) -> int:
         prefill_waste=args.prefill_waste,
         prefix_cache=args.prefix_cache,
         objective=args.objective,
+        long_step_share=args.long_step_share,
     )
 
     def listening(port: int) -> None:  # the port bound (--port 0 picks one)

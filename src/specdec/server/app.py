@@ -25,7 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..controller import SERVER_OBJECTIVE
+from ..controller import LONG_STEP_SHARE, SERVER_OBJECTIVE
 from ..engine import PREFILL_STALL, PREFILL_WASTE, Engine
 from ..errors import PromptError, SpecdecError
 from ..request import prepare
@@ -138,6 +138,7 @@ def build_service(
     prefill_waste: float = PREFILL_WASTE,
     prefix_cache: bool = True,
     objective: str = SERVER_OBJECTIVE,
+    long_step_share: float = LONG_STEP_SHARE,
     **limits,
 ) -> Service:
     """A service over loaded models: `target`, and `draft_model` (a RowModel, of another vocabulary
@@ -154,13 +155,16 @@ def build_service(
     (Engine; where the target keeps idle rows for free).
     `objective`: what 'auto' maximises over the batch (controller.OBJECTIVES): the batch's tokens
     per second with no step past LATENCY_STEP plain steps ("bounded", SERVER_OBJECTIVE), each
-    request's own under the same bound ("latency"), or the batch's unbounded ("throughput")."""
+    request's own under the same bound ("latency"), or the batch's unbounded ("throughput").
+    `long_step_share`: under "bounded", the share of steps that may pass the bound for a long,
+    sure draft (controller.LONG_STEP_SHARE)."""
     from ..controller import auto_controller
     from ..spec import auto_drafters
 
     ngram, suffix, model = auto_drafters(target, draft_model, suffix)
     free = [d for d in (ngram, suffix) if d is not None]
-    router = RoutingController(auto_controller(target, free, model, objective=objective), ngram, model, suffix, head)
+    auto = auto_controller(target, free, model, objective=objective, long_step_share=long_step_share)
+    router = RoutingController(auto, ngram, model, suffix, head)
     engine = Engine(
         target,
         router,
