@@ -635,7 +635,7 @@ class CostAwareController:
         when asked), or none under throughput first."""
         return np.inf if self.objective == "throughput" or self._unbounded else LATENCY_STEP * plain_seconds()
 
-    def _long_step(self, contexts, caps, ks, value: float, plain: float, options):
+    def _long_step(self, contexts, caps, ks, value: float, plain: float):
         """A step past the bound in place of (options, ks, value), where the tail budget has credit
         for one and its draft saves LONG_STEP_SAVING plain steps of the batch: its expected tokens
         at the bounded step's pace would take that much longer than the long step does. Else
@@ -785,7 +785,7 @@ class CostAwareController:
         options = self._options(contexts, caps)
         ks, value, plain = self._allocate(options)
         if self.long_step_share:
-            long = self._long_step(contexts, caps, ks, value, plain, options)
+            long = self._long_step(contexts, caps, ks, value, plain)
             if long is not None:
                 options, ks, value = long
         probes: set[int] = set()
