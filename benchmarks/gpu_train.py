@@ -100,8 +100,9 @@ def time_training(model, loaded, kind: str, updates: int, out: Path) -> dict:
     positions = len(start_positions(loaded.split()[0], steps["steps"]))
     epochs = min(2.0, updates * 128 / max(positions, 1))
     config = TrainConfig(**steps, epochs=epochs)
-    info = train(model, loaded, config, out / f"{kind.replace(':', '-')}.head", {"kind": "random"}, progress=False)
-    (out / f"{kind.replace(':', '-')}.head").unlink(missing_ok=True)
+    head = out / f"{kind.replace(':', '-')}.head"
+    info = train(model, loaded, config, head, {"kind": "random"}, progress=False)
+    head.unlink(missing_ok=True)
     done = info.training["updates"]
     seconds = info.training["seconds_this_run"]  # the updates alone (kept to the millisecond)
     per_update = seconds / max(done, 1)

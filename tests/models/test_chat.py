@@ -46,3 +46,13 @@ def test_a_template_that_refuses_or_does_not_parse_is_one_clear_error():
         render("{% for m in messages %}", [{"role": "user", "content": "x"}])
     with pytest.raises(SpecdecError, match="refused"):  # the sandbox: no reaching into Python
         render("{{ messages.__class__.__mro__ }}", [])
+
+
+def test_without_jinja2_a_chat_prompt_is_one_clear_error(monkeypatch):
+    from specdec.models import chat
+
+    chat._compile.cache_clear()
+    monkeypatch.setitem(__import__("sys").modules, "jinja2", None)  # import jinja2 -> ImportError
+    with pytest.raises(SpecdecError, match="needs jinja2"):
+        render(TEMPLATE, [{"role": "user", "content": "hi"}])
+    chat._compile.cache_clear()

@@ -23,9 +23,9 @@ from ..errors import SpecdecError
 
 def render(template: str, messages: list[dict[str, str]], bos_token: str = "", eos_token: str = "") -> str:
     """The prompt `template` makes of `messages`, ending with the assistant's turn opened."""
+    compiled = _compile(template)  # first: it says in one line where jinja2 is missing
     import jinja2
 
-    compiled = _compile(template)
     try:
         return compiled.render(messages=messages, add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token)
     except jinja2.TemplateError as exc:
