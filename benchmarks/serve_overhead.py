@@ -1,13 +1,16 @@
 """Where one stream's time per token goes: the same greedy prompts decoded by llama-server (plain),
-by `specdec serve` (plain), by our engine in this process (plain, no server) and by a bare loop of
-one-token forwards and argmax (the floor our llama.cpp binding allows), the four taking turns
-request by request. Prints each arm's TPOT (decode time over the tokens after the first) and its
-per-prompt ratio to the first arm, so a gap between servers is placed in the engine or in the
-serving layer (HTTP, the event loop, the worker's publishing); and, on Linux, the CPU time per token
-of `specdec serve`'s event-loop thread, which shares the cores with llama.cpp's threads.
+by `specdec serve` (plain; with --with-auto also `--draft auto`), by our engine in this process
+(plain, no server) and by a bare loop of one-token forwards and argmax (the floor our llama.cpp
+binding allows), the arms taking turns request by request, or with `-c C` wave by wave (C prompts
+at once: C clients, or C rows of one batch). Prints each arm's TPOT (decode time over the tokens
+after the first; a wave's median) and its per-wave ratio to the first arm, so a gap between
+servers is placed in the engine or in the serving layer (HTTP, the event loop, the worker's
+publishing); and, on Linux, the CPU time per token of `specdec serve`'s event-loop thread, which
+shares the cores with llama.cpp's threads.
 
     python benchmarks/serve_overhead.py --llama-bin "$(python scripts/build_llama_cpp_tools.py | tail -n 1)" \
         --prompts 4 --rounds 3 --max-tokens 128 --threads 2
+    python benchmarks/serve_overhead.py --llama-bin DIR -c 4 --prompts 8 --rounds 3 --max-tokens 128 --threads 2
 
 Without --llama-bin the first arm is `specdec serve`. Every server is loaded before the first
 request and stays idle while another arm runs. Take the CPU to yourself while it runs.
@@ -20,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -46,7 +50,9 @@ class Served:
         self.port = serve_compare.free_port()
         self.is_ours = server.startswith("specdec")
         self.proc = subprocess.Popen(
-            serve_compare.command(server, 1, self.port, args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            serve_compare.command(server, args.concurrency, self.port, args),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = args
@@ -54,13 +60,29 @@ class Served:
     def ready(self) -> None:
         serve_compare.wait_healthy(self.url, self.proc, 600)
 
-    def run(self, prompt: str) -> tuple[float, int]:
-        load = ["--url", self.url + "/v1", "-c", "1", "-n", "1", "--max-tokens", str(self.args.max_tokens)]
+    def run(self, wave: list[str]) -> tuple[float, float, int]:
+        """The wave's prompts sent at once, one client each: their median TPOT, the median gap
+        between tokens over all of them (a stream held up by another's prefill weighs on the
+        first, not the second), their tokens."""
+        load = ["--url", self.url + "/v1", "-n", "1", "--max-tokens", str(self.args.max_tokens)]
         ns = serve_load.main_args(load + (["--model", self.args.target] if self.is_ours else []))
-        r = serve_load.one_request(serve_load.base_url(ns), prompt, ns)
-        if "error" in r or not r.get("tpot"):
-            raise SystemExit(f"{self.url}: {r.get('error', 'fewer than two tokens came back')}")
-        return r["tpot"], r["tokens"]
+        url = serve_load.base_url(ns)
+        results: list[dict] = [{}] * len(wave)
+
+        def client(i: int) -> None:
+            results[i] = serve_load.one_request(url, wave[i], ns)
+
+        clients = [threading.Thread(target=client, args=(i,)) for i in range(len(wave))]
+        for t in clients:
+            t.start()
+        for t in clients:
+            t.join()
+        for r in results:
+            if "error" in r or not r.get("tpot"):
+                raise SystemExit(f"{self.url}: {r.get('error', 'fewer than two tokens came back')}")
+        gaps = [g for r in results for g in r["itl"]]
+        tpot = statistics.median(r["tpot"] for r in results)
+        return tpot, statistics.median(gaps) if gaps else tpot, sum(r["tokens"] for r in results)
 
     def close(self) -> None:
         serve_compare.stop(self.proc)
@@ -72,29 +94,38 @@ class InProcess:
     def __init__(self, target, decoder, max_tokens: int, loop: bool):
         self.target, self.decoder, self.max_tokens, self.loop = target, decoder, max_tokens, loop
 
-    def run(self, prompt: str) -> tuple[float, int]:
+    def run(self, wave: list[str]) -> tuple[float, float, int]:
+        """The wave's prompts as rows of one batch: their median TPOT (twice: the rows start and
+        step together, so it is also the gap between tokens), their tokens."""
         import numpy as np
 
-        text = self.target.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-        if not self.loop:
-            stats = self.decoder.generate(text, max_new_tokens=self.max_tokens, temperature=0.0).stats
-            return stats.decode_seconds / max(1, stats.generated_tokens - 1), stats.generated_tokens
-        [row] = self.target.add_rows(1)
-        try:
-            logits = self.target.forward_rows({row: self.target.tokenizer.encode(text)}, {row: 1})[row]
-            token = int(np.argmax(logits[-1]))
+        if not self.loop:  # the chat template applied as for a request (the target is an instruct model)
+            results = self.decoder.generate_batch(wave, max_new_tokens=self.max_tokens, temperature=0.0)
+            tpot = [r.stats.decode_seconds / max(1, r.stats.generated_tokens - 1) for r in results]
+            return statistics.median(tpot), statistics.median(tpot), sum(r.stats.generated_tokens for r in results)
+        texts = [self.target.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in wave]
+        rows = self.target.add_rows(len(wave))
+        try:  # every prompt read in one forward, then one token a row a step, all rows to the end
+            prompts = {row: self.target.tokenizer.encode(text) for row, text in zip(rows, texts)}
+            logits = self.target.forward_rows(prompts, dict.fromkeys(rows, 1))
+            tokens = {row: int(np.argmax(logits[row][-1])) for row in rows}
             start = time.perf_counter()
             for _ in range(self.max_tokens - 1):
-                token = int(np.argmax(self.target.forward_rows({row: [token]}, {row: 1})[row][-1]))
-            return (time.perf_counter() - start) / (self.max_tokens - 1), self.max_tokens
+                logits = self.target.forward_rows({row: [t] for row, t in tokens.items()}, dict.fromkeys(rows, 1))
+                tokens = {row: int(np.argmax(logits[row][-1])) for row in rows}
+            seconds = (time.perf_counter() - start) / (self.max_tokens - 1)
+            return seconds, seconds, self.max_tokens * len(rows)
         finally:
-            self.target.drop_rows([row])
+            self.target.drop_rows(rows)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-n", "--prompts", type=int, default=4, help="prompts of the suite, the categories in turn")
     p.add_argument("--rounds", type=int, default=3, help="every prompt through every arm, this many times")
+    p.add_argument(
+        "-c", "--concurrency", type=int, default=1, help="prompts decoded at once (clients, or rows in-process)"
+    )
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--suite", type=Path, default=serve_load.SUITE)
     p.add_argument("--categories", nargs="+", default=None, help="only the suite's prompts of these categories")
@@ -102,10 +133,13 @@ def main(argv=None) -> int:
     p.add_argument("--draft", default="qwen2.5-coder-0.5b", help="the draft model `specdec serve` holds (unused)")
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--with-auto", action="store_true", help="also `specdec serve --draft auto`")
     p.add_argument("--llama-bin", default=None, help="llama.cpp's tools: llama-server is the first arm")
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.concurrency < 1:
+        p.error(f"--concurrency must be at least 1, got {args.concurrency}")
     if args.max_tokens < 2:
         p.error(f"--max-tokens must be at least 2 (a time per token needs two), got {args.max_tokens}")
     try:  # before anything loads: a bad suite is a usage error, not a lost run
@@ -122,43 +156,49 @@ def main(argv=None) -> int:
         if args.llama_bin:
             arms["llama-server"] = Served("llama:plain", args)
         arms["specdec serve"] = ours = Served("specdec:none", args)
-        # as `specdec serve --draft none --max-batch 1` holds it: one row, a cache stream of its own
-        target = load_model(args.target, n_ctx=args.ctx, threads=args.threads, trees=False)
-        arms["engine in-process"] = InProcess(target, SpeculativeDecoder(target, None), args.max_tokens, loop=False)
+        if args.with_auto:
+            arms["specdec serve auto"] = Served("specdec:auto", args)
+        # as `specdec serve --draft none --max-batch C` holds it: C rows, a cache stream each
+        c = args.concurrency
+        target = load_model(args.target, n_ctx=args.ctx, threads=args.threads, max_rows=c, trees=False)
+        decoder = SpeculativeDecoder(target, None, max_rows=c)
+        arms["engine in-process"] = InProcess(target, decoder, args.max_tokens, loop=False)
         arms["forward loop"] = InProcess(target, None, args.max_tokens, loop=True)
         for arm in arms.values():
             if isinstance(arm, Served):
                 arm.ready()
         names = list(arms)
         tpot: dict[str, list[float]] = {name: [] for name in names}
+        itl: dict[str, list[float]] = {name: [] for name in names}
         served_tokens, loop_cpu = 0, 0.0
+        waves = [prompts[i : i + c] for i in range(0, len(prompts), c)]
         for round_ in range(args.rounds):
-            for i, prompt in enumerate(prompts):
+            for i, wave in enumerate(waves):
                 # every other turn in the reverse order: no arm always runs first or after the same one
                 for name in names if (round_ + i) % 2 == 0 else names[::-1]:
                     before = main_thread_cpu(ours.proc.pid) if arms[name] is ours else None
-                    seconds, tokens = arms[name].run(prompt)
+                    seconds, gap, tokens = arms[name].run(wave)
                     if before is not None:
                         served_tokens += tokens
                         loop_cpu += main_thread_cpu(ours.proc.pid) - before
                     tpot[name].append(seconds)
-                print(
-                    f"round {round_ + 1} prompt {i + 1}: " + ", ".join(f"{n} {tpot[n][-1] * 1e3:.2f}" for n in names),
-                    flush=True,
-                )
+                    itl[name].append(gap)
+                turn = f"round {round_ + 1} {'wave' if c > 1 else 'prompt'} {i + 1}"
+                print(f"{turn}: " + ", ".join(f"{n} {tpot[n][-1] * 1e3:.2f}" for n in names), flush=True)
     finally:
         for arm in arms.values():
             if isinstance(arm, Served):
                 arm.close()
     first = names[0]
-    print(f"\n| arm | TPOT median, ms | over {first}: median of per-prompt ratios | range |")
-    print("|---|---|---|---|")
-    for name in names:
-        ratios = [a / b for a, b in zip(tpot[name], tpot[first])]
-        print(
-            f"| {name} | {statistics.median(tpot[name]) * 1e3:.2f} | {statistics.median(ratios):.3f} "
-            f"| {min(ratios):.3f}-{max(ratios):.3f} |"
-        )
+    for label, values in (("TPOT", tpot), ("gap between tokens (ITL p50)", itl)):
+        print(f"\n| arm | {label} median, ms | over {first}: median of per-wave ratios | range |")
+        print("|---|---|---|---|")
+        for name in names:
+            ratios = [a / b for a, b in zip(values[name], values[first])]
+            print(
+                f"| {name} | {statistics.median(values[name]) * 1e3:.2f} | {statistics.median(ratios):.3f} "
+                f"| {min(ratios):.3f}-{max(ratios):.3f} |"
+            )
     if served_tokens:
         print(f"\nspecdec serve's event-loop thread: {loop_cpu / served_tokens * 1e3:.3f} ms of CPU a token")
     return 0

@@ -46,6 +46,7 @@ def test_a_bad_suite_is_one_line_and_exit_2(tmp_path, script, suite_text, extra,
     [
         (["--rounds", "0"], "--rounds must be at least 1"),
         (["--max-tokens", "1"], "--max-tokens must be at least 2"),
+        (["-c", "0"], "--concurrency must be at least 1"),
         (["--llama-bin", "/nonexistent"], "no llama-server in /nonexistent"),
     ],
 )
