@@ -284,16 +284,21 @@ def test_serve_passes_the_scheduling_flags_to_the_service(monkeypatch):
     monkeypatch.setattr(serve, "_suffix_cache", lambda args, target: None)
     args = build_parser().parse_args(
         ["serve", "--draft", "none", "--prefill-stall", "3.5", "--prefill-waste", "inf", "--objective", "throughput"]
-        + ["--long-step-share", "0.02"]
+        + ["--long-step-share", "0.02", "--cache-ram", "16"]
     )
     with pytest.raises(Stopped):
         serve.cmd_serve(args)
     assert (seen["prefill_stall"], seen["prefill_waste"], seen["objective"]) == (3.5, float("inf"), "throughput")
     assert seen["long_step_share"] == 0.02
-    assert seen["prefix_cache"] is True
+    assert seen["prefix_cache"] is True and seen["host_cache"] == 16 << 20
     with pytest.raises(Stopped):
-        serve.cmd_serve(build_parser().parse_args(["serve", "--draft", "none", "--no-prefix-cache"]))
-    assert seen["prefix_cache"] is False
+        serve.cmd_serve(
+            build_parser().parse_args(["serve", "--draft", "none", "--no-prefix-cache", "--cache-ram", "-1"])
+        )
+    assert seen["prefix_cache"] is False and seen["host_cache"] is None
+    with pytest.raises(Stopped):  # llama-server's default, as MiB
+        serve.cmd_serve(build_parser().parse_args(["serve", "--draft", "none"]))
+    assert seen["host_cache"] == __import__("specdec.engine").engine.HOST_CACHE_MIB << 20
     # unless asked, a server maximises its batch's tokens per second with no step past LATENCY_STEP
     assert seen["objective"] == "bounded"
     assert seen["long_step_share"] == __import__("specdec.controller").controller.LONG_STEP_SHARE

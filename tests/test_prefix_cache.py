@@ -168,3 +168,82 @@ def test_the_kept_row_goes_to_the_request_that_shares_most_whatever_their_order(
     engine.step()
     assert (again.row, again.stats.cached_tokens) == (row, len(PROMPT) - 1)
     assert newcomer.row != row and newcomer.stats.cached_tokens == 0
+
+
+# -- host_cache: a kept row's cache copied to host memory before another prompt takes the row --------
+
+
+def test_a_conversation_whose_row_went_to_another_reads_its_history_back_from_host_memory(target):
+    """One row, two conversations taking turns (llama-server's --cache-ram case): each turn finds
+    its history in host memory, not in the row, and reads only its new message."""
+    engine = cached_engine(target, max_rows=1, host_cache=None)
+    first = engine.add(PROMPT, GenerationConfig(max_new_tokens=10))
+    engine.run([first])
+    other = engine.add(OTHER, GenerationConfig(max_new_tokens=10))  # takes the row: PROMPT's cache copied out
+    engine.run([other])
+    assert other.stats.cached_tokens == 0 and len(engine.host.entries) == 1
+    turn = first.context + [3, 4, 5, 6]
+    counted = CountedRows(target)
+    second = engine.add(turn, GenerationConfig(max_new_tokens=10))
+    engine.run([second])
+    assert second.stats.cached_tokens == len(first.context) - 1
+    assert list(counted.calls[0].values()) == [(len(turn) - 1 - second.stats.cached_tokens, False)]
+    assert second.result.tokens == solo(turn, 10)
+    # OTHER's conversation was copied out in its turn; the row now holds PROMPT's second turn
+    held = sorted(tokens for tokens, _ in engine.host.entries.values())
+    assert held == sorted([tuple(first.context[:-1]), tuple(other.context[:-1])])
+    assert list(engine.idle.values()) == [second.context[:-1]]
+
+
+def test_without_host_cache_the_history_is_read_again(target):
+    engine = cached_engine(target, max_rows=1)
+    assert engine.host is None
+    first = engine.add(PROMPT, GenerationConfig(max_new_tokens=10))
+    engine.run([first])
+    engine.run([engine.add(OTHER, GenerationConfig(max_new_tokens=10))])
+    second = engine.add(first.context + [3, 4], GenerationConfig(max_new_tokens=10))
+    engine.run([second])
+    assert second.stats.cached_tokens == 0 and second.result.tokens == solo(first.context + [3, 4], 10)
+
+
+def test_the_host_cache_keeps_to_its_budget_least_recently_used_first():
+    from specdec.engine import HostCache
+    from specdec.models.base import SavedRow
+
+    cache = HostCache(budget=100)
+    cache.put([1, 2, 3], SavedRow(3, 60, "a"))
+    cache.put([4, 5, 6], SavedRow(3, 30, "b"))
+    assert cache.longest([1, 2, 9]) == (0, 2) and cache.take(0).data == "a"  # now the most recent
+    cache.put([7, 8], SavedRow(2, 30, "c"))  # 120 bytes: the least recently used, [4, 5, 6], goes
+    assert sorted(held for held, _ in cache.entries.values()) == [(1, 2, 3), (7, 8)] and cache.nbytes == 90
+    cache.put([1, 2], SavedRow(2, 10, "d"))  # held by [1, 2, 3]'s copy already: nothing added
+    cache.put([7, 8, 9], SavedRow(3, 40, "e"))  # holds [7, 8]: that copy goes
+    assert sorted(held for held, _ in cache.entries.values()) == [(1, 2, 3), (7, 8, 9)] and cache.nbytes == 100
+    cache.put(list(range(50)), SavedRow(50, 101, "f"))  # larger than the whole budget: not kept
+    assert cache.nbytes == 100 and cache.longest([5]) is None
+
+
+def test_a_copy_the_model_cannot_place_is_forgotten_and_the_prompt_read_whole(target):
+    from specdec.errors import SpecdecError
+
+    engine = cached_engine(target, max_rows=1, host_cache=None)
+    first = engine.add(PROMPT, GenerationConfig(max_new_tokens=6))
+    engine.run([first])
+    engine.run([engine.add(OTHER, GenerationConfig(max_new_tokens=6))])
+
+    def refuse(row, saved):
+        target.rollback_rows({row: 0})  # load_row's contract: the row is left empty
+        raise SpecdecError("no room")
+
+    target.load_row = refuse
+    again = engine.add(PROMPT, GenerationConfig(max_new_tokens=6))
+    engine.run([again])
+    assert again.stats.cached_tokens == 0 and again.result.tokens == first.result.tokens
+    assert all(held[:3] != tuple(PROMPT[:3]) for held, _ in engine.host.entries.values())
+
+
+def test_a_negative_host_budget_is_refused(target):
+    from specdec.errors import SpecdecError
+
+    with pytest.raises(SpecdecError, match="host_cache"):
+        cached_engine(target, host_cache=-1)

@@ -224,6 +224,8 @@ USER_ERRORS = [
     _row("serve-prefill-waste-nan", ["serve", "--prefill-waste", "nan"], "--prefill-waste", "must be a finite number"),
     _row("serve-objective-unknown", ["serve", "--objective", "fast"], "--objective", "invalid choice"),
     _row("serve-long-step-share-too-large", ["serve", "--long-step-share", "0.7"], "--long-step-share", "must be in"),
+    _row("serve-cache-ram-below-minus-one", ["serve", "--cache-ram", "-2"], "--cache-ram", "-1 (no limit)"),
+    _row("serve-cache-ram-not-a-number", ["serve", "--cache-ram", "8G"], "--cache-ram", "number of MiB"),
     _row(
         "generate-verification-unknown",
         ["generate", "-p", "x", "--verification", "tree"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -20,7 +21,7 @@ from .controller import Controller, FixedController, Outcome, auto_controller
 from .costs import step_depth
 from .drafters.base import MAX_DRAFT_TOKENS, Drafter, DraftModel
 from .errors import SpecdecError
-from .models.base import RowModel, tree_depths
+from .models.base import RowModel, SavedRow, tree_depths
 from .request import prepare
 from .sampling import (
     DraftTree,
@@ -65,6 +66,14 @@ PREFILL_WASTE = 1.5
 # a step, rows 0-1 64 and 0-3 110, this CPU); only a long shared start pays for that;
 # history: docs/provenance.md#prefix_min
 PREFIX_MIN = 256
+# Where a kept row is taken by a prompt that does not share all it holds, its cache is first
+# copied to host memory (Engine's host_cache, llama-server's --cache-ram, in MiB there as in
+# `specdec serve`), and a later prompt that starts as a copy does reads it back instead of
+# prefilling: a copy costs ~28 KiB a token for the 1.5B, a memcpy, where prefilling costs a forward.
+# why: llama-server's default; with more conversations than rows, a row's cache is otherwise lost to
+# the next request and the conversation's next turn reads its whole history again (second turns'
+# TTFT 0.2-0.4 s against 1.1-4.8 s, three conversations on one row); history: docs/provenance.md#host_cache_mib
+HOST_CACHE_MIB = 8192
 
 
 @dataclass
@@ -140,7 +149,10 @@ class Engine:
     queued rows take free rows. While nobody decodes, joining rows prefill whole prompts at once.
     With `prefix_cache` a finished row keeps its cache (where the target keeps idle rows for
     free), and a queued prompt that starts as a kept row's cache does takes that row and reads
-    only the rest (PREFIX_MIN).
+    only the rest (PREFIX_MIN). With `host_cache` bytes as well (None: no limit; where the target
+    can copy a row out, save_row), a kept row's cache is copied to host memory before a prompt
+    that does not share it all takes the row, and a prompt that starts as a copy does reads it
+    back into its row instead (HOST_CACHE_MIB).
 
     `costs` (a cost curve, cost(width, depth) -> seconds; the cost-aware controller's) sizes the
     prompt chunks a step carries: the widest that keeps the step within `prefill_stall` times the
@@ -158,6 +170,7 @@ class Engine:
         prefill_stall: float = PREFILL_STALL,
         prefill_waste: float = PREFILL_WASTE,
         prefix_cache: bool = False,
+        host_cache: int | None = 0,
     ):
         if prefill_stall < 1.0:
             raise SpecdecError(f"prefill_stall must be at least 1 (times a plain step), got {prefill_stall}")
@@ -180,6 +193,10 @@ class Engine:
         # the same way (a conversation's next turn, a repeated prompt, a shared system prompt);
         # only where the target keeps idle rows at no cost to the others (keeps_idle_rows)
         self.prefix_cache = prefix_cache and bool(getattr(target, "keeps_idle_rows", False))
+        if host_cache is not None and host_cache < 0:
+            raise SpecdecError(f"host_cache is a number of bytes (None: no limit), got {host_cache}")
+        copies = self.prefix_cache and host_cache != 0 and hasattr(target, "save_row")
+        self.host = HostCache(host_cache) if copies else None
         self.idle: dict[int, list[int]] = {}  # kept row -> the tokens its cache holds
         self._ids = itertools.count()
 
@@ -382,16 +399,25 @@ class Engine:
             # never cached); the kept rows go first to the requests that share the most with one
             # (one that came first would otherwise take the lowest id from under a better match);
             # new rows once none is kept, in one call (adding rows to a batched cache copies it)
+            # (host_cache: or a copy in host memory, read back into the row the request takes)
             shares = {
                 r.id: {row: _shared_start(t, r.prompt_tokens[:-1]) for row, t in self.idle.items()} for r in admitted
             }
-            rows = {}
-            for request in sorted(admitted, key=lambda r: -max(shares[r.id].values(), default=0)):
-                rows[request.id] = self._kept_row(request, shares[request.id]) if self.idle else None
+            copies = {r.id: self.host.longest(r.prompt_tokens[:-1]) for r in admitted} if self.host else {}
+            copies = {i: copy for i, copy in copies.items() if copy is not None}
+            rows, read_back = {}, {}
+            for request in sorted(admitted, key=lambda r: -max([*shares[r.id].values(), copies.get(r.id, (0, 0))[1]])):
+                share = shares[request.id]
+                if request.id in copies and copies[request.id][1] > max((share[r] for r in self.idle), default=0):
+                    read_back[request.id] = copies[request.id]
+                    share = dict.fromkeys(share, 0)  # the row's cache is replaced: the lowest kept id
+                rows[request.id] = self._kept_row(request, share) if self.idle else None
             kept = [rows[r.id] for r in admitted]
             fresh = iter(self.target.add_rows(kept.count(None)) if None in kept else ())
             for request, row in zip(admitted, kept):
                 row = next(fresh) if row is None else row
+                if request.id in read_back:
+                    self._read_back(request, row, *read_back[request.id])
                 request.row = row
                 request._t_decode = self.clock()
                 self.rows[row] = request
@@ -406,10 +432,25 @@ class Engine:
         first, so the rows in use stay as close to one run of ids as without the cache)."""
         shared = {row: n for row, n in shares.items() if row in self.idle}
         row = min(shared, key=lambda r: (-shared[r] if shared[r] >= PREFIX_MIN else 0, r))
-        del self.idle[row]
+        held = self.idle.pop(row)
+        if self.host is not None and shared[row] < len(held):  # what the cut would lose, kept
+            self.host.put(held, self.target.save_row(row))
         self.target.rollback_rows({row: shared[row]})
         request.prefilled = request.stats.cached_tokens = shared[row]
         return row
+
+    def _read_back(self, request: Request, row: int, key: int, shared: int) -> None:
+        """The host copy `key` read into the request's row, cut to the `shared` tokens its prompt
+        starts with (the prefill resumes there). A copy the model cannot place is forgotten and the
+        row, left empty, reads the whole prompt."""
+        try:
+            self.target.load_row(row, self.host.take(key))
+        except SpecdecError:
+            self.host.forget(key)
+            request.prefilled = request.stats.cached_tokens = 0
+            return
+        self.target.rollback_rows({row: shared})
+        request.prefilled = request.stats.cached_tokens = shared
 
     def _chunks(
         self, joining: Sequence[Request], inputs: Mapping[int, Sequence[int]], depths: Mapping[int, int]
@@ -523,6 +564,46 @@ def _shared_start(a: Sequence[int], b: Sequence[int]) -> int:
         return 0
     differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
     return int(differ[0]) if len(differ) else n
+
+
+class HostCache:
+    """Row caches copied to host memory (SavedRow), each under the tokens it holds, within a budget
+    of bytes (None: no limit): the least recently used go first, and a copy whose tokens start
+    another's is dropped (the longer one holds it all)."""
+
+    def __init__(self, budget: int | None):
+        self.budget = budget
+        self.entries: OrderedDict[int, tuple[tuple[int, ...], SavedRow]] = OrderedDict()
+        self.nbytes = 0
+        self._ids = itertools.count()
+
+    def put(self, tokens: Sequence[int], saved: SavedRow) -> None:
+        tokens = tuple(tokens)
+        if self.budget is not None and saved.nbytes > self.budget:
+            return
+        for key, (held, _) in list(self.entries.items()):
+            if len(held) >= len(tokens) and held[: len(tokens)] == tokens:
+                self.entries.move_to_end(key)  # what is put is already there
+                return
+            if tokens[: len(held)] == held:
+                self.forget(key)
+        self.entries[next(self._ids)] = (tokens, saved)
+        self.nbytes += saved.nbytes
+        while self.budget is not None and self.nbytes > self.budget:
+            self.forget(next(iter(self.entries)))
+
+    def longest(self, prompt: Sequence[int]) -> tuple[int, int] | None:
+        """(key, shared tokens) of the copy that shares the longest start with `prompt`, or None."""
+        best = max(((_shared_start(held, prompt), key) for key, (held, _) in self.entries.items()), default=None)
+        return (best[1], best[0]) if best and best[0] else None
+
+    def take(self, key: int) -> SavedRow:
+        """A copy to read back (it stays, now the most recently used)."""
+        self.entries.move_to_end(key)
+        return self.entries[key][1]
+
+    def forget(self, key: int) -> None:
+        self.nbytes -= self.entries.pop(key)[1].nbytes
 
 
 def _by_parent(q: np.ndarray | None, tree: DraftTree, shape) -> np.ndarray | None:

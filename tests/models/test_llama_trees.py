@@ -308,6 +308,45 @@ def test_a_kept_stream_answers_a_repeated_prompt_and_a_next_turn_as_a_fresh_row(
     fresh.close()
 
 
+def test_a_streams_cache_copied_to_host_memory_reads_back_into_another_row(tiny_path):
+    """save_row / load_row (the engine's host_cache): a row's cells copied out, then read into
+    another row (emptied first), which then scores the next tokens as the first row does; a
+    conversation whose row went to another prompt reads its history back, and answers as a fresh
+    model does."""
+    from specdec import GenerationConfig
+    from specdec.controller import FixedController
+    from specdec.engine import Engine
+    from specdec.models.llama_cpp import LlamaCppModel
+
+    model = LlamaCppModel(tiny_path, n_ctx=128, max_rows=2, n_threads=1, trees=False)
+    a, b = model.add_rows(2)
+    prompt = model.tokenizer.encode("the cat in a hat sat on the mat")
+    model.forward_rows({a: prompt, b: [5, 6, 7]})
+    saved = model.save_row(a)
+    assert saved.length == len(prompt) and saved.nbytes > 0
+    model.load_row(b, saved)
+    assert model.row_length(b) == len(prompt)
+    out = model.forward_rows({a: [9, 10], b: [9, 10]}, {a: 2, b: 2})
+    assert np.abs(out[a] - out[b]).max() < TOLERANCE
+    model.drop_rows([a, b])
+
+    def run(engine, prompt):
+        request = engine.add(prompt, GenerationConfig(max_new_tokens=12))
+        engine.run([request])
+        return request
+
+    engine = Engine(model, FixedController(None, 0), max_rows=1, prefix_cache=True, host_cache=None)
+    first = run(engine, prompt)
+    run(engine, model.tokenizer.encode("a dog on a log"))  # takes the only row
+    turn = first.context + prompt[:3]
+    second = run(engine, turn)
+    assert second.stats.cached_tokens == len(first.context) - 1
+    fresh = LlamaCppModel(tiny_path, n_ctx=128, max_rows=1, n_threads=1, trees=False)
+    assert second.result.tokens == run(Engine(fresh, FixedController(None, 0)), turn).result.tokens
+    model.close()
+    fresh.close()
+
+
 def test_the_passes_of_a_forward_over_streams_are_llama_cpps_equal_splits(tiny_path):
     """What the cost model prices (models.llama_cpp.stream_passes, the arithmetic of llama.cpp's
     split_equal over seq ids in order): equal counts from a run of consecutive rows a pass, in

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 from .. import catalog
 from ..controller import LATENCY_STEP, LONG_STEP_SAVING, LONG_STEP_SHARE, OBJECTIVES, SERVER_OBJECTIVE
-from ..engine import PREFILL_STALL, PREFILL_WASTE
+from ..engine import HOST_CACHE_MIB, PREFILL_STALL, PREFILL_WASTE
 from ..errors import SpecdecError
 from .flags import _add_model_flags, _add_suffix_flags
 from .loading import _check_device, _check_suffix_flags, _model_loader, _suffix_cache
@@ -91,6 +92,17 @@ def _add_serve_parser(sub) -> None:
         "rows share one pool of cache cells and none is kept",
     )
     g.add_argument(
+        "--cache-ram",
+        type=_cache_ram,
+        default=HOST_CACHE_MIB,
+        metavar="MIB",
+        help="host memory, in MiB, for the caches of finished requests whose rows went to other "
+        "prompts (as llama-server's --cache-ram): a kept row's cache is copied there before a "
+        "prompt that does not share it all takes the row, and a later prompt that starts the same "
+        "way (another conversation's next turn) reads it back instead of its history; the least "
+        f"recently used go first. -1: no limit; 0: none (default: {HOST_CACHE_MIB})",
+    )
+    g.add_argument(
         "--objective",
         choices=OBJECTIVES,
         default=SERVER_OBJECTIVE,
@@ -153,6 +165,17 @@ def _add_serve_parser(sub) -> None:
         "flip a near-tie). Default: off, the drafts' random draws and the request's share one stream",
     )
     g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info")
+
+
+def _cache_ram(text: str) -> int:
+    """--cache-ram: MiB, -1 (no limit) or 0 (none)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer number of MiB, got {text!r}") from None
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"must be -1 (no limit), 0 (none) or a number of MiB, got {text}")
+    return value
 
 
 def cmd_serve(args) -> int:
@@ -239,6 +262,7 @@ def cmd_serve(args) -> int:
         prefill_stall=args.prefill_stall,
         prefill_waste=args.prefill_waste,
         prefix_cache=args.prefix_cache,
+        host_cache=None if args.cache_ram == -1 else args.cache_ram << 20,
         objective=args.objective,
         long_step_share=args.long_step_share,
     )

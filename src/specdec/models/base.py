@@ -12,8 +12,10 @@ drafts together. Row ids are small integers the model hands out (`add_rows`) and
     model.drop_rows(rows)                                     # free their caches now
 
 Optional attributes the engine reads where a backend has them: `scores_trees` (forward_tree_rows
-works), and `keeps_idle_rows` (a row not fed costs the other rows nothing, so a finished row's
-cache may stay for a later prompt that starts the same way: Engine's prefix_cache).
+works), `keeps_idle_rows` (a row not fed costs the other rows nothing, so a finished row's
+cache may stay for a later prompt that starts the same way: Engine's prefix_cache), and
+`save_row(row) -> SavedRow` / `load_row(row, saved)` (a row's cache copied to host memory and
+back, so a kept row's cache outlives the row: Engine's host_cache).
 
 Two mixins below give the rest for free:
 - `SingleRow`: the one-sequence calls (forward / rollback / reset / n_past) as a batch of one,
@@ -25,6 +27,8 @@ Two mixins below give the rest for free:
 from __future__ import annotations
 
 import contextlib
+import copy
+from dataclasses import dataclass
 from typing import Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -88,6 +92,16 @@ class RowModel(Protocol):
         llama.cpp's pool), of rows x the longest where they are padded to one shape (torch);
         llama.cpp's per-row streams make one per equal split (llama_cpp.stream_passes)."""
         ...
+
+
+@dataclass(frozen=True)
+class SavedRow:
+    """A row's cache copied out of the model (save_row): `length` tokens, `nbytes` of host memory
+    (what a host cache counts against its budget), `data` the backend's own."""
+
+    length: int
+    nbytes: int
+    data: object
 
 
 @runtime_checkable
@@ -321,8 +335,32 @@ class SequentialRows:
         with self.use_row(row):
             return self.n_past
 
+    def save_row(self, row: int) -> SavedRow:
+        """A copy of the row's cache state (its arrays' bytes counted)."""
+        state = copy.deepcopy(self._row_states()[row] if self._current != row else self._get_state())
+        return SavedRow(self.row_length(row), _nbytes(state), state)
+
+    def load_row(self, row: int, saved: SavedRow) -> None:
+        """The row's cache becomes a copy of the saved one."""
+        state = copy.deepcopy(saved.data)
+        if self._current == row:
+            self._set_state(state)
+        else:
+            self._row_states()[row] = state
+
     def passes(self, fed: Mapping[int, int]) -> list[int]:
         return packed(fed)
+
+
+def _nbytes(state) -> int:
+    """The bytes a state's arrays hold (nested in tuples, lists and dicts), or 8 a plain value."""
+    if isinstance(state, np.ndarray):
+        return state.nbytes
+    if isinstance(state, (tuple, list)):
+        return sum(_nbytes(x) for x in state)
+    if isinstance(state, dict):
+        return sum(_nbytes(x) for x in state.values())
+    return 8
 
 
 def check_same_vocab(target: RowModel, draft: RowModel) -> None:

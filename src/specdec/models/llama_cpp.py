@@ -42,6 +42,7 @@ import numpy as np
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, SpecdecError
 from ..paths import specdec_home
 from .base import (
+    SavedRow,
     SingleRow,
     check_tree_fits,
     check_tree_path,
@@ -336,6 +337,30 @@ class LlamaCppModel(SingleRow):
 
     def row_length(self, row: int) -> int:
         return self._len[row]
+
+    def save_row(self, row: int) -> SavedRow:
+        """The row's cells copied to host memory (llama_state_seq_get_data), as llama-server's
+        prompt cache keeps a slot's."""
+        lib = _lib()
+        self._end_tree(row)
+        size = lib.llama_state_seq_get_size(self._ctx, row)
+        buf = (ctypes.c_uint8 * size)()
+        if lib.llama_state_seq_get_data(self._ctx, buf, size, row) != size:
+            raise SpecdecError(f"llama.cpp could not copy row {row}'s cache ({size} bytes)")
+        return SavedRow(self._len[row], size, buf)
+
+    def load_row(self, row: int, saved: SavedRow) -> None:
+        """The row's cache becomes the saved one (llama_state_seq_set_data, into the row's own
+        cells); where llama.cpp cannot place it, the row is left empty and SpecdecError says so."""
+        lib = _lib()
+        self._end_tree(row)
+        if self._hidden is not None:
+            self._hidden.pop(row, None)
+        if lib.llama_state_seq_set_data(self._ctx, saved.data, saved.nbytes, row) == 0:
+            lib.llama_memory_seq_rm(self._mem, row, -1, -1)
+            self._len[row] = 0
+            raise SpecdecError(f"llama.cpp could not restore a saved cache of {saved.length} tokens into row {row}")
+        self._len[row] = saved.length
 
     def passes(self, fed: Mapping[int, int]) -> list[int]:
         return stream_passes(fed, self.n_batch) if not self.scores_trees else packed(fed)

@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..controller import LONG_STEP_SHARE, SERVER_OBJECTIVE
-from ..engine import PREFILL_STALL, PREFILL_WASTE, Engine
+from ..engine import HOST_CACHE_MIB, PREFILL_STALL, PREFILL_WASTE, Engine
 from ..errors import PromptError, SpecdecError
 from ..request import prepare
 from ..spec import DraftSpec
@@ -137,6 +137,7 @@ def build_service(
     prefill_stall: float = PREFILL_STALL,
     prefill_waste: float = PREFILL_WASTE,
     prefix_cache: bool = True,
+    host_cache: int | None = HOST_CACHE_MIB << 20,
     objective: str = SERVER_OBJECTIVE,
     long_step_share: float = LONG_STEP_SHARE,
     **limits,
@@ -152,7 +153,8 @@ def build_service(
     requests' prompt chunks costs at most this many plain steps of the decoding rows, and a chunk
     rides only where its tokens cost at most `prefill_waste` times what they cost read alone (Engine).
     `prefix_cache`: finished requests' rows keep their caches for prompts that start the same way
-    (Engine; where the target keeps idle rows for free).
+    (Engine; where the target keeps idle rows for free), and with `host_cache` bytes of host
+    memory (None: no limit, 0: none) a kept row's cache outlives its row (Engine, HOST_CACHE_MIB).
     `objective`: what 'auto' maximises over the batch (controller.OBJECTIVES): the batch's tokens
     per second with no step past LATENCY_STEP plain steps ("bounded", SERVER_OBJECTIVE), each
     request's own under the same bound ("latency"), or the batch's unbounded ("throughput").
@@ -174,6 +176,7 @@ def build_service(
         prefill_stall=prefill_stall,
         prefill_waste=prefill_waste,
         prefix_cache=prefix_cache,
+        host_cache=host_cache,
     )
     router.engine = engine
     draft_names = {"auto": "auto", "ngram": "ngram", "none": "none"}
