@@ -914,6 +914,32 @@ def test_bounded_spends_its_tail_budget_on_a_long_sure_copy():
         CostAwareController(None, None, CURVE, objective="bounded", long_step_share=1.0)
 
 
+def test_the_tail_budget_prices_no_long_step_where_nothing_uncut_could_save_enough():
+    """A long step of E expected tokens saves at most E / rows - 1 plain steps, so where no ask the
+    bound cut could promise LONG_STEP_SAVING + 1 tokens a row, were it asked for more (no proposal,
+    a copy that ends within the bound, an unsure one), the unbounded pass is not run at all: the
+    credit waits at its cap and each step is priced once. A sure copy the bound cuts is priced
+    past it (the test above)."""
+    from specdec.controller import LONG_STEP_CREDIT
+
+    # a plain step 0.04 s: the bound (2 plain steps) allows 4 draft tokens
+    curve = {1: 0.04, 2: 0.05, 3: 0.06, 4: 0.07, 5: 0.078, **{w: 0.1 + 0.01 * w for w in list(range(6, 17)) + [32, 64]}}
+    # no match; a sure copy that ends 2 tokens on, within the bound; a long copy the bound cuts, but
+    # half of whose guesses are kept
+    for proposal, rate in (([], 0.99), ([7, 8], 0.99), (list(range(40)), 0.5)):
+        c = CostAwareController(FixedProposals(range(40)), None, curve, objective="bounded", long_step_share=0.25)
+        for table in c.ngram_accept.tables.values():
+            table[:] = rate
+        c.begin(0, [1, 2])
+        c.ngram.propose = lambda contexts, ks, p=proposal: {0: Draft(p[: ks[0]], evidence={"match": 40})}
+        priced = []
+        inner = c._options
+        c._options = lambda *a: (priced.append(1), inner(*a))[1]
+        for _ in range(8):
+            c.draft({0: [1, 2]}, {0: 63})
+        assert len(priced) == 8 and c.long_steps == 0 and c._credit == LONG_STEP_CREDIT, proposal
+
+
 def test_an_unknown_objective_is_refused():
     with pytest.raises(ValueError, match="objective must be one of throughput, latency, bounded"):
         CostAwareController(None, None, CURVE, objective="fast")

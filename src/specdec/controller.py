@@ -420,6 +420,9 @@ class CostAwareController:
         self.objective = objective  # what a step maximises over the batch (_allocate)
         self.long_step_share = long_step_share if objective == "bounded" else 0.0
         self._credit = 0.0  # steps past the bound that may be taken now (long_step_share a step)
+        # row -> the most tokens a step could promise it if the bound did not cut its asks (inf
+        # where it did cut a free drafter's proposal), from the last _options (_long_step)
+        self._ceiling: dict[int, float] = {}
         self._unbounded = False  # pricing a step past the bound (_step_bound)
         self.long_steps = 0  # steps taken past the bound
         # a CostTable (with a deep curve, costs.measure_cost_table), or a curve at one depth
@@ -551,6 +554,9 @@ class CostAwareController:
         options = {row: _Option("plain", np.ones(1), depth=len(contexts[row])) for row in contexts}
         reach = self._bounded_reach(contexts)
         ask = {row: min(self.k_free, caps[row], reach) for row in contexts}
+        # what a step could promise each row if the bound did not cut its asks: a row the bound
+        # leaves no draft could draft anything past it
+        self._ceiling = {row: np.inf if ask[row] == 0 < min(self.k_free, caps[row]) else 1.0 for row in contexts}
         ask = {row: k for row, k in ask.items() if k > 0}
         asked = {r: contexts[r] for r in ask}
         proposals = {d.name: self._propose_free(d, asked, ask) if ask else {} for d in self.free}
@@ -569,16 +575,27 @@ class CostAwareController:
                 kind = MatchAcceptance.evidence(proposal.evidence.get("votes", (1, 1)))
                 state.shadow[drafter.name] = (list(chain.tokens), match, kind)
                 reach = len(chain.tokens)
+                longest = min(self.k_free, caps[row]) if reach >= k_cap else reach  # were it asked for more
                 if self.reach is not None and not whole_copy(match, len(contexts[row]) - state.prompt_len):
                     reach = min(reach, max(1, int(self.reach * match)))  # a cap, except in a whole copy
+                    longest = min(longest, max(1, int(self.reach * match)))
                 expected = self.match_accept[drafter.name].expected_tokens(
                     match, reach, kind, state.overlays[drafter.name], cautious=True
                 )
+                if longest > reach:  # the bound cut it: what the longest proposal could promise
+                    most = np.inf
+                    if proposal.parents is None:
+                        table = self.match_accept[drafter.name]
+                        most = table.expected_tokens(match, longest, kind, state.overlays[drafter.name], cautious=True)[
+                            -1
+                        ]
+                    self._ceiling[row] = max(self._ceiling[row], most)
                 shapes = [(expected, None)]
                 if proposal.parents is not None:
                     overlay = state.overlays[drafter.name]
                     shapes.append(self._free_tree(drafter.name, proposal, expected, match, overlay))
                 for expected, nodes in shapes:
+                    self._ceiling[row] = max(self._ceiling[row], expected[-1])
                     k, value = self._value(expected, lambda k: 0.0, depth, nodes=nodes)
                     if k and value > best_value:
                         best_value = value
@@ -593,6 +610,13 @@ class CostAwareController:
             if self.model is not None and self.draft_cost is not None:
                 lag = max(1, self.model.lag(row, contexts[row]))
                 chain = self.model_accept.expected_tokens(min(k_cap, 8), state.model_overlay, cautious=True)
+                uncut = min(self.k_free, caps[row], 8)
+                if uncut > min(k_cap, 8):  # the bound cut the chain: what the whole one could promise
+                    full = self.model_accept.expected_tokens(uncut, state.model_overlay, cautious=True)
+                else:
+                    full = chain
+                most = max(self.tree_expected(full, width)[-1] for width in self.tree_widths)
+                self._ceiling[row] = max(self._ceiling[row], most)
                 for width in self.tree_widths:
                     expected = self.tree_expected(chain, width)
                     k, value = self._value(expected, self._model_cost(lag, depth), depth, width)
@@ -642,6 +666,11 @@ class CostAwareController:
         None."""
         self._credit = min(LONG_STEP_CREDIT, self._credit + self.long_step_share)
         if self._credit < 1.0:
+            return None
+        # a long step of E tokens saves at most E / rows - 1 plain steps (the bounded pace is at
+        # least a plain step's, and the long step costs at least one): where the asks the bound
+        # left uncut cannot promise that much, it is not priced (it would cost a second pass)
+        if sum(self._ceiling.get(row, np.inf) for row in contexts) < (1 + LONG_STEP_SAVING) * len(contexts):
             return None
         shadows = {row: self._rows[row].shadow for row in contexts}  # what the bounded step scores
         self._unbounded = True
