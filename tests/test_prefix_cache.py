@@ -195,6 +195,31 @@ def test_a_conversation_whose_row_went_to_another_reads_its_history_back_from_ho
     assert list(engine.idle.values()) == [second.context[:-1]]
 
 
+def test_a_copy_is_read_back_where_it_gives_more_than_the_kept_row_the_request_would_take(target, monkeypatch):
+    """A kept row sharing fewer than PREFIX_MIN tokens is not taken out of id order, so what the
+    request would get is the lowest kept row's share: a copy sharing more than that is read back,
+    even where the other kept row shares more still."""
+    from specdec import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PREFIX_MIN", 8)
+    engine = cached_engine(target, max_rows=2, host_cache=None)
+    near = PROMPT[:4] + [30, 30, 30, 30, 30]
+    pair = [
+        engine.add([9] * 6, GenerationConfig(max_new_tokens=4)),
+        engine.add(near, GenerationConfig(max_new_tokens=4)),
+    ]
+    engine.run(pair)  # rows 0 and 1
+    engine.run([engine.add(PROMPT, GenerationConfig(max_new_tokens=4))])  # takes row 0 (row 1 shares 4 < 8)
+    engine.run([engine.add(OTHER, GenerationConfig(max_new_tokens=4))])  # row 0 again: PROMPT's copied out
+    prompt = PROMPT[:4] + [30, 1, 2, 3]
+    shares = [engine_module._shared_start(engine.idle[row], prompt) for row in (0, 1)]
+    assert shares == [0, 5] and engine.host.longest(prompt[:-1])[1] == 4
+    last = engine.add(prompt, GenerationConfig(max_new_tokens=4))
+    engine.run([last])
+    assert last.stats.cached_tokens == 4  # PROMPT's copy, into row 0: the kept row it would take shares none
+    assert last.result.tokens == solo(prompt, 4)
+
+
 def test_without_host_cache_the_history_is_read_again(target):
     engine = cached_engine(target, max_rows=1)
     assert engine.host is None

@@ -408,10 +408,12 @@ class Engine:
             rows, read_back = {}, {}
             for request in sorted(admitted, key=lambda r: -max([*shares[r.id].values(), copies.get(r.id, (0, 0))[1]])):
                 share = shares[request.id]
-                if request.id in copies and copies[request.id][1] > max((share[r] for r in self.idle), default=0):
+                row = self._kept_choice(share)
+                if request.id in copies and copies[request.id][1] > (share[row] if row is not None else 0):
                     read_back[request.id] = copies[request.id]
                     share = dict.fromkeys(share, 0)  # the row's cache is replaced: the lowest kept id
-                rows[request.id] = self._kept_row(request, share) if self.idle else None
+                    row = self._kept_choice(share)
+                rows[request.id] = self._kept_row(request, row, share[row]) if row is not None else None
             kept = [rows[r.id] for r in admitted]
             fresh = iter(self.target.add_rows(kept.count(None)) if None in kept else ())
             for request, row in zip(admitted, kept):
@@ -425,18 +427,22 @@ class Engine:
                     drafter.begin(row, request.prompt_tokens, request.params, request.rng)
                 self.controller.begin(row, request.prompt_tokens)
 
-    def _kept_row(self, request: Request, shares: Mapping[int, int]) -> int:
-        """The kept row this request takes (`shares`: the prompt tokens each kept row holds), its
-        cache cut to what it shares (the prefill resumes there): the one holding the most where
-        that is PREFIX_MIN tokens or more, else the lowest id (the model lends the lowest ids
-        first, so the rows in use stay as close to one run of ids as without the cache)."""
+    def _kept_choice(self, shares: Mapping[int, int]) -> int | None:
+        """The kept row a request takes (`shares`: the prompt tokens each kept row holds), or None
+        where none is kept: the one holding the most where that is PREFIX_MIN tokens or more, else
+        the lowest id (the model lends the lowest ids first, so the rows in use stay as close to
+        one run of ids as without the cache)."""
         shared = {row: n for row, n in shares.items() if row in self.idle}
-        row = min(shared, key=lambda r: (-shared[r] if shared[r] >= PREFIX_MIN else 0, r))
+        return min(shared, key=lambda r: (-shared[r] if shared[r] >= PREFIX_MIN else 0, r)) if shared else None
+
+    def _kept_row(self, request: Request, row: int, shared: int) -> int:
+        """The request takes kept `row`, its cache cut to the `shared` tokens (the prefill resumes
+        there); with host_cache, what the cut loses is copied out first."""
         held = self.idle.pop(row)
-        if self.host is not None and shared[row] < len(held):  # what the cut would lose, kept
+        if self.host is not None and shared < len(held) and not self.host.holds(held):
             self.host.put(held, self.target.save_row(row))
-        self.target.rollback_rows({row: shared[row]})
-        request.prefilled = request.stats.cached_tokens = shared[row]
+        self.target.rollback_rows({row: shared})
+        request.prefilled = request.stats.cached_tokens = shared
         return row
 
     def _read_back(self, request: Request, row: int, key: int, shared: int) -> None:
@@ -577,14 +583,18 @@ class HostCache:
         self.nbytes = 0
         self._ids = itertools.count()
 
-    def put(self, tokens: Sequence[int], saved: SavedRow) -> None:
+    def holds(self, tokens: Sequence[int]) -> bool:
+        """Whether a copy holds all of these tokens (they start its own)."""
         tokens = tuple(tokens)
-        if self.budget is not None and saved.nbytes > self.budget:
+        return any(held[: len(tokens)] == tokens for held, _ in self.entries.values())
+
+    def put(self, tokens: Sequence[int], saved: SavedRow) -> None:
+        """Keep a copy of a row holding `tokens` (unless another holds them all already), in place
+        of any copy whose tokens start these."""
+        tokens = tuple(tokens)
+        if (self.budget is not None and saved.nbytes > self.budget) or self.holds(tokens):
             return
         for key, (held, _) in list(self.entries.items()):
-            if len(held) >= len(tokens) and held[: len(tokens)] == tokens:
-                self.entries.move_to_end(key)  # what is put is already there
-                return
             if tokens[: len(held)] == held:
                 self.forget(key)
         self.entries[next(self._ids)] = (tokens, saved)

@@ -104,7 +104,8 @@ class Metrics:
         self.prompt_tokens = Counter("specdec:prompt_tokens", "Prompt tokens of finished requests.", m, registry=r)
         self.cached_prompt_tokens = Counter(
             "specdec:prefix_cache_hits",
-            "Prompt tokens of finished requests found in a kept row's cache (not prefilled).",
+            "Prompt tokens of finished requests found in a kept row's cache or read back from host memory "
+            "(not prefilled).",
             m,
             registry=r,
         )
