@@ -521,3 +521,21 @@ def test_greedy_speculative_equals_plain(numpy_05b, draft_model):
     drafter.close()
     assert spec.tokens == plain.tokens
     assert len(plain.tokens) == 20
+
+
+def test_a_rows_cache_copied_out_holds_only_its_tokens_and_reads_back_into_another_row(tiny):
+    """save_row / load_row (the engine's host_cache) on the NumPy reference: the copy holds the
+    row's valid slots only (not its n_ctx-long arrays), and a row it is read into scores the next
+    tokens as the first row does."""
+    path, _ = tiny
+    model = load_numpy_model(path, n_ctx=64)
+    a, b = model.add_rows(2)
+    tokens = model.tokenizer.encode(TEXT)
+    model.forward_rows({a: tokens, b: [1, 2, 3]})
+    saved = model.save_row(a)
+    per_token = 2 * model.n_layer * model.config.n_head_kv * model.config.head_dim * 4
+    assert saved.length == len(tokens) and saved.nbytes == per_token * len(tokens)
+    model.load_row(b, saved)
+    assert model.row_length(b) == len(tokens)
+    out = model.forward_rows({a: [5, 6], b: [5, 6]}, {a: 2, b: 2})
+    np.testing.assert_array_equal(out[a], out[b])

@@ -100,7 +100,7 @@ def _add_serve_parser(sub) -> None:
         "prompts (as llama-server's --cache-ram): a kept row's cache is copied there before a "
         "prompt that does not share it all takes the row, and a later prompt that starts the same "
         "way (another conversation's next turn) reads it back instead of its history; the least "
-        f"recently used go first. -1: no limit; 0: none (default: {HOST_CACHE_MIB})",
+        f"recently used go first; nothing with --no-prefix-cache. -1: no limit; 0: none (default: {HOST_CACHE_MIB})",
     )
     g.add_argument(
         "--objective",

@@ -52,7 +52,16 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import BackendUnavailableError, ContextOverflowError, ModelLoadError, ModelNotFoundError, SpecdecError
-from .base import SequentialRows, check_tree_path, file_sha256, path_hidden, tree_ancestry, tree_depths, trim_hidden
+from .base import (
+    SavedRow,
+    SequentialRows,
+    check_tree_path,
+    file_sha256,
+    path_hidden,
+    tree_ancestry,
+    tree_depths,
+    trim_hidden,
+)
 
 # the tokenizer moved to bpe.py; its names stay importable from here
 from .bpe import BYTE as BYTE
@@ -323,6 +332,23 @@ class NumpyModel(SequentialRows):
 
     def _set_state(self, state) -> None:
         self.k_cache, self.v_cache, self.n_past, self.layer_len, self.tree = state
+
+    def save_row(self, row: int) -> SavedRow:
+        """A copy of the row's valid slots only (its arrays are n_ctx long; the engine's host_cache)."""
+        with self.use_row(row):
+            k = [a[:, :n].copy() for a, n in zip(self.k_cache, self.layer_len)]
+            v = [a[:, :n].copy() for a, n in zip(self.v_cache, self.layer_len)]
+            data = (k, v, self.n_past, list(self.layer_len))
+        return SavedRow(data[2], sum(a.nbytes for a in k + v), data)
+
+    def load_row(self, row: int, saved: SavedRow) -> None:
+        k_saved, v_saved, n_past, layer_len = saved.data
+        k, v, *_ = self._new_state()
+        for layer, (a, b) in enumerate(zip(k_saved, v_saved)):
+            k[layer][:, : a.shape[1]] = a
+            v[layer][:, : b.shape[1]] = b
+        with self.use_row(row):
+            self._set_state((k, v, n_past, list(layer_len), None))
 
     @property
     def n_full(self) -> int:
