@@ -934,7 +934,7 @@ def test_the_tail_budget_prices_no_long_step_where_nothing_uncut_could_save_enou
         c.ngram.propose = lambda contexts, ks, p=proposal: {0: Draft(p[: ks[0]], evidence={"match": 40})}
         priced = []
         inner = c._options
-        c._options = lambda *a: (priced.append(1), inner(*a))[1]
+        c._options = lambda *a, priced=priced, inner=inner: (priced.append(1), inner(*a))[1]
         for _ in range(8):
             c.draft({0: [1, 2]}, {0: 63})
         assert len(priced) == 8 and c.long_steps == 0 and c._credit == LONG_STEP_CREDIT, proposal
