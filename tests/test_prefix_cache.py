@@ -272,3 +272,31 @@ def test_a_negative_host_budget_is_refused(target):
 
     with pytest.raises(SpecdecError, match="host_cache"):
         cached_engine(target, host_cache=-1)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_requests_coming_and_going_over_kept_rows_and_host_copies_answer_as_fresh_rows(seed):
+    """Prompts sharing an opening and conversations' next turns arrive at random while others
+    run, over 1-3 rows, host copies with no budget, a tight one or none: every request ends
+    with the greedy tokens a fresh model gives it. (Rows taken by earlier requests of the same
+    admission are copied out as it goes: a copy chosen before them could be gone by its turn.)"""
+    import random
+
+    rng = random.Random(seed)
+    target = ToyLM(vocab_size=32, seed=1)
+    budget = rng.choice([None, 200, 2000, 0])
+    engine = cached_engine(target, max_rows=rng.choice([1, 2, 3]), host_cache=budget)
+    requests = []
+    for _ in range(50):
+        if rng.random() < 0.3:
+            prompt = [1, 2, 3, 4] + [rng.randrange(1, 31) for _ in range(rng.randrange(1, 12))]
+            done = [r for r in requests if r.done]
+            if done and rng.random() < 0.5:  # a conversation's next turn
+                prompt = rng.choice(done).context + [rng.randrange(1, 31)]
+            requests.append(engine.add(prompt, GenerationConfig(max_new_tokens=rng.randrange(1, 8))))
+        if engine.busy:
+            engine.step()
+    engine.run(requests)
+    for r in requests:
+        assert r.result.tokens == solo(r.prompt_tokens, r.config.max_new_tokens)
+    assert engine.host is None or budget is None or engine.host.nbytes <= budget

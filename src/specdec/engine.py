@@ -404,13 +404,15 @@ class Engine:
                 r.id: {row: _shared_start(t, r.prompt_tokens[:-1]) for row, t in self.idle.items()} for r in admitted
             }
             copies = {r.id: self.host.longest(r.prompt_tokens[:-1]) for r in admitted} if self.host else {}
-            copies = {i: copy for i, copy in copies.items() if copy is not None}
             rows, read_back = {}, {}
-            for request in sorted(admitted, key=lambda r: -max([*shares[r.id].values(), copies.get(r.id, (0, 0))[1]])):
+            for request in sorted(admitted, key=lambda r: -max([*shares[r.id].values(), (copies.get(r.id) or (0, 0))[1]])):
                 share = shares[request.id]
                 row = self._kept_choice(share)
-                if request.id in copies and copies[request.id][1] > (share[row] if row is not None else 0):
-                    read_back[request.id] = copies[request.id]
+                # asked again: a row taken by a request before this one may have been copied out
+                copy = self.host.longest(request.prompt_tokens[:-1]) if self.host else None
+                if copy is not None and copy[1] > (share[row] if row is not None else 0):
+                    key, n = copy
+                    read_back[request.id] = (key, self.host.take(key), n)  # held here, whatever the cache drops
                     share = dict.fromkeys(share, 0)  # the row's cache is replaced: the lowest kept id
                     row = self._kept_choice(share)
                 rows[request.id] = self._kept_row(request, row, share[row]) if row is not None else None
@@ -445,14 +447,15 @@ class Engine:
         request.prefilled = request.stats.cached_tokens = shared
         return row
 
-    def _read_back(self, request: Request, row: int, key: int, shared: int) -> None:
-        """The host copy `key` read into the request's row, cut to the `shared` tokens its prompt
-        starts with (the prefill resumes there). A copy the model cannot place is forgotten and the
-        row, left empty, reads the whole prompt."""
+    def _read_back(self, request: Request, row: int, key: int, saved: SavedRow, shared: int) -> None:
+        """The host copy `saved` (the cache's `key`) read into the request's row, cut to the
+        `shared` tokens its prompt starts with (the prefill resumes there). A copy the model cannot
+        place is forgotten and the row, left empty, reads the whole prompt."""
         try:
-            self.target.load_row(row, self.host.take(key))
+            self.target.load_row(row, saved)
         except SpecdecError:
-            self.host.forget(key)
+            if key in self.host.entries:
+                self.host.forget(key)
             request.prefilled = request.stats.cached_tokens = 0
             return
         self.target.rollback_rows({row: shared})
