@@ -421,7 +421,8 @@ class CostAwareController:
         self.long_step_share = long_step_share if objective == "bounded" else 0.0
         self._credit = 0.0  # steps past the bound that may be taken now (long_step_share a step)
         # row -> the most tokens a step could promise it if the bound did not cut its asks (inf
-        # where it did cut a free drafter's proposal), from the last _options (_long_step)
+        # where that cannot be told: a cut tree, a row the bound left no draft), from the last
+        # _options (_long_step)
         self._ceiling: dict[int, float] = {}
         self._unbounded = False  # pricing a step past the bound (_step_bound)
         self.long_steps = 0  # steps taken past the bound
@@ -583,12 +584,10 @@ class CostAwareController:
                     match, reach, kind, state.overlays[drafter.name], cautious=True
                 )
                 if longest > reach:  # the bound cut it: what the longest proposal could promise
-                    most = np.inf
+                    most = np.inf  # a tree's, untold
                     if proposal.parents is None:
-                        table = self.match_accept[drafter.name]
-                        most = table.expected_tokens(match, longest, kind, state.overlays[drafter.name], cautious=True)[
-                            -1
-                        ]
+                        table, overlay = self.match_accept[drafter.name], state.overlays[drafter.name]
+                        most = table.expected_tokens(match, longest, kind, overlay, cautious=True)[-1]
                     self._ceiling[row] = max(self._ceiling[row], most)
                 shapes = [(expected, None)]
                 if proposal.parents is not None:
