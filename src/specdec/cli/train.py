@@ -122,7 +122,7 @@ def _add_train_parser(sub) -> None:
 def cmd_train(args) -> int:
     from .. import load_model
     from ..train import conversations, features
-    from ..train.trainer import TrainConfig, device_of, train
+    from ..train.trainer import TrainConfig, train
 
     kind = _kind(args.kind)
     why = writable_reason(args.out)
@@ -143,12 +143,17 @@ def cmd_train(args) -> int:
         raise SpecdecError("training a head needs torch: pip install 'specdec[train]'") from None
     _check_device(args)  # a bad --device, --cache or --graphs before the load; --cache auto resolved
     torch_flags = dict(device=args.device, dtype=args.dtype, cache=args.cache, graphs=args.graphs)
+    rows = args.rows or conversations.ROWS  # answers decoded together: more on a GPU
+    if not args.rows and args.backend == "torch":
+        from ..models.transformers import pick_device
+
+        rows = conversations.GPU_ROWS if pick_device(args.device) != "cpu" else rows
     target = load_model(  # answering: rows that hold a request and its answers; text: one window
         args.target,
         backend=args.backend,
         n_ctx=conversations.N_CTX if answers else features.WINDOW,
         threads=args.threads,
-        max_rows=(args.rows or conversations.ROWS) if answers else 1,
+        max_rows=rows if answers else 1,
         **(torch_flags if args.backend == "torch" else {}),
     )
     from ..models.base import HiddenStates
@@ -160,7 +165,6 @@ def cmd_train(args) -> int:
     progress = not args.no_progress
     try:
         if answers:
-            rows = args.rows or (conversations.GPU_ROWS if device_of(target) != "cpu" else conversations.ROWS)
             corpus = conversations.SelfCorpus(files, args.tokens)
             folder = conversations.collect(target, corpus, progress=progress, rows=rows)
         else:
