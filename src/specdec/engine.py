@@ -403,9 +403,11 @@ class Engine:
             shares = {
                 r.id: {row: _shared_start(t, r.prompt_tokens[:-1]) for row, t in self.idle.items()} for r in admitted
             }
-            copies = {r.id: self.host.longest(r.prompt_tokens[:-1]) for r in admitted} if self.host else {}
+            copied = {
+                r.id: (self.host.longest(r.prompt_tokens[:-1]) or (0, 0))[1] if self.host else 0 for r in admitted
+            }
             rows, read_back = {}, {}
-            for request in sorted(admitted, key=lambda r: -max([*shares[r.id].values(), (copies.get(r.id) or (0, 0))[1]])):
+            for request in sorted(admitted, key=lambda r: -max([*shares[r.id].values(), copied[r.id]])):
                 share = shares[request.id]
                 row = self._kept_choice(share)
                 # asked again: a row taken by a request before this one may have been copied out
