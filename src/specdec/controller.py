@@ -422,7 +422,7 @@ class CostAwareController:
         self._credit = 0.0  # steps past the bound that may be taken now (long_step_share a step)
         # row -> the most tokens a step could promise it if the bound did not cut its asks (inf
         # where that cannot be told: a cut tree, a row the bound left no draft), from the last
-        # _options (_long_step)
+        # _options (_long_step; its dearer parts only priced where there is a tail budget)
         self._ceiling: dict[int, float] = {}
         self._unbounded = False  # pricing a step past the bound (_step_bound)
         self.long_steps = 0  # steps taken past the bound
@@ -583,7 +583,7 @@ class CostAwareController:
                 expected = self.match_accept[drafter.name].expected_tokens(
                     match, reach, kind, state.overlays[drafter.name], cautious=True
                 )
-                if longest > reach:  # the bound cut it: what the longest proposal could promise
+                if self.long_step_share and longest > reach:  # the bound cut it: what the longest could promise
                     most = np.inf  # a tree's, untold
                     if proposal.parents is None:
                         table, overlay = self.match_accept[drafter.name], state.overlays[drafter.name]
@@ -609,13 +609,13 @@ class CostAwareController:
             if self.model is not None and self.draft_cost is not None:
                 lag = max(1, self.model.lag(row, contexts[row]))
                 chain = self.model_accept.expected_tokens(min(k_cap, 8), state.model_overlay, cautious=True)
-                uncut = min(self.k_free, caps[row], 8)
-                if uncut > min(k_cap, 8):  # the bound cut the chain: what the whole one could promise
-                    full = self.model_accept.expected_tokens(uncut, state.model_overlay, cautious=True)
-                else:
+                if self.long_step_share:  # what the whole chain could promise, were the bound to cut it
+                    uncut = min(self.k_free, caps[row], 8)
                     full = chain
-                most = max(self.tree_expected(full, width)[-1] for width in self.tree_widths)
-                self._ceiling[row] = max(self._ceiling[row], most)
+                    if uncut > min(k_cap, 8):
+                        full = self.model_accept.expected_tokens(uncut, state.model_overlay, cautious=True)
+                    most = max(self.tree_expected(full, width)[-1] for width in self.tree_widths)
+                    self._ceiling[row] = max(self._ceiling[row], most)
                 for width in self.tree_widths:
                     expected = self.tree_expected(chain, width)
                     k, value = self._value(expected, self._model_cost(lag, depth), depth, width)
