@@ -908,10 +908,35 @@ def test_bounded_spends_its_tail_budget_on_a_long_sure_copy():
     ks, c = run(0.99)
     assert ks[:3] == ks[4:7] == [1, 1, 1] and ks[3] == ks[7] >= 16 and c.long_steps == 2, ks
     assert run(0.99, share=0.0)[0] == [1] * 8  # no budget: the bound every step
-    ks, c = run(0.5)
-    assert max(ks) <= 1 and c.long_steps == 0 and c._credit == LONG_STEP_CREDIT, ks
+    ks, c = run(0.5, share=0.75)
+    assert max(ks) <= 1 and c.long_steps == 0 and c._credit == LONG_STEP_CREDIT, ks  # 8 x 0.75 past the cap
     with pytest.raises(ValueError, match="long_step_share"):
         CostAwareController(None, None, CURVE, objective="bounded", long_step_share=1.0)
+
+
+def test_the_tail_budget_banks_a_burst_for_a_copy_that_comes_late():
+    """Credit earned while nothing was worth a long step waits, up to LONG_STEP_CREDIT, for a copy
+    that comes later: its first LONG_STEP_CREDIT steps all pass the bound (a cap of 2 spent itself
+    on the copy's first two long steps), then one every 1 / share steps."""
+    from specdec.controller import LONG_STEP_CREDIT
+
+    curve = {1: 0.04, 2: 0.072, **{w: 0.1 + 0.002 * (w - 3) for w in list(range(3, 17)) + [24, 32, 48, 64]}}
+    c = CostAwareController(FixedProposals(range(40)), None, curve, objective="bounded", long_step_share=0.1)
+    c.begin(0, [1, 2])
+    c.ngram.propose = lambda contexts, ks: {0: Draft(list(range(40))[: ks[0]], evidence={"match": 40})}
+
+    def steps(rate: float, n: int) -> list[int]:
+        for table in c.ngram_accept.tables.values():
+            table[:] = rate
+        ks = []
+        for _ in range(n):
+            _, draft = c.draft({0: [1, 2]}, {0: 63})[0]
+            ks.append(len(draft.tokens) if draft else 0)
+        return ks
+
+    assert max(steps(0.5, 60)) <= 1 and c._credit == LONG_STEP_CREDIT == 5  # an unsure copy: none
+    ks = steps(0.99, 10)
+    assert min(ks[:5]) >= 16 and ks[5:] == [1] * 5 and c.long_steps == 5, ks
 
 
 def test_the_tail_budget_prices_no_long_step_where_nothing_uncut_could_save_enough():
@@ -927,7 +952,7 @@ def test_the_tail_budget_prices_no_long_step_where_nothing_uncut_could_save_enou
     # no match; a sure copy that ends 2 tokens on, within the bound; a long copy the bound cuts, but
     # half of whose guesses are kept
     for proposal, rate in (([], 0.99), ([7, 8], 0.99), (list(range(40)), 0.5)):
-        c = CostAwareController(FixedProposals(range(40)), None, curve, objective="bounded", long_step_share=0.25)
+        c = CostAwareController(FixedProposals(range(40)), None, curve, objective="bounded", long_step_share=0.75)
         for table in c.ngram_accept.tables.values():
             table[:] = rate
         c.begin(0, [1, 2])

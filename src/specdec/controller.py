@@ -100,7 +100,11 @@ LATENCY_STEP = 2.0
 # why: at C = 1 the bound alone drafted one token at a time through copies llama-server verified
 # 40 at a time (served, the suite's prompts); history: docs/provenance.md#long_step_share
 LONG_STEP_SHARE = 0.005
-LONG_STEP_CREDIT = 2.0
+# Any W steps hold at most LONG_STEP_CREDIT + W x share long ones, within 1% of them wherever
+# W >= LONG_STEP_CREDIT / (0.01 - share): 1 000 steps at 5 (a run of 8 streams of 128 tokens).
+# why: a cap of 2 spent itself on a copy's first two long steps and drafted the rest of it within
+# the bound; history: docs/provenance.md#long_step_share
+LONG_STEP_CREDIT = 5.0
 LONG_STEP_SAVING = 4.0
 # A request's own evidence weighs as much as OVERLAY_WEIGHT guesses from the shared table (Overlay):
 # after 3 x OVERLAY_WEIGHT guesses of a kind its own rate has 3/4 of the say.
