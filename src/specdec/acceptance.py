@@ -276,9 +276,17 @@ class MatchAcceptance:
         """[k_max + 1] E[emitted tokens | k] for k = 0..k_max, the match spanning m tokens now
         (this request's estimate when its overlay is given; with `cautious`, each rate one standard
         error below its estimate: what the controller drafts on)."""
-        cells = [(self._kind(i, kind), self.bucket(m + i)) for i in range(k_max)]
-        known = {cell: self._estimate(*cell, overlay) for cell in dict.fromkeys(cells)}  # each cell once
-        a = np.array([known[cell] for cell in cells])
+        # position i is a guess of kind `kind` (i = 0, else "later") at match length m + i; the
+        # positions between two bucket edges share a cell, priced once (a few cells for 64 guesses)
+        a = np.empty(k_max)
+        i = 0
+        while i < k_max:
+            b = self.bucket(m + i)
+            end = k_max if b + 1 == len(MATCH_BUCKETS) else min(k_max, MATCH_BUCKETS[b + 1] - m)
+            if i == 0:
+                end = 1
+            a[i:end] = self._estimate(self._kind(i, kind), b, overlay)
+            i = end
         if cautious:
             a = cautious_rates(a, self.rate)
         return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(a))])
