@@ -338,8 +338,8 @@ class NumpyModel(SequentialRows):
         with self.use_row(row):
             k = [a[:, :n].copy() for a, n in zip(self.k_cache, self.layer_len)]
             v = [a[:, :n].copy() for a, n in zip(self.v_cache, self.layer_len)]
-            data = (k, v, self.n_past, list(self.layer_len))
-        return SavedRow(data[2], sum(a.nbytes for a in k + v), data)
+            n_past, layer_len = self.n_past, list(self.layer_len)
+        return SavedRow(n_past, sum(a.nbytes for a in k + v), (k, v, n_past, layer_len))
 
     def load_row(self, row: int, saved: SavedRow) -> None:
         k_saved, v_saved, n_past, layer_len = saved.data
