@@ -261,6 +261,15 @@ def scores_tree(k: int, fed: int) -> bool:
     return k > 0 and fed > k + 1
 
 
+def _survival(chain: np.ndarray) -> np.ndarray:
+    """[1 (k = 0), P(the first k kept) for k >= 1] from a chain's E[k] (E[k] - E[k - 1]; np.diff's
+    values without its prepend, which costs more than the rest of a tree's pricing)."""
+    survive = np.empty_like(chain)
+    survive[0] = 1.0
+    np.subtract(chain[1:], chain[:-1], out=survive[1:])
+    return survive
+
+
 @dataclass
 class _Option:
     """One row's best drafter this step: E[k] for k = 0..len - 1 and the cost of drafting."""
@@ -481,6 +490,7 @@ class CostAwareController:
         self._rows: dict[int, _RowState] = {}
         self.decisions: dict[str, int] = {}  # "plain" / "ngram:k" / "draft:k" -> row steps
         self._alone: dict[tuple[int, float | None, bool], float] = {}  # _alone_seconds's, this step's
+        self._drafts: dict[tuple[int, float | None], float] = {}  # _draft_seconds's, this step's
 
     def begin(self, row: int, prompt: Sequence[int]) -> None:
         self._rows[row] = _RowState(
@@ -507,13 +517,13 @@ class CostAwareController:
     ) -> tuple[int, float]:
         """One row alone at `depth`: argmax over k of expected[k] / (draft_cost(k) + target_cost(k
         width + 1)), or of a tree with nodes[k] nodes k deep or less."""
-        fed = [fed_tokens(k, width, nodes) for k in range(len(expected))]
-        values = [
-            expected[k] / (draft_cost(k) + self._alone_seconds(fed[k], depth, scores_tree(k, fed[k])))
-            for k in range(len(expected))
-        ]
-        k = int(np.argmax(values))
-        return k, values[k]
+        best_k, best = 0, -np.inf
+        for k, e in enumerate(expected.tolist()):  # the first k of the most value, as np.argmax
+            fed = fed_tokens(k, width, nodes)
+            value = e / (draft_cost(k) + self._alone_seconds(fed, depth, scores_tree(k, fed)))
+            if value > best:
+                best_k, best = k, value
+        return best_k, best
 
     def _forward_seconds(self, fed: Mapping[int, int], depth: float | None, tree: bool = False) -> float:
         """The target's forward feeding fed[row] tokens to each row: each of its passes on the
@@ -540,7 +550,10 @@ class CostAwareController:
         and at a width the target met once (a catch-up's) it is one forward's; when the drift was
         a ratio per width, a draft model priced by that moment's ratio at a quarter under its cost
         drafted where it could not pay."""
-        return self.draft_cost(w, depth) * self.target_cost.overall
+        key = (w, depth)
+        if key not in self._drafts:  # priced once a step, as _alone_seconds
+            self._drafts[key] = self.draft_cost(w, depth) * self.target_cost.overall
+        return self._drafts[key]
 
     def _draft_forward_seconds(self, fed: Mapping[int, int], depth: float | None) -> float:
         """The draft model's forward feeding fed[row] tokens to each row: each of its passes over
@@ -550,12 +563,14 @@ class CostAwareController:
         return sum(self._draft_seconds(w, depth) for w in passes(fed))
 
     def _model_cost(self, lag: int, depth: int) -> Callable[[int], float]:
-        return lambda k: self._draft_seconds(lag, depth) + (k - 1) * self._draft_seconds(1, depth) if k else 0.0
+        catch_up, one = self._draft_seconds(lag, depth), self._draft_seconds(1, depth)
+        return lambda k: catch_up + (k - 1) * one if k else 0.0
 
     def _options(self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]) -> dict[int, _Option]:
         """Each row's better drafter, judged as if the row were alone (as the one-row controller
         decides), and the shadow proposal prompt lookup is scored by afterwards."""
         self._alone.clear()
+        self._drafts.clear()
         options = {row: _Option("plain", np.ones(1), depth=len(contexts[row])) for row in contexts}
         reach = self._bounded_reach(contexts)
         ask = {row: min(self.k_free, caps[row], reach) for row in contexts}
@@ -613,15 +628,15 @@ class CostAwareController:
             if self.model is not None and self.draft_cost is not None:
                 lag = max(1, self.model.lag(row, contexts[row]))
                 chain = self.model_accept.expected_tokens(min(k_cap, 8), state.model_overlay, cautious=True)
+                shapes = {width: self.tree_expected(chain, width) for width in self.tree_widths}
                 if self.long_step_share:  # what the whole chain could promise, were the bound to cut it
                     uncut = min(self.k_free, caps[row], 8)
-                    full = chain
+                    full = shapes
                     if uncut > min(k_cap, 8):
-                        full = self.model_accept.expected_tokens(uncut, state.model_overlay, cautious=True)
-                    most = max(self.tree_expected(full, width)[-1] for width in self.tree_widths)
-                    self._ceiling[row] = max(self._ceiling[row], most)
-                for width in self.tree_widths:
-                    expected = self.tree_expected(chain, width)
+                        longest = self.model_accept.expected_tokens(uncut, state.model_overlay, cautious=True)
+                        full = {width: self.tree_expected(longest, width) for width in self.tree_widths}
+                    self._ceiling[row] = max(self._ceiling[row], max(e[-1] for e in full.values()))
+                for width, expected in shapes.items():
                     k, value = self._value(expected, self._model_cost(lag, depth), depth, width)
                     if k and value > best_value:
                         best_value = value
@@ -715,8 +730,7 @@ class CostAwareController:
         depths = tree.depths()
         n = len(chain) - 1  # the first branch's length, or less where a cap on reach cut its E
         nodes = np.cumsum(np.bincount(depths, minlength=n + 1)[: n + 1]).astype(float)
-        survive = np.diff(chain, prepend=1.0)  # [1 (k = 0), P(the first k kept) for k >= 1]
-        survive[0] = 1.0
+        survive = _survival(chain)
         # the depth of every node that hangs off the first branch somewhere other than its first child,
         # and how deep the branch below it goes
         on_first = set(tree.first_branch_nodes())
@@ -743,8 +757,7 @@ class CostAwareController:
         k, a sibling is kept with the table's rate for the width (module docstring)."""
         if width == 1:
             return chain
-        survive = np.diff(chain, prepend=1.0)  # [1 (k = 0), P(the first k kept) for k >= 1]
-        survive[0] = 1.0
+        survive = _survival(chain)
         return chain + self.sibling_accept.rate_at(width) * (1.0 - survive)
 
     def _step_cost(self, ks: Mapping[int, int], options: Mapping[int, _Option]) -> float:
