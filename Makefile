@@ -49,8 +49,12 @@ test-models: setup
 demo: models
 	$(SPECDEC) demo
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each on its own share of the cores
+# (tests/conftest.py), a test file to a worker so that a file's fixtures are built once;
+# TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: test-models torch-deps exact
-	SPECDEC_REQUIRE_MODELS=1 $(PY) -m pytest -q
+	SPECDEC_REQUIRE_MODELS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: setup
 	$(VENV)/bin/ruff check .

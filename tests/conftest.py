@@ -12,6 +12,19 @@ import pytest
 REQUIRE = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` runs two workers) each worker keeps its own share of the
+    cores, and the processes it starts inherit it: llama.cpp sizes its threads from this affinity
+    (default_threads) and torch from what OpenMP sees, so one worker's threads never spin waiting
+    for a core the other worker's hold."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if worker.startswith("gw") and count > 1 and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) >= count:
+            os.sched_setaffinity(0, cores[int(worker[2:]) :: count])
+
+
 def skip_or_fail(message: str):
     """Skip, or under SPECDEC_REQUIRE_MODELS=1 (make test, CI) fail: a required test runs or fails."""
     if REQUIRE:
