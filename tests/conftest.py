@@ -16,7 +16,7 @@ def pytest_configure(config):
     """Under pytest-xdist (`make test` runs two workers) each worker keeps its own share of the
     cores, and the processes it starts inherit it: llama.cpp sizes its threads from this affinity
     (default_threads) and torch from what OpenMP sees, so one worker's threads never spin waiting
-    for a core the other worker's hold."""
+    for a core the other worker holds."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if worker.startswith("gw") and count > 1 and hasattr(os, "sched_setaffinity"):
