@@ -5,11 +5,33 @@ where a missing model is a failure rather than a silent skip."""
 from __future__ import annotations
 
 import importlib
+import json
 import os
+from pathlib import Path
 
 import pytest
 
 REQUIRE = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
+# This CPU's cost curves of the 1.5B target and the 0.5B draft, a `specdec costs` report: what
+# --costs gives auto in the tests that run it on the real models, so that none of them times a
+# model (at one thread a worker, auto timed the two for 8 minutes at its first use)
+SHIPPED_COSTS = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu" / "costs-1.5b-0.5b.json"
+
+
+def costs_report(folder, target: str = "qwen2.5-coder-1.5b", draft: str | None = "qwen2.5-coder-0.5b") -> str:
+    """A --costs report for `target` and `draft` (None: none, as for --draft-model none), written
+    in `folder`: the shipped curves, relabelled, the 0.5B's standing in for any model but the
+    1.5B target (curves steer auto's choices, never its output; see --costs)."""
+    if (target, draft) == ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"):
+        return str(SHIPPED_COSTS)
+    shipped = json.loads(SHIPPED_COSTS.read_text())
+    report = dict(shipped, target=dict(shipped["target" if target == "qwen2.5-coder-1.5b" else "draft"], name=target))
+    report.pop("draft")
+    if draft is not None:
+        report["draft"] = dict(shipped["draft"], name=draft)
+    path = Path(folder) / f"costs-{target}-{draft}.json"
+    path.write_text(json.dumps(report))
+    return str(path)
 
 
 def pytest_configure(config):

@@ -14,7 +14,7 @@ from specdec.compare import ROUNDING_GAP
 from specdec.errors import SpecdecError
 from specdec.spec import DraftSpec
 
-from .conftest import Stopped, captured_call
+from .conftest import SHIPPED_COSTS, Stopped, captured_call
 
 
 def test_parse_method():
@@ -190,6 +190,8 @@ def test_tiny_bench_end_to_end(tmp_path, target_model, draft_model):
             "plain",
             "ngram:4",
             "auto",
+            "--costs",
+            str(SHIPPED_COSTS),
             "--out",
             str(out),
         ],

@@ -9,7 +9,7 @@ import pytest
 
 from specdec import catalog
 
-from .conftest import Stopped, captured_call
+from .conftest import SHIPPED_COSTS, Stopped, captured_call
 from .test_user_errors import specdec  # the user-error table lives in tests/test_user_errors.py
 
 
@@ -53,8 +53,11 @@ def test_generate_streams_and_reads_stdin(draft_model):
 
 @pytest.mark.real_models
 def test_compare_end_to_end(target_model, draft_model):
-    proc = specdec("compare", "-n", "24", "-p", "Write a Python function that adds two numbers.")
+    proc = specdec(
+        "compare", "-n", "24", "--costs", str(SHIPPED_COSTS), "-p", "Write a Python function that adds two numbers."
+    )
     assert proc.returncode == 0, proc.stderr
+    assert "specdec: timing" not in proc.stderr  # auto took the curves it was given
     for label in (
         "plain",
         "speculative",
@@ -227,7 +230,7 @@ def test_verification_reaches_the_config(command):
 
 @pytest.mark.real_models
 def test_demo_shows_where_auto_pays_and_where_it_steps_aside(target_model, draft_model):
-    proc = specdec("demo", timeout=600)  # plain decoding runs twice; a loaded machine is slow
+    proc = specdec("demo", "--costs", str(SHIPPED_COSTS), timeout=600)  # plain runs twice; a loaded machine is slow
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "1. code edit" in out and "2. open generation" in out

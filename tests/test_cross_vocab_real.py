@@ -11,7 +11,7 @@ import pytest
 from specdec import SpeculativeDecoder
 from specdec.drafters.cross_vocab import CrossVocabDrafter
 
-from .conftest import _real_model
+from .conftest import _real_model, costs_report
 from .lossless import assert_greedy_lossless
 from .test_greedy_real import CONFIG, PROMPTS
 from .test_user_errors import specdec
@@ -59,12 +59,16 @@ def test_most_cross_vocabulary_outputs_are_identical(plain_outputs, runs):
         assert identical >= 2, (mode, identical)
 
 
-def test_the_cli_takes_a_draft_of_another_vocabulary():
+def test_the_cli_takes_a_draft_of_another_vocabulary(tmp_path):
     for draft in ("gemma-3-270m", "intersect:gemma-3-270m"):
         proc = specdec("generate", "-p", "Write hello world in C.", "-n", "12", "--draft", draft, "--json")
         assert proc.returncode == 0, proc.stderr
         out = json.loads(proc.stdout)
         assert out["draft"] == "gemma-3-270m" and out["stats"]["drafted"] > 0
-    proc = specdec("generate", "-p", "Write hello world in C.", "-n", "12", "--draft-model", "gemma-3-270m", "--json")
+    costs = costs_report(tmp_path, draft="gemma-3-270m")
+    proc = specdec(
+        "generate", "-p", "Write hello world in C.", "-n", "12", "--draft-model", "gemma-3-270m", "--costs", costs,
+        "--json",
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["draft"] == "auto (ngram + gemma-3-270m)"

@@ -19,7 +19,7 @@ from specdec import catalog
 from specdec.config import GenerationConfig
 from specdec.errors import SpecdecError
 
-from .conftest import _real_model
+from .conftest import SHIPPED_COSTS, _real_model, costs_report
 
 
 def _drop_file_permission_overrides() -> None:
@@ -90,8 +90,9 @@ def _row(name, args, *fragments, stdin=b"", env=None, models=False):
 
 
 # {tmp}: this test's temporary folder, holding bad.gguf (not a GGUF), not-utf8.txt, blocker (a
-# file, so nothing can be created below it) and, for the rows that need the models,
-# truncated.gguf (the first 8 MB of the 0.5B).
+# file, so nothing can be created below it), not-a-report.json (JSON, no curves), c.json and
+# c-0.5b.json (--costs reports: the 1.5B's and 0.5B's, with the 0.5B draft) and, for the rows that
+# need the models, truncated.gguf (the first 8 MB of the 0.5B).
 USER_ERRORS = [
     # flags
     _row("k-negative", ["generate", "-p", "x", "-k", "-1"], "-k/--draft-tokens", "0..32"),
@@ -215,6 +216,26 @@ USER_ERRORS = [
         "cannot create files in /proc",
     ),
     _row("costs-out-unwritable", ["costs", "--out", "/proc/curves.json"], "--out", "cannot be written"),
+    # --costs: auto's curves from a report, checked before a load, then against what was loaded
+    _row("costs-report-missing", ["generate", "-p", "x", "--costs", "{tmp}/none.json"], "--costs", "cannot read it"),
+    _row("costs-report-not-json", ["compare", "-p", "x", "--costs", "{tmp}/not-utf8.txt"], "not JSON"),
+    _row("costs-report-not-a-report", ["demo", "--costs", "{tmp}/not-a-report.json"], "not a `specdec costs"),
+    _row("costs-for-ngram", ["generate", "-p", "x", "--draft", "ngram", "--costs", "{tmp}/c.json"], "--draft auto"),
+    _row("serve-costs-report-missing", ["serve", "--costs", "{tmp}/none.json"], "--costs", "cannot read it"),
+    _row("bench-costs-report-missing", ["bench", "--costs", "{tmp}/none.json"], "--costs", "cannot read it"),
+    _row("check-costs-with-a-url", ["check", "--url", "http://127.0.0.1:9", "--costs", "{tmp}/c.json"], "in-process"),
+    _row(
+        "costs-report-of-another-target",
+        ["generate", "--target", "qwen2.5-coder-0.5b", "-p", "x", "-n", "2", "--costs", "{tmp}/c.json"],
+        "timed qwen2.5-coder-1.5b on --backend llama, not qwen2.5-coder-0.5b",
+        models=True,
+    ),
+    _row(
+        "costs-report-of-another-draft",
+        "generate --target qwen2.5-coder-0.5b --draft-model gemma-3-270m -p x -n 2 --costs {tmp}/c-0.5b.json".split(),
+        "timed the draft model qwen2.5-coder-0.5b, not gemma-3-270m",
+        models=True,
+    ),
     _row("serve-api-key-empty", ["serve", "--api-key", ""], "--api-key", "is empty"),
     _row("serve-api-key-empty-env", ["serve"], "is empty", env={"SPECDEC_API_KEY": " "}),
     _row("serve-timeout-nan", ["serve", "--request-timeout", "nan"], "--request-timeout", "finite"),
@@ -357,6 +378,9 @@ def inputs(tmp_path, request):
     (tmp_path / "bad.gguf").write_bytes(b"this is not a model")
     (tmp_path / "not-utf8.txt").write_bytes(b"caf\xe9 au lait")
     (tmp_path / "blocker").write_text("a file, so nothing can be created below it")
+    (tmp_path / "not-a-report.json").write_text('{"target": {"name": "qwen2.5-coder-1.5b"}}')
+    (tmp_path / "c.json").write_text(SHIPPED_COSTS.read_text())
+    Path(costs_report(tmp_path, "qwen2.5-coder-0.5b")).rename(tmp_path / "c-0.5b.json")
     if request.node.get_closest_marker("real_models"):
         _require("qwen2.5-coder-0.5b")
         with open(catalog.model_path(catalog.lookup("qwen2.5-coder-0.5b")), "rb") as src:
@@ -550,10 +574,11 @@ def test_threads_above_the_cores_are_capped_with_a_warning():
 
 
 @pytest.mark.real_models
-def test_the_default_draft_model_is_only_the_default_for_its_target():
+def test_the_default_draft_model_is_only_the_default_for_its_target(tmp_path):
     """gemma-3-270m has another vocabulary than the Qwen draft: `auto` drafts by prompt lookup."""
     _require("gemma-3-270m")
-    proc = specdec("generate", "--target", "gemma-3-270m", "-p", "hi", "-n", "4", "--json")
+    costs = costs_report(tmp_path, "gemma-3-270m", None)
+    proc = specdec("generate", "--target", "gemma-3-270m", "-p", "hi", "-n", "4", "--costs", costs, "--json")
     assert proc.returncode == 0, proc.stderr
     import json
 

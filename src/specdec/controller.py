@@ -362,8 +362,9 @@ def auto_controller(
     long_step_share: float = 0.0,
 ) -> "CostAwareController":
     """`auto`'s controller for `target`, the one way it is built (a decoder's engine, the server's
-    router). `costs`: (the target's curve, the draft model's or None); None: timed, and cached, at
-    first use (costs.measure_cost_table). `objective`: OBJECTIVES. A drafter in the draft model's
+    router). `costs`: (the target's curve, the draft model's or None); None, or None for the draft
+    model's where there is one: timed, and cached, at first use (costs.measure_cost_table).
+    `objective`: OBJECTIVES. A drafter in the draft model's
     place that drafts chains and takes a width with each call (a draft model of the target's
     vocabulary, an early exit: drafters.model.Levels) may draft trees where the target scores them
     (TREE_WIDTHS)."""
@@ -376,14 +377,14 @@ def auto_controller(
         and "widths" in inspect.signature(model.propose).parameters
     )
     scores_trees = getattr(target, "scores_trees", False)
-    if costs is None:
+    if costs is None or (costs[1] is None and model is not None):
         from .costs import measure_cost_table
 
         if isinstance(model, DraftModel):
             drafting = measure_cost_table(model.model)
         else:  # a drafter that times itself (a trained head), or none
             drafting = model.cost_curve() if hasattr(model, "cost_curve") else None
-        costs = (measure_cost_table(target), drafting)
+        costs = (measure_cost_table(target) if costs is None else costs[0], drafting)
     return CostAwareController(
         free,
         model,

@@ -12,6 +12,7 @@ import pytest
 
 from specdec import GenerationConfig, SpeculativeDecoder
 
+from ..conftest import SHIPPED_COSTS, costs_report
 from ..lossless import assert_greedy_lossless
 from .helpers import (
     ROOT,
@@ -27,7 +28,7 @@ REAL_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def real_server(target_model):  # target_model: skips (or fails) without the real models
-    proc, base = _serve_process("--max-batch", "4", "--ctx", "2048")
+    proc, base = _serve_process("--max-batch", "4", "--ctx", "2048", "--costs", str(SHIPPED_COSTS))
     try:
         _wait_healthy(base, 600, proc)
         yield base
@@ -48,9 +49,10 @@ def test_real_serve_saves_the_suffix_cache_after_draining(tmp_path, draft_model)
     from specdec.drafters.suffix import SuffixCacheDrafter
 
     cache = tmp_path / "cache.npz"
+    costs = costs_report(tmp_path, "qwen2.5-coder-0.5b")  # 'auto' is built for any request to ask for
     proc, base = _serve_process(
         "--target", "qwen2.5-coder-0.5b", "--draft", "suffix", "--suffix-cache", str(cache), "--max-batch", "1",
-        "--ctx", "1024",
+        "--ctx", "1024", "--costs", costs,
     )  # fmt: skip
     try:
         _wait_healthy(base, 600, proc)
@@ -66,13 +68,13 @@ def test_real_serve_saves_the_suffix_cache_after_draining(tmp_path, draft_model)
 
 
 @pytest.mark.real_models
-def test_real_serve_grows_the_draft_models_trees(draft_model):
+def test_real_serve_grows_the_draft_models_trees(tmp_path, draft_model):
     """`specdec serve --draft-width 2 --draft-nodes 4` with a draft model: the draft model is loaded
     to score its own trees (it grows them), so the server starts and answers (it once loaded every
     draft model without tree scoring, which a grown tree refuses)."""
     proc, base = _serve_process(
         "--target", "qwen2.5-coder-0.5b", "--draft", "qwen2.5-coder-0.5b", "--draft-width", "2", "--draft-nodes",
-        "4", "--max-batch", "2", "--ctx", "1024",
+        "4", "--max-batch", "2", "--ctx", "1024", "--costs", costs_report(tmp_path, "qwen2.5-coder-0.5b"),
     )  # fmt: skip
     try:
         _wait_healthy(base, 600, proc)

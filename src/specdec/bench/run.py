@@ -120,6 +120,7 @@ class Bench:
         self.drafter = model_drafter(self.draft_model, self.target, spec.vocab)
         # decoders that learn across prompts (auto, suffix:K), one per method, repeat and batch size
         self.learners: dict[tuple, object] = {}
+        self.costs: tuple | None = None  # auto's cost curves (controller.auto_controller's; None: timed)
         self.prompt_ids: dict[str, list[int]] = {}  # prompt id -> its tokens, as our runs fed them
         self.suffix_cap, self.draft_corpus = suffix_cap, draft_corpus
         # the GGUF files the peers run (a transformers folder, for --backend torch, has none)
@@ -192,7 +193,9 @@ class Bench:
             key = (spec, repeat, batch)
             if key not in self.learners:
                 suffix = self._suffix_cache() if spec.wants_suffix else False
-                self.learners[key] = SpeculativeDecoder.from_spec(self.target, spec, draft=self.drafter, suffix=suffix)
+                self.learners[key] = SpeculativeDecoder.from_spec(
+                    self.target, spec, draft=self.drafter, suffix=suffix, costs=self.costs
+                )
             return self.learners[key]
         return SpeculativeDecoder.from_spec(self.target, spec, draft=self.drafter)
 

@@ -8,8 +8,8 @@ import sys
 from .. import catalog
 from ..errors import SpecdecError
 from ..sampling import VERIFICATION_RULES
-from .flags import CTX_HELP, _add_model_flags, _add_suffix_flags
-from .loading import _check_device, _check_draft_corpus
+from .flags import CTX_HELP, _add_costs_flag, _add_model_flags, _add_suffix_flags
+from .loading import _check_device, _check_draft_corpus, _read_costs, _report_costs
 from .options import SEED, TEMPERATURE_HELP, _float_in, _positive
 
 
@@ -79,6 +79,7 @@ def _add_bench_parser(sub) -> None:
     _add_suffix_flags(
         p.add_argument_group("suffix cache (auto, suffix:K)"), cache_file=False, off="auto goes without it"
     )
+    _add_costs_flag(p, "the auto methods")
     p.add_argument(
         "--per-category", type=_positive(int), default=2, help="prompts per category (default: 2; --full: all)"
     )
@@ -163,6 +164,7 @@ def cmd_bench(args) -> int:
             raise SpecdecError(f"method {method} needs the suffix cache: give --suffix-cap >= 1")
     _check_draft_corpus(args)
     _check_device(args)  # --device, --cache and --graphs before a load
+    report = _read_costs(args)
     vllm = [m for m in methods if m.startswith("vllm:")]
     if vllm:
         from ..peers import check_vllm
@@ -196,6 +198,8 @@ def cmd_bench(args) -> int:
         cache=args.cache,
         graphs=args.graphs,
     )
+    if report is not None:
+        runner.costs = _report_costs(args, report, runner.target, runner.drafter)
     if args.hf or any(m.startswith("hf:") for m in methods):
         runner.enable_hf()
     out = Path(args.out)

@@ -9,7 +9,7 @@ import os
 from types import SimpleNamespace
 
 from ..errors import SpecdecError
-from .flags import _add_model_flags, _add_suffix_flags, _draft_model_help
+from .flags import _add_costs_flag, _add_model_flags, _add_suffix_flags, _draft_model_help
 from .options import SEED, _float_in, _int_in, _non_negative_int, _positive
 
 MIN_SAMPLES = 100  # fewer samples than this give a test with no power worth stating
@@ -44,7 +44,7 @@ def _add_check_parser(sub) -> None:
         draft_model=(None, _draft_model_help()),
         draft_tokens=(1, "draft tokens per step with a fixed drafter (--draft ngram, a model); ignored under auto"),
         draft_backend_help="backend of the draft model (default: --backend)",
-        after={"--draft-model": lambda: _add_suffix_flags(g, cache_file=False)},
+        after={"--draft-model": lambda: (_add_suffix_flags(g, cache_file=False), _add_costs_flag(g))},
     )
     g = p.add_argument_group("a server (instead of the models)")
     g.add_argument(
@@ -144,6 +144,8 @@ def cmd_check(args) -> int:
 
     if args.plain_url and not args.url:
         raise SpecdecError("--plain-url is the plain side of a server check: give --url too")
+    if args.url and args.costs:
+        raise SpecdecError("--costs is for the models checked in-process; a server takes its own (serve --costs)")
     prompts = _prompts(args)
     common = dict(
         greedy_tokens=args.max_tokens,

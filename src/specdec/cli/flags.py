@@ -184,7 +184,7 @@ def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
         ),
         draft_backend_help="backend of the draft model (default: --backend); e.g. a llama.cpp draft "
         "for a torch target, when the vocabularies match",
-        after={"--draft-model": lambda: _add_suffix_flags(g)},
+        after={"--draft-model": lambda: (_add_suffix_flags(g), _add_costs_flag(g))},
     )
     g = p.add_argument_group("prompt")
     src = g.add_mutually_exclusive_group()
@@ -248,6 +248,20 @@ def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
         action="append",
         default=[],
         help="stop string (repeatable; default: none)",
+    )
+
+
+def _add_costs_flag(g, who: str = "--draft auto") -> None:
+    """--costs: auto's cost curves from a `specdec costs` report instead of timing them."""
+    g.add_argument(
+        "--costs",
+        metavar="REPORT",
+        default=None,
+        help=f"{who}'s cost curves (what a target forward of W tokens costs, and the draft model's) from "
+        "a `specdec costs --out REPORT` of the same target, backend and draft model, instead of timing "
+        "them at start: a curve timed once on a quiet machine, for every machine like it (one timed at "
+        "other threads or elsewhere misleads auto's choices, never the output; a report without the "
+        "draft model's curve: that one is timed) (default: timed at first use, cached per model and threads)",
     )
 
 

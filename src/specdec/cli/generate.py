@@ -9,7 +9,7 @@ import sys
 from .. import catalog
 from ..config import MAX_LOGPROBS
 from ..drafters.suffix import DEFAULT_CAP as SUFFIX_CAP
-from .flags import _add_request_flags, _add_threads_flag
+from .flags import _add_costs_flag, _add_request_flags, _add_threads_flag
 from .loading import _decoder, _save_suffix
 from .options import _int_in, _positive
 from .prompt import _batch_prompts, _config, _read_prompt
@@ -75,6 +75,7 @@ def _add_generate_parsers(sub) -> None:
         "gives: its predicted gain and the costs it measured.",
     )
     _add_threads_flag(p)
+    _add_costs_flag(p, "auto")
     p.add_argument("--stats", action="store_true", help="also print the full statistics of each run")
     p.set_defaults(
         target=catalog.DEFAULT_TARGET,

@@ -108,11 +108,14 @@ def _decoder(args):
     )
     _check_suffix_flags(args, spec.kind)  # so do bad suffix cache flags
     _check_device(args)  # and a bad --device
+    if args.costs and not spec.is_auto:
+        raise SpecdecError(f"--costs is auto's cost curves: give --draft auto (this run drafts with {args.draft})")
+    report = _read_costs(args)  # and a bad --costs
     target = load(args.target)
     suffix = _suffix_cache(args, target) if spec.kind in ("suffix", "auto") else False
     # a draft model of another vocabulary drafts across tokenizers (drafters.model_drafter)
     try:
-        return SpeculativeDecoder.from_spec(
+        decoder = SpeculativeDecoder.from_spec(
             target, spec, lambda name: load(name, args.draft_backend or args.backend), max_rows=rows, suffix=suffix
         )
     except VocabMismatchError as exc:
@@ -122,6 +125,64 @@ def _decoder(args):
             f"--draft-model {draft_model}: {exc.reason}; give --draft-model none (prompt "
             f"lookup only) or a draft model of the target's family"
         ) from None
+    if report is not None:
+        decoder.costs = _report_costs(args, report, target, decoder.model_drafter)
+    return decoder
+
+
+def _read_costs(args) -> dict | None:
+    """--costs: the `specdec costs` report, read and checked before any model loads (None: none)."""
+    import json
+
+    from ..paths import reason
+
+    if not args.costs:
+        return None
+    try:
+        report = json.loads(open(args.costs, encoding="utf-8").read())
+    except OSError as exc:
+        raise SpecdecError(f"--costs {args.costs}: cannot read it: {reason(exc)}") from None
+    except (ValueError, UnicodeDecodeError):
+        raise SpecdecError(f"--costs {args.costs}: not JSON; give a `specdec costs --out FILE` report") from None
+    from ..costs import cost_table
+
+    try:
+        for role in ("target", "draft") if isinstance(report, dict) and report.get("draft") else ("target",):
+            cost_table(report, role)
+            str(report[role]["name"])
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        raise SpecdecError(
+            f"--costs {args.costs}: not a `specdec costs --out FILE` report (no one-row curve of a named target)"
+        ) from None
+    return report
+
+
+def _report_costs(args, report: dict, target, draft) -> tuple:
+    """(the target's cost table, the draft model's or None: timed) from a --costs report, once it
+    is known to be of this target (name, backend, exact mode) and of this draft model (`draft`:
+    auto's draft model, loaded, or its drafter; None: none)."""
+    from ..costs import cost_table
+    from ..drafters.base import Drafter
+
+    facts = report["target"]
+    ran = (facts.get("name"), facts.get("backend"), bool(facts.get("exact", False)))
+    if ran != (target.name, args.backend, bool(args.exact)):
+        raise SpecdecError(
+            f"--costs {args.costs} timed {ran[0]} on --backend {ran[1]}{' --exact' if ran[2] else ''}, not "
+            f"{target.name} on --backend {args.backend}{' --exact' if args.exact else ''}: give a report "
+            f"of this target (specdec costs --target {args.target} --out FILE)"
+        )
+    if isinstance(draft, Drafter):  # a draft model's drafter holds it; a head or early exit times itself
+        draft = None if hasattr(draft, "cost_curve") else draft.model
+    timed = report.get("draft")
+    if timed is None or draft is None:
+        return cost_table(report, "target"), None
+    if timed.get("name") != draft.name:
+        raise SpecdecError(
+            f"--costs {args.costs} timed the draft model {timed.get('name')}, not {draft.name}: give a report "
+            f"with this one (specdec costs --draft ...), or one without a draft model (its curve is timed)"
+        )
+    return cost_table(report, "target"), cost_table(report, "draft")
 
 
 def _check_suffix_flags(args, kind: str) -> None:

@@ -10,8 +10,8 @@ from .. import catalog
 from ..controller import LATENCY_STEP, LONG_STEP_SAVING, LONG_STEP_SHARE, OBJECTIVES, SERVER_OBJECTIVE
 from ..engine import HOST_CACHE_MIB, PREFILL_STALL, PREFILL_WASTE
 from ..errors import SpecdecError
-from .flags import _add_model_flags, _add_suffix_flags
-from .loading import _check_device, _check_suffix_flags, _model_loader, _suffix_cache
+from .flags import _add_costs_flag, _add_model_flags, _add_suffix_flags
+from .loading import _check_device, _check_suffix_flags, _model_loader, _read_costs, _report_costs, _suffix_cache
 from .options import _at_least_one, _at_least_one_or_inf, _float_in, _non_negative_int, _port, _positive
 
 
@@ -43,9 +43,10 @@ def _add_serve_parser(sub) -> None:
         threads_help="CPU threads (default: all cores this process may use)",
         ctx=(4096, "context window of each request, in tokens (default: 4096)"),
         after={
+            "--draft-model": lambda: _add_costs_flag(g, "'auto'"),
             "--draft-tokens": lambda: _add_suffix_flags(
                 p.add_argument_group("suffix cache (one for all requests; auto and 'suffix' draft from it)")
-            )
+            ),
         },
     )
     g = p.add_argument_group("server")
@@ -211,6 +212,7 @@ def cmd_serve(args) -> int:
     # any request may ask for auto or suffix, whatever the default: the flags hold for every --draft
     _check_suffix_flags(args, "suffix" if spec.kind == "suffix" else "auto")
     _check_device(args)
+    report = _read_costs(args)
     draft_spec = spec if spec.kind == "model" else parse(args.draft_model)
     head_spec = spec if spec.kind == "head" else draft_spec if draft_spec.kind == "head" else None
     if draft_spec.kind == "head":  # --draft-model head:FILE: auto drafts with the head, no draft model
@@ -265,6 +267,7 @@ def cmd_serve(args) -> int:
         host_cache=None if args.cache_ram == -1 else args.cache_ram << 20,
         objective=args.objective,
         long_step_share=args.long_step_share,
+        costs=_report_costs(args, report, target, draft) if report is not None else None,
     )
 
     def listening(port: int) -> None:  # the port bound (--port 0 picks one)

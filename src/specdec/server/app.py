@@ -140,13 +140,15 @@ def build_service(
     host_cache: int | None = HOST_CACHE_MIB << 20,
     objective: str = SERVER_OBJECTIVE,
     long_step_share: float = LONG_STEP_SHARE,
+    costs: tuple | None = None,
     **limits,
 ) -> Service:
     """A service over loaded models: `target`, and `draft_model` (a RowModel, of another vocabulary
     too, or a Drafter such as drafters.model_drafter's, or None) for the 'auto' policy and for
     requests that name it (`draft_name`).
-    The cost-aware controller is built (its cost curves measured, or read from the cache) even
-    when the default policy is fixed, since any request may ask for 'auto'. `suffix` is the suffix
+    The cost-aware controller is built (its cost curves `costs`, as controller.auto_controller takes
+    them, else measured or read from the cache) even when the default policy is fixed, since any
+    request may ask for 'auto'. `suffix` is the suffix
     cache (as SpeculativeDecoder takes it): ONE for every request, whatever its policy, so each
     request drafts from all the requests before it. `head` is a trained head's drafter
     (drafters.head), which requests name as 'head'. `prefill_stall`: a step that carries joining
@@ -165,7 +167,7 @@ def build_service(
 
     ngram, suffix, model = auto_drafters(target, draft_model, suffix)
     free = [d for d in (ngram, suffix) if d is not None]
-    auto = auto_controller(target, free, model, objective=objective, long_step_share=long_step_share)
+    auto = auto_controller(target, free, model, costs, objective=objective, long_step_share=long_step_share)
     router = RoutingController(auto, ngram, model, suffix, head)
     engine = Engine(
         target,
