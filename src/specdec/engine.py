@@ -689,8 +689,8 @@ class SpeculativeDecoder:
 
     `suffix` is the suffix cache auto consults (None: a new empty one, False: none); it lives as
     long as the decoder, so every request it serves feeds it. `costs` are auto's cost curves,
-    (the target's, the draft model's), each a CostTable or {width: seconds} (None: timed, and
-    cached, at first use: costs.measure_cost_table).
+    (the target's, the draft model's), each a CostTable or {width: seconds} (None, or None for the
+    draft model's where there is one: timed, and cached, at first use: costs.measure_cost_table).
     It owns one Engine: every generate / stream / generate_batch call adds rows to it.
     """
 
