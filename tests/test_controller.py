@@ -596,6 +596,24 @@ def test_auto_drafts_in_a_batch_where_it_pays():
     assert all(r.stats.drafted > 0 for r in results)
 
 
+def test_a_given_target_curve_without_the_draft_models_has_the_draft_model_timed(monkeypatch):
+    """costs=(the target's curve, None) with a draft model (as --costs gives from a report without
+    it): the target's curve is taken as given and the draft model's is timed, so auto may draft
+    with it (without a curve it never would)."""
+    from specdec import costs as cost_module
+
+    target, draft = ToyLM(vocab_size=32, seed=1), ToyLM(vocab_size=32, seed=2)
+    target.path = draft.path = None
+    timed = []
+    real = cost_module.measure_cost_table
+    monkeypatch.setattr(cost_module, "measure_cost_table", lambda model: timed.append(model) or real(model))
+    flat = CostTable({w: 0.01 for w in range(1, 17)})
+    auto = SpeculativeDecoder(target, "auto", draft_model=draft, suffix=False, costs=(flat, None))
+    controller = auto.controller()
+    assert timed == [draft] and controller.target_cost.base == flat.base
+    assert controller.draft_cost is not None
+
+
 def test_a_curve_timed_on_a_busy_machine_is_not_cached(tmp_path, monkeypatch, capsys):
     from specdec.costs import machine_was_busy
 
