@@ -50,11 +50,12 @@ demo: models
 	$(SPECDEC) demo
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist), each on its own share of the cores
-# (tests/conftest.py), a test file to a worker so that a file's fixtures are built once;
+# (tests/conftest.py), a test file to a worker so that a file's fixtures are built once, handed
+# out in the order tests/conftest.py sorts them (the heaviest first, so the workers end together);
 # TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 test: test-models torch-deps exact
-	SPECDEC_REQUIRE_MODELS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	SPECDEC_REQUIRE_MODELS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: setup
 	$(VENV)/bin/ruff check .
