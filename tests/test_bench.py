@@ -151,7 +151,7 @@ def test_learning_methods_keep_repeats_and_batch_sizes_apart(monkeypatch):
 
     monkeypatch.setattr(specdec.engine.SpeculativeDecoder, "from_spec", lambda *a, **kw: object())
     b = bench.Bench.__new__(bench.Bench)
-    b.target, b.drafter, b.learners, b.suffix_cap, b.draft_corpus = None, None, {}, 0, None
+    b.target, b.drafter, b.learners, b.suffix_cap, b.draft_corpus, b.costs = None, None, {}, 0, None, None
     auto, suffix = (bench.parse_method(m)[1] for m in ("auto", "suffix:8"))
     first = b._decoder(auto, repeat=0)
     assert b._decoder(auto, repeat=0) is first  # learns across prompts
