@@ -72,7 +72,7 @@ def _add_generate_parsers(sub) -> None:
         "--draft auto on two requests: a code edit, whose answer copies "
         "most of the prompt (auto drafts by prompt lookup), and open "
         "generation (auto steps aside). Each ends with the reason auto "
-        "gives: its predicted gain and the costs it measured.",
+        "gives: its predicted gain and the costs it measured (or was given: --costs).",
     )
     _add_threads_flag(p)
     _add_costs_flag(p, "auto")

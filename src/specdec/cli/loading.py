@@ -133,13 +133,14 @@ def _decoder(args):
 def _read_costs(args) -> dict | None:
     """--costs: the `specdec costs` report, read and checked before any model loads (None: none)."""
     import json
+    from pathlib import Path
 
     from ..paths import reason
 
     if not args.costs:
         return None
     try:
-        report = json.loads(open(args.costs, encoding="utf-8").read())
+        report = json.loads(Path(args.costs).read_text(encoding="utf-8"))
     except OSError as exc:
         raise SpecdecError(f"--costs {args.costs}: cannot read it: {reason(exc)}") from None
     except (ValueError, UnicodeDecodeError):
