@@ -150,7 +150,8 @@ def _read_costs(args) -> dict | None:
     try:
         for role in ("target", "draft") if isinstance(report, dict) and report.get("draft") else ("target",):
             cost_table(report, role)
-            str(report[role]["name"])
+            if not isinstance(report[role]["name"], str):  # _report_costs checks it against the model's
+                raise TypeError(role)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError):
         raise SpecdecError(
             f"--costs {args.costs}: not a `specdec costs --out FILE` report (no one-row curve of a named target)"
