@@ -223,6 +223,7 @@ USER_ERRORS = [
     _row("costs-for-ngram", ["generate", "-p", "x", "--draft", "ngram", "--costs", "{tmp}/c.json"], "--draft auto"),
     _row("serve-costs-report-missing", ["serve", "--costs", "{tmp}/none.json"], "--costs", "cannot read it"),
     _row("bench-costs-report-missing", ["bench", "--costs", "{tmp}/none.json"], "--costs", "cannot read it"),
+    _row("bench-costs-without-auto", ["bench", "--methods", "plain", "--costs", "{tmp}/c.json"], "--methods with auto"),
     _row("check-costs-with-a-url", ["check", "--url", "http://127.0.0.1:9", "--costs", "{tmp}/c.json"], "in-process"),
     _row(
         "costs-report-of-another-target",

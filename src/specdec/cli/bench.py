@@ -158,8 +158,10 @@ def cmd_bench(args) -> int:
             f"--methods names {repeated} twice: each method runs once a prompt (plain's second run, "
             f"plain#2, is the bench's own noise measure unless --no-noise)"
         )
+    parsed = [bench.parse_method(method) for method in methods]  # fail on a typo before loading anything
+    if args.costs and not any(getattr(spec, "is_auto", False) for _, spec, _ in parsed):  # a peer's is a str
+        raise SpecdecError("--costs is the auto methods' cost curves: give --methods with auto")
     for method in methods:
-        bench.parse_method(method)  # fail on a typo before loading anything
         if method.startswith(("suffix:", "auto:suffix")) and args.suffix_cap == 0:
             raise SpecdecError(f"method {method} needs the suffix cache: give --suffix-cap >= 1")
     _check_draft_corpus(args)
