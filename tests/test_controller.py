@@ -983,6 +983,49 @@ def test_the_tail_budget_prices_no_long_step_where_nothing_uncut_could_save_enou
         assert len(priced) == 8 and c.long_steps == 0 and c._credit == LONG_STEP_CREDIT, proposal
 
 
+def test_expected_tokens_are_numpys_cumulative_products_and_sums_bit_for_bit():
+    """The tables price E[k] in Python (acceptance.emitted_tokens): the same floats as
+    1 + [0, cumsum(cumprod(a))], for the draft model's table and prompt lookup's, with and without
+    an overlay and the cautious rates, so that auto's decisions do not move by a rounding."""
+    from specdec.acceptance import MATCH_BUCKETS, cautious_rates, emitted_tokens
+
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        a = rng.random(int(rng.integers(0, 70)))
+        assert np.array_equal(emitted_tokens(a.tolist()), 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(a))]))
+        h = float(rng.random())
+        assert cautious_rates(h, 0.1) == cautious_rates(np.array([h]), 0.1)[0]
+    acc = MatchAcceptance({kind: rng.random(13).tolist() for kind in MatchAcceptance.KINDS}, rate=0.1)
+    overlay = acc.overlay(8.0)
+    for group in range(8):
+        overlay.observe(group, bool(group % 2), 0.6)
+    for m in (1, 5, 7, 30, 70):
+        for k in (0, 1, 6, 40):
+            for kind in MatchAcceptance.KINDS:
+                for ov in (None, overlay):
+                    a = np.array([acc._estimate(kind if i == 0 else "later", acc.bucket(m + i), ov) for i in range(k)])
+                    for cautious in (False, True):
+                        rates = cautious_rates(a, acc.rate) if cautious else a
+                        want = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(rates))])
+                        assert np.array_equal(acc.expected_tokens(m, k, kind, ov, cautious), want), (m, k, kind)
+    assert MATCH_BUCKETS[-1] < 70 + 40  # the last bucket, open-ended, was priced too
+
+
+def test_a_one_row_price_follows_the_curve_the_last_forward_taught():
+    """One row's forward is priced once a step (_alone_seconds); a forward observed since makes a new
+    price, not the one from before it (a stale price would draft on a machine that has slowed)."""
+    table = CostTable([0.01 * (1 + 0.5 * (w - 1)) for w in range(1, 17)])
+    ctl = CostAwareController(NgramDrafter(), None, table)
+    ctl.begin(0, [1, 2, 3])
+    before = ctl._forward_seconds({0: 2}, 3)
+    assert ctl._forward_seconds({5: 2}, 3) == before == ctl._alone_seconds(2, 3)  # any one row alike
+    for _ in range(10):
+        ctl.observe({}, [1], 3 * table.at_depth(1, 3), 3)  # the machine is three times as slow
+    assert ctl._forward_seconds({0: 2}, 3) == pytest.approx(3 * before, rel=0.05)
+    # two rows are priced by their passes, never from one row's price
+    assert ctl._forward_seconds({0: 1, 1: 1}, 3) == pytest.approx(table(2, 3), rel=1e-12)
+
+
 def test_an_unknown_objective_is_refused():
     with pytest.raises(ValueError, match="objective must be one of throughput, latency, bounded"):
         CostAwareController(None, None, CURVE, objective="fast")

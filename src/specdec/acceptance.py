@@ -96,7 +96,22 @@ def cautious_rates(a: np.ndarray, rate: float) -> np.ndarray:
     estimates are highest, so they err high, which a fixed margin once stood in for;
     history: docs/provenance.md#reach, docs/provenance.md#margin-replaced-by-the-estimates-error"""
     n = (2.0 - rate) / rate
+    if isinstance(a, float):  # one rate: by its math, as _logit
+        return min(max(a - math.sqrt(a * (1.0 - a) / (n + 1.0)), 0.0), 1.0)
     return np.clip(a - np.sqrt(a * (1.0 - a) / (n + 1.0)), 0.0, 1.0)
+
+
+def emitted_tokens(rates: Sequence[float]) -> np.ndarray:
+    """[len(rates) + 1] E[emitted tokens | k] for k = 0..len(rates), rates[i] = P(draft position i
+    accepted | the ones before were): 1 + [0, cumsum(cumprod(rates))], summed in Python in the
+    same order as NumPy's cumprod and cumsum (the same floats, bit for bit) without their calls,
+    which cost more than the sums for the few positions of most drafts."""
+    out, survive, total = [1.0], 1.0, 0.0
+    for h in rates:
+        survive *= h
+        total += survive
+        out.append(1.0 + total)
+    return np.array(out)
 
 
 @dataclass
@@ -118,8 +133,7 @@ class Acceptance:
         a = self.a[:k_max] if overlay is None else overlay.blend(self.a[:k_max], 0)
         if cautious:
             a = cautious_rates(a, self.rate)
-        survive = np.cumprod(a)  # [k_max] P(first i+1 positions accepted)
-        return 1.0 + np.concatenate([[0.0], np.cumsum(survive)])
+        return emitted_tokens(a.tolist())
 
     def observe(self, n_drafted: int, n_accepted: int, overlay: Overlay | None = None) -> None:
         # positions 0..n_accepted were examined: the first n_accepted passed, the next one failed
@@ -278,18 +292,17 @@ class MatchAcceptance:
         error below its estimate: what the controller drafts on)."""
         # position i is a guess of kind `kind` (i = 0, else "later") at match length m + i; the
         # positions between two bucket edges share a cell, priced once (a few cells for 64 guesses)
-        a = np.empty(k_max)
+        a: list[float] = []
         i = 0
         while i < k_max:
             b = self.bucket(m + i)
             end = k_max if b + 1 == len(MATCH_BUCKETS) else min(k_max, MATCH_BUCKETS[b + 1] - m)
             if i == 0:
                 end = 1
-            a[i:end] = self._estimate(self._kind(i, kind), b, overlay)
+            h = self._estimate(self._kind(i, kind), b, overlay)
+            a += [cautious_rates(h, self.rate) if cautious else h] * (end - i)
             i = end
-        if cautious:
-            a = cautious_rates(a, self.rate)
-        return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(a))])
+        return emitted_tokens(a)
 
     def observe(self, m: int, checked: int, matched: int, kind: str = "single", overlay: Overlay | None = None) -> None:
         """`checked` guesses of a proposal from a match of m tokens were compared with what the

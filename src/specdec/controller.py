@@ -528,7 +528,15 @@ class CostAwareController:
 
     def _forward_seconds(self, fed: Mapping[int, int], depth: float | None, tree: bool = False) -> float:
         """The target's forward feeding fed[row] tokens to each row: each of its passes on the
-        curve; a forward that scores trees, times the tree factor the table learned."""
+        curve; a forward that scores trees, times the tree factor the table learned. One row's
+        is _alone_seconds's (a one-row step prices the same few widths a dozen times: the
+        bound's bisection, each option's k, the allocation)."""
+        if len(fed) == 1:
+            (n,) = fed.values()
+            return self._alone_seconds(n, depth, tree)
+        return self._priced(fed, depth, tree)
+
+    def _priced(self, fed: Mapping[int, int], depth: float | None, tree: bool) -> float:
         seconds = sum(self.target_cost(w, depth) for w in self.passes(fed))
         return seconds * self.target_cost.tree if tree else seconds
 
@@ -536,11 +544,12 @@ class CostAwareController:
         """The target's forward feeding one row n tokens (_forward_seconds; `tree`: they score a
         tree), each width and depth priced once a step: a step's options ask for the same few
         dozens of times per row, and the curve only changes between steps (observe, or a caller's
-        new table): _options forgets them."""
+        new table): _options and observe forget them."""
         key = (n, depth, tree)
-        if key not in self._alone:
-            self._alone[key] = self._forward_seconds({0: n}, depth, tree)
-        return self._alone[key]
+        seconds = self._alone.get(key)
+        if seconds is None:
+            seconds = self._alone[key] = self._priced({0: n}, depth, tree)
+        return seconds
 
     def _draft_seconds(self, w: int, depth: float | None) -> float:
         """The draft model's forward of w rows: its curve, times the drift the target's live timing
@@ -927,6 +936,8 @@ class CostAwareController:
             out.draft is not None and out.draft.parents is not None and out.draft.tokens for out in outcomes.values()
         )
         self.target_cost.observe(passes, target_seconds, depth, tree)
+        self._alone.clear()  # priced on the curve before this forward taught it
+        self._drafts.clear()
         for row, out in outcomes.items():
             state = self._rows.get(row)
             if state is not None:
