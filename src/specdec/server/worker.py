@@ -224,20 +224,22 @@ class Worker:
         for handle in list(self.handles.values()):
             request = handle.request
             s = request.stats
-            # speculation counters as they happen (they only grow)
-            drafts = s.drafted_at[0] if s.drafted_at else 0
-            grow = len(s.drafted_at) - len(handle.seen_drafted_at)
-            handle.seen_drafted_at += [0] * grow
-            handle.seen_accepted_at += [0] * grow
-            m.drafted(
-                drafts - handle.seen_drafts,
-                s.drafted - handle.seen_drafted,
-                s.accepted - handle.seen_accepted,
-                [d - e for d, e in zip(s.drafted_at, handle.seen_drafted_at)],
-                [a - e for a, e in zip(s.accepted_at, handle.seen_accepted_at)],
-            )
-            handle.seen_drafts, handle.seen_drafted, handle.seen_accepted = drafts, s.drafted, s.accepted
-            handle.seen_drafted_at, handle.seen_accepted_at = list(s.drafted_at), list(s.accepted_at)
+            # speculation counters as they happen (they only grow), where a step since drafted (a
+            # step that drafts nothing moves none of them: most steps at one row, none to copy)
+            if s.drafted != handle.seen_drafted:
+                drafts = s.drafted_at[0] if s.drafted_at else 0
+                grow = len(s.drafted_at) - len(handle.seen_drafted_at)
+                handle.seen_drafted_at += [0] * grow
+                handle.seen_accepted_at += [0] * grow
+                m.drafted(
+                    drafts - handle.seen_drafts,
+                    s.drafted - handle.seen_drafted,
+                    s.accepted - handle.seen_accepted,
+                    [d - e for d, e in zip(s.drafted_at, handle.seen_drafted_at)],
+                    [a - e for a, e in zip(s.accepted_at, handle.seen_accepted_at)],
+                )
+                handle.seen_drafts, handle.seen_drafted, handle.seen_accepted = drafts, s.drafted, s.accepted
+                handle.seen_drafted_at, handle.seen_accepted_at = list(s.drafted_at), list(s.accepted_at)
             if s.generated_tokens > handle.seen_tokens:
                 if handle.first_token is None:
                     handle.first_token = now
