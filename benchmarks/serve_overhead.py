@@ -12,8 +12,14 @@ shares the cores with llama.cpp's threads.
         --prompts 4 --rounds 3 --max-tokens 128 --threads 2
     python benchmarks/serve_overhead.py --llama-bin DIR -c 4 --prompts 8 --rounds 3 --max-tokens 128 --threads 2
 
-Without --llama-bin the first arm is `specdec serve`. Every server is loaded before the first
-request and stays idle while another arm runs. Take the CPU to yourself while it runs.
+Every round starts the servers afresh: on a VM one process can run its forwards ~30% slower
+than the next one started with the same code and flags, for as long as it lives (measured on the
+AVX-512 EPYC, 2026-12-05: one `specdec serve` at 44 ms a token for minutes while every server
+started after it, and the same service in-process beside it, ran at 31-36), and a server kept
+for every round would carry that into each ratio (the in-process arms live in this process for
+all rounds). Without --llama-bin the first arm is `specdec serve`. Every server is loaded before
+a round's first request and stays idle while another arm runs. Take the CPU to yourself while it
+runs.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ class Served:
     """An OpenAI-compatible server started by serve_compare.command; one streamed request = one run."""
 
     def __init__(self, server: str, args):
+        self.server = server
         self.port = serve_compare.free_port()
         self.is_ours = server.startswith("specdec")
         self.proc = subprocess.Popen(
@@ -173,6 +180,15 @@ def main(argv=None) -> int:
         served_tokens, loop_cpu = 0, 0.0
         waves = [prompts[i : i + c] for i in range(0, len(prompts), c)]
         for round_ in range(args.rounds):
+            if round_:  # every round on servers started afresh (below)
+                for name, arm in list(arms.items()):
+                    if isinstance(arm, Served):
+                        arm.close()
+                        arms[name] = Served(arm.server, args)
+                for arm in arms.values():
+                    if isinstance(arm, Served):
+                        arm.ready()
+                ours = arms["specdec serve"]
             for i, wave in enumerate(waves):
                 # every other turn in the reverse order: no arm always runs first or after the same one
                 for name in names if (round_ + i) % 2 == 0 else names[::-1]:
