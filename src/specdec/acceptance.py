@@ -86,7 +86,7 @@ class Overlay:
         self.p[group] += float(shared)
 
 
-def cautious_rates(a: np.ndarray, rate: float) -> np.ndarray:
+def cautious_rates(a: np.ndarray | float, rate: float) -> np.ndarray | float:
     """Rates one standard error below `a`, moving averages at `rate`: such an average weighs about
     (2 - r) / r observations, so a rate h is known to about sqrt(h (1 - h) / ((2 - r) / r + 1)).
     why: a draft's worth is a product of rates, so the errors of a long draft's rates compound,
