@@ -171,24 +171,21 @@ def main(argv=None) -> int:
         decoder = SpeculativeDecoder(target, None, max_rows=c)
         arms["engine in-process"] = InProcess(target, decoder, args.max_tokens, loop=False)
         arms["forward loop"] = InProcess(target, None, args.max_tokens, loop=True)
-        for arm in arms.values():
-            if isinstance(arm, Served):
-                arm.ready()
         names = list(arms)
         tpot: dict[str, list[float]] = {name: [] for name in names}
         itl: dict[str, list[float]] = {name: [] for name in names}
         served_tokens, loop_cpu = 0, 0.0
         waves = [prompts[i : i + c] for i in range(0, len(prompts), c)]
         for round_ in range(args.rounds):
-            if round_:  # every round on servers started afresh (below)
+            if round_:  # every round on servers started afresh (the docstring says why)
                 for name, arm in list(arms.items()):
                     if isinstance(arm, Served):
                         arm.close()
                         arms[name] = Served(arm.server, args)
-                for arm in arms.values():
-                    if isinstance(arm, Served):
-                        arm.ready()
                 ours = arms["specdec serve"]
+            for arm in arms.values():  # the round's servers, loading together, all up
+                if isinstance(arm, Served):
+                    arm.ready()
             for i, wave in enumerate(waves):
                 # every other turn in the reverse order: no arm always runs first or after the same one
                 for name in names if (round_ + i) % 2 == 0 else names[::-1]:
