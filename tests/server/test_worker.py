@@ -244,3 +244,24 @@ def test_a_cancel_does_not_end_the_gathering_window_but_a_stop_does(monkeypatch,
     w._gather(commands)
     timer.join()
     assert [kind for kind, _ in commands] == caught
+
+
+@pytest.mark.parametrize("room, caught", [(1, ["add"]), (2, ["add", "add"]), (None, ["add", "add"])])
+def test_the_gathering_window_ends_once_the_arrivals_fill_the_free_rows(monkeypatch, room, caught):
+    """A request that could not join the step is not waited for: with one row free the window ends
+    at the first arrival (a server of one row never waits), with two it takes a second that comes
+    0.05 s later (GATHER 0.5 s)."""
+    import queue
+    import threading
+
+    from specdec.server import worker
+
+    monkeypatch.setattr(worker, "GATHER", 0.5)
+    w = worker.Worker.__new__(worker.Worker)  # the loop's helper alone, without the engine thread
+    w.inbox = queue.SimpleQueue()
+    timer = threading.Timer(0.05, lambda: w.inbox.put(("add", None)))
+    timer.start()
+    commands = [("add", None)]
+    w._gather(commands, room)
+    timer.join()
+    assert [kind for kind, _ in commands] == caught

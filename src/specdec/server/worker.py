@@ -26,7 +26,8 @@ from .metrics import Metrics
 from .protocol import Job, RequestError
 
 # An idle engine woken by a request waits until no other has come for this long before its first
-# step (but no longer than GATHER_MAX in all), so that clients arriving together start together:
+# step (but no longer than GATHER_MAX in all, and not once the arrivals fill the free rows: one
+# more could not join that step), so that clients arriving together start together:
 # their prompts prefill in one forward, and none of them is already decoding while the others'
 # prompts ride in its steps. So does an engine whose next step would only read prompts with a row
 # to spare (its last decoding row just ended, and that row's client may be sending its next one).
@@ -107,9 +108,9 @@ class Worker:
             commands = []
             if not stopping and not self.engine.busy:
                 commands.append(self.inbox.get())  # idle: sleep until something arrives
-                self._gather(commands)
+                self._gather(commands, self._room())
             elif not stopping and self.engine.reads_prompts_only:
-                self._gather(commands)  # the last decoding row just ended: its client may send again
+                self._gather(commands, self._room())  # the last decoding row just ended: its client may send again
             while True:
                 try:
                     commands.append(self.inbox.get_nowait())
@@ -142,13 +143,25 @@ class Worker:
             self._cancel(handle, "cancelled")
         self._publish()
 
-    def _gather(self, commands: list) -> None:
+    def _room(self) -> int:
+        """Rows no request holds or waits for: how many arrivals the next step could read."""
+        return self.engine.max_rows - len(self.engine.rows) - len(self.engine.queue)
+
+    def _gather(self, commands: list, room: int | None = None) -> None:
         """More requests join `commands` while each comes within GATHER of the one before (GATHER_MAX
-        in all); a stop or an abort ends the wait, a cancel does not (every finished stream's
-        handler sends one, a no-op, as its client closes: just before that client's next request)."""
+        in all) and fewer than `room` have come (None: no limit; one more could not join the step,
+        so waiting for it only delays the rest: a server of one row never waits); a stop or an
+        abort ends the wait, a cancel does not (every finished stream's handler sends one, a no-op,
+        as its client closes: just before that client's next request)."""
         cap = time.monotonic() + GATHER_MAX
         deadline = min(cap, time.monotonic() + GATHER)
-        while (not commands or commands[-1][0] in ("add", "cancel")) and (left := deadline - time.monotonic()) > 0:
+
+        def waiting() -> bool:
+            if commands and commands[-1][0] not in ("add", "cancel"):
+                return False
+            return room is None or sum(kind == "add" for kind, _ in commands) < room
+
+        while waiting() and (left := deadline - time.monotonic()) > 0:
             try:
                 commands.append(self.inbox.get(timeout=left))
             except queue.Empty:
