@@ -3,10 +3,11 @@ by `specdec serve` (plain; with --with-auto also `--draft auto`), by our engine 
 (plain, no server) and by a bare loop of one-token forwards and argmax (the floor our llama.cpp
 binding allows), the arms taking turns request by request, or with `-c C` wave by wave (C prompts
 at once: C clients, or C rows of one batch). Prints each arm's TPOT (decode time over the tokens
-after the first; a wave's median) and its per-wave ratio to the first arm, so a gap between
-servers is placed in the engine or in the serving layer (HTTP, the event loop, the worker's
-publishing); and, on Linux, the CPU time per token of `specdec serve`'s event-loop thread, which
-shares the cores with llama.cpp's threads.
+after the first; a wave's median), its TTFT and its tokens per second over the wave's wall time
+(what an aggregate tokens/s compares, paired wave by wave), each with its per-wave ratio to the
+first arm, so a gap between servers is placed in the engine or in the serving layer (HTTP, the
+event loop, the worker's publishing) or in reading the prompt; and, on Linux, the CPU time per
+token of `specdec serve`'s event-loop thread, which shares the cores with llama.cpp's threads.
 
     python benchmarks/serve_overhead.py --llama-bin "$(python scripts/build_llama_cpp_tools.py | tail -n 1)" \
         --prompts 4 --rounds 3 --max-tokens 128 --threads 2
@@ -32,6 +33,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -47,6 +49,16 @@ def main_thread_cpu(pid: int) -> float | None:
         return None
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Turn(NamedTuple):
+    """One arm's run of one wave."""
+
+    tpot: float  # seconds a token after the first, the wave's median
+    gap: float  # the median gap between tokens
+    ttft: float  # the median time to the first token
+    rate: float  # the wave's tokens over its wall time
+    tokens: int
 
 
 class Served:
@@ -67,10 +79,11 @@ class Served:
     def ready(self) -> None:
         serve_compare.wait_healthy(self.url, self.proc, 600)
 
-    def run(self, wave: list[str]) -> tuple[float, float, int]:
+    def run(self, wave: list[str]) -> Turn:
         """The wave's prompts sent at once, one client each: their median TPOT, the median gap
         between tokens over all of them (a stream held up by another's prefill weighs on the
-        first, not the second), their tokens."""
+        first, not the second), their median TTFT, the wave's tokens over its wall time (first
+        request sent to last stream ended: what a client sees of the server's throughput)."""
         load = ["--url", self.url + "/v1", "-n", "1", "--max-tokens", str(self.args.max_tokens)]
         ns = serve_load.main_args(load + (["--model", self.args.target] if self.is_ours else []))
         url = serve_load.base_url(ns)
@@ -89,7 +102,10 @@ class Served:
                 raise SystemExit(f"{self.url}: {r.get('error', 'fewer than two tokens came back')}")
         gaps = [g for r in results for g in r["itl"]]
         tpot = statistics.median(r["tpot"] for r in results)
-        return tpot, statistics.median(gaps) if gaps else tpot, sum(r["tokens"] for r in results)
+        tokens = sum(r["tokens"] for r in results)
+        wall = max(r["end"] for r in results) - min(r["start"] for r in results)
+        ttft = statistics.median(r["ttft"] for r in results)
+        return Turn(tpot, statistics.median(gaps) if gaps else tpot, ttft, tokens / wall, tokens)
 
     def close(self) -> None:
         serve_compare.stop(self.proc)
@@ -101,27 +117,33 @@ class InProcess:
     def __init__(self, target, decoder, max_tokens: int, loop: bool):
         self.target, self.decoder, self.max_tokens, self.loop = target, decoder, max_tokens, loop
 
-    def run(self, wave: list[str]) -> tuple[float, float, int]:
+    def run(self, wave: list[str]) -> Turn:
         """The wave's prompts as rows of one batch: their median TPOT (twice: the rows start and
-        step together, so it is also the gap between tokens), their tokens."""
+        step together, so it is also the gap between tokens), their median prefill (the TTFT
+        without a server), their tokens over the call's wall time, their tokens."""
         import numpy as np
 
+        start = time.perf_counter()
         if not self.loop:  # the chat template applied as for a request (the target is an instruct model)
             results = self.decoder.generate_batch(wave, max_new_tokens=self.max_tokens, temperature=0.0)
-            tpot = [r.stats.decode_seconds / max(1, r.stats.generated_tokens - 1) for r in results]
-            return statistics.median(tpot), statistics.median(tpot), sum(r.stats.generated_tokens for r in results)
+            wall = time.perf_counter() - start
+            tpot = statistics.median(r.stats.decode_seconds / max(1, r.stats.generated_tokens - 1) for r in results)
+            tokens = sum(r.stats.generated_tokens for r in results)
+            prefill = statistics.median(r.stats.prefill_seconds for r in results)
+            return Turn(tpot, tpot, prefill, tokens / wall, tokens)
         texts = [self.target.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in wave]
         rows = self.target.add_rows(len(wave))
         try:  # every prompt read in one forward, then one token a row a step, all rows to the end
             prompts = {row: self.target.tokenizer.encode(text) for row, text in zip(rows, texts)}
             logits = self.target.forward_rows(prompts, dict.fromkeys(rows, 1))
             tokens = {row: int(np.argmax(logits[row][-1])) for row in rows}
-            start = time.perf_counter()
+            first = time.perf_counter()
             for _ in range(self.max_tokens - 1):
                 logits = self.target.forward_rows({row: [t] for row, t in tokens.items()}, dict.fromkeys(rows, 1))
                 tokens = {row: int(np.argmax(logits[row][-1])) for row in rows}
-            seconds = (time.perf_counter() - start) / (self.max_tokens - 1)
-            return seconds, seconds, self.max_tokens * len(rows)
+            end = time.perf_counter()
+            seconds, tokens = (end - first) / (self.max_tokens - 1), self.max_tokens * len(rows)
+            return Turn(seconds, seconds, first - start, tokens / (end - start), tokens)
         finally:
             self.target.drop_rows(rows)
 
@@ -172,8 +194,7 @@ def main(argv=None) -> int:
         arms["engine in-process"] = InProcess(target, decoder, args.max_tokens, loop=False)
         arms["forward loop"] = InProcess(target, None, args.max_tokens, loop=True)
         names = list(arms)
-        tpot: dict[str, list[float]] = {name: [] for name in names}
-        itl: dict[str, list[float]] = {name: [] for name in names}
+        turns: dict[str, list[Turn]] = {name: [] for name in names}
         served_tokens, loop_cpu = 0, 0.0
         waves = [prompts[i : i + c] for i in range(0, len(prompts), c)]
         for round_ in range(args.rounds):
@@ -190,26 +211,34 @@ def main(argv=None) -> int:
                 # every other turn in the reverse order: no arm always runs first or after the same one
                 for name in names if (round_ + i) % 2 == 0 else names[::-1]:
                     before = main_thread_cpu(ours.proc.pid) if arms[name] is ours else None
-                    seconds, gap, tokens = arms[name].run(wave)
+                    turn = arms[name].run(wave)
                     if before is not None:
-                        served_tokens += tokens
+                        served_tokens += turn.tokens
                         loop_cpu += main_thread_cpu(ours.proc.pid) - before
-                    tpot[name].append(seconds)
-                    itl[name].append(gap)
-                turn = f"round {round_ + 1} {'wave' if c > 1 else 'prompt'} {i + 1}"
-                print(f"{turn}: " + ", ".join(f"{n} {tpot[n][-1] * 1e3:.2f}" for n in names), flush=True)
+                    turns[name].append(turn)
+                where = f"round {round_ + 1} {'wave' if c > 1 else 'prompt'} {i + 1}"
+                last = {n: turns[n][-1] for n in names}
+                shown = (f"{n} {t.tpot * 1e3:.2f} ms, {t.ttft:.2f} s, {t.rate:.2f} tok/s" for n, t in last.items())
+                print(f"{where}: " + ", ".join(shown), flush=True)
     finally:
         for arm in arms.values():
             if isinstance(arm, Served):
                 arm.close()
     first = names[0]
-    for label, values in (("TPOT", tpot), ("gap between tokens (ITL p50)", itl)):
-        print(f"\n| arm | {label} median, ms | over {first}: median of per-wave ratios | range |")
+    measures = (
+        ("TPOT, ms", "tpot", 1e3),
+        ("gap between tokens (ITL p50), ms", "gap", 1e3),
+        ("TTFT (in-process: the prefill), s", "ttft", 1.0),
+        ("tokens/s of the wave, first request to last token", "rate", 1.0),
+    )
+    for label, field, scale in measures:
+        print(f"\n| arm | {label}, median | over {first}: median of per-wave ratios | range |")
         print("|---|---|---|---|")
         for name in names:
-            ratios = [a / b for a, b in zip(values[name], values[first])]
+            mine = [getattr(t, field) for t in turns[name]]
+            ratios = [a / getattr(b, field) for a, b in zip(mine, turns[first])]
             print(
-                f"| {name} | {statistics.median(values[name]) * 1e3:.2f} | {statistics.median(ratios):.3f} "
+                f"| {name} | {statistics.median(mine) * scale:.2f} | {statistics.median(ratios):.3f} "
                 f"| {min(ratios):.3f}-{max(ratios):.3f} |"
             )
     if served_tokens:
