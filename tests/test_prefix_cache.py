@@ -267,6 +267,52 @@ def test_a_copy_the_model_cannot_place_is_forgotten_and_the_prompt_read_whole(ta
     assert all(held[:3] != tuple(PROMPT[:3]) for held, _ in engine.host.entries.values())
 
 
+def test_where_no_row_is_kept_a_finished_rows_cache_is_copied_out_and_read_back(target):
+    """A target whose rows share one pool of cells keeps no idle rows; with host memory each
+    finished row's cache is copied there as the row goes (what it fed: its context but the last
+    token), and a conversation's next turn, or the same prompt again, reads it back into a new
+    row and reads only the rest, answering as a fresh model does."""
+    target.keeps_idle_rows = False  # as a model whose rows share one pool of cells
+    engine = cached_engine(target, max_rows=2, host_cache=None)
+    assert not engine.prefix_cache and engine.host is not None
+    first = engine.add(PROMPT, GenerationConfig(max_new_tokens=10))
+    engine.run([first])
+    assert not engine.idle and [held for held, _ in engine.host.entries.values()] == [tuple(first.context[:-1])]
+    turn = first.context + [3, 4, 5, 6]
+    counted = CountedRows(target)
+    second = engine.add(turn, GenerationConfig(max_new_tokens=10))
+    engine.run([second])
+    assert second.stats.cached_tokens == len(first.context) - 1
+    assert list(counted.calls[0].values()) == [(len(turn) - 1 - second.stats.cached_tokens, False)]
+    assert second.result.tokens == solo(turn, 10)
+    # the second turn's copy holds the first's: one copy left, the longer
+    assert [held for held, _ in engine.host.entries.values()] == [tuple(second.context[:-1])]
+
+
+@pytest.mark.parametrize("keeps", [True, False])
+def test_after_a_failed_step_no_running_row_is_kept_or_copied(target, keeps):
+    """drop_idle (the server calls it when a step raised, before it ends the requests in the
+    engine): the kept rows go, and the rows in use are neither kept nor copied to host memory as
+    their requests end, whatever their caches were left holding."""
+    target.keeps_idle_rows = keeps
+    engine = cached_engine(target, max_rows=2, host_cache=None)
+    done = engine.add(OTHER, GenerationConfig(max_new_tokens=3))
+    engine.run([done])
+    running = engine.add(PROMPT, GenerationConfig(max_new_tokens=20))
+    engine.step()
+    engine.step()
+    copies = dict(engine.host.entries)
+    engine.drop_idle()
+    engine.cancel(running)
+    assert not engine.idle and engine.host.entries == copies and not engine._unknown
+    again = engine.add(PROMPT, GenerationConfig(max_new_tokens=6))
+    engine.run([again])
+    assert again.stats.cached_tokens == 0 and again.result.tokens == solo(PROMPT, 6)
+    last = engine.add(PROMPT, GenerationConfig(max_new_tokens=6))  # an ordinary end is kept again
+    engine.run([last])
+    assert last.stats.cached_tokens == len(PROMPT) - 1
+
+
 def test_a_negative_host_budget_is_refused(target):
     from specdec.errors import SpecdecError
 
@@ -277,13 +323,15 @@ def test_a_negative_host_budget_is_refused(target):
 @pytest.mark.parametrize("seed", range(40))
 def test_requests_coming_and_going_over_kept_rows_and_host_copies_answer_as_fresh_rows(seed):
     """Prompts sharing an opening and conversations' next turns arrive at random while others
-    run, over 1-3 rows, host copies with no budget, a tight one or none: every request ends
-    with the greedy tokens a fresh model gives it. (Rows taken by earlier requests of the same
-    admission are copied out as it goes: a copy chosen before them could be gone by its turn.)"""
+    run, over 1-3 rows kept or (a pool of cells) not, host copies with no budget, a tight one or
+    none: every request ends with the greedy tokens a fresh model gives it. (Rows taken by
+    earlier requests of the same admission are copied out as it goes: a copy chosen before them
+    could be gone by its turn.)"""
     import random
 
     rng = random.Random(seed)
     target = ToyLM(vocab_size=32, seed=1)
+    target.keeps_idle_rows = seed % 2 == 0
     budget = rng.choice([None, 200, 2000, 0])
     engine = cached_engine(target, max_rows=rng.choice([1, 2, 3]), host_cache=budget)
     requests = []

@@ -151,8 +151,9 @@ class Engine:
     free), and a queued prompt that starts as a kept row's cache does takes that row and reads
     only the rest (PREFIX_MIN). With `host_cache` bytes as well (None: no limit; where the target
     can copy a row out, save_row), a kept row's cache is copied to host memory before a prompt
-    that does not share it all takes the row, and a prompt that starts as a copy does reads it
-    back into its row instead (HOST_CACHE_MIB).
+    that does not share it all takes the row (where the target keeps no idle rows, every finished
+    row's cache is, as the row goes), and a prompt that starts as a copy does reads it back into
+    its row instead (HOST_CACHE_MIB).
 
     `costs` (a cost curve, cost(width, depth) -> seconds; the cost-aware controller's) sizes the
     prompt chunks a step carries: the widest that keeps the step within `prefill_stall` times the
@@ -195,9 +196,12 @@ class Engine:
         self.prefix_cache = prefix_cache and bool(getattr(target, "keeps_idle_rows", False))
         if host_cache is not None and host_cache < 0:
             raise SpecdecError(f"host_cache is a number of bytes (None: no limit), got {host_cache}")
-        copies = self.prefix_cache and host_cache != 0 and hasattr(target, "save_row")
+        # (a target that keeps no idle rows, one pool of cells, has its finished rows copied out
+        # instead: a conversation's next turn still reads only its new message)
+        copies = prefix_cache and host_cache != 0 and hasattr(target, "save_row")
         self.host = HostCache(host_cache) if copies else None
         self.idle: dict[int, list[int]] = {}  # kept row -> the tokens its cache holds
+        self._unknown: set[int] = set()  # rows in use whose caches a failed step left unknown (drop_idle)
         self._ids = itertools.count()
 
     # -- the caller's verbs --------------------------------------------------------------------
@@ -384,7 +388,9 @@ class Engine:
         return bool(getattr(self.target, "scores_trees", False)) and not sampled_by_position
 
     def drop_idle(self) -> None:
-        """Forget the kept rows (prefix_cache): a failed step may have left their caches unknown."""
+        """Forget the kept rows (prefix_cache), and keep or copy none of the rows in use when their
+        requests end: a failed step may have left their caches unknown."""
+        self._unknown.update(self.rows)
         if self.idle:
             self.target.drop_rows(list(self.idle))
             self.idle.clear()
@@ -534,11 +540,20 @@ class Engine:
         cache copies it), their text completed, their results set."""
         rows = [r.row for r in requests if r.row is not None]
         if rows:
-            if self.prefix_cache:  # kept, holding what the request fed: its context but the last token
-                held = {r.row: _held(r) for r in requests if r.row is not None}
+            # what each request fed, its context but the last token, where its row's cache is known
+            held = {r.row: _held(r) for r in requests if r.row is not None and r.row not in self._unknown}
+            self._unknown.difference_update(rows)
+            if held and (self.prefix_cache or self.host is not None):
                 self.target.rollback_rows({row: len(tokens) for row, tokens in held.items()})
+            if self.prefix_cache:  # kept
                 self.idle.update(held)
+                unknown = [row for row in rows if row not in held]
+                if unknown:
+                    self.target.drop_rows(unknown)
             else:
+                for row, tokens in held.items():  # the row goes; its cache to host memory first
+                    if self.host is not None and tokens and not self.host.holds(tokens):
+                        self.host.put(tokens, self.target.save_row(row))
                 self.target.drop_rows(rows)
             for drafter in self.drafters:
                 drafter.end(rows)

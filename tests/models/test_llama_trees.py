@@ -347,6 +347,47 @@ def test_a_streams_cache_copied_to_host_memory_reads_back_into_another_row(tiny_
     fresh.close()
 
 
+def test_a_pools_finished_rows_are_copied_out_and_a_next_turn_reads_its_history_back(tiny_path):
+    """A pool of cells (trees=True) keeps no idle rows: with host memory the engine copies each
+    finished row's cache out as the row goes, and a conversation's next turn, beside another
+    request decoding in the pool, reads its history back into a new row and reads only its new
+    message, answering as a fresh model does."""
+    from specdec import GenerationConfig
+    from specdec.controller import FixedController
+    from specdec.engine import Engine
+    from specdec.models.llama_cpp import LlamaCppModel
+
+    model = LlamaCppModel(tiny_path, n_ctx=128, max_rows=2, n_threads=1, trees=True)
+    assert not model.keeps_idle_rows
+    engine = Engine(model, FixedController(None, 0), prefix_cache=True, host_cache=None)
+    prompt = model.tokenizer.encode("the cat in a hat sat on the mat")
+    first = engine.add(prompt, GenerationConfig(max_new_tokens=12))
+    engine.run([first])
+    assert not engine.idle and len(engine.host.entries) == 1
+    other = engine.add(model.tokenizer.encode("a dog on a log"), GenerationConfig(max_new_tokens=20))
+    engine.step()  # decoding in the pool while the next turn comes
+    turn = first.context + prompt[:3]
+    second = engine.add(turn, GenerationConfig(max_new_tokens=12))
+    engine.run([other, second])
+    assert second.stats.cached_tokens == len(first.context) - 1
+    fresh = LlamaCppModel(tiny_path, n_ctx=128, max_rows=1, n_threads=1, trees=False)
+    for r in (second, other):
+        assert r.result.tokens == run_alone(fresh, r), r.prompt_tokens
+    model.close()
+    fresh.close()
+
+
+def run_alone(model, request) -> list[int]:
+    from specdec import GenerationConfig
+    from specdec.controller import FixedController
+    from specdec.engine import Engine
+
+    engine = Engine(model, FixedController(None, 0))
+    alone = engine.add(request.prompt_tokens, GenerationConfig(max_new_tokens=request.config.max_new_tokens))
+    engine.run([alone])
+    return alone.result.tokens
+
+
 def test_the_passes_of_a_forward_over_streams_are_llama_cpps_equal_splits(tiny_path):
     """What the cost model prices (models.llama_cpp.stream_passes, the arithmetic of llama.cpp's
     split_equal over seq ids in order): equal counts from a run of consecutive rows a pass, in

@@ -90,7 +90,8 @@ def _add_serve_parser(sub) -> None:
         "prompt, a shared system prompt) takes that row and reads only the rest, as llama-server's "
         "prompt cache and vLLM's prefix caching do; usage.prompt_tokens_details.cached_tokens says "
         "how many were found. Where the server drafts trees (--draft-width > 1) the target's "
-        "rows share one pool of cache cells and none is kept",
+        "rows share one pool of cache cells and none is kept there: a finished request's cache "
+        "goes to host memory instead (--cache-ram), and is read back the same way",
     )
     g.add_argument(
         "--cache-ram",

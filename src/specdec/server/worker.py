@@ -204,11 +204,11 @@ class Worker:
         """A step raised: every request in the engine is ended with an error (a 500 or an error
         event), their rows freed, and the server goes on."""
         log.error("engine step failed; ending the %d request(s) in it:\n%s", len(self.handles), traceback.format_exc())
-        self._end_all(RequestError(f"internal error during generation: {exc}", status=500, type="server_error"))
-        try:
-            self.engine.drop_idle()  # what the kept rows' caches hold is no longer certain
+        try:  # what the rows' caches hold is no longer certain: none is kept or copied out as its request ends
+            self.engine.drop_idle()
         except Exception:
             log.error("dropping the kept rows failed:\n%s", traceback.format_exc())
+        self._end_all(RequestError(f"internal error during generation: {exc}", status=500, type="server_error"))
 
     def _end_all(self, error: RequestError) -> None:
         """Every request in the engine ends with `error` (a response of its status, or an error
