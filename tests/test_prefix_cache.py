@@ -29,6 +29,20 @@ def cached_engine(target, **kw):
     return Engine(target, FixedController(None, 0), prefix_cache=True, **kw)
 
 
+def next_turn(engine, target, first):
+    """A conversation's next turn after request `first`: it finds all of first's context in a
+    cache but the answer's last token, reads only the rest in its first forward, and answers as
+    a fresh model does."""
+    turn = first.context + [3, 4, 5, 6]  # the answer, then the user's next message
+    counted = CountedRows(target)
+    second = engine.add(turn, GenerationConfig(max_new_tokens=10))
+    engine.run([second])
+    assert second.stats.cached_tokens == len(first.context) - 1
+    assert list(counted.calls[0].values()) == [(len(turn) - 1 - second.stats.cached_tokens, False)]
+    assert second.result.tokens == solo(turn, 10)
+    return second
+
+
 def test_a_repeated_prompt_reads_only_its_last_token(target):
     engine = cached_engine(target, max_rows=1)
     first = engine.add(PROMPT, GenerationConfig(max_new_tokens=12))
@@ -45,13 +59,7 @@ def test_a_conversations_next_turn_reads_only_the_new_turn(target):
     engine = cached_engine(target, max_rows=2)
     first = engine.add(PROMPT, GenerationConfig(max_new_tokens=10))
     engine.run([first])
-    turn = first.context + [3, 4, 5, 6]  # the answer, then the user's next message
-    counted = CountedRows(target)
-    second = engine.add(turn, GenerationConfig(max_new_tokens=10))
-    engine.run([second])
-    assert second.stats.cached_tokens == len(first.context) - 1  # all but the answer's last token
-    assert list(counted.calls[0].values()) == [(len(turn) - 1 - second.stats.cached_tokens, False)]
-    assert second.result.tokens == solo(turn, 10)
+    next_turn(engine, target, first)
 
 
 def test_kept_rows_go_to_the_longest_shared_start_and_never_exceed_max_rows(target, monkeypatch):
@@ -182,13 +190,7 @@ def test_a_conversation_whose_row_went_to_another_reads_its_history_back_from_ho
     other = engine.add(OTHER, GenerationConfig(max_new_tokens=10))  # takes the row: PROMPT's cache copied out
     engine.run([other])
     assert other.stats.cached_tokens == 0 and len(engine.host.entries) == 1
-    turn = first.context + [3, 4, 5, 6]
-    counted = CountedRows(target)
-    second = engine.add(turn, GenerationConfig(max_new_tokens=10))
-    engine.run([second])
-    assert second.stats.cached_tokens == len(first.context) - 1
-    assert list(counted.calls[0].values()) == [(len(turn) - 1 - second.stats.cached_tokens, False)]
-    assert second.result.tokens == solo(turn, 10)
+    second = next_turn(engine, target, first)
     # OTHER's conversation was copied out in its turn; the row now holds PROMPT's second turn
     held = sorted(tokens for tokens, _ in engine.host.entries.values())
     assert held == sorted([tuple(first.context[:-1]), tuple(other.context[:-1])])
@@ -278,13 +280,7 @@ def test_where_no_row_is_kept_a_finished_rows_cache_is_copied_out_and_read_back(
     first = engine.add(PROMPT, GenerationConfig(max_new_tokens=10))
     engine.run([first])
     assert not engine.idle and [held for held, _ in engine.host.entries.values()] == [tuple(first.context[:-1])]
-    turn = first.context + [3, 4, 5, 6]
-    counted = CountedRows(target)
-    second = engine.add(turn, GenerationConfig(max_new_tokens=10))
-    engine.run([second])
-    assert second.stats.cached_tokens == len(first.context) - 1
-    assert list(counted.calls[0].values()) == [(len(turn) - 1 - second.stats.cached_tokens, False)]
-    assert second.result.tokens == solo(turn, 10)
+    second = next_turn(engine, target, first)
     # the second turn's copy holds the first's: one copy left, the longer
     assert [held for held, _ in engine.host.entries.values()] == [tuple(second.context[:-1])]
 
