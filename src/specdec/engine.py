@@ -553,7 +553,10 @@ class Engine:
             else:
                 for row, tokens in held.items():  # the row goes; its cache to host memory first
                     if self.host is not None and tokens and not self.host.holds(tokens):
-                        self.host.put(tokens, self.target.save_row(row))
+                        try:
+                            self.host.put(tokens, self.target.save_row(row))
+                        except (SpecdecError, MemoryError):  # no copy: a later prompt reads it again
+                            pass
                 self.target.drop_rows(rows)
             for drafter in self.drafters:
                 drafter.end(rows)
