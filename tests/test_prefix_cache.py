@@ -285,12 +285,14 @@ def test_where_no_row_is_kept_a_finished_rows_cache_is_copied_out_and_read_back(
     assert [held for held, _ in engine.host.entries.values()] == [tuple(second.context[:-1])]
 
 
-def test_a_finished_row_that_cannot_be_copied_out_still_ends_and_is_freed(target):
-    """Where the copy fails (the model cannot, or memory runs out), the request ends as ever, its
-    row is freed, and the next turn reads its history again."""
+@pytest.mark.parametrize("keeps", [True, False])
+def test_a_cache_that_cannot_be_copied_out_is_read_again_and_nothing_fails(target, keeps):
+    """Where the copy to host memory fails (the model cannot, or memory runs out) as a finished
+    row goes (a pool) or as another prompt takes a kept row, the requests end as ever, rows are
+    freed or reused, and the conversation's next turn reads its history again."""
     from specdec.errors import SpecdecError
 
-    target.keeps_idle_rows = False
+    target.keeps_idle_rows = keeps
 
     def refuse(row):
         raise SpecdecError("no copy")
@@ -299,7 +301,10 @@ def test_a_finished_row_that_cannot_be_copied_out_still_ends_and_is_freed(target
     engine = cached_engine(target, max_rows=1, host_cache=None)
     first = engine.add(PROMPT, GenerationConfig(max_new_tokens=5))
     engine.run([first])
-    assert first.result.tokens == solo(PROMPT, 5) and not engine.host.entries and not engine.rows
+    other = engine.add(OTHER, GenerationConfig(max_new_tokens=5))  # takes the kept row, where kept
+    engine.run([other])
+    assert first.result.tokens == solo(PROMPT, 5) and other.result.tokens == solo(OTHER, 5)
+    assert not engine.host.entries and not engine.rows
     second = engine.add(first.context + [3], GenerationConfig(max_new_tokens=5))
     engine.run([second])
     assert second.stats.cached_tokens == 0 and second.result.tokens == solo(first.context + [3], 5)

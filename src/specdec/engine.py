@@ -449,11 +449,21 @@ class Engine:
         """The request takes kept `row`, its cache cut to the `shared` tokens (the prefill resumes
         there); with host_cache, what the cut loses is copied out first."""
         held = self.idle.pop(row)
-        if self.host is not None and shared < len(held) and not self.host.holds(held):
-            self.host.put(held, self.target.save_row(row))
+        if shared < len(held):
+            self._copy_out(row, held)
         self.target.rollback_rows({row: shared})
         request.prefilled = request.stats.cached_tokens = shared
         return row
+
+    def _copy_out(self, row: int, held: list[int]) -> None:
+        """With host_cache, the row's cache (holding `held`) copied to host memory, unless a copy
+        holds those tokens already. A copy the model cannot make (or memory for it) is skipped:
+        a later prompt reads those tokens again."""
+        if self.host is not None and held and not self.host.holds(held):
+            try:
+                self.host.put(held, self.target.save_row(row))
+            except (SpecdecError, MemoryError):
+                pass
 
     def _read_back(self, request: Request, row: int, key: int, saved: SavedRow, shared: int) -> None:
         """The host copy `saved` (the cache's `key`) read into the request's row, cut to the
@@ -552,11 +562,7 @@ class Engine:
                     self.target.drop_rows(unknown)
             else:
                 for row, tokens in held.items():  # the row goes; its cache to host memory first
-                    if self.host is not None and tokens and not self.host.holds(tokens):
-                        try:
-                            self.host.put(tokens, self.target.save_row(row))
-                        except (SpecdecError, MemoryError):  # no copy: a later prompt reads it again
-                            pass
+                    self._copy_out(row, tokens)
                 self.target.drop_rows(rows)
             for drafter in self.drafters:
                 drafter.end(rows)
