@@ -81,6 +81,32 @@ def test_time_limit_and_engine_failures_do_not_end_the_server():
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
 
 
+@pytest.mark.parametrize("keeps", [True, False])
+def test_a_row_whose_step_failed_is_neither_kept_nor_copied_to_host_memory(monkeypatch, keeps):
+    """A step fails while a request decodes: its cache is no longer known, so its row is not kept
+    for a later prompt (rows of their own) nor copied to host memory (one pool of cells, whose
+    finished rows are copied out), while what finished before the failure stays."""
+    from .helpers import SlowToy
+
+    monkeypatch.setattr(SlowToy, "keeps_idle_rows", keeps, raising=False)
+    with toy_server(delay=0.02) as (base, service):
+        engine = service.worker.engine
+        body = {"prompt": "abc", "max_tokens": 3, "speculative": {"draft": "none"}}
+        assert httpx.post(base + "/v1/completions", json=body).status_code == 200
+        assert engine.idle or engine.host.entries  # the first request's row kept, or its cache copied out
+        out = []
+        thread = _stream_in_thread(base, {**body, "prompt": "xyz", "max_tokens": 200}, out)
+        _wait(lambda: len(out) >= 3, 10, "the stream to decode")
+        [failing] = engine.rows.values()
+        service.worker.target.explode = True
+        thread.join(30)
+        assert any("the toy backend failed" in str(event) for event in out), out[-2:]  # an error event
+        _wait(lambda: not engine.rows, 10, "the failed row to go")
+        start = tuple(failing.prompt_tokens)
+        assert not engine.idle and engine.host.entries  # the first request's cache, copied out
+        assert all(held[: len(start)] != start for held, _ in engine.host.entries.values())
+
+
 def test_a_request_whose_time_ran_out_in_the_queue_is_answered_without_work():
     """One row, held by a long request: a second one waits in the queue past its time limit and is
     answered with time_limit and no tokens, its prompt never prefilled."""
