@@ -142,8 +142,8 @@ class InProcess:
                 logits = self.target.forward_rows({row: [t] for row, t in tokens.items()}, dict.fromkeys(rows, 1))
                 tokens = {row: int(np.argmax(logits[row][-1])) for row in rows}
             end = time.perf_counter()
-            seconds, tokens = (end - first) / (self.max_tokens - 1), self.max_tokens * len(rows)
-            return Turn(seconds, seconds, first - start, tokens / (end - start), tokens)
+            seconds, emitted = (end - first) / (self.max_tokens - 1), self.max_tokens * len(rows)
+            return Turn(seconds, seconds, first - start, emitted / (end - start), emitted)
         finally:
             self.target.drop_rows(rows)
 

@@ -551,9 +551,11 @@ class Engine:
         rows = [r.row for r in requests if r.row is not None]
         if rows:
             # what each request fed, its context but the last token, where its row's cache is known
-            held = {r.row: _held(r) for r in requests if r.row is not None and r.row not in self._unknown}
+            # and is kept or copied out
+            keeps = self.prefix_cache or self.host is not None
+            held = {r.row: _held(r) for r in requests if keeps and r.row is not None and r.row not in self._unknown}
             self._unknown.difference_update(rows)
-            if held and (self.prefix_cache or self.host is not None):
+            if held:
                 self.target.rollback_rows({row: len(tokens) for row, tokens in held.items()})
             if self.prefix_cache:  # kept
                 self.idle.update(held)
