@@ -31,7 +31,8 @@ its first miss, which a teacher-forced recording does not hold).
 
 `verdict` prints auto's bars per category (leave-one-category-out auto against the clairvoyant,
 the best of every fixed method and the best of the peers' policies: llama.cpp's ngram-simple and
-ngram-mod, vLLM's adaptive K) and, with --check, exits 1 when one does not hold.
+ngram-mod, vLLM's adaptive K, each the best by its median speedup; auto compared with each prompt
+by prompt) and, with --check, exits 1 when one does not hold.
 """
 
 from __future__ import annotations
@@ -473,10 +474,10 @@ def verdict(args) -> int:
     print(describe(header, costs, draft_costs))
     names = list(next(iter(result.values()))["holds"])
     print(
-        "| category | prompts | auto (held out) | clairvoyant | auto / clairvoyant | best fixed | best peer | "
-        "their best / clairvoyant | " + " | ".join(names) + " |"
+        "| category | prompts | auto (held out) | clairvoyant | auto / clairvoyant | best fixed | auto / it "
+        "| best peer | auto / it | their best / clairvoyant | " + " | ".join(names) + " |"
     )
-    print("|---" * (8 + len(names)) + "|")
+    print("|---" * (10 + len(names)) + "|")
     failed = []
     for category, r in result.items():
         (fixed, f), (peer, p) = r["best fixed"], r["best peer"]
@@ -484,8 +485,13 @@ def verdict(args) -> int:
         failed += [f"{category}: {n}" for n in names if not r["holds"][n]]
         print(
             f"| {category} | {r['prompts']} | {r['auto']:.2f}x | {r['clairvoyant']:.2f}x | {r['ratio']:.2f} "
-            f"| {fixed} {f:.2f}x | {peer} {p:.2f}x | {max(f, p) / r['clairvoyant']:.2f} | " + " | ".join(marks) + " |"
+            f"| {fixed} {f:.2f}x | {r['vs fixed']:.2f} | {peer} {p:.2f}x | {r['vs peer']:.2f} "
+            f"| {max(f, p) / r['clairvoyant']:.2f} | " + " | ".join(marks) + " |"
         )
+    print(
+        "\nSpeedups are medians over a category's prompts; each 'auto / ...' is the median over its prompts of "
+        "auto's speedup over the other's on the same prompt, which the bars read."
+    )
     print(f"\n{len(failed)} of {len(result) * len(names)} bars fail" + (": " + "; ".join(failed) if failed else ""))
     return 1 if args.check and failed else 0
 
