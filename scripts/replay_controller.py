@@ -162,11 +162,12 @@ def ranks(args) -> int:
 
 def trees(args) -> int:
     """The draft model's (or prompt lookup's, --drafter ngram) fixed chains against its fixed
-    trees, per category (the median over its prompts), each at the best depth and width found
-    there, on the given curves."""
+    trees, per category, each at the best depth and width found there (by its median speedup over
+    the category's prompts), on the given curves; the tree against the chain prompt by prompt
+    (the median of the per-prompt ratios)."""
     from specdec.controller import FixedController
     from specdec.drafters.ngram import NgramDrafter
-    from specdec.replay import RANK_CAP, TOP_WIDTH, fixed_tree, replay_speedup
+    from specdec.replay import RANK_CAP, TOP_WIDTH, fixed_tree, paired_ratio, replay_speedup
     from specdec.spec import parse_shape
 
     header, records, costs, draft_costs = load(args)
@@ -226,7 +227,7 @@ def trees(args) -> int:
         "| category | prompts | best chain | tokens/step | best tree | tokens/step | tree / chain "
         "| best tree of the chain's nodes or fewer | tree / chain |"
     )
-    print("|---" * 10 + "|")
+    print("|---" * 9 + "|")
     matched = beaten = 0
     categories = list(dict.fromkeys(r["category"] for r in records))
 
@@ -236,25 +237,32 @@ def trees(args) -> int:
 
     for category in categories:
         rows = [r for r in records if r["category"] == category]
-        result = {}
+        result, speedups = {}, {}
         for k, w, n in shapes:
             runs = [fixed(r, k=k, width=w, tree_cost=tree_cost, nodes=n) for r in rows]
+            speedups[(k, w, n)] = [s for s, _ in runs]
             result[(k, w, n)] = (statistics.median(s for s, _ in runs), statistics.median(t for _, t in runs))
         chain = max((s for s in result if s[1] == 1), key=lambda s: result[s][0])
         tree = max((s for s in result if s[1] > 1), key=lambda s: result[s][0])
         # no more nodes than the chain
         fewer = [s for s in result if s[1] > 1 and (s[2] or s[0] * s[1]) <= chain[0]]
         small = max(fewer, key=lambda s: result[s][0], default=None)
-        ratio = result[tree][0] / result[chain][0]
+        ratio = paired_ratio(speedups[tree], speedups[chain])  # on the same prompts, as the verdict reads auto
         matched += ratio >= 1.0
         beaten += ratio > 1.0
         small_cells = (
-            f"{name(small)} {result[small][0]:.2f}x | {result[small][0] / result[chain][0]:.3f}" if small else "- | -"
+            f"{name(small)} {result[small][0]:.2f}x | {paired_ratio(speedups[small], speedups[chain]):.4f}"
+            if small
+            else "- | -"
         )
         print(
             f"| {category} | {len(rows)} | {name(chain)} {result[chain][0]:.2f}x | {result[chain][1]:.2f} "
-            f"| {name(tree)} {result[tree][0]:.2f}x | {result[tree][1]:.2f} | {ratio:.3f} | {small_cells} |"
+            f"| {name(tree)} {result[tree][0]:.2f}x | {result[tree][1]:.2f} | {ratio:.4f} | {small_cells} |"
         )
+    print(
+        "\nSpeedups and tokens/step are medians over a category's prompts (the best chain and tree: the highest "
+        "median); 'tree / chain' is the median over its prompts of the tree's speedup over the chain's on each."
+    )
     holds = matched == len(categories) and beaten > len(categories) / 2
     print(
         f"\nthe best tree matches the best chain in {matched} of {len(categories)} categories and beats it in "

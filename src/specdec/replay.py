@@ -260,6 +260,14 @@ def peer_policies(recorded: "RecordedDrafter | None", costs, draft_costs, confid
     return peers
 
 
+def paired_ratio(ours: Sequence[float], theirs: Sequence[float]) -> float:
+    """One method against another on the same prompts: the median over the prompts of the first's
+    speedup over the second's on each (two medians taken apart can fall on different prompts)."""
+    import statistics
+
+    return statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
+
+
 def policy_runs(
     records: Sequence[Mapping], costs, draft_costs=None, stops: frozenset[int] = frozenset(), tree_cost: float = 1.0
 ) -> dict[str, dict[str, list[float]]]:
@@ -330,10 +338,7 @@ def verdict(
         medians = {name: statistics.median(v) for name, v in runs[category].items()}
         fixed = max(((n, v) for n, v in medians.items() if not n.startswith("peer ")), key=lambda x: x[1])
         peer = max(((n, v) for n, v in medians.items() if n.startswith("peer ")), key=lambda x: x[1])
-        vs_fixed, vs_peer = (
-            statistics.median(a / b for a, b in zip(r["speedups"], runs[category][name]))
-            for name in (fixed[0], peer[0])
-        )
+        vs_fixed, vs_peer = (paired_ratio(r["speedups"], runs[category][name]) for name in (fixed[0], peer[0]))
         out[category] = {
             **r,
             "best fixed": fixed,
@@ -1060,7 +1065,7 @@ def leave_one_category_out(
         out[category] = {
             "auto": statistics.median(autos),
             "clairvoyant": statistics.median(clairs),
-            "ratio": statistics.median(a / c for a, c in zip(autos, clairs)),
+            "ratio": paired_ratio(autos, clairs),
             "speedups": autos,
             "worst": min(autos),
             "prompts": len(test),
