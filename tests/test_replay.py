@@ -335,9 +335,9 @@ def test_the_verdict_names_the_best_fixed_method_and_peer_and_checks_the_bars(tm
 
     path = RECORDINGS[1]
     header, records = load_recording(path)
-    result = verdict(records, header["costs"], None, frozenset(header.get("eog", ())))
-    assert set(result) == {r["category"] for r in records}
     stops = frozenset(header.get("eog", ()))
+    result = verdict(records, header["costs"], None, stops)
+    assert set(result) == {r["category"] for r in records}
     for category, r in result.items():
         assert r["best fixed"][0].startswith("ngram:") and r["best peer"][1] > 0
         assert r["holds"]["0.9 clairvoyant"] == (r["ratio"] >= 0.9)
