@@ -553,7 +553,7 @@ def test_the_fixed_methods_include_prompt_lookups_trees_priced_as_trees():
     """Every fixed method of every drafter: prompt lookup's trees ngram:KxW (2-4 branches) are
     fixed methods beside its chains, each replayed step by step with a tree's forward at
     `tree_cost` times a chain's of as many tokens; their decisions read depth x branches."""
-    from specdec.replay import FIXED_NGRAM_K, NGRAM_WIDTHS, policy_speedups
+    from specdec.replay import FIXED_NGRAM_K, NGRAM_WIDTHS, policy_runs
 
     # a phrase copied twice and then edited two ways: the output copies it a third time
     rng = np.random.default_rng(5)
@@ -562,7 +562,7 @@ def test_the_fixed_methods_include_prompt_lookups_trees_priced_as_trees():
     output = phrase[4:] + [902, 903] + [int(t) for t in rng.integers(300, 600, 30)]
     records = [{"category": "c", "prompt": prompt, "output": output}]
     flat = [0.01 * (1 + 0.01 * w) for w in range(16)]
-    speedups = policy_speedups(records, flat, tree_cost=1.2)["c"]
+    speedups = {name: one for name, (one,) in policy_runs(records, flat, tree_cost=1.2)["c"].items()}
     assert {f"ngram:{k}x{w}" for k in FIXED_NGRAM_K for w in NGRAM_WIDTHS} <= set(speedups)
     tree, decisions = replay_speedup(
         prompt, output, flat, FixedController(NgramDrafter(width=2), 12), stops=frozenset(), tree_cost=1.2

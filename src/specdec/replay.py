@@ -307,16 +307,6 @@ def policy_runs(
     return out
 
 
-def policy_speedups(
-    records: Sequence[Mapping], costs, draft_costs=None, stops: frozenset[int] = frozenset(), tree_cost: float = 1.0
-) -> dict[str, dict[str, float]]:
-    """category -> method -> median speedup over its prompts (policy_runs)."""
-    import statistics
-
-    runs = policy_runs(records, costs, draft_costs, stops, tree_cost)
-    return {category: {name: statistics.median(v) for name, v in methods.items()} for category, methods in runs.items()}
-
-
 def verdict(
     records: Sequence[Mapping], costs, draft_costs=None, stops: frozenset[int] = frozenset(), tree_cost: float = 1.0
 ) -> dict[str, dict]:
