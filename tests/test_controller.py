@@ -317,6 +317,48 @@ def test_past_the_widest_width_a_forward_costs_the_curves_marginal_rate():
     assert draft_seconds(curve, 128, 1) == pytest.approx(grid(128))
 
 
+# the 1.5B Q4_K_M's curve on the 2-core EPYC, seconds (every row's logits): 8 rows sit on ggml's
+# tiled-matmul cliff, 7.1 single steps where 4 + 4 cost 6.3
+CLIFF = CostTable(
+    {1: 0.0296, 2: 0.0543, 3: 0.0758, 4: 0.0926, 5: 0.116, 6: 0.135, 7: 0.157, 8: 0.211, 9: 0.227, 10: 0.243,
+     11: 0.256, 12: 0.265, 13: 0.278, 14: 0.299, 15: 0.306, 16: 0.306, 24: 0.382, 32: 0.422}
+)  # fmt: skip
+
+
+def test_a_forward_on_the_curves_cliff_is_split_in_two():
+    from specdec.costs import SPLIT_GAIN, split_forward
+    from specdec.models.base import packed
+    from specdec.models.llama_cpp import stream_passes
+
+    eight = {row: 1 for row in range(8)}
+    groups, seconds = split_forward(eight, packed, CLIFF)
+    assert groups == [{0: 1, 1: 1, 2: 1, 3: 1}, {4: 1, 5: 1, 6: 1, 7: 1}]  # halves in row order, not again
+    assert seconds == pytest.approx(2 * CLIFF(4))
+    # llama.cpp's streams: each half is one run of consecutive rows, one pass
+    assert split_forward(eight, lambda fed: stream_passes(fed, 512), CLIFF)[0] == groups
+    # 4 rows of a one-token draft each are 8 tokens too
+    assert split_forward({row: 2 for row in range(4)}, packed, CLIFF)[0] == [{0: 2, 1: 2}, {2: 2, 3: 2}]
+    # where the curve is concave, one forward: 16 rows, 12 rows (6 + 6 cost 2% more), one row
+    for fed in ({row: 1 for row in range(16)}, {row: 1 for row in range(12)}, {0: 8}):
+        assert split_forward(fed, packed, CLIFF) == ([fed], pytest.approx(CLIFF(sum(fed.values()))))
+    # the halves are cut nearest half the tokens: a prompt chunk beside one-token rows
+    halves = split_forward({0: 1, 1: 5, 2: 1, 3: 1}, packed, lambda w, depth=None: float(w) ** 2, parts=2)[0]
+    assert halves == [{0: 1, 1: 5}, {2: 1, 3: 1}]
+    # a split must save SPLIT_GAIN: a curve that saves less keeps one forward
+    shallow = lambda w, depth=None: 0.05 * w * (1 + SPLIT_GAIN / 2 if w >= 8 else 1)  # noqa: E731
+    assert len(split_forward(eight, packed, shallow)[0]) == 1
+    # at most `parts` forwards, however steep the curve
+    cubic = lambda w, depth=None: float(w) ** 3  # noqa: E731
+    assert len(split_forward(eight, packed, cubic)[0]) == 4
+    assert len(split_forward(eight, packed, cubic, parts=2)[0]) == 2
+
+
+def test_the_controller_prices_a_step_as_the_engine_splits_it():
+    ctrl = CostAwareController(None, None, CLIFF)
+    assert ctrl._forward_seconds({row: 1 for row in range(8)}, None) == pytest.approx(2 * CLIFF(4))
+    assert ctrl._forward_seconds({row: 1 for row in range(4)}, None) == pytest.approx(CLIFF(4))
+
+
 def test_a_forward_is_priced_at_its_depth():
     # timed at depth 128 (every width) and 1024 (a few): one token 10 -> 19 ms, 16 tokens 40 -> 58 ms
     table = CostTable(

@@ -427,7 +427,8 @@ def test_a_flat_curve_takes_the_whole_prompt_in_one_step(target):
 
 def test_a_step_already_past_the_budget_still_moves_the_first_joiner(target):
     """A curve on which no chunk fits (the decoding rows' own step is already at the limit) still
-    gives the first joining row one token a step, so it cannot starve; the second waits."""
+    gives the first joining row one token a step, so it cannot starve; the second waits. (On this
+    curve two one-row forwards cost less than one of both rows, so the step makes two.)"""
     from specdec.controller import FixedController
     from specdec.engine import Engine
 
@@ -439,11 +440,47 @@ def test_a_step_already_past_the_budget_still_moves_the_first_joiner(target):
     b = engine.add(list(range(2, 13)), GenerationConfig(max_new_tokens=3))
     counted.calls.clear()
     engine.step()
-    assert counted.calls == [{first.row: (1, True), a.row: (1, False)}]
+    assert counted.calls == [{first.row: (1, True)}, {a.row: (1, False)}]
     assert (a.prefilled, b.prefilled) == (1, 0)
     engine.run([first, a, b])
     solo = SpeculativeDecoder(target, None, 0)
     assert b.result.tokens == solo.generate(b.prompt_tokens, max_new_tokens=3).tokens
+
+
+def test_rows_on_the_curves_cliff_step_in_two_forwards_with_their_solo_tokens(target):
+    """Where the cost curve prices 8 rows in one forward above two forwards of 4 (ggml's tiled
+    matmul on a CPU: costs.SPLIT_GAIN), each step feeds them in two; every row keeps its solo
+    run's tokens, and the controller hears both forwards' passes."""
+    from specdec.controller import FixedController
+    from specdec.engine import Engine
+
+    class Heard(FixedController):
+        def observe(self, outcomes, passes, target_seconds, depth=None):
+            heard.append(list(passes))
+
+    heard: list[list[int]] = []
+    cliff = lambda w, depth=None: w * (1.5 if 8 <= w < 16 else 1.0)  # noqa: E731
+    engine = Engine(target, Heard(None, 0), costs=cliff)
+    prompts = [[(i * 7 + j) % 31 + 1 for j in range(3 + i)] for i in range(8)]
+    requests = [engine.add(p, GenerationConfig(max_new_tokens=5)) for p in prompts]
+    engine.step()  # the prompts, read together
+    counted = CountedRows(target)
+    heard.clear()
+    engine.step()
+    rows = sorted(r.row for r in requests)
+    assert counted.calls == [{row: (1, True) for row in rows[:4]}, {row: (1, True) for row in rows[4:]}]
+    assert heard == [[4, 4]]
+    engine.run(requests)
+    solo = SpeculativeDecoder(target, None, 0)
+    for prompt, r in zip(prompts, requests):
+        assert r.result.tokens == solo.generate(prompt, max_new_tokens=5).tokens
+    # 16 rows are past the cliff: one forward
+    engine = Engine(target, FixedController(None, 0), costs=cliff)
+    requests = [engine.add(p, GenerationConfig(max_new_tokens=3)) for p in prompts * 2]
+    engine.step()
+    counted = CountedRows(target)
+    engine.step()
+    assert len(counted.calls) == 1 and len(counted.calls[0]) == 16
 
 
 def test_a_joiner_waits_where_its_chunk_would_cost_too_much(target):

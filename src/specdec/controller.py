@@ -12,7 +12,8 @@ per second over the whole batch,
 
 where w_p are the widths of the passes over the weights the target makes of a forward feeding row i
 k_i + 1 tokens (RowModel.passes: one, of their sum, for most backends; llama.cpp's per-row streams
-make one per equal split, so uneven drafts cost more than their sum's width)
+make one per equal split, so uneven drafts cost more than their sum's width; where the rows fed in
+two forwards cost less than in one, the step makes two, costs.split_forward, and is priced so)
 from measured costs (costs.py: the target's forward for 1..W rows, timed at load at two cache
 depths, cached, refined live; `depth` is the step's, its rows' context lengths weighted by the
 tokens each feeds) and measured acceptance (a_il = P(position l of row i accepted | the ones
@@ -72,7 +73,7 @@ from .acceptance import (
 from .acceptance import MATCH_BUCKETS as MATCH_BUCKETS
 from .acceptance import MATCH_PRIOR as MATCH_PRIOR
 from .acceptance import OVERLAY_LONG as OVERLAY_LONG
-from .costs import EMA, CostTable, step_depth
+from .costs import EMA, CostTable, split_forward, step_depth
 from .drafters.base import Draft, Drafter, DraftModel
 from .models.base import packed
 
@@ -537,8 +538,9 @@ class CostAwareController:
         return self._priced(fed, depth, tree)
 
     def _priced(self, fed: Mapping[int, int], depth: float | None, tree: bool) -> float:
-        seconds = sum(self.target_cost(w, depth) for w in self.passes(fed))
-        return seconds * self.target_cost.tree if tree else seconds
+        if tree:  # a tree is scored in one forward (Engine.step)
+            return sum(self.target_cost(w, depth) for w in self.passes(fed)) * self.target_cost.tree
+        return split_forward(fed, self.passes, self.target_cost, depth)[1]  # the forwards Engine.step makes
 
     def _alone_seconds(self, n: int, depth: float | None, tree: bool = False) -> float:
         """The target's forward feeding one row n tokens (_forward_seconds; `tree`: they score a

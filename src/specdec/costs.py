@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -44,6 +44,15 @@ DEEP_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 BUSY_SPREAD = 1.25  # median / fastest repeat, the median over widths, above which: busy
 SUPERLINEAR = 1.1  # cost(W) > this x W x cost(1): timed again; still so: the model's kernels
 CACHE_VERSION = 2  # curves cached before the checks above are not trusted
+# A step's forward whose rows, fed in two forwards, are priced at least SPLIT_GAIN less than in
+# one is fed in two (split_forward), each half again while that pays, in at most SPLIT_PARTS: the
+# curve is not always concave. On the 2-core EPYC, ggml's tiled K-quant matmul takes the Q6_K
+# matrices (the 1.5B Q4_K_M's output head among them) from 8 rows on, where it is dearer than the
+# one-row dot products: 8 rows with their logits cost 7.1 single steps, 4 + 4 of them 6.3.
+# why: a server's 8 decoding rows, or 4 rows with a one-token draft each, sat on that cliff every
+# step; history: docs/provenance.md#split_gain
+SPLIT_GAIN = 0.05
+SPLIT_PARTS = 4
 
 
 def _cache_file(model, tag: str) -> Path | None:
@@ -376,6 +385,33 @@ def _interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
         return ys[i]
     f = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
     return ys[i - 1] + f * (ys[i] - ys[i - 1])
+
+
+def split_forward(
+    fed: Mapping[int, int],
+    passes: Callable[[Mapping[int, int]], Sequence[int]],
+    cost: Callable[[int, float | None], float],
+    depth: float | None = None,
+    parts: int = SPLIT_PARTS,
+) -> tuple[list[dict[int, int]], float]:
+    """The forwards to feed fed[row] tokens to each row in, and their price: each forward's passes
+    over the weights (`passes`, the target's RowModel.passes) priced by cost(width, depth). One
+    forward, or the rows (each whole) in two of about equal tokens, cut in row order (llama.cpp's
+    streams make one pass of a run of consecutive rows), where the two are priced at least
+    SPLIT_GAIN under the one; each half split again the same way, at most `parts` forwards."""
+    fed = dict(fed)
+    whole = sum(cost(w, depth) for w in passes(fed))
+    if parts < 2 or len(fed) < 2:
+        return [fed], whole
+    rows = sorted(fed)
+    before = np.cumsum([fed[r] for r in rows[:-1]])
+    cut = int(np.argmin(np.abs(2 * before - sum(fed.values())))) + 1  # the cut nearest half the tokens
+    halves = [{r: fed[r] for r in rows[:cut]}, {r: fed[r] for r in rows[cut:]}]
+    if sum(cost(w, depth) for half in halves for w in passes(half)) > (1 - SPLIT_GAIN) * whole:
+        return [fed], whole
+    left, a = split_forward(halves[0], passes, cost, depth, parts // 2)
+    right, b = split_forward(halves[1], passes, cost, depth, parts - parts // 2)
+    return left + right, a + b
 
 
 def step_depth(tokens: Mapping[int, int], depths: Mapping[int, int]) -> float:

@@ -18,7 +18,7 @@ import numpy as np
 
 from .config import GenerationConfig
 from .controller import Controller, FixedController, Outcome, auto_controller
-from .costs import step_depth
+from .costs import split_forward, step_depth
 from .drafters.base import MAX_DRAFT_TOKENS, Drafter, DraftModel
 from .errors import SpecdecError
 from .models.base import RowModel, SavedRow, tree_depths
@@ -306,8 +306,13 @@ class Engine:
         depth = step_depth(
             counts, {**{row: len(contexts[row]) for row in rows}, **{row: self.rows[row].prefilled for row in chunks}}
         )  # before the contexts grow
+        # the chains and chunks in one forward, or in a few where the cost curve prices that less
+        groups = self._split({row: len(tokens) for row, tokens in fed.items()}, depth) if fed else []
         t = self.clock()
-        logits = target.forward_rows(fed, {row: len(tokens) for row, tokens in inputs.items()}) if fed else {}
+        logits = {}
+        for group in groups:
+            wanted = {row: len(inputs[row]) for row in group if row in inputs}
+            logits.update(target.forward_rows({row: fed[row] for row in group}, wanted))
         if tree_inputs:
             logits.update(target.forward_tree_rows(tree_inputs))
         t_target = self.clock() - t
@@ -372,7 +377,13 @@ class Engine:
             piece = r.text.ready()
             if piece:
                 r._pieces.append(piece)
-        self.controller.observe(outcomes, target.passes(counts), t_target, depth)
+        if len(groups) > 1:  # each forward's passes, and a tree call's by its own rows
+            passes = [w for group in groups for w in target.passes(group)]
+            if trees:
+                passes += target.passes({row: counts[row] for row in tree_inputs})
+        else:
+            passes = target.passes(counts)
+        self.controller.observe(outcomes, passes, t_target, depth)
         for row, r in rows.items():
             r.stats.predicted_speedup, r.stats.measured_speedup = self.controller.speedups(
                 row, r.stats.tokens_per_second
@@ -523,10 +534,14 @@ class Engine:
         return riding > self.prefill_waste * alone
 
     def _seconds(self, fed: Mapping[int, int], depths: Mapping[int, int]) -> float:
-        """The cost curve's estimate of a forward feeding fed[row] tokens to each row (each of its
-        passes over the weights priced at the step's depth)."""
-        depth = step_depth(fed, depths)
-        return sum(self.costs(w, depth) for w in self.target.passes(fed))
+        """The cost curve's estimate of a step's forwards feeding fed[row] tokens to each row (each
+        of their passes over the weights priced at the step's depth; _split's forwards)."""
+        return split_forward(fed, self.target.passes, self.costs, step_depth(fed, depths))[1]
+
+    def _split(self, fed: Mapping[int, int], depth: float) -> list[dict[int, int]]:
+        """The forwards a step feeds fed[row] tokens in: one, or without a cost curve one; else as
+        many as costs.split_forward finds cheaper (the controller prices its steps alike)."""
+        return split_forward(fed, self.target.passes, self.costs, depth)[0] if self.costs is not None else [dict(fed)]
 
     def _prefill(self, joining: Sequence[Request]) -> None:
         """Nobody decodes: the joining rows prefill their whole prompts in one forward."""
