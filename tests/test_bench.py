@@ -164,6 +164,23 @@ def test_learning_methods_keep_repeats_and_batch_sizes_apart(monkeypatch):
     assert len({id(d) for d in [first, *others]}) == 5
 
 
+def test_every_method_in_a_batch_steps_by_the_targets_cost_curve(monkeypatch):
+    """A batch's decoder, whatever the method, gets the target's cost curve (its forwards split
+    where that is cheaper, as a server's rows are); alone none does, and auto keeps its own."""
+    import specdec.costs
+    import specdec.engine
+
+    given = []
+    monkeypatch.setattr(specdec.engine.SpeculativeDecoder, "from_spec", lambda *a, **kw: given.append(kw["costs"]))
+    monkeypatch.setattr(specdec.costs, "measure_cost_table", lambda model: "curve")
+    b = bench.Bench.__new__(bench.Bench)
+    b.target, b.drafter, b.learners, b.suffix_cap, b.draft_corpus, b.costs = None, None, {}, 0, None, None
+    for method in ("plain", "ngram:4", "suffix:8", "auto"):
+        for batch in (1, 4):
+            b._decoder(bench.parse_method(method)[1], batch=batch)
+    assert given == [None, ("curve", None)] * 3 + [None, None]
+
+
 @pytest.mark.real_models
 def test_tiny_bench_end_to_end(tmp_path, target_model, draft_model):
     suite = tmp_path / "suite.jsonl"

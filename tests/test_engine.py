@@ -481,6 +481,13 @@ def test_rows_on_the_curves_cliff_step_in_two_forwards_with_their_solo_tokens(ta
     counted = CountedRows(target)
     engine.step()
     assert len(counted.calls) == 1 and len(counted.calls[0]) == 16
+    # the Python API's plain decoding given the curve steps the same way; without one, one forward
+    for costs, forwards in ((({w: cliff(w) for w in range(1, 33)}, None), 2), (None, 1)):
+        decoder = SpeculativeDecoder(target, None, 0, costs=costs)
+        counted = CountedRows(target)
+        decoder.generate_batch(prompts, GenerationConfig(max_new_tokens=3))
+        decoding = [call for call in counted.calls if all(n == 1 for n, _ in call.values())]
+        assert decoding and all(len(call) == 8 // forwards for call in decoding)
 
 
 def test_a_joiner_waits_where_its_chunk_would_cost_too_much(target):

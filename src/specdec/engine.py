@@ -18,7 +18,7 @@ import numpy as np
 
 from .config import GenerationConfig
 from .controller import Controller, FixedController, Outcome, auto_controller
-from .costs import split_forward, step_depth
+from .costs import CostTable, split_forward, step_depth
 from .drafters.base import MAX_DRAFT_TOKENS, Drafter, DraftModel
 from .errors import SpecdecError
 from .models.base import RowModel, SavedRow, tree_depths
@@ -732,6 +732,8 @@ class SpeculativeDecoder:
     long as the decoder, so every request it serves feeds it. `costs` are auto's cost curves,
     (the target's, the draft model's), each a CostTable or {width: seconds} (None, or None for the
     draft model's where there is one: timed, and cached, at first use: costs.measure_cost_table).
+    A fixed policy given `costs` steps by the target's curve as auto does (Engine: its forwards
+    split where that is cheaper, joining prompts' chunks sized); without, one forward a step.
     It owns one Engine: every generate / stream / generate_batch call adds rows to it.
     """
 
@@ -798,10 +800,9 @@ class SpeculativeDecoder:
                 costs=costs,
             )
         if not spec.drafts:
-            return cls(target, None, 0, max_rows=max_rows)
-        return cls(
-            target, make_drafter(spec, target, load, suffix=suffix or None, draft=draft), spec.k, max_rows=max_rows
-        )
+            return cls(target, None, 0, max_rows=max_rows, costs=costs)
+        drafter = make_drafter(spec, target, load, suffix=suffix or None, draft=draft)
+        return cls(target, drafter, spec.k, max_rows=max_rows, costs=costs)
 
     def free_drafters(self) -> list[Drafter]:
         """The drafters auto consults every step because they cost nothing: prompt lookup first."""
@@ -828,12 +829,13 @@ class SpeculativeDecoder:
     @property
     def engine(self) -> Engine:
         if self._engine is None:
-            costs = None  # without a curve, joining rows prefill fixed chunks
+            costs = None  # without a curve, joining rows prefill fixed chunks, and a step is one forward
             if self.auto:
                 controller = auto_controller(self.target, self.free_drafters(), self.model_drafter, self.costs)
                 costs = controller.target_cost
             else:
                 controller = FixedController(self.drafter, self.k if self.drafter else 0)
+                costs = CostTable.of(self.costs[0]) if self.costs is not None else None
             self._engine = Engine(self.target, controller, self.drafters(), self.max_rows, costs=costs)
         return self._engine
 

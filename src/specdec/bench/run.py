@@ -186,18 +186,22 @@ class Bench:
         )
 
     def _decoder(self, spec: DraftSpec, repeat: int = 0, batch: int = 1):
+        from ..costs import measure_cost_table
         from ..engine import SpeculativeDecoder
 
+        # a batch steps by the target's cost curve whatever the method, as a server's rows do (its
+        # forwards split where that is cheaper: costs.split_forward); auto has its curves anyway
+        costs = self.costs if spec.is_auto else (measure_cost_table(self.target), None) if batch > 1 else None
         if spec.is_auto or spec.kind == "suffix":
             # decoders that learn across prompts: one per method, repeat and batch size
             key = (spec, repeat, batch)
             if key not in self.learners:
                 suffix = self._suffix_cache() if spec.wants_suffix else False
                 self.learners[key] = SpeculativeDecoder.from_spec(
-                    self.target, spec, draft=self.drafter, suffix=suffix, costs=self.costs
+                    self.target, spec, draft=self.drafter, suffix=suffix, costs=costs
                 )
             return self.learners[key]
-        return SpeculativeDecoder.from_spec(self.target, spec, draft=self.drafter)
+        return SpeculativeDecoder.from_spec(self.target, spec, draft=self.drafter, costs=costs)
 
     def _suffix_cache(self):
         """A fresh suffix cache (each method its own), with the corpus if one was given; None for
