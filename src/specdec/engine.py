@@ -539,8 +539,8 @@ class Engine:
         return split_forward(fed, self.target.passes, self.costs, step_depth(fed, depths))[1]
 
     def _split(self, fed: Mapping[int, int], depth: float) -> list[dict[int, int]]:
-        """The forwards a step feeds fed[row] tokens in: one, or without a cost curve one; else as
-        many as costs.split_forward finds cheaper (the controller prices its steps alike)."""
+        """The forwards a step feeds fed[row] tokens in: those costs.split_forward finds cheapest on
+        the cost curve (the controller prices its steps alike); one without a curve."""
         return split_forward(fed, self.target.passes, self.costs, depth)[0] if self.costs is not None else [dict(fed)]
 
     def _prefill(self, joining: Sequence[Request]) -> None:
