@@ -353,6 +353,15 @@ def test_a_forward_on_the_curves_cliff_is_split_in_two():
     assert len(split_forward(eight, packed, cubic, parts=2)[0]) == 2
 
 
+def test_specdec_costs_says_where_a_batchs_step_is_split():
+    from specdec.costs import format_curves
+
+    curve = {"rows": 1, "depth": 128, "widths": CLIFF.widths, "seconds": CLIFF.seconds}
+    assert format_curves("t", [curve]).splitlines()[-1].startswith("split: 8, 9 one-token rows go in more")
+    concave = {**curve, "seconds": [0.01 * w**0.5 for w in CLIFF.widths]}
+    assert format_curves("t", [concave]).splitlines()[-1].startswith("split: none")
+
+
 def test_the_controller_prices_a_step_as_the_engine_splits_it():
     ctrl = CostAwareController(None, None, CLIFF)
     assert ctrl._forward_seconds({row: 1 for row in range(8)}, None) == pytest.approx(2 * CLIFF(4))

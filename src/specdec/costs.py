@@ -18,6 +18,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from .models.base import packed
 from .paths import specdec_home, write_cache_file
 
 EMA = 0.15  # weight of a new observation in the live cost ratios
@@ -251,6 +252,16 @@ def format_curves(name: str, curves: list[dict]) -> str:
             else:
                 cells.append(" " * 24)
         lines.append(f"{w:>6}" + "".join(f"{cell:>24}" for cell in cells))
+    one_row = [c for c in curves if c["rows"] == 1]
+    if one_row:  # where the engine feeds W one-token rows (a batch's plain step) in more than one forward
+        shallow = min(one_row, key=lambda c: c["depth"])
+        table = CostTable(dict(zip(shallow["widths"], shallow["seconds"])))
+        split = [w for w in shallow["widths"] if len(split_forward(dict.fromkeys(range(w), 1), packed, table)[0]) > 1]
+        lines.append(
+            f"split: {', '.join(map(str, split))} one-token rows go in more than one forward (costs.split_forward)"
+            if split
+            else "split: none (no width costs more than its rows in two forwards)"
+        )
     return "\n".join(lines)
 
 
