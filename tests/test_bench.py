@@ -170,15 +170,18 @@ def test_every_method_in_a_batch_steps_by_the_targets_cost_curve(monkeypatch):
     import specdec.costs
     import specdec.engine
 
-    given = []
+    given, timed = [], []
     monkeypatch.setattr(specdec.engine.SpeculativeDecoder, "from_spec", lambda *a, **kw: given.append(kw["costs"]))
-    monkeypatch.setattr(specdec.costs, "measure_cost_table", lambda model: "curve")
+    monkeypatch.setattr(specdec.costs, "measure_cost_table", lambda model: timed.append(model) or ["curve"])
     b = bench.Bench.__new__(bench.Bench)
     b.target, b.drafter, b.learners, b.suffix_cap, b.draft_corpus, b.costs = None, None, {}, 0, None, None
+    b.batch_curve = None
     for method in ("plain", "ngram:4", "suffix:8", "auto"):
         for batch in (1, 4):
             b._decoder(bench.parse_method(method)[1], batch=batch)
-    assert given == [None, ("curve", None)] * 3 + [None, None]
+    assert given == [None, (["curve"], None)] * 3 + [None, None]
+    # timed once a run; every decoder its own copy (a table learns its decoder's drift)
+    assert len(timed) == 1 and len({id(costs[0]) for costs in given if costs}) == 3
 
 
 @pytest.mark.real_models

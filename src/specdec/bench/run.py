@@ -4,6 +4,7 @@ interleaved order, the repeats and the timing; mark_partings' scoring where a gr
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import time
@@ -120,6 +121,7 @@ class Bench:
         self.drafter = model_drafter(self.draft_model, self.target, spec.vocab)
         # decoders that learn across prompts (auto, suffix:K), one per method, repeat and batch size
         self.learners: dict[tuple, object] = {}
+        self.batch_curve = None  # the target's cost table for batches (_decoder), timed or read once
         self.costs: tuple | None = None  # auto's cost curves (controller.auto_controller's; None: timed)
         self.prompt_ids: dict[str, list[int]] = {}  # prompt id -> its tokens, as our runs fed them
         self.suffix_cap, self.draft_corpus = suffix_cap, draft_corpus
@@ -190,8 +192,16 @@ class Bench:
         from ..engine import SpeculativeDecoder
 
         # a batch steps by the target's cost curve whatever the method, as a server's rows do (its
-        # forwards split where that is cheaper: costs.split_forward); auto has its curves anyway
-        costs = self.costs if spec.is_auto else (measure_cost_table(self.target), None) if batch > 1 else None
+        # forwards split where that is cheaper: costs.split_forward); auto has its curves anyway.
+        # Timed (or read from the cache) once a run; each decoder a copy of its own, since a table
+        # learns its decoder's drift
+        costs = None
+        if spec.is_auto:
+            costs = self.costs
+        elif batch > 1:
+            if self.batch_curve is None:
+                self.batch_curve = measure_cost_table(self.target)
+            costs = (copy.deepcopy(self.batch_curve), None)
         if spec.is_auto or spec.kind == "suffix":
             # decoders that learn across prompts: one per method, repeat and batch size
             key = (spec, repeat, batch)
