@@ -5,7 +5,9 @@ For each concurrency C, C clients stream chat completions over the same prompts 
 (completion tokens of all requests over the wall time of the run), time to first token, the gaps
 between streamed chunks (ITL; one chunk may carry several tokens when a server speculates) and
 time per output token (TPOT: a request's decode time over its tokens after the first), p50 / p99.
-Every server is measured the same way: the numbers come from the client side only.
+Every server is measured the same way: the numbers come from the client side only, except the
+share of drafted tokens kept, which the server reports in its last chunk (specdec serve's
+"speculative", llama-server's "timings"; "acceptance of N": N tokens drafted over the run).
 
     python benchmarks/serve_load.py --url http://127.0.0.1:8000 -c 1 2 4 8 -n 8 --max-tokens 128
     python benchmarks/serve_load.py --url http://127.0.0.1:8080 --label llama-server ...   # the same for a peer
@@ -100,6 +102,8 @@ def one_request(url, prompt: str, args) -> dict:
                 usage = obj["usage"]
             if obj.get("speculative"):
                 spec = obj["speculative"]
+            elif (obj.get("timings") or {}).get("draft_n"):  # llama-server's: its drafts and kept ones
+                spec = {"drafted": obj["timings"]["draft_n"], "accepted": obj["timings"].get("draft_n_accepted", 0)}
             for choice in obj.get("choices") or []:
                 if (choice.get("delta") or {}).get("content"):
                     chunks.append(time.perf_counter())
@@ -165,6 +169,7 @@ def run_level(url, prompts: list[str], concurrency: int, args) -> dict:
         "tpot_p50": pct(tpot, 50),
         "tpot_p99": pct(tpot, 99),
         "acceptance": accepted / drafted if drafted else None,
+        "drafted": drafted,  # tokens drafted over the run (0: none, or a server that does not say)
     }
 
 
@@ -178,7 +183,7 @@ def pct(values: list[float], q: float) -> float | None:
 
 def fmt(row: dict) -> str:
     ms = lambda v: "-" if v is None else f"{1000 * v:.0f}"  # noqa: E731
-    acc = "-" if row["acceptance"] is None else f"{row['acceptance']:.0%}"
+    acc = "-" if row["acceptance"] is None else f"{row['acceptance']:.0%} of {row['drafted']}"
     return (
         f"| {row['label']} | {row['concurrency']} | {row['tokens_per_s']:.1f} | {ms(row['ttft_p50'])} / "
         f"{ms(row['ttft_p99'])} | {ms(row['itl_p50'])} / {ms(row['itl_p99'])} | {ms(row['tpot_p50'])} / "
@@ -188,7 +193,8 @@ def fmt(row: dict) -> str:
 
 
 HEADER = (
-    "| server | C | tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | TPOT p50 / p99 ms | tokens | acceptance |\n"
+    "| server | C | tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | TPOT p50 / p99 ms | tokens "
+    "| acceptance of drafted |\n"
     "|---|---|---|---|---|---|---|---|"
 )
 
