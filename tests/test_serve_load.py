@@ -5,16 +5,19 @@ comparison's acceptance column covers the peer's speculative configurations too.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import serve_load  # noqa: E402
+_spec = importlib.util.spec_from_file_location(
+    "serve_load", Path(__file__).resolve().parents[1] / "benchmarks" / "serve_load.py"
+)
+serve_load = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(serve_load)
 
 
 def _chunk(content=None, **extra) -> dict:
