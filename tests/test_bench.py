@@ -182,6 +182,11 @@ def test_every_method_in_a_batch_steps_by_the_targets_cost_curve(monkeypatch):
     assert given == [None, (["curve"], None)] * 3 + [None, None]
     # timed once a run; every decoder its own copy (a table learns its decoder's drift)
     assert len(timed) == 1 and len({id(costs[0]) for costs in given if costs}) == 3
+    # a learner asked for again is the one made before: no new decoder, no new copy of the curve
+    copies = []
+    monkeypatch.setattr(bench.run.copy, "deepcopy", lambda x: copies.append(x) or x)
+    b._decoder(bench.parse_method("suffix:8")[1], batch=4)
+    assert len(given) == 8 and copies == []
 
 
 @pytest.mark.real_models

@@ -191,27 +191,29 @@ class Bench:
         from ..costs import measure_cost_table
         from ..engine import SpeculativeDecoder
 
-        # a batch steps by the target's cost curve whatever the method, as a server's rows do (its
-        # forwards split where that is cheaper: costs.split_forward); auto has its curves anyway.
-        # Timed (or read from the cache) once a run; each decoder a copy of its own, since a table
-        # learns its decoder's drift
-        costs = None
-        if spec.is_auto:
-            costs = self.costs
-        elif batch > 1:
+        def costs():
+            """A batch steps by the target's cost curve whatever the method, as a server's rows do
+            (its forwards split where that is cheaper: costs.split_forward); auto has its curves
+            anyway. Timed (or read from the cache) once a run; each new decoder a copy of its own,
+            since a table learns its decoder's drift."""
+            if spec.is_auto:
+                return self.costs
+            if batch <= 1:
+                return None
             if self.batch_curve is None:
                 self.batch_curve = measure_cost_table(self.target)
-            costs = (copy.deepcopy(self.batch_curve), None)
+            return (copy.deepcopy(self.batch_curve), None)
+
         if spec.is_auto or spec.kind == "suffix":
             # decoders that learn across prompts: one per method, repeat and batch size
             key = (spec, repeat, batch)
             if key not in self.learners:
                 suffix = self._suffix_cache() if spec.wants_suffix else False
                 self.learners[key] = SpeculativeDecoder.from_spec(
-                    self.target, spec, draft=self.drafter, suffix=suffix, costs=costs
+                    self.target, spec, draft=self.drafter, suffix=suffix, costs=costs()
                 )
             return self.learners[key]
-        return SpeculativeDecoder.from_spec(self.target, spec, draft=self.drafter, costs=costs)
+        return SpeculativeDecoder.from_spec(self.target, spec, draft=self.drafter, costs=costs())
 
     def _suffix_cache(self):
         """A fresh suffix cache (each method its own), with the corpus if one was given; None for
