@@ -56,6 +56,7 @@ def load_model(
     trees: bool = True,
     cache: str = "dynamic",
     graphs: bool = False,
+    huge_pages: bool = False,
 ):
     """A built-in model name (see `specdec models`) or a path to a .gguf file, loaded on a backend:
     'llama' (llama.cpp, the default), 'numpy' (the pure-NumPy reference, models/numpy_ref.py) or
@@ -70,6 +71,8 @@ def load_model(
     (models/llama_cpp.py).
     `cache` and `graphs` (torch only): the KV cache layout, "dynamic" or "static", and whether
     forwards replay as CUDA graphs (static, on CUDA; models/transformers.py).
+    `huge_pages` (llama.cpp only, Linux): the memory llama.cpp takes in 2 MiB pages, a longer load
+    for a slightly faster token (models/hugepages.py; `specdec serve` asks for it).
     Built-in models are assembled from their installed packages on first use."""
     from pathlib import Path
 
@@ -115,7 +118,9 @@ def load_model(
     else:
         from .models.llama_cpp import LlamaCppModel
 
-        model = LlamaCppModel(path, n_ctx=n_ctx, n_threads=threads, max_rows=max_rows, exact=exact, trees=trees)
+        model = LlamaCppModel(
+            path, n_ctx=n_ctx, n_threads=threads, max_rows=max_rows, exact=exact, trees=trees, huge_pages=huge_pages
+        )
     if str(name_or_path) in CATALOG:
         model.name = str(name_or_path)
         model.is_instruct = CATALOG[model.name].chat

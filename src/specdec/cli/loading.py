@@ -28,9 +28,9 @@ def _check_threads(args) -> None:
 
 def _model_loader(args, rows: int):
     """load(name, backend=--backend, trees=True): a model as the model flags ask (--ctx, --threads,
-    --device, --dtype, and on torch --cache and --graphs), with room for `rows` sequences at once
-    (`trees`: it will score tree drafts, load_model's); every command that loads models through
-    the model flags loads them here."""
+    --device, --dtype, on torch --cache and --graphs, and serve's --no-huge-pages), with room for
+    `rows` sequences at once (`trees`: it will score tree drafts, load_model's); every command that
+    loads models through the model flags loads them here."""
     from .. import load_model
 
     def load(name, backend=args.backend, trees=True):
@@ -45,6 +45,7 @@ def _model_loader(args, rows: int):
             max_rows=rows,
             exact=args.exact,
             trees=trees,
+            huge_pages=getattr(args, "huge_pages", False),  # serve's, on unless --no-huge-pages
             **layout,
         )
 
