@@ -67,28 +67,29 @@ def _libc_madvise():
 class HugePages:
     """Asks for huge pages on the anonymous mappings that appear after it is made. `advise()` may
     be called any number of times; each range is asked for once. `advised`: the bytes asked for
-    before they were written; `collapsed`: the bytes the kernel moved into huge pages after."""
+    before they were written; `collapsed`: the bytes the kernel moved into huge pages after;
+    `before`: the mappings there when it was made (None where they cannot be read)."""
 
     def __init__(self, maps: Path = MAPS):
         self.maps = maps
         self.advised = self.collapsed = 0
         self._done: set[tuple[int, int]] = set()
         try:
-            self._before = anonymous_regions(maps.read_text())
+            self.before = anonymous_regions(maps.read_text())
             self._madvise = _libc_madvise()
         except (OSError, AttributeError, TypeError):  # no /proc, or no madvise in libc (not Linux)
-            self._before = None
+            self.before = None
 
     def _new_ranges(self) -> list[tuple[int, int]]:
         """The huge-page ranges of mappings made since, not yet asked for."""
-        if self._before is None:
+        if self.before is None:
             return []
         try:
             regions = anonymous_regions(self.maps.read_text())
         except OSError:
             return []
         ranges = []
-        for start, end in sorted(regions - self._before):
+        for start, end in sorted(regions - self.before):
             pages = huge_range(start, end)
             # madvise splits a mapping at the range it advises: the head and tail left beside an
             # advised range are under 2 MiB, and the range itself comes back the same
