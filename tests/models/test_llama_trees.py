@@ -266,7 +266,7 @@ def test_rows_in_streams_go_to_llama_cpp_in_seq_id_order(tiny_path):
     assert rows == [0, 1, 2, 3]
     tokens = {3: [5, 6], 1: [7], 0: [9, 10, 11], 2: [4]}
     sent, decode = [], model._decode
-    model._decode = lambda items: (sent.append([seqs[0] for seqs, *_ in items]), decode(items))[1]
+    model._decode = lambda items, calls=None: (sent.append([seqs[0] for seqs, *_ in items]), decode(items, calls))[1]
     out = model.forward_rows(tokens, {row: len(t) for row, t in tokens.items()})
     assert sent == [[0, 0, 0, 1, 2, 3, 3]]
     model._decode = decode
@@ -388,17 +388,51 @@ def run_alone(model, request) -> list[int]:
     return alone.result.tokens
 
 
+def test_a_forward_over_streams_longer_than_a_call_goes_a_pass_a_call(tiny_path):
+    """Rows whose tokens pass n_batch go to llama.cpp a pass of equal_splits a llama_decode, the
+    passes stream_passes prices (cut into calls of n_batch tokens, llama.cpp would split each call
+    again and make more), and every row gets its own logits in its order: the very numbers of
+    feeding those passes one forward each."""
+    from specdec.models.llama_cpp import LlamaCppModel, equal_splits, stream_passes
+
+    model = LlamaCppModel(tiny_path, n_ctx=128, max_rows=3, n_threads=1, trees=False, n_batch=16)
+    rows = model.add_rows(3)
+    tokens = {rows[0]: [5 + i % 7 for i in range(20)], rows[1]: [3 + i % 5 for i in range(13)], rows[2]: [9, 4, 8]}
+    wanted = {rows[0]: 20, rows[1]: 4, rows[2]: 3}
+    fed = {row: len(t) for row, t in tokens.items()}
+    widths, decode = [], model._decode
+    model._decode = lambda items, calls=None: (widths.append([len(c) for c in calls]), decode(items, calls))[1]
+    out = model.forward_rows(tokens, wanted)
+    model._decode = decode
+    # 3 + 3 + 3, 8 + 8, 2 + 2, 7 (calls of 16 tokens in row order: 16, 4 + 4, 8, 1 + 1, 2)
+    assert widths == [stream_passes(fed, 16)] == [[9, 16, 4, 7]]
+    model.rollback_rows({row: 0 for row in rows})
+    by_pass, at = {row: [] for row in rows}, dict.fromkeys(rows, 0)
+    for split in equal_splits(fed, 16):
+        feed = {row: tokens[row][at[row] : at[row] + n] for row, n in split}
+        keep = {row: max(0, min(n, at[row] + n - (fed[row] - wanted[row]))) for row, n in split}
+        got = model.forward_rows(feed, keep)
+        for row, n in split:
+            by_pass[row] += [got[row]] if keep[row] else []
+            at[row] += n
+    for row in rows:
+        assert np.array_equal(out[row], np.concatenate(by_pass[row]))
+    model.close()
+
+
 def test_the_passes_of_a_forward_over_streams_are_llama_cpps_equal_splits(tiny_path):
     """What the cost model prices (models.llama_cpp.stream_passes, the arithmetic of llama.cpp's
-    split_equal over seq ids in order): equal counts from a run of consecutive rows a pass, in
-    each llama_decode of n_batch tokens; a pool packs every row into one."""
+    split_equal over seq ids in order): equal counts from a run of consecutive rows a pass, as one
+    llama_decode of the whole forward would split it (forward_rows feeds a longer one a call a
+    pass); a pool packs every row into one."""
     from specdec.models.llama_cpp import LlamaCppModel, stream_passes
 
     assert stream_passes({0: 1, 1: 1, 2: 1, 3: 1}, 512) == [4]
     assert stream_passes({0: 9, 1: 1, 2: 1, 3: 1}, 512) == [4, 8]
     assert stream_passes({3: 1, 0: 1, 1: 1}, 512) == [2, 1]  # a gap at 2: a pass of its own
     assert stream_passes({0: 4, 1: 4, 2: 1, 3: 1}, 512) == [4, 6]
-    assert stream_passes({0: 450, 1: 450}, 512) == [124, 388, 388]  # 512 a call: 450 + 62, then 388
+    assert stream_passes({0: 450, 1: 450}, 512) == [512, 388]  # not 450 + 62 a call, then 388: three
+    assert stream_passes({0: 330, 2: 330}, 512) == [330, 330]  # not consecutive: a row a pass
     assert stream_passes({0: 1000}, 512) == [512, 488] and stream_passes({}, 512) == []
     streams = LlamaCppModel(tiny_path, n_ctx=128, max_rows=4, n_threads=1, trees=False)
     pool = _model(tiny_path, rows=4)
