@@ -162,7 +162,7 @@ def _add_torch_flags(g, auto_layout: bool = False) -> None:
         "--graphs",
         action="store_true",
         help="torch backend on CUDA: replay each decode, verification and early-exit forward as a CUDA graph "
-        "(one launch instead of hundreds; needs --cache static; the GPU tables in the README use it)",
+        "(one launch instead of hundreds; needs --cache static; the GPU tables in docs/gpu.md use it)",
     )
 
 

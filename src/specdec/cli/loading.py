@@ -55,7 +55,7 @@ def _model_loader(args, rows: int):
 def torch_layout(args) -> tuple[str, bool]:
     """(cache, graphs) for a torch model: --cache auto (specdec train's) is the static cache with
     CUDA graphs on a GPU (there its answering ran at 1 353 tokens/s, 64 rows, against the dynamic
-    cache's 315 at 16: README, "a million tokens on a GPU"), and the dynamic cache elsewhere."""
+    cache's 315 at 16: docs/heads.md, "a million tokens on a GPU"), and the dynamic cache elsewhere."""
     if args.cache != "auto":
         return args.cache, args.graphs
     from ..models.transformers import pick_device
