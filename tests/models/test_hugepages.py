@@ -110,6 +110,17 @@ def test_the_progress_callback_never_cancels_the_load(tmp_path, monkeypatch):
     assert callback(0.5, None) is True
 
 
+def test_the_progress_callback_reads_the_maps_at_the_first_call_then_once_a_step(tmp_path, monkeypatch):
+    """llama.cpp calls it once a tensor: reading /proc/self/maps every time cost 170 ms of a load."""
+    pages = HugePages(tmp_path / "maps")
+    seen = []
+    monkeypatch.setattr(pages, "advise", lambda: seen.append(True))
+    callback = pages.progress_callback(FakeLib, step=0.25)
+    progress = [i / 100 for i in range(101)]
+    assert all(callback(x, None) for x in progress)
+    assert len(seen) == 5  # 0, 0.25, 0.5, 0.75, 1.0
+
+
 def test_serve_asks_for_huge_pages_unless_told_not_to(monkeypatch):
     import specdec
     from specdec.cli import build_parser
