@@ -391,7 +391,9 @@ class LlamaCppModel(SingleRow):
                 )
             first_out = len(row_tokens) - min(n_logits.get(row, 0), len(row_tokens))
             items += [((row,), past + i, token, i >= first_out) for i, token in enumerate(row_tokens)]
-        flat, states = self._decode(items, None if self.scores_trees else self._stream_calls(tokens))
+        # streams: a forward longer than one call goes a pass of llama.cpp's split a call
+        long = not self.scores_trees and len(items) > self.n_batch
+        flat, states = self._decode(items, self._stream_calls(tokens) if long else None)
         for row, row_tokens in tokens.items():
             self._len[row] += len(row_tokens)
         result, at = {}, 0
@@ -404,15 +406,13 @@ class LlamaCppModel(SingleRow):
             at += n
         return result
 
-    def _stream_calls(self, tokens: Mapping[int, Sequence[int]]) -> list[list[int]] | None:
+    def _stream_calls(self, tokens: Mapping[int, Sequence[int]]) -> list[list[int]]:
         """The llama_decode calls (indices into forward_rows' items, row after row) of a forward over
         streams that does not fit one call of n_batch tokens: a call per pass of equal_splits, so
         that its passes are those one call of it all would make, as llama-server's are (cut into
         calls of n_batch tokens in row order, prompts of 330 and 345 tokens went as passes of 364,
-        148 and 163 tokens, not 512, 148 and 15, and read 1.3% slower here); None where it fits."""
+        148 and 163 tokens, not 512, 148 and 15, and read 1.3% slower here)."""
         fed = {row: len(row_tokens) for row, row_tokens in tokens.items()}
-        if sum(fed.values()) <= self.n_batch:
-            return None
         start, at = {}, 0
         for row, n in fed.items():
             start[row], at = at, at + n
@@ -424,17 +424,20 @@ class LlamaCppModel(SingleRow):
         return calls
 
     def _decode(self, items, calls: list[list[int]] | None = None) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """One forward of items (seq ids, position, token, wants logits), in n_batch chunks or in
-        `calls` (lists of item indices, each at most n_batch): the logits of the tokens that want
-        them, in the items' order, and their hidden states (keep_hidden)."""
+        """One forward of items (seq ids, position, token, wants logits), in `calls` (lists of item
+        indices, each at most n_batch; by default n_batch items a call, in order): the logits of the
+        tokens that want them, in the items' order, and their hidden states (keep_hidden)."""
         lib = _lib()
         outputs: list[np.ndarray] = []
         hidden: list[np.ndarray] = []
-        order: list[np.ndarray] = []  # with calls: the item index of each output
+        order: list[np.ndarray] = []  # with planned calls: the item index of each output
         batch = self._batch
-        starts = range(0, len(items), self.n_batch)
-        for call in calls if calls is not None else starts:
-            chunk = [items[i] for i in call] if calls is not None else items[call : call + self.n_batch]
+        planned = calls is not None
+        if calls is None:
+            n = len(items)
+            calls = [range(start, min(start + self.n_batch, n)) for start in range(0, n, self.n_batch)]
+        for call in calls:
+            chunk = [items[i] for i in call]
             for i, (seqs, pos, token, wants) in enumerate(chunk):
                 batch.token[i] = token
                 batch.pos[i] = pos
@@ -463,7 +466,7 @@ class LlamaCppModel(SingleRow):
             if every:
                 ptr = lib.llama_get_embeddings(self._ctx)  # the final norm's output, per token
                 hidden.append(np.ctypeslib.as_array(ptr, shape=(len(chunk), self.n_embd))[wanted])
-            if calls is not None:
+            if planned:
                 order.append(np.asarray(call)[wanted])
         flat = (np.concatenate(outputs) if len(outputs) > 1 else outputs[0]) if outputs else None
         states = np.concatenate(hidden) if hidden else None
