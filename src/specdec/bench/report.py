@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..paths import write_atomically
 from .methods import NOISE_METHOD
 from .suite import CATEGORIES
 
@@ -109,7 +110,7 @@ def write_summary(rows: list[Row], bench: Bench, methods: list[str], out: Path, 
     if batched:
         lines += _batch_table(rows, methods)
     text = "\n".join(lines) + "\n"
-    (out / "summary.md").write_text(text, encoding="utf-8")
+    write_atomically(out / "summary.md", text.encode("utf-8"))
     return text
 
 

@@ -10,7 +10,7 @@ import sys
 from .. import catalog
 from ..costs import DEEP, SHALLOW
 from ..errors import SpecdecError
-from ..paths import writable_reason
+from ..paths import writable_reason, write_atomically
 from .flags import _add_model_flags
 from .loading import _check_device, _model_loader
 from .options import _positive
@@ -188,8 +188,7 @@ def cmd_costs(args) -> int:
         print()
     if args.out:
         try:
-            with open(args.out, "w") as f:
-                json.dump(report, f, indent=1)
+            write_atomically(args.out, json.dumps(report, indent=1).encode())
         except OSError as exc:
             raise SpecdecError(f"cannot write --out {args.out}: {exc.strerror}") from None
         print(f"wrote {args.out}")
