@@ -9,7 +9,7 @@ SPECDEC := $(VENV)/bin/specdec
 DEMO_MODELS := qwen2.5-coder-1.5b qwen2.5-coder-0.5b
 TEST_MODELS := $(DEMO_MODELS) gemma-3-270m
 
-.PHONY: setup demo test lint models test-models torch-deps exact llama-tools bench bench-plain hf-deps vllm-peer clean
+.PHONY: setup demo test lint models test-models torch-deps exact llama-tools bench bench-plain hf-deps vllm-peer cli-docs clean
 
 # The venv, the package, and llama-cpp-python built for this CPU (once; the wheel is cached).
 $(VENV)/.ready: pyproject.toml scripts/install_llama_cpp.py
@@ -60,6 +60,10 @@ test: test-models torch-deps exact
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# docs/cli.md, every command's flags, written from the parsers (tests/test_cli.py checks it is current).
+cli-docs: setup
+	$(PY) -m specdec.cli.reference docs/cli.md
 
 # llama.cpp's own binaries (llama-bench, llama-speculative-simple) for benchmarks; not in CI.
 llama-tools: setup

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -179,15 +180,34 @@ def _subparsers():
     return sub.choices
 
 
-@pytest.mark.parametrize("command", ["generate", "compare", "demo", "bench", "models", "fetch", "check"])
+@pytest.mark.parametrize(
+    "command", ["generate", "compare", "demo", "bench", "models", "fetch", "serve", "costs", "train", "check"]
+)
 def test_help_shows_every_default(command):
     parser = _subparsers()[command]
     formatter = parser._get_formatter()
     for action in parser._actions:
-        if action.nargs == 0 or not action.option_strings:  # flags and positionals have no default
+        if action.nargs == 0 or not action.option_strings or action.required:  # none to show
             continue
         assert "default" in formatter._get_help_string(action), (command, action.option_strings)
     parser.format_help()  # every help string formats (a stray % would raise here)
+
+
+def test_the_cli_reference_is_what_the_parsers_say(tmp_path):
+    """docs/cli.md is written from the parsers (`make cli-docs`): a flag added, removed or reworded
+    without rewriting it fails here. Its check mode fails on a stale copy and passes on a fresh one."""
+    from specdec.cli import reference
+
+    committed = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+    text = reference.markdown()
+    assert committed.read_text(encoding="utf-8") == text, "docs/cli.md is stale: run `make cli-docs`"
+    for command in _subparsers():
+        assert f"\n## specdec {command}\n" in text
+    assert "| `-k K`, `--draft-tokens K` |" in text and "(default: 4)" in text
+    stale = tmp_path / "cli.md"
+    stale.write_text(text.replace("--max-batch", "--max-rows"), encoding="utf-8")
+    assert reference.main(["--check", str(stale)]) == 1
+    assert reference.main([str(stale)]) == 0 and reference.main(["--check", str(stale)]) == 0
 
 
 def test_help_says_what_k_and_temperature_do():

@@ -31,12 +31,11 @@ def _add_costs_parser(sub) -> None:
         target_help=f"built-in name, .gguf path or (torch) model folder (default: {catalog.DEFAULT_TARGET})",
         draft_default=None,
         draft_help="also time this draft model (default: none)",
-        backend_help=None,
-        threads_help=None,
+        backend_help="the backend whose forward is timed: llama (GGUF through llama.cpp), numpy or torch",
         ctx=(4096, "context window in tokens (default: 4096)"),
         after={"--dtype": lambda: _add_costs_flags(p)},
     )
-    p.add_argument("--out", default=None, metavar="FILE.json", help="save the curves here")
+    p.add_argument("--out", default=None, metavar="FILE.json", help="save the curves here (default: print them only)")
 
 
 def _add_costs_flags(p) -> None:
@@ -46,10 +45,13 @@ def _add_costs_flags(p) -> None:
         metavar="CONFIG.json",
         default=None,
         help="torch backend: build the target from a Hugging Face config with random weights "
-        "instead of loading --target (e.g. benchmarks/configs/qwen2.5-coder-7b.json)",
+        "instead of loading --target (e.g. benchmarks/configs/qwen2.5-coder-7b.json; default: none, load --target)",
     )
     p.add_argument(
-        "--draft-random-weights", metavar="CONFIG.json", default=None, help="torch backend: the draft likewise"
+        "--draft-random-weights",
+        metavar="CONFIG.json",
+        default=None,
+        help="torch backend: the draft likewise (default: none, load the draft model)",
     )
     p.add_argument(
         "--compile",

@@ -131,7 +131,7 @@ def _add_serve_parser(sub) -> None:
         type=_non_negative_int,
         default=64,
         metavar="N",
-        help="requests waiting for a row; past it a request gets 429 (default: 64)",
+        help="requests waiting for a row; past it a request gets 429 with a Retry-After header (default: 64)",
     )
     g.add_argument(
         "--request-timeout",
@@ -143,7 +143,8 @@ def _add_serve_parser(sub) -> None:
     g.add_argument(
         "--api-key",
         default=os.environ.get("SPECDEC_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECDEC_API_KEY; none)",
+        help="require 'Authorization: Bearer KEY' on /v1/* (/health and /metrics stay open for probes; an "
+        "empty key is refused at start) (default: $SPECDEC_API_KEY; none)",
     )
     g.add_argument(
         "--served-model-name", default=None, help="the model id clients send and /v1/models lists (default: --target)"
@@ -176,7 +177,12 @@ def _add_serve_parser(sub) -> None:
         "token 1-3%% faster here for 1-2 s more per model load (more with a large KV cache: the 1.5B at "
         "--max-batch 8 loaded in 3.3-5.1 s against 1.6); the output is the same either way",
     )
-    g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info")
+    g.add_argument(
+        "--log-level",
+        choices=("critical", "error", "warning", "info", "debug"),
+        default="info",
+        help="the HTTP server's (uvicorn's) log on stderr: info writes a line per request, warning only problems",
+    )
 
 
 def _cache_ram(text: str) -> int:
