@@ -9,7 +9,8 @@ window), so the points compare alike.
     python benchmarks/head_curve.py --tokens 3750 7500 15000 30000 --out benchmarks/cpu/head-curve.json
     python benchmarks/head_curve.py --self --tokens 5000 10000 20000 --out benchmarks/cpu/head-curve-self.json
 
---self trains on the target's own chat answers (`specdec train --data self`) instead of the text.
+--self trains on the target's own chat answers (`specdec train --data self`) instead of the text;
+--invented 0.5 has the target write half of those requests itself (`specdec train --invented`).
 """
 
 from __future__ import annotations
@@ -33,13 +34,21 @@ def main() -> None:
     parser.add_argument("--epochs", type=float, default=2.0)
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     parser.add_argument("--self", action="store_true", help="the target's own answers (--data self)")
+    parser.add_argument(
+        "--invented",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="with --self: this share of the requests written by the target itself (Magpie)",
+    )
     parser.add_argument("--keep", default=None, metavar="DIR", help="keep each head file here (KIND-TOKENS.head)")
     args = parser.parse_args()
 
     started = time.perf_counter()
     if args.self:
         target = load_model(args.target, n_ctx=conversations.N_CTX, max_rows=conversations.ROWS, progress=False)
-        folder = conversations.collect(target, conversations.SelfCorpus(features.default_sources(), max(args.tokens)))
+        corpus = conversations.SelfCorpus(features.default_sources(), max(args.tokens), invented=args.invented)
+        folder = conversations.collect(target, corpus)
     else:
         target = load_model(args.target, n_ctx=features.WINDOW, progress=False)
         folder = features.collect(target, features.Corpus(features.default_sources(), max(args.tokens)))

@@ -12,6 +12,7 @@ import pytest
 
 from specdec.errors import SpecdecError
 from specdec.models.numpy_ref import load_numpy_model
+from specdec.sampling import logits_to_probs, sample
 from specdec.train import features, headfile
 
 from .conftest import require_module
@@ -320,6 +321,85 @@ def test_self_data_is_the_targets_own_answers_and_resumes(tmp_path, monkeypatch)
     assert len(written) >= 5 and asked_now == len(written) + follow_ups  # every request answered once
     f = features.load_features(folder)
     assert f.n_windows == len(written)
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "<|im_start|>assistant\n"
+)
+
+
+def test_invented_requests_are_the_targets_own_seeded_and_asked_as_written(tmp_path, monkeypatch):
+    """`--invented`: the target writes requests from its template's open user turn (Magpie). Each
+    is drawn from the target's own nucleus, seeded by its index (rows change nothing), None where
+    the turn never ends; the chosen share of conversations ask them as
+    written, and a resumed run asks the target for none again."""
+    from specdec.train import conversations
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(conversations, "ANSWER_TOKENS", 12)
+    monkeypatch.setattr(conversations, "INVENT_TOKENS", 6)
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, "qwen2", seed=3, n_layer=2, n_ctx=2048)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "purr.py").write_text(SOURCE)
+    model = load_numpy_model(path, n_ctx=conversations.N_CTX)
+    with pytest.raises(SpecdecError, match="need a chat model"):  # a base model opens no user turn
+        conversations.collect(model, conversations.SelfCorpus(features.expand([str(data)]), 600, invented=0.5))
+    model.tokenizer.chat_template, model.is_instruct = CHATML, True
+    tokenizer = model.tokenizer
+    common = frozenset(tokenizer.encode(" e t a o", add_special=False))
+    monkeypatch.setattr(tokenizer, "eog_ids", tokenizer.eog_ids | common)  # most turns end within 6 tokens
+
+    indices = [1, 3, 5, 7, 9, 11]
+    made = conversations.invent(model, indices)
+    assert made == conversations.invent(model, indices) and conversations.invent(model, [5]) == {5: made[5]}
+    written = [q for q in made.values() if q is not None]
+    assert written and len(set(written)) > 1
+    drawn = []  # every token is drawn from the target's nucleus after the open user turn
+    monkeypatch.setattr(conversations, "sample", lambda p, rng: drawn.append(p) or sample(p, rng))
+    conversations.invent(model, [5])
+    opening = tokenizer.encode("<|im_start|>user\n", add_special=False, special=True)
+    row = model.add_rows(1)[0]
+    first = model.forward_rows({row: opening}, {row: 1})[row][-1]
+    model.drop_rows([row])
+    np.testing.assert_array_equal(drawn[0], logits_to_probs(first, conversations.INVENT_SAMPLING))
+    assert (drawn[0] > 0).sum() < len(drawn[0])  # top-p cut the tail
+    monkeypatch.setattr(tokenizer, "eog_ids", frozenset())
+    assert set(conversations.invent(model, [1, 3]).values()) == {None}  # no turn ended: no request
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(conversations, "ANSWER_TOKENS", 12)
+    monkeypatch.setattr(conversations, "INVENT_TOKENS", 6)
+    monkeypatch.setattr(tokenizer, "eog_ids", tokenizer.eog_ids | common)
+
+    pools = conversations.read_pools(features.expand([str(data)]))
+    template = [i for i in range(40) if not conversations.is_invented(i, 0.5)]
+    assert len(template) == 20  # the others take the kinds in turn, as all conversations do without
+    assert [conversations.request(i, pools, 0, None, 0.5)[0] for i in template] == [
+        conversations.request(i, pools)[0] for i in range(20)
+    ]
+    corpus = conversations.SelfCorpus(features.expand([str(data)]), 600, invented=0.5)
+    assert corpus.key != conversations.SelfCorpus(corpus.files, 600).key  # a data set of its own
+    folder = conversations.collect(model, corpus, progress=False)
+    queries = {int(i): q for i, q in json.loads((folder / conversations.INVENTED).read_text()).items()}
+    assert queries and all(i % 2 == 1 for i in queries)  # every second conversation
+    for f in sorted(folder.glob("window-*.npz")):
+        index = int(f.stem.split("-")[1])
+        category, turns, _ = conversations.request(index, pools, 0, queries.get(index), 0.5)
+        if queries.get(index) is not None:
+            assert category == "invented" and turns == [{"role": "user", "content": queries[index]}]
+            prompt = int(np.load(f)["prompt"])
+            assert np.load(f)["tokens"][:prompt].tolist() == tokenizer.encode(
+                tokenizer.apply_chat_template(turns), add_special=False, special=True
+            )
+    info = json.loads((folder / "data.json").read_text())
+    assert info["categories"].get("invented") and "Magpie" in info["invented"]
+    calls = []
+    monkeypatch.setattr(conversations, "invent", lambda *a, **k: calls.append(a) or {})
+    conversations.collect(model, corpus, progress=False)
+    assert calls == []  # all on disk, the requests too
 
 
 def test_a_head_trains_where_the_torch_target_runs_and_rows_change_only_the_speed(tmp_path, monkeypatch, tokenizer):

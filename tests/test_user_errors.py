@@ -140,6 +140,12 @@ USER_ERRORS = [
     _row("train-too-many-heads", ["train", "medusa:9", "--out", "x.head"], "N from 1 to 8"),
     _row("train-out-unwritable", ["train", "medusa:2", "--out", "/proc/x.head"], "cannot be written"),
     _row("train-no-data", ["train", "medusa:2", "--out", "x.head", "--data", "/nonexistent"], "no such file or folder"),
+    _row(
+        "train-invented-with-text",
+        ["train", "medusa:2", "--out", "x.head", "--data", "text", "--invented", "0.5"],
+        "--invented is a share of --data self's requests",
+    ),
+    _row("train-invented-above-1", ["train", "medusa:2", "--out", "x.head", "--invented", "1.5"], "must be in [0, 1]"),
     _row("head-not-a-head", ["generate", "-p", "x", "--draft", "head:{tmp}/bad.gguf"], "not a readable head file"),
     _row("serve-head-not-a-head", ["serve", "--draft", "head:{tmp}/bad.gguf"], "not a readable head file"),
     _row("unknown-backend", ["generate", "-p", "x", "--backend", "cuda"], "invalid choice"),

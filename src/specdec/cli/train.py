@@ -84,6 +84,15 @@ def _add_train_parser(sub) -> None:
         "only the speed changes",
     )
     p.add_argument(
+        "--invented",
+        type=_float_in(0.0, 1.0, low_open=False),
+        default=0.0,
+        metavar="SHARE",
+        help="--data self: this share of the requests written by the target itself (Magpie: a chat model "
+        "given its template up to an open user turn writes what its users ask), the rest from the "
+        "files' templates; a chat model only (default: 0, every request from the templates)",
+    )
+    p.add_argument(
         "--tokens",
         type=_positive(int),
         default=DEFAULT_TOKENS,
@@ -130,6 +139,8 @@ def cmd_train(args) -> int:
         raise SpecdecError(f"--out {args.out} cannot be written: {why}")
     source = args.data or ["self"]
     answers = source[0] == "self"
+    if args.invented and not answers:
+        raise SpecdecError("--invented is a share of --data self's requests; --data text has none")
     paths = source[1:] if source[0] in ("self", "text") else source
     files = features.expand(paths) if paths else features.default_sources()
     exit_kind = kind["kind"] == "early-exit"
@@ -165,7 +176,7 @@ def cmd_train(args) -> int:
     progress = not args.no_progress
     try:
         if answers:
-            corpus = conversations.SelfCorpus(files, args.tokens)
+            corpus = conversations.SelfCorpus(files, args.tokens, invented=args.invented)
             folder = conversations.collect(target, corpus, progress=progress, rows=rows)
         else:
             corpus = features.Corpus(files, args.tokens, features.MIN_DISTINCT if target.vocab_size >= 10_000 else 0.0)

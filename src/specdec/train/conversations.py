@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import PromptError, SpecdecError
 from ..paths import write_atomically
+from ..sampling import SamplingParams, logits_to_probs, sample
 from .features import MAX_FILE_BYTES, Progress, features_folder
 
 ANSWER_TOKENS = 256  # an answer is cut here (a summary or a function fits; a long essay is cut)
@@ -47,6 +48,9 @@ ROWS = 4  # answers decoded together (a 4-row step costs about 1.3 plain steps o
 GPU_ROWS = 64  # on a GPU: docs/provenance.md#answer_tokens-prompt_tokens-rows-gpu_rows
 MAX_SKIPPED = 1000  # requests in a row too long for a row: the sources give none that fit
 VERSION = "self v2"  # names the templates in the cache key: a change of wording is a new data set
+INVENT_TOKENS = 96  # an invented request that has not ended its turn by here is dropped
+INVENT_SAMPLING = SamplingParams(temperature=1.0, top_p=0.95)  # Magpie samples at 1.0; the nucleus drops the tail
+INVENTED = "queries.json"  # the invented requests, by conversation index, in the features folder
 
 LANGUAGES = ("German", "French", "Spanish", "Italian", "Portuguese", "Chinese", "Japanese")
 NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana", "Ivo", "Jun")
@@ -225,12 +229,19 @@ FOLLOW_UPS = (
 )
 
 
-def request(index: int, pools: Pools, seed: int = 0) -> tuple[str, list[dict[str, str]], str | None]:
+def request(
+    index: int, pools: Pools, seed: int = 0, invented: str | None = None, share: float = 0.0
+) -> tuple[str, list[dict[str, str]], str | None]:
     """Conversation `index`: (category, chat turns, the follow-up turn asked after the answer, or
-    None), the same for every call."""
+    None), the same for every call. `invented`: a request the target wrote (invent()), asked as
+    it is, under the template's default system message; `share`: the share of conversations that
+    are invented, so that the template ones still take the kinds in turn."""
     from .features import held_out
 
     rng = random.Random(f"{seed}:{index}")
+    if invented is not None:
+        follow = rng.choice(FOLLOW_UPS) if rng.random() < FOLLOW_SHARE else None
+        return "invented", [{"role": "user", "content": invented}], follow
     makers = []
     if pools.functions:
         makers += ["code", "explain", "multi-turn"]
@@ -239,7 +250,8 @@ def request(index: int, pools: Pools, seed: int = 0) -> tuple[str, list[dict[str
     if pools.paragraphs:
         makers += ["summarise", "translate", "passage"]
     makers += ["math"]
-    category = makers[index % len(makers)]
+    slot = index - int(index * share)  # the template conversations before it (is_invented spreads the rest)
+    category = makers[slot % len(makers)]
     held = held_out(index)
 
     def phrase(kind: str, **values) -> str:
@@ -282,10 +294,14 @@ class SelfCorpus:
     files: list[Path]
     max_tokens: int
     seed: int = 0
+    invented: float = 0.0  # the share of conversations whose request the target writes (invent())
 
     @property
     def key(self) -> str:
-        digest = hashlib.sha256(f"{VERSION} answers {ANSWER_TOKENS} prompts {PROMPT_TOKENS} seed {self.seed}".encode())
+        text = f"{VERSION} answers {ANSWER_TOKENS} prompts {PROMPT_TOKENS} seed {self.seed}"
+        if self.invented:
+            text += f" invented {self.invented} by {INVENT_SAMPLING} in {INVENT_TOKENS}"
+        digest = hashlib.sha256(text.encode())
         for path in self.files:
             digest.update(f"{path}\0{path.stat().st_size}\0".encode())
         return digest.hexdigest()
@@ -296,6 +312,16 @@ class SelfCorpus:
             f"held-out ones; {SYSTEM_SHARE:.0%} with a system message, {FOLLOW_SHARE:.0%} with a follow-up turn on "
             f"the answer), answered by the target (greedy, its chat template, at most {ANSWER_TOKENS} tokens "
             "an answer)",
+            **(
+                {
+                    "invented": f"{self.invented:.0%} of the requests written by the target itself from its chat "
+                    f"template's open user turn (Magpie), sampled at {INVENT_SAMPLING.temperature} with top-p "
+                    f"{INVENT_SAMPLING.top_p}; the ones that did not end within {INVENT_TOKENS} tokens or were "
+                    "empty became template requests"
+                }
+                if self.invented
+                else {}
+            ),
             "files": len(self.files),
             "categories": dict(sorted(categories.items())),
             "seed": self.seed,
@@ -348,6 +374,67 @@ def follow_up_tokens(target, turns: list[dict[str, str]], follow: str) -> list[i
     return tokenizer.encode(text[text.index(mark) + len(mark) :], add_special=False, special=True)
 
 
+def is_invented(index: int, share: float) -> bool:
+    """Whether conversation `index` asks a request the target invents: `share` of them, evenly spread."""
+    return share > 0 and int((index + 1) * share) > int(index * share)
+
+
+def invent(target, indices: list[int], seed: int = 0) -> dict[int, str | None]:
+    """Requests the target writes itself, one a row at once (Magpie, Xu et al. 2024: an aligned
+    model given its chat template up to an open user turn writes what users ask it). Each index
+    samples with its own seeded generator; a request that does not end its turn within
+    INVENT_TOKENS tokens, or ends empty, is None."""
+    tokenizer = target.tokenizer
+    mark = "\ue000request\ue001"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": mark}])
+    opening = tokenizer.encode(text[: text.index(mark)], add_special=False, special=True)
+    rows = target.add_rows(len(indices))
+    index_of = dict(zip(rows, indices))
+    rngs = {row: np.random.default_rng([seed, index]) for row, index in index_of.items()}
+    written: dict[int, list[int]] = {row: [] for row in rows}
+    ended: set[int] = set()
+    try:
+        logits = target.forward_rows({row: opening for row in rows}, {row: 1 for row in rows})
+        live = list(rows)
+        for _ in range(INVENT_TOKENS):
+            fed = {}
+            for row in live:
+                token = sample(logits_to_probs(logits[row][-1], INVENT_SAMPLING), rngs[row])
+                if token in tokenizer.eog_ids:
+                    ended.add(row)
+                else:
+                    written[row].append(token)
+                    fed[row] = [token]
+            live = list(fed)
+            if not live:
+                break
+            logits = target.forward_rows(fed, {row: 1 for row in live})
+    finally:
+        target.drop_rows(rows)
+    out = {}
+    for row, index in index_of.items():
+        request = tokenizer.decode(written[row]).strip() if row in ended else ""
+        out[index] = request or None
+    return out
+
+
+def _invented_requests(
+    target, folder: Path, share: float, seed: int, upto: int, rows: int, have: dict, progress: bool = False
+) -> None:
+    """Fill `have` (index -> request or None) for the invented conversations below `upto`,
+    `rows` at a time, saving the file after each block so that an interrupted run keeps them."""
+    wanted = [i for i in range(upto) if is_invented(i, share) and i not in have]
+    bar = Progress("requests", len(wanted), "req", progress and bool(wanted))
+    try:
+        for start in range(0, len(wanted), rows):
+            have.update(invent(target, wanted[start : start + rows], seed))
+            write_atomically(folder / INVENTED, json.dumps({str(i): q for i, q in sorted(have.items())}).encode())
+            bar.update(min(start + rows, len(wanted)))
+    finally:
+        if wanted:
+            bar.close()
+
+
 def collect(target, corpus: SelfCorpus, progress: bool = True, rows: int = ROWS) -> Path:
     """Have the target answer the corpus's requests, `rows` at a time, keeping features as it
     goes; the folder. Conversations already on disk are not asked again. The answers are greedy, so
@@ -356,9 +443,20 @@ def collect(target, corpus: SelfCorpus, progress: bool = True, rows: int = ROWS)
 
     if target.n_ctx < N_CTX:
         raise SpecdecError(f"answering needs a context of {N_CTX} tokens a row; the target has {target.n_ctx}")
+    if corpus.invented and not target.is_instruct:
+        raise SpecdecError("invented requests need a chat model: a base model has no user turn to open")
     folder = features_folder(target, corpus)
     folder.mkdir(parents=True, exist_ok=True)
     pools = read_pools(corpus.files, corpus.seed)
+    invented: dict[int, str | None] = {}
+    if corpus.invented:
+        if (folder / INVENTED).exists():
+            invented = {int(i): q for i, q in json.loads((folder / INVENTED).read_text(encoding="utf-8")).items()}
+        # the conversations the budget will likely reach (~400 tokens each: 300 errs long), all rows at once
+        upto = corpus.max_tokens // 300 + 1
+        _invented_requests(
+            target, folder, corpus.invented, corpus.seed, upto, min(rows, target.max_rows), invented, progress
+        )
     target.keep_hidden()
     eog = target.tokenizer.eog_ids
     bar = Progress("answers", corpus.max_tokens, "tok", progress)
@@ -372,7 +470,10 @@ def collect(target, corpus: SelfCorpus, progress: bool = True, rows: int = ROWS)
                 len(live) < min(rows, target.max_rows)
                 and done + sum(len(a.fed) for a in live.values()) < corpus.max_tokens
             ):
-                category, turns, follow = request(index, pools, corpus.seed)
+                if is_invented(index, corpus.invented) and index not in invented:  # past the estimate
+                    free = min(rows, target.max_rows) - len(live)
+                    _invented_requests(target, folder, corpus.invented, corpus.seed, index + free, free, invented)
+                category, turns, follow = request(index, pools, corpus.seed, invented.get(index), corpus.invented)
                 path = folder / f"window-{index:06d}.npz"
                 index += 1
                 if path.exists():
