@@ -314,10 +314,10 @@ class SelfCorpus:
             "an answer)",
             **(
                 {
-                    "invented": f"{self.invented:.0%} of the requests written by the target itself from its chat "
-                    f"template's open user turn (Magpie), sampled at {INVENT_SAMPLING.temperature} with top-p "
-                    f"{INVENT_SAMPLING.top_p}; the ones that did not end within {INVENT_TOKENS} tokens or were "
-                    "empty became template requests"
+                    "invented": f"{self.invented:.0%} of the conversations ask a request the target wrote itself "
+                    f"from its chat template's open user turn (Magpie), sampled at {INVENT_SAMPLING.temperature} "
+                    f"with top-p {INVENT_SAMPLING.top_p}; one that did not end its turn within {INVENT_TOKENS} "
+                    "tokens, or ended empty, gave way to a template request (categories: 'invented' counts the rest)"
                 }
                 if self.invented
                 else {}
