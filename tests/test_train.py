@@ -358,21 +358,18 @@ def test_invented_requests_are_the_targets_own_seeded_and_asked_as_written(tmp_p
     written = [q for q in made.values() if q is not None]
     assert written and len(set(written)) > 1
     drawn = []  # every token is drawn from the target's nucleus after the open user turn
-    monkeypatch.setattr(conversations, "sample", lambda p, rng: drawn.append(p) or sample(p, rng))
-    conversations.invent(model, [5])
+    with monkeypatch.context() as m:
+        m.setattr(conversations, "sample", lambda p, rng: drawn.append(p) or sample(p, rng))
+        conversations.invent(model, [5])
     opening = tokenizer.encode("<|im_start|>user\n", add_special=False, special=True)
     row = model.add_rows(1)[0]
     first = model.forward_rows({row: opening}, {row: 1})[row][-1]
     model.drop_rows([row])
     np.testing.assert_array_equal(drawn[0], logits_to_probs(first, conversations.INVENT_SAMPLING))
     assert (drawn[0] > 0).sum() < len(drawn[0])  # top-p cut the tail
-    monkeypatch.setattr(tokenizer, "eog_ids", frozenset())
-    assert set(conversations.invent(model, [1, 3]).values()) == {None}  # no turn ended: no request
-    monkeypatch.undo()
-    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(conversations, "ANSWER_TOKENS", 12)
-    monkeypatch.setattr(conversations, "INVENT_TOKENS", 6)
-    monkeypatch.setattr(tokenizer, "eog_ids", tokenizer.eog_ids | common)
+    with monkeypatch.context() as m:
+        m.setattr(tokenizer, "eog_ids", frozenset())
+        assert set(conversations.invent(model, [1, 3]).values()) == {None}  # no turn ended: no request
 
     pools = conversations.read_pools(features.expand([str(data)]))
     template = [i for i in range(40) if not conversations.is_invented(i, 0.5)]

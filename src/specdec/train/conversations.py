@@ -361,17 +361,27 @@ def _write(path: Path, a: _Answer) -> None:
     write_atomically(path, buf.getvalue())
 
 
+MARK = "\ue000here\ue001"  # stands in one message's content, to cut the rendered template there
+
+
+def _template_around_mark(tokenizer, messages: list[dict[str, str]]) -> tuple[str, str]:
+    """The chat template rendered over `messages`, one of whose contents is MARK: the text before
+    and after it (a turn's opening and closing, as the template writes them)."""
+    text = tokenizer.apply_chat_template(messages)
+    at = text.index(MARK)
+    return text[:at], text[at + len(MARK) :]
+
+
 def follow_up_tokens(target, turns: list[dict[str, str]], follow: str) -> list[int]:
     """What comes after an answer to ask `follow`: the chat template's end of the assistant's turn,
     the user's turn and the opening of the next answer (a base model: the text between blank lines)."""
     tokenizer = target.tokenizer
     if not target.is_instruct:
         return tokenizer.encode(f"\n\n{follow}\n\n", add_special=False, special=False)
-    mark = "\ue000answer\ue001"
-    text = tokenizer.apply_chat_template(
-        [*turns, {"role": "assistant", "content": mark}, {"role": "user", "content": follow}]
+    _, after = _template_around_mark(
+        tokenizer, [*turns, {"role": "assistant", "content": MARK}, {"role": "user", "content": follow}]
     )
-    return tokenizer.encode(text[text.index(mark) + len(mark) :], add_special=False, special=True)
+    return tokenizer.encode(after, add_special=False, special=True)
 
 
 def is_invented(index: int, share: float) -> bool:
@@ -385,9 +395,8 @@ def invent(target, indices: list[int], seed: int = 0) -> dict[int, str | None]:
     samples with its own seeded generator; a request that does not end its turn within
     INVENT_TOKENS tokens, or ends empty, is None."""
     tokenizer = target.tokenizer
-    mark = "\ue000request\ue001"
-    text = tokenizer.apply_chat_template([{"role": "user", "content": mark}])
-    opening = tokenizer.encode(text[: text.index(mark)], add_special=False, special=True)
+    before, _ = _template_around_mark(tokenizer, [{"role": "user", "content": MARK}])
+    opening = tokenizer.encode(before, add_special=False, special=True)
     rows = target.add_rows(len(indices))
     index_of = dict(zip(rows, indices))
     rngs = {row: np.random.default_rng([seed, index]) for row, index in index_of.items()}
@@ -424,15 +433,14 @@ def _invented_requests(
     """Fill `have` (index -> request or None) for the invented conversations below `upto`,
     `rows` at a time, saving the file after each block so that an interrupted run keeps them."""
     wanted = [i for i in range(upto) if is_invented(i, share) and i not in have]
-    bar = Progress("requests", len(wanted), "req", progress and bool(wanted))
+    bar = Progress("requests", len(wanted), "req", progress and bool(wanted))  # (closing writes only if shown)
     try:
         for start in range(0, len(wanted), rows):
             have.update(invent(target, wanted[start : start + rows], seed))
             write_atomically(folder / INVENTED, json.dumps({str(i): q for i, q in sorted(have.items())}).encode())
             bar.update(min(start + rows, len(wanted)))
     finally:
-        if wanted:
-            bar.close()
+        bar.close()
 
 
 def collect(target, corpus: SelfCorpus, progress: bool = True, rows: int = ROWS) -> Path:
