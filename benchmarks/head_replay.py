@@ -13,7 +13,7 @@ its multiply-adds against the target's, and its kernels (one layer and an output
 target's (its layers and output head).
 
     python benchmarks/head_replay.py --head /work/heads-v2/prophet3-60000.head \\
-        --runs-out benchmarks/cpu/head-runs.jsonl
+        --runs-out benchmarks/cpu/head-runs.jsonl [--sampled]
 
 prints, per category of the recording (benchmarks/dev-greedy-1.5b-0.5b.jsonl, the dev prompts:
 never trained on), first-position agreement, tokens per target step of a fixed head:K chain, and
@@ -21,6 +21,11 @@ the speedup over plain decoding of head:K, of a clairvoyant controller over the 
 exactly what will be kept), and of the 0.5B draft model (draft:4 and its clairvoyant), on this
 CPU's recorded curve and on the H100's. Positions right after the prefill draft nothing (the
 engine keeps no state there).
+
+--sampled adds, per category, the first guess's acceptance at temperature 1 in expectation (the
+rejection rule keeps a draft token drawn from q with probability sum min(p, q)), exact at every
+position of the greedy recording rather than one noisy sampled run: it loads the target's output
+head (the 1.5B's: 0.9 GB in float32).
 """
 
 from __future__ import annotations
@@ -64,6 +69,23 @@ def head_runs(head, states: np.ndarray, output: list[int]) -> list[int | None]:
         agrees = "".join("1" if g == t else "0" for g, t in zip(guesses, output[pos:]))
         runs.append(draft_run(agrees, 0, len(guesses)))
     return runs
+
+
+def sampled_first(head, states: np.ndarray, output: list[int], weights: np.ndarray) -> float:
+    """The mean over output positions 1 .. n - 2 of sum min(p, q): p the target's distribution over
+    output[pos] at temperature 1 (the next state, the one that chose it, through its output head
+    `weights` [V, d]), q the head's first step's from the state before and output[pos - 1]."""
+    from specdec.sampling import SamplingParams
+
+    params, rng = SamplingParams(temperature=1.0), np.random.default_rng(0)
+    logits = states[1 : len(output) - 1].astype(np.float32) @ weights.T  # row pos - 1: p at pos
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    kept = [
+        np.minimum(p[pos - 1], head._draft(states[pos - 1], output[pos - 1], 1, params, rng).q[0]).sum()
+        for pos in range(1, len(output) - 1)
+    ]
+    return float(np.mean(kept))
 
 
 class StoredStates:
@@ -160,6 +182,22 @@ def record(args, records) -> dict[str, list[list[int | None]]]:
     return runs
 
 
+def sampled_acceptance(args, records) -> dict[str, list[float]]:
+    """Per head file, per record: sampled_first."""
+    from specdec import load_model
+    from specdec.drafters.head import HeadDrafter
+
+    folder = store_states(args, records)
+    target = load_model(args.target, n_ctx=64, progress=False)
+    weights = target.head_weights("output", np.arange(target.vocab_size))
+    stored = StoredStates(json.loads((folder / "meta.json").read_text()))
+    out = {}
+    for path in args.head:
+        head = HeadDrafter(stored, path)
+        out[path] = [sampled_first(head, np.load(folder / f"{r['id']}.npy"), r["output"], weights) for r in records]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head", nargs="+", required=True, help="head files (specdec train --out)")
@@ -173,6 +211,9 @@ def main() -> None:
     )
     parser.add_argument("--runs", default=None, help="read the runs from this file (a --runs-out) instead")
     parser.add_argument("--runs-out", default=None, help="write the runs per position here (JSONL)")
+    parser.add_argument(
+        "--sampled", action="store_true", help="also the first guess's expected acceptance at temperature 1"
+    )
     parser.add_argument("--curve", default=str(HERE / "gpu-h100" / "costs-1.5b-static-graphs.json"))
     parser.add_argument("--draft-curve", default=str(HERE / "gpu-h100" / "costs-0.5b-static-graphs.json"))
     parser.add_argument("--config", default=str(HERE / "configs" / "qwen2.5-coder-1.5b.json"))
@@ -202,6 +243,7 @@ def main() -> None:
                 text = {p: "".join("-" if x is None else str(x) for x in runs[p][i]) for p in args.head}
                 out.write(json.dumps({"id": r["id"], "category": r["category"], "runs": text}) + "\n")
 
+    sampled = sampled_acceptance(args, records) if args.sampled else {}
     config = json.loads(Path(args.config).read_text())
     devices = {
         "this CPU (the recording's curve)": (header["costs"], header["draft_costs"]),
@@ -226,6 +268,12 @@ def main() -> None:
                 f"{shares[device][1]:.3f} a step, timed by benchmarks/gpu_heads.py ({report['device']}, "
                 f"{args.head_costs})"
             )
+        if sampled:  # (the greedy first position is each device table's first-pos)
+            by_category = {}
+            for r, kept in zip(records, sampled[path]):
+                by_category.setdefault(r["category"], []).append(kept)
+            print("\ntemperature 1, the first guess kept in expectation (sum min(p, q)), medians: ", end="")
+            print(", ".join(f"{category} {statistics.median(x):.2f}" for category, x in by_category.items()))
         for device, (costs, draft_costs) in devices.items():
             print(f"\n### {device}")
             print(
