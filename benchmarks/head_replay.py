@@ -75,12 +75,11 @@ def sampled_first(head, states: np.ndarray, output: list[int], weights: np.ndarr
     """The mean over output positions 1 .. n - 2 of sum min(p, q): p the target's distribution over
     output[pos] at temperature 1 (the next state, the one that chose it, through its output head
     `weights` [V, d]), q the head's first step's from the state before and output[pos - 1]."""
-    from specdec.sampling import SamplingParams
+    from specdec.sampling import SamplingParams, logits_to_probs
 
     params, rng = SamplingParams(temperature=1.0), np.random.default_rng(0)
-    logits = states[1 : len(output) - 1].astype(np.float32) @ weights.T  # row pos - 1: p at pos
-    p = np.exp(logits - logits.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
+    # row pos - 1: p at pos, as the rejection rule computes it
+    p = logits_to_probs(states[1 : len(output) - 1].astype(np.float32) @ weights.T, params)
     kept = [
         np.minimum(p[pos - 1], head._draft(states[pos - 1], output[pos - 1], 1, params, rng).q[0]).sum()
         for pos in range(1, len(output) - 1)
