@@ -46,7 +46,9 @@ def main() -> None:
 
     started = time.perf_counter()
     if args.self:
-        target = load_model(args.target, n_ctx=conversations.N_CTX, max_rows=conversations.ROWS, progress=False)
+        target = load_model(
+            args.target, n_ctx=conversations.N_CTX, max_rows=conversations.ROWS, trees=False, progress=False
+        )
         corpus = conversations.SelfCorpus(features.default_sources(), max(args.tokens), invented=args.invented)
         folder = conversations.collect(target, corpus)
     else:

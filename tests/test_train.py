@@ -246,8 +246,8 @@ SOURCE = '''def purr(n):
 
 
 def test_self_data_is_the_targets_own_answers_and_resumes(tmp_path, monkeypatch):
-    """`--data self`: requests made from the sources, answered by the target greedily, 4 at a
-    time; each conversation a window whose labels are the target's next tokens (in the answer:
+    """`--data self`: requests made from the sources, answered by the target greedily, ROWS at
+    a time; each conversation a window whose labels are the target's next tokens (in the answer:
     the answer's own next tokens), written whole, so Ctrl-C loses only the answers under way."""
     from specdec.train import conversations
 
@@ -431,6 +431,29 @@ def test_a_head_trains_where_the_torch_target_runs_and_rows_change_only_the_spee
     loaded, tensors = headfile.load(out)
     # the blocks start at zero (the target's own head): the updates on the device moved them
     assert loaded.target_sha256 == target.identity and np.abs(tensors["medusa.0.weight"]).max() > 0
+
+
+def test_answering_loads_the_target_with_a_cache_stream_a_row(monkeypatch):
+    """--data self answers ROWS requests at once on a CPU (--rows another number), each row in a
+    KV cache stream of its own (trees=False: a step's attention reads each row's own cells, not a
+    shared pool's whole range); --data text reads one window at a time."""
+    import specdec
+    from specdec.cli import build_parser
+    from specdec.cli import train as train_cli
+    from specdec.train import conversations
+
+    from .conftest import Stopped, captured_call
+
+    seen = captured_call(monkeypatch, specdec, "load_model")
+    for flags, rows, n_ctx in (
+        ([], conversations.ROWS, conversations.N_CTX),
+        (["--rows", "3"], 3, conversations.N_CTX),
+        (["--data", "text"], 1, features.WINDOW),
+    ):
+        args = build_parser().parse_args(["train", "medusa:2", "--out", "x.head", *flags])
+        with pytest.raises(Stopped):
+            train_cli.cmd_train(args)
+        assert (seen["max_rows"], seen["n_ctx"], seen["trees"]) == (rows, n_ctx, False), flags
 
 
 def test_train_loads_a_torch_target_static_with_graphs_on_a_gpu_and_dynamic_elsewhere(monkeypatch):

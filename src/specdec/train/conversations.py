@@ -44,7 +44,7 @@ FOLLOW_TOKENS = 64  # a follow-up turn's template and text, at most
 N_CTX = PROMPT_TOKENS + 2 * ANSWER_TOKENS + FOLLOW_TOKENS  # what a row must hold: two answers
 FOLLOW_SHARE = 0.4  # conversations that go on to a second turn, asked about the target's own answer
 SYSTEM_SHARE = 0.25  # conversations that open with a system message
-ROWS = 4  # answers decoded together (a 4-row step costs about 1.3 plain steps on this CPU's 1.5B)
+ROWS = 16  # answers decoded together on a CPU, each in a KV stream of its own (load the target with trees=False)
 GPU_ROWS = 64  # on a GPU: docs/provenance.md#answer_tokens-prompt_tokens-rows-gpu_rows
 MAX_SKIPPED = 1000  # requests in a row too long for a row: the sources give none that fit
 VERSION = "self v2"  # names the templates in the cache key: a change of wording is a new data set
