@@ -455,6 +455,7 @@ def collect(target, corpus: SelfCorpus, progress: bool = True, rows: int = ROWS)
         raise SpecdecError("invented requests need a chat model: a base model has no user turn to open")
     folder = features_folder(target, corpus)
     folder.mkdir(parents=True, exist_ok=True)
+    rows = min(rows, target.max_rows)
     pools = read_pools(corpus.files, corpus.seed)
     invented: dict[int, str | None] = {}
     if corpus.invented:
@@ -463,7 +464,7 @@ def collect(target, corpus: SelfCorpus, progress: bool = True, rows: int = ROWS)
         # the conversations the budget will likely reach (~400 tokens each: 300 errs long), all rows at once
         upto = corpus.max_tokens // 300 + 1
         _invented_requests(
-            target, folder, corpus.invented, corpus.seed, upto, min(rows, target.max_rows), invented, progress
+            target, folder, corpus.invented, corpus.seed, upto, rows, invented, progress
         )
     target.keep_hidden()
     eog = target.tokenizer.eog_ids
@@ -471,21 +472,35 @@ def collect(target, corpus: SelfCorpus, progress: bool = True, rows: int = ROWS)
     live: dict[int, _Answer] = {}
     categories: Counter = Counter()
     done = index = windows = skipped = 0
+    after = 0  # tokens past the request in the finished conversations (answers, follow-ups)
+
+    def under_way() -> float:
+        """What the conversations under way will likely come to, each at least as far as it got:
+        until a batch of them has finished (the short ones finish first), the most its answers can
+        be; then its request and the answers the finished ones average. So a small budget does not
+        take a whole batch of rows that then overshoot it together."""
+
+        def likely(a: _Answer) -> float:
+            if windows >= rows:
+                return a.prompt + after / windows
+            return a.prompt + ANSWER_TOKENS + (FOLLOW_TOKENS + ANSWER_TOKENS if a.follow else 0)
+
+        return sum(max(len(a.fed), likely(a)) for a in live.values())
+
     try:
         while True:
-            # take requests while the budget lasts (the ones under way count as far as they got)
-            while (
-                len(live) < min(rows, target.max_rows)
-                and done + sum(len(a.fed) for a in live.values()) < corpus.max_tokens
-            ):
+            # take requests while the budget lasts
+            while len(live) < rows and done + under_way() < corpus.max_tokens:
                 if is_invented(index, corpus.invented) and index not in invented:  # past the estimate
-                    free = min(rows, target.max_rows) - len(live)
+                    free = rows - len(live)
                     _invented_requests(target, folder, corpus.invented, corpus.seed, index + free, free, invented)
                 category, turns, follow = request(index, pools, corpus.seed, invented.get(index), corpus.invented)
                 path = folder / f"window-{index:06d}.npz"
                 index += 1
                 if path.exists():
-                    done += len(np.load(path)["tokens"])
+                    with np.load(path) as part:
+                        done += len(part["tokens"])
+                        after += len(part["tokens"]) - int(part["prompt"])
                     categories[category] += 1
                     windows += 1
                     continue
@@ -525,6 +540,7 @@ def collect(target, corpus: SelfCorpus, progress: bool = True, rows: int = ROWS)
                 a = live.pop(row)
                 _write(folder / f"window-{a.index:06d}.npz", a)
                 done += len(a.fed)
+                after += len(a.fed) - a.prompt
                 categories[a.category] += 1
                 windows += 1
             if ended:
