@@ -463,9 +463,7 @@ def collect(target, corpus: SelfCorpus, progress: bool = True, rows: int = ROWS)
             invented = {int(i): q for i, q in json.loads((folder / INVENTED).read_text(encoding="utf-8")).items()}
         # the conversations the budget will likely reach (~400 tokens each: 300 errs long), all rows at once
         upto = corpus.max_tokens // 300 + 1
-        _invented_requests(
-            target, folder, corpus.invented, corpus.seed, upto, rows, invented, progress
-        )
+        _invented_requests(target, folder, corpus.invented, corpus.seed, upto, rows, invented, progress)
     target.keep_hidden()
     eog = target.tokenizer.eog_ids
     bar = Progress("answers", corpus.max_tokens, "tok", progress)
