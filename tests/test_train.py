@@ -245,21 +245,28 @@ SOURCE = '''def purr(n):
 '''
 
 
-def test_self_data_is_the_targets_own_answers_and_resumes(tmp_path, monkeypatch):
-    """`--data self`: requests made from the sources, answered by the target greedily, ROWS at
-    a time; each conversation a window whose labels are the target's next tokens (in the answer:
-    the answer's own next tokens), written whole, so Ctrl-C loses only the answers under way."""
+def _self_setup(tmp_path, monkeypatch):
+    """A tiny target whose context holds a conversation, and a folder of sources (prose, a function)."""
     from specdec.train import conversations
 
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(conversations, "ANSWER_TOKENS", 24)
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, "qwen2", seed=3, n_layer=2, n_ctx=2048)
     data = tmp_path / "data"
     data.mkdir()
     (data / "cats.md").write_text(f"# Cats\n\n{PROSE}\n\n{PROSE.upper()}\n")
     (data / "purr.py").write_text(SOURCE)
-    model = load_numpy_model(path, n_ctx=conversations.N_CTX)
+    return load_numpy_model(path, n_ctx=conversations.N_CTX), data
+
+
+def test_self_data_is_the_targets_own_answers_and_resumes(tmp_path, monkeypatch):
+    """`--data self`: requests made from the sources, answered by the target greedily, ROWS at
+    a time; each conversation a window whose labels are the target's next tokens (in the answer:
+    the answer's own next tokens), written whole, so Ctrl-C loses only the answers under way."""
+    from specdec.train import conversations
+
+    monkeypatch.setattr(conversations, "ANSWER_TOKENS", 24)
+    model, data = _self_setup(tmp_path, monkeypatch)
     pools = conversations.read_pools(features.expand([str(data)]))
     assert pools.paragraphs and [f[1] for f in pools.functions] == ["purr(n)"] and not pools.modules
     asked = [conversations.request(i, pools) for i in range(40)]
@@ -337,14 +344,7 @@ def test_a_small_budget_takes_the_rows_it_needs_not_a_whole_batch(tmp_path, monk
     tokens on the 1.5B, here 6 107."""
     from specdec.train import conversations
 
-    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
-    path = tmp_path / "tiny.gguf"
-    write_tiny_gguf(path, "qwen2", seed=3, n_layer=2, n_ctx=2048)
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "cats.md").write_text(f"# Cats\n\n{PROSE}\n\n{PROSE.upper()}\n")
-    (data / "purr.py").write_text(SOURCE)
-    model = load_numpy_model(path, n_ctx=conversations.N_CTX)  # its answers never end: each runs to the cap
+    model, data = _self_setup(tmp_path, monkeypatch)  # its answers never end: each runs to the cap
     assert model.max_rows >= conversations.ROWS == 16
     for budget in (2000, 4000):  # the second resumes from the first's conversations
         corpus = conversations.SelfCorpus(features.expand([str(data)]), budget)
