@@ -338,10 +338,11 @@ CHATML = (
 
 def test_a_small_budget_takes_the_rows_it_needs_not_a_whole_batch(tmp_path, monkeypatch):
     """A request is taken while the conversations under way, each counted as the most its answers
-    can be (the finished ones' average once a batch has finished), fall short of the budget; so the
-    budget is passed by at most one conversation. Counted as far as they had got, 16 requests were
-    taken at once for a small budget and each then answered in full: `--tokens 2000` answered 6 324
-    tokens on the 1.5B, here 6 107."""
+    can be (the finished ones' average once a batch has finished), fall short of the budget; so,
+    until a batch has finished (both budgets here end before 16 conversations do), the budget is
+    passed by at most one conversation. Counted as far as they had got, 16 requests were taken at
+    once for a small budget and each then answered in full: `--tokens 2000` answered 6 324 tokens
+    on the 1.5B, here 6 107."""
     from specdec.train import conversations
 
     model, data = _self_setup(tmp_path, monkeypatch)  # its answers never end: each runs to the cap
