@@ -353,6 +353,113 @@ def test_a_small_budget_takes_the_rows_it_needs_not_a_whole_batch(tmp_path, monk
         assert budget <= info["tokens"] < budget + conversations.N_CTX
 
 
+def test_the_users_own_requests_are_asked_instead_of_the_templates(tmp_path, monkeypatch):
+    """`--requests FILE`: each request of the file (an OpenAI chat body as a server logs it, a
+    ShareGPT conversation, a prompt; JSON Lines or one JSON list) is asked once, in the file's
+    order, up to its last user turn and as the chat template renders it, with no follow-up of
+    ours; an entry with nothing to answer is skipped and counted; the file's end ends the data
+    before the budget does; anything malformed is one error naming its line, before answering."""
+    import re
+
+    from specdec.train import conversations
+
+    monkeypatch.setattr(conversations, "ANSWER_TOKENS", 12)
+    model, _ = _self_setup(tmp_path, monkeypatch)
+    model.tokenizer.chat_template, model.is_instruct = CHATML, True
+    system = {"role": "system", "content": "Be brief."}
+    entries = [
+        {"model": "m", "messages": [system, {"role": "user", "content": "Why is the sky blue?"}], "temperature": 0.7},
+        {
+            "conversations": [
+                {"from": "human", "value": "Name a cat."},
+                {"from": "gpt", "value": "Tom."},
+                {"from": "human", "value": "Another?"},
+                {"from": "gpt", "value": "Felix."},
+            ]
+        },
+        {"prompt": "Count to three.", "category": "counting"},
+        {"messages": [{"role": "assistant", "content": "Hello!"}]},  # no user turn: skipped
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "Add 2 "}, {"type": "text", "text": "and 3."}]}
+            ]
+        },
+    ]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(json.dumps(e) for e in entries) + "\n\n")
+    requests = conversations.read_requests(path)
+    assert len(requests.chats) == 4 and requests.skipped == 1
+    assert requests.request(0) == ("requests", entries[0]["messages"], None)
+    assert requests.request(1)[1] == [
+        {"role": "user", "content": "Name a cat."},
+        {"role": "assistant", "content": "Tom."},
+        {"role": "user", "content": "Another?"},
+    ]  # the trailing answer dropped: the target writes its own
+    assert requests.request(2)[:2] == ("counting", [{"role": "user", "content": "Count to three."}])
+    assert requests.request(3)[1] == [{"role": "user", "content": "Add 2 and 3."}]
+    listed = tmp_path / "requests.json"
+    listed.write_text(json.dumps(entries, indent=1))
+    assert conversations.read_requests(listed).chats == requests.chats
+
+    corpus = conversations.SelfCorpus([], 100_000, requests=requests)
+    folder = conversations.collect(model, corpus, progress=False)
+    written = sorted(folder.glob("window-*.npz"))
+    assert [f.name for f in written] == [f"window-{i:06d}.npz" for i in range(4)]  # each once; then the file ended
+    tokenizer = model.tokenizer
+    for index, f in enumerate(written):
+        part = np.load(f)
+        prompt, turns = int(part["prompt"]), requests.request(index)[1]
+        rendered = tokenizer.encode(tokenizer.apply_chat_template(turns), add_special=False, special=True)
+        assert part["tokens"][:prompt].tolist() == rendered
+        assert part["asked"].tolist() == [[0, prompt]]  # no follow-up turn added to a real request
+        assert len(part["tokens"]) - prompt + 1 == conversations.ANSWER_TOKENS  # answered to the cap
+    info = json.loads((folder / "data.json").read_text())
+    assert info["categories"] == {"counting": 1, "requests": 3} and info["windows"] == 4
+    assert "requests.jsonl" in info["kind"] and "1 without" in info["kind"]
+    assert corpus.key != conversations.SelfCorpus([], 100_000).key  # a data set of its own in the cache
+
+    for text, fragment in [
+        ("not json\n", "line 1: not JSON"),
+        ('{"prompt": "hi"}\n\n[1]\n', "line 3: a request is a JSON object, not list"),
+        ('{"text": "hi"}\n', "line 1: a request needs 'messages'"),
+        ('{"messages": [{"role": "robot", "content": "hi"}]}\n', "unknown role 'robot'"),
+        ('{"messages": [{"role": "user", "content": 3}]}\n', "its text as a string in 'content'"),
+        ('{"conversations": {"from": "human"}}\n', "'conversations' must be a list"),
+        ('{"prompt": [1, 2]}\n', "'prompt' must be a string"),
+        ('{"messages": [{"role": "user", "content": "  "}]}\n', "holds no request with a user turn"),
+        ("", "holds no request"),
+        ('[{"prompt": "hi"},', "is not JSON"),
+        ('[{"prompt": "hi"}, 7]', "item 2: a request is a JSON object"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(SpecdecError, match=re.escape(fragment)):
+            conversations.read_requests(path)
+    with pytest.raises(SpecdecError, match="with --requests there are none"):
+        conversations.SelfCorpus([], 1000, invented=0.5, requests=requests)
+
+
+def test_specdec_train_on_a_file_of_requests(tmp_path, monkeypatch):
+    """`specdec train --requests FILE` through the CLI: the file's requests answered and trained on,
+    a note where they fall short of --tokens, and the file named in the head's provenance."""
+    _, _ = _self_setup(tmp_path, monkeypatch)
+    requests = tmp_path / "asked.jsonl"
+    requests.write_text("".join(json.dumps({"prompt": f"the cat {w} in a hat"}) + "\n" for w in ("sat", "ran", "hid")))
+    out = tmp_path / "r.head"
+    run = subprocess.run(
+        [
+            sys.executable, "-m", "specdec.cli", "train", "medusa:1", "--backend", "numpy",
+            "--target", str(tmp_path / "tiny.gguf"), "--requests", str(requests), "--tokens", "100000",
+            "--epochs", "1", "--vocab", "200", "--out", str(out), "--no-progress",
+        ],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert f"the 3 requests of {requests} came to" in run.stderr and "under --tokens 100000" in run.stderr
+    info = headfile.read_info(out)
+    assert "the requests of asked.jsonl (3 with a user turn" in info.data["kind"]
+    assert info.data["windows"] == 3
+
+
 def test_invented_requests_are_the_targets_own_seeded_and_asked_as_written(tmp_path, monkeypatch):
     """`--invented`: the target writes requests from its template's open user turn (Magpie). Each
     is drawn from the target's own nucleus, seeded by its index (rows change nothing), None where

@@ -90,7 +90,8 @@ def _row(name, args, *fragments, stdin=b"", env=None, models=False):
 
 
 # {tmp}: this test's temporary folder, holding bad.gguf (not a GGUF), not-utf8.txt, blocker (a
-# file, so nothing can be created below it), not-a-report.json (JSON, no curves), c.json and
+# file, so nothing can be created below it), not-a-report.json (JSON, no curves), requests.jsonl
+# (one good request for `specdec train --requests`), c.json and
 # c-0.5b.json (--costs reports: the 1.5B's and 0.5B's, with the 0.5B draft) and, for the rows that
 # need the models, truncated.gguf (the first 8 MB of the 0.5B).
 USER_ERRORS = [
@@ -146,6 +147,35 @@ USER_ERRORS = [
         "--invented is a share of --data self's requests",
     ),
     _row("train-invented-above-1", ["train", "medusa:2", "--out", "x.head", "--invented", "1.5"], "must be in [0, 1]"),
+    _row(
+        "train-requests-missing",
+        ["train", "medusa:2", "--out", "x.head", "--requests", "{tmp}/none.txt"],
+        "cannot read",
+    ),
+    _row(
+        "train-requests-not-utf8", ["train", "medusa:2", "--out", "x.head", "--requests", "{tmp}/not-utf8.txt"], "UTF-8"
+    ),
+    _row("train-requests-not-json", ["train", "medusa:2", "--out", "x.head", "--requests", "{tmp}/bad.gguf"], "line 1"),
+    _row(
+        "train-requests-not-requests",
+        ["train", "medusa:2", "--out", "x.head", "--requests", "{tmp}/not-a-report.json"],
+        "line 1: a request needs 'messages'",
+    ),
+    _row(
+        "train-requests-with-text",
+        ["train", "medusa:2", "--out", "x.head", "--data", "text", "--requests", "{tmp}/requests.jsonl"],
+        "--data text reads files instead",
+    ),
+    _row(
+        "train-requests-with-sources",
+        ["train", "medusa:2", "--out", "x.head", "--data", "self", "{tmp}", "--requests", "{tmp}/requests.jsonl"],
+        "give --data self without paths",
+    ),
+    _row(
+        "train-requests-with-invented",
+        ["train", "medusa:2", "--out", "x.head", "--invented", "0.5", "--requests", "{tmp}/requests.jsonl"],
+        "with --requests there are none",
+    ),
     _row("head-not-a-head", ["generate", "-p", "x", "--draft", "head:{tmp}/bad.gguf"], "not a readable head file"),
     _row("serve-head-not-a-head", ["serve", "--draft", "head:{tmp}/bad.gguf"], "not a readable head file"),
     _row("unknown-backend", ["generate", "-p", "x", "--backend", "cuda"], "invalid choice"),
@@ -386,6 +416,7 @@ def inputs(tmp_path, request):
     (tmp_path / "not-utf8.txt").write_bytes(b"caf\xe9 au lait")
     (tmp_path / "blocker").write_text("a file, so nothing can be created below it")
     (tmp_path / "not-a-report.json").write_text('{"target": {"name": "qwen2.5-coder-1.5b"}}')
+    (tmp_path / "requests.jsonl").write_text('{"prompt": "Why is the sky blue?"}\n')
     (tmp_path / "c.json").write_text(SHIPPED_COSTS.read_text())
     Path(costs_report(tmp_path, "qwen2.5-coder-0.5b")).rename(tmp_path / "c-0.5b.json")
     if request.node.get_closest_marker("real_models"):

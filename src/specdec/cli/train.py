@@ -93,6 +93,17 @@ def _add_train_parser(sub) -> None:
         "files' templates; a chat model only (default: 0, every request from the templates)",
     )
     p.add_argument(
+        "--requests",
+        metavar="FILE",
+        default=None,
+        help="--data self: ask the target these requests instead of the templates', each once, in order "
+        "(a head learns best from what its users ask): a JSON Lines file (or one JSON list) of OpenAI chat "
+        'bodies ({"messages": [...]}, as a server logs them), ShareGPT conversations ({"conversations": '
+        '[{"from", "value"}, ...]}) or {"prompt": "..."}; the target answers each one\'s last user turn '
+        "(trailing assistant turns are dropped). Training stops where the file or --tokens ends, whichever "
+        "is first; every 20th request is held out (default: none, the templates' requests)",
+    )
+    p.add_argument(
         "--tokens",
         type=_positive(int),
         default=DEFAULT_TOKENS,
@@ -142,7 +153,18 @@ def cmd_train(args) -> int:
     if args.invented and not answers:
         raise SpecdecError("--invented is a share of --data self's requests; --data text has none")
     paths = source[1:] if source[0] in ("self", "text") else source
-    files = features.expand(paths) if paths else features.default_sources()
+    requests = None
+    if args.requests:  # read whole before anything loads: a bad line is found now, not an hour in
+        if not answers:
+            raise SpecdecError("--requests are asked of the target (--data self); --data text reads files instead")
+        if paths:
+            raise SpecdecError("--requests replaces the templates and their sources: give --data self without paths")
+        requests = conversations.read_requests(args.requests)
+    files = [] if requests else features.expand(paths) if paths else features.default_sources()
+    # (a share of invented requests with --requests: refused here, before the load)
+    corpus = (
+        conversations.SelfCorpus(files, args.tokens, invented=args.invented, requests=requests) if answers else None
+    )
     exit_kind = kind["kind"] == "early-exit"
     batch = args.batch or (EXIT_WINDOWS if exit_kind else 128)
     lr = args.lr or (EXIT_LR if exit_kind else 1e-3)
@@ -177,12 +199,17 @@ def cmd_train(args) -> int:
     progress = not args.no_progress
     try:
         if answers:
-            corpus = conversations.SelfCorpus(files, args.tokens, invented=args.invented)
             folder = conversations.collect(target, corpus, progress=progress, rows=rows)
         else:
             corpus = features.Corpus(files, args.tokens, features.MIN_DISTINCT if target.vocab_size >= 10_000 else 0.0)
             folder = features.collect(target, corpus, progress=progress)
         data = json.loads((folder / "data.json").read_text())
+        if requests is not None and data["tokens"] < args.tokens:
+            print(
+                f"the {len(requests.chats)} requests of {args.requests} came to {data['tokens']} tokens, "
+                f"under --tokens {args.tokens}: training on them all",
+                file=sys.stderr,
+            )
         loaded = features.load_features(folder, args.tokens)
         if exit_kind:
             from ..train.exit import exit_states, train_exit

@@ -17,6 +17,11 @@ on a GPU: docs/provenance.md). A conversation's file
 is written whole when its answer ends, so Ctrl-C loses only the answers under way, and the same
 command resumes; conversation i is the same request for every budget, so budgets share a cache
 and a held-out set (every HELD_OUT_EVERY-th conversation).
+
+Where the user has requests of their own (a server's logged chat requests, a ShareGPT-style set:
+`--requests FILE`, read_requests), those are asked instead of the templates, each once, in the
+file's order: the head then learns the answers its users will ask for, and its held-out agreement
+is measured on requests of theirs it never saw.
 """
 
 from __future__ import annotations
@@ -287,6 +292,109 @@ def request(
     return category, turns, follow
 
 
+# a request's roles: OpenAI chat's, and ShareGPT's "from" (human, gpt) as the same
+ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
+
+
+@dataclass(frozen=True)
+class RequestFile:
+    """Requests to answer instead of the templates' (`specdec train --requests FILE`), as read_requests
+    found them: each chat's (role, text) turns, ending with the user's turn the target answers."""
+
+    path: Path
+    chats: tuple[tuple[tuple[str, str], ...], ...]
+    categories: tuple[str, ...]  # each request's "category" where it names one, else "requests"
+    sha256: str  # of the file's bytes: the data set's name in the features cache
+    skipped: int  # entries with no user turn to answer (or an empty one)
+
+    def request(self, index: int) -> tuple[str, list[dict[str, str]], None]:
+        """As request(): (category, chat turns, no follow-up: a real request's turns are its own)."""
+        return self.categories[index], [{"role": r, "content": c} for r, c in self.chats[index]], None
+
+
+def read_requests(path: str | Path) -> RequestFile:
+    """A JSON Lines file (or one JSON list) of requests, each an OpenAI chat body ({"messages":
+    [{"role", "content"}, ...]}, so a server's logged requests serve as they are), a ShareGPT
+    conversation ({"conversations": [{"from", "value"}, ...]}, the data EAGLE and Medusa train on)
+    or {"prompt": text} (one user turn). Trailing assistant turns are dropped: the target writes
+    its own answer to the last user turn, the earlier turns being context as written. An entry
+    with no user turn left, or an empty one, is skipped and counted; anything malformed is a
+    SpecdecError naming its line, before any answering starts."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SpecdecError(f"cannot read --requests {path}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SpecdecError(f"--requests {path} is not UTF-8 text") from None
+    entries: list[tuple[str, object]] = []
+    if text.lstrip().startswith("["):  # one JSON list (ShareGPT's files are)
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecdecError(f"--requests {path} is not JSON ({exc.msg}, line {exc.lineno})") from None
+        entries = [(f"item {i + 1}", item) for i, item in enumerate(items)]
+    else:
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    entries.append((f"line {n}", json.loads(line)))
+                except json.JSONDecodeError as exc:
+                    raise SpecdecError(f"--requests {path}, line {n}: not JSON ({exc.msg})") from None
+    chats, categories, skipped = [], [], 0
+    for where, item in entries:
+        turns = _chat(item, f"--requests {path}, {where}")
+        if turns is None:
+            skipped += 1
+            continue
+        chats.append(turns)
+        category = item.get("category") if isinstance(item, dict) else None
+        categories.append(category if isinstance(category, str) and category else "requests")
+    if not chats:
+        raise SpecdecError(f"--requests {path} holds no request with a user turn to answer")
+    return RequestFile(path, tuple(chats), tuple(categories), hashlib.sha256(raw).hexdigest(), skipped)
+
+
+def _chat(item, where: str) -> tuple[tuple[str, str], ...] | None:
+    """One entry's (role, text) turns up to its last user turn; None where it has none to answer."""
+    if not isinstance(item, dict):
+        raise SpecdecError(f"{where}: a request is a JSON object, not {type(item).__name__}")
+    if "messages" in item:
+        name, role_key, text_key = "messages", "role", "content"
+    elif "conversations" in item:
+        name, role_key, text_key = "conversations", "from", "value"
+    elif "prompt" in item:
+        name, role_key, text_key = "prompt", "role", "content"
+    else:
+        raise SpecdecError(f"{where}: a request needs 'messages' (OpenAI chat), 'conversations' (ShareGPT) or 'prompt'")
+    if name == "prompt" and not isinstance(item["prompt"], str):
+        raise SpecdecError(f"{where}: 'prompt' must be a string")
+    turns = [{"role": "user", "content": item["prompt"]}] if name == "prompt" else item[name]
+    if not isinstance(turns, list):
+        raise SpecdecError(f"{where}: '{name}' must be a list of turns")
+    out = []
+    for turn in turns:
+        content = turn.get(text_key) if isinstance(turn, dict) else None
+        if isinstance(content, list):  # OpenAI's content parts: the text ones, in order
+            parts = [part.get("text") for part in content if isinstance(part, dict) and part.get("type") == "text"]
+            content = "".join(part for part in parts if isinstance(part, str)) if parts else None
+        if not isinstance(content, str):
+            raise SpecdecError(f"{where}: each turn needs its text as a string in '{text_key}'")
+        role = ROLES.get(turn.get(role_key))
+        if role is None:
+            raise SpecdecError(
+                f"{where}: unknown role {turn.get(role_key)!r} (system, user or assistant; ShareGPT's human or gpt)"
+            )
+        out.append((role, content))
+    while out and out[-1][0] == "assistant":
+        out.pop()
+    if not out or out[-1][0] != "user" or not out[-1][1].strip():
+        return None
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class SelfCorpus:
     """Conversations over `files` (the requests' sources), up to `max_tokens` tokens of features."""
@@ -295,9 +403,17 @@ class SelfCorpus:
     max_tokens: int
     seed: int = 0
     invented: float = 0.0  # the share of conversations whose request the target writes (invent())
+    requests: RequestFile | None = None  # the user's own requests, asked instead of the templates'
+
+    def __post_init__(self):
+        if self.invented and self.requests is not None:
+            raise SpecdecError("--invented is a share of the templates' requests; with --requests there are none")
 
     @property
     def key(self) -> str:
+        if self.requests is not None:  # the file's bytes name the data set; no template or source enters
+            text = f"requests {self.requests.sha256} answers {ANSWER_TOKENS} prompts {PROMPT_TOKENS}"
+            return hashlib.sha256(text.encode()).hexdigest()
         text = f"{VERSION} answers {ANSWER_TOKENS} prompts {PROMPT_TOKENS} seed {self.seed}"
         if self.invented:
             text += f" invented {self.invented} by {INVENT_SAMPLING} in {INVENT_TOKENS}"
@@ -307,6 +423,16 @@ class SelfCorpus:
         return digest.hexdigest()
 
     def provenance(self, categories: Counter) -> dict:
+        if self.requests is not None:
+            r = self.requests
+            return {
+                "kind": f"self: the requests of {r.path.name} ({len(r.chats)} with a user turn to answer, "
+                f"{r.skipped} without; sha256 {r.sha256[:16]}), each asked once in the file's order up to its "
+                "last user turn, answered by the target (greedy, its chat template, at most "
+                f"{ANSWER_TOKENS} tokens an answer; a request over {PROMPT_TOKENS} tokens skipped)",
+                "categories": dict(sorted(categories.items())),
+                "key": self.key[:16],
+            }
         return {
             "kind": "self: chat requests from templates over the sources (4 wordings a kind, the last kept for the "
             f"held-out ones; {SYSTEM_SHARE:.0%} with a system message, {FOLLOW_SHARE:.0%} with a follow-up turn on "
@@ -456,7 +582,8 @@ def collect(target, corpus: SelfCorpus, progress: bool = True, rows: int = ROWS)
     folder = features_folder(target, corpus)
     folder.mkdir(parents=True, exist_ok=True)
     rows = min(rows, target.max_rows)
-    pools = read_pools(corpus.files, corpus.seed)
+    supply = len(corpus.requests.chats) if corpus.requests is not None else None  # None: the templates never end
+    pools = read_pools(corpus.files, corpus.seed) if supply is None else Pools()
     invented: dict[int, str | None] = {}
     if corpus.invented:
         if (folder / INVENTED).exists():
@@ -488,11 +615,14 @@ def collect(target, corpus: SelfCorpus, progress: bool = True, rows: int = ROWS)
     try:
         while True:
             # take requests while the budget lasts
-            while len(live) < rows and done + under_way() < corpus.max_tokens:
+            while len(live) < rows and done + under_way() < corpus.max_tokens and (supply is None or index < supply):
                 if is_invented(index, corpus.invented) and index not in invented:  # past the estimate
                     free = rows - len(live)
                     _invented_requests(target, folder, corpus.invented, corpus.seed, index + free, free, invented)
-                category, turns, follow = request(index, pools, corpus.seed, invented.get(index), corpus.invented)
+                if corpus.requests is not None:
+                    category, turns, follow = corpus.requests.request(index)
+                else:
+                    category, turns, follow = request(index, pools, corpus.seed, invented.get(index), corpus.invented)
                 path = folder / f"window-{index:06d}.npz"
                 index += 1
                 if path.exists():
