@@ -94,6 +94,7 @@ def _row(name, args, *fragments, stdin=b"", env=None, models=False):
 # (one good request for `specdec train --requests`), c.json and
 # c-0.5b.json (--costs reports: the 1.5B's and 0.5B's, with the 0.5B draft) and, for the rows that
 # need the models, truncated.gguf (the first 8 MB of the 0.5B).
+TRAIN = ["train", "medusa:2", "--out", "x.head"]  # `specdec train` up to its data flags
 USER_ERRORS = [
     # flags
     _row("k-negative", ["generate", "-p", "x", "-k", "-1"], "-k/--draft-tokens", "0..32"),
@@ -147,34 +148,17 @@ USER_ERRORS = [
         "--invented is a share of --data self's requests",
     ),
     _row("train-invented-above-1", ["train", "medusa:2", "--out", "x.head", "--invented", "1.5"], "must be in [0, 1]"),
-    _row(
-        "train-requests-missing",
-        ["train", "medusa:2", "--out", "x.head", "--requests", "{tmp}/none.txt"],
-        "cannot read",
-    ),
-    _row(
-        "train-requests-not-utf8", ["train", "medusa:2", "--out", "x.head", "--requests", "{tmp}/not-utf8.txt"], "UTF-8"
-    ),
-    _row("train-requests-not-json", ["train", "medusa:2", "--out", "x.head", "--requests", "{tmp}/bad.gguf"], "line 1"),
-    _row(
-        "train-requests-not-requests",
-        ["train", "medusa:2", "--out", "x.head", "--requests", "{tmp}/not-a-report.json"],
-        "line 1: a request needs 'messages'",
-    ),
-    _row(
-        "train-requests-with-text",
-        ["train", "medusa:2", "--out", "x.head", "--data", "text", "--requests", "{tmp}/requests.jsonl"],
-        "--data text reads files instead",
-    ),
-    _row(
-        "train-requests-with-sources",
-        ["train", "medusa:2", "--out", "x.head", "--data", "self", "{tmp}", "--requests", "{tmp}/requests.jsonl"],
-        "give --data self without paths",
-    ),
-    _row(
-        "train-requests-with-invented",
-        ["train", "medusa:2", "--out", "x.head", "--invented", "0.5", "--requests", "{tmp}/requests.jsonl"],
-        "with --requests there are none",
+    *(
+        _row(f"train-requests-{name}", [*TRAIN, *args], fragment)
+        for name, args, fragment in [
+            ("missing", ["--requests", "{tmp}/none.txt"], "cannot read"),
+            ("not-utf8", ["--requests", "{tmp}/not-utf8.txt"], "UTF-8"),
+            ("not-json", ["--requests", "{tmp}/bad.gguf"], "line 1: not JSON"),
+            ("not-requests", ["--requests", "{tmp}/not-a-report.json"], "line 1: a request needs 'messages'"),
+            ("with-text", ["--data", "text", "--requests", "{tmp}/requests.jsonl"], "--data text reads files instead"),
+            ("with-sources", ["--data", "self", "{tmp}", "--requests", "{tmp}/requests.jsonl"], "without paths"),
+            ("with-invented", ["--invented", "0.5", "--requests", "{tmp}/requests.jsonl"], "there are none"),
+        ]
     ),
     _row("head-not-a-head", ["generate", "-p", "x", "--draft", "head:{tmp}/bad.gguf"], "not a readable head file"),
     _row("serve-head-not-a-head", ["serve", "--draft", "head:{tmp}/bad.gguf"], "not a readable head file"),
