@@ -258,6 +258,7 @@ USER_ERRORS = [
         models=True,
     ),
     _row("serve-api-key-empty", ["serve", "--api-key", ""], "--api-key", "is empty"),
+    _row("serve-record-unwritable", ["serve", "--record-requests", "{tmp}/blocker/r.jsonl"], "cannot be written"),
     _row("serve-api-key-empty-env", ["serve"], "is empty", env={"SPECDEC_API_KEY": " "}),
     _row("serve-timeout-nan", ["serve", "--request-timeout", "nan"], "--request-timeout", "finite"),
     _row("serve-timeout-inf", ["serve", "--request-timeout", "inf"], "--request-timeout", "finite"),

@@ -4,16 +4,19 @@ a request choosing its speculation; one suffix cache for every request; the API 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from .helpers import (
+    AUTO,
     GenerationConfig,
     SpeculativeDecoder,
     _toy_models,
     build_service,
     client,
     httpx,
+    openai,
     reference,
     serving,
     toy_server,
@@ -432,3 +435,52 @@ def test_a_repeated_prompt_is_read_from_the_kept_cache_and_says_so():
             assert first.usage.prompt_tokens_details.cached_tokens == 0
             want = first.usage.prompt_tokens - 1 if cache else 0
             assert again.usage.prompt_tokens_details.cached_tokens == want
+
+
+def test_recorded_requests_are_what_specdec_train_reads(tmp_path):
+    """`--record-requests FILE`: each accepted request's prompt appended as a JSON line in the form
+    `specdec train --requests` reads (a chat's messages as the server read them, a text completion's
+    prompt, streamed or not); a prompt of token ids and a refused request leave none; mode 0600."""
+    from specdec.server.record import RequestLog
+    from specdec.train.conversations import read_requests
+
+    path = tmp_path / "traffic.jsonl"
+    target, draft = _toy_models()
+    service = build_service(target, draft, AUTO, 4, ("toy",), "toy-draft", record=RequestLog(path))
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "abc abc"}]
+    with serving(service) as base:
+        c = client(base)
+        c.chat.completions.create(model="toy", messages=messages, max_tokens=4)
+        list(c.completions.create(model="toy", prompt="hello world", max_tokens=4, stream=True))
+        c.completions.create(model="toy", prompt=[5, 6, 7], max_tokens=4)  # token ids: no text to ask again
+        with pytest.raises(openai.BadRequestError):  # refused: not traffic
+            c.chat.completions.create(model="toy", messages=[], max_tokens=4)
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [
+        {"messages": messages},
+        {"prompt": "hello world"},
+    ]
+    assert read_requests(path).chats == (
+        (("system", "Be brief."), ("user", "abc abc")),
+        (("user", "hello world"),),
+    )
+    assert os.stat(path).st_mode & 0o777 == 0o600
+
+
+def test_a_recorded_line_is_whole_or_absent(tmp_path, monkeypatch, caplog):
+    """A write a full disk cuts short is cut off again, the request served all the same, and said
+    once; the next request is recorded whole."""
+    from specdec.server.record import RequestLog
+    from specdec.train.conversations import read_requests
+
+    path = tmp_path / "traffic.jsonl"
+    record = RequestLog(path)
+    record.add(None, "first")
+    write = os.write
+    with monkeypatch.context() as m:
+        m.setattr(os, "write", lambda fd, data: write(fd, data[:5]))
+        record.add([{"role": "user", "content": "second"}], None)
+        record.add(None, "lost too")
+    record.add(None, "third")
+    record.close()
+    assert [chat for chat in read_requests(path).chats] == [(("user", "first"),), (("user", "third"),)]
+    assert caplog.text.count("was not recorded") == 1 and record.lines == 2

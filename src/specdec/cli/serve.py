@@ -10,6 +10,7 @@ from .. import catalog
 from ..controller import LATENCY_STEP, LONG_STEP_SAVING, LONG_STEP_SHARE, OBJECTIVES, SERVER_OBJECTIVE
 from ..engine import HOST_CACHE_MIB, PREFILL_STALL, PREFILL_WASTE
 from ..errors import SpecdecError
+from ..paths import writable_reason
 from .flags import _add_costs_flag, _add_model_flags, _add_suffix_flags
 from .loading import _check_device, _check_suffix_flags, _model_loader, _read_costs, _report_costs, _suffix_cache
 from .options import _at_least_one, _at_least_one_or_inf, _float_in, _non_negative_int, _port, _positive
@@ -168,6 +169,15 @@ def _add_serve_parser(sub) -> None:
         "flip a near-tie). Default: off, the drafts' random draws and the request's share one stream",
     )
     g.add_argument(
+        "--record-requests",
+        metavar="FILE",
+        default=None,
+        help="append each accepted request's prompt to FILE as a JSON line (a chat's messages as "
+        '{"messages": [...]}, a text completion as {"prompt": ...}), the form `specdec train --requests '
+        "FILE` reads: a head trained on the traffic this server sees. The file holds what your users "
+        "wrote (created with mode 0600): keep it as private as that (default: none, nothing recorded)",
+    )
+    g.add_argument(
         "--no-huge-pages",
         dest="huge_pages",
         action="store_false",
@@ -206,11 +216,15 @@ def cmd_serve(args) -> int:
     except ImportError as exc:
         raise BackendUnavailableError(f"specdec serve needs {exc.name}: pip install 'specdec[serve]'") from None
     from ..server.app import build_service, serve
+    from ..server.record import RequestLog
     from ..spec import WIDTH_PER_CALL, DraftSpec, parse
 
     if args.api_key is not None and not args.api_key.strip():
         # an empty key would print "no key needed" yet refuse requests without a header
         raise SpecdecError("--api-key (or $SPECDEC_API_KEY) is empty: give a key, or unset it to serve without one")
+    why = writable_reason(args.record_requests) if args.record_requests else None
+    if why:  # found before the models load
+        raise SpecdecError(f"--record-requests {args.record_requests} cannot be written: {why}")
     spec = parse(
         args.draft,
         args.backend,
@@ -285,6 +299,7 @@ def cmd_serve(args) -> int:
         objective=args.objective,
         long_step_share=args.long_step_share,
         costs=_report_costs(args, report, target, draft) if report is not None else None,
+        record=RequestLog(args.record_requests) if args.record_requests else None,
     )
 
     def listening(port: int) -> None:  # the port bound (--port 0 picks one)
@@ -294,7 +309,8 @@ def cmd_serve(args) -> int:
             f"ctx {target.n_ctx} | http://{args.host}:{port}/v1"
             f"{' | API key required' if args.api_key else ''}"
             f"{' | special tokens in messages parsed (--special-in-turns)' if args.special_in_turns else ''}"
-            f"{' | sampling by position (--reproducible)' if args.reproducible else ''}",
+            f"{' | sampling by position (--reproducible)' if args.reproducible else ''}"
+            f"{f' | recording requests to {args.record_requests}' if args.record_requests else ''}",
             file=sys.stderr,
             flush=True,
         )

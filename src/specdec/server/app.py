@@ -45,6 +45,7 @@ from .protocol import (
     speculative_body,
     usage_body,
 )
+from .record import RequestLog
 from .worker import Handle, Worker
 
 log = logging.getLogger("specdec.server")
@@ -74,8 +75,10 @@ class Service:
         api_key: str | None = None,
         special_in_turns: bool = False,
         reproducible: bool = False,
+        record: RequestLog | None = None,
     ):
         self.model_names, self.draft_names = model_names, draft_names
+        self.record = record  # --record-requests: each accepted request's prompt, for `specdec train --requests`
         self.default_policy = default_policy
         self.max_batch = engine.max_rows
         self.capacity = engine.max_rows + max_queue  # requests in the house at once
@@ -120,6 +123,8 @@ class Service:
 
     def close(self) -> None:
         self.worker.stop()
+        if self.record is not None:
+            self.record.close()
 
 
 AUTO = DraftSpec("auto", k=0)  # the server's default policy
@@ -395,6 +400,8 @@ def create_app(service: Service) -> FastAPI:
                 status=429,
                 type="rate_limit_error",
             )
+        if service.record is not None:  # accepted: what its user asked is traffic to train on
+            service.record.add(job.messages, job.prompt)
         loop = asyncio.get_running_loop()
         handle = Handle(
             job,
