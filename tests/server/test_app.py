@@ -440,7 +440,8 @@ def test_a_repeated_prompt_is_read_from_the_kept_cache_and_says_so():
 def test_recorded_requests_are_what_specdec_train_reads(tmp_path):
     """`--record-requests FILE`: each accepted request's prompt appended as a JSON line in the form
     `specdec train --requests` reads (a chat's messages as the server read them, a text completion's
-    prompt, streamed or not); a prompt of token ids and a refused request leave none; mode 0600."""
+    prompt, streamed or not) once the engine admits it; a prompt of token ids and a refused request
+    (malformed, or longer than the context) leave none; mode 0600."""
     from specdec.server.record import RequestLog
     from specdec.train.conversations import read_requests
 
@@ -455,6 +456,8 @@ def test_recorded_requests_are_what_specdec_train_reads(tmp_path):
         c.completions.create(model="toy", prompt=[5, 6, 7], max_tokens=4)  # token ids: no text to ask again
         with pytest.raises(openai.BadRequestError):  # refused: not traffic
             c.chat.completions.create(model="toy", messages=[], max_tokens=4)
+        with pytest.raises(openai.BadRequestError):  # refused once read: longer than the context
+            c.completions.create(model="toy", prompt="abc " * 4000, max_tokens=4)
     assert [json.loads(line) for line in path.read_text().splitlines()] == [
         {"messages": messages},
         {"prompt": "hello world"},

@@ -400,8 +400,6 @@ def create_app(service: Service) -> FastAPI:
                 status=429,
                 type="rate_limit_error",
             )
-        if service.record is not None:  # accepted: what its user asked is traffic to train on
-            service.record.add(job.messages, job.prompt)
         loop = asyncio.get_running_loop()
         handle = Handle(
             job,
@@ -434,6 +432,8 @@ def create_app(service: Service) -> FastAPI:
             event = await handle.events.get()  # admitted, or refused (context, token ids)
             if event[0] == "error":
                 raise event[1]
+            if service.record is not None:  # admitted: what its user asked is traffic to train on
+                service.record.add(job.messages, job.prompt)
             if job.stream:
                 streaming = True
                 return _EventStream(
