@@ -436,6 +436,10 @@ def test_the_users_own_requests_are_asked_instead_of_the_templates(tmp_path, mon
             conversations.read_requests(path)
     with pytest.raises(SpecdecError, match="with --requests there are none"):
         conversations.SelfCorpus([], 1000, invented=0.5, requests=requests)
+    # an OpenAI body's roles are read as the server reads them: 'developer' is a system turn
+    developer = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi."}]
+    path.write_text(json.dumps({"messages": developer}) + "\n")
+    assert conversations.read_requests(path).chats == ((("system", "Be brief."), ("user", "Hi.")),)
 
 
 def test_specdec_train_on_a_file_of_requests(tmp_path, monkeypatch):

@@ -41,6 +41,7 @@ import numpy as np
 from ..errors import PromptError, SpecdecError
 from ..paths import write_atomically
 from ..sampling import SamplingParams, logits_to_probs, sample
+from ..server.protocol import ROLES as CHAT_ROLES
 from .features import MAX_FILE_BYTES, Progress, features_folder
 
 ANSWER_TOKENS = 256  # an answer is cut here (a summary or a function fits; a long essay is cut)
@@ -292,8 +293,9 @@ def request(
     return category, turns, follow
 
 
-# a request's roles: OpenAI chat's, and ShareGPT's "from" (human, gpt) as the same
-ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant"}
+# a request's roles: the server's for OpenAI chat (developer is a system turn), and ShareGPT's
+# "from" (human, gpt) as the same
+ROLES = {**CHAT_ROLES, "human": "user", "gpt": "assistant"}
 
 
 @dataclass(frozen=True)
@@ -385,7 +387,7 @@ def _chat(item, where: str) -> tuple[tuple[str, str], ...] | None:
         role = ROLES.get(turn.get(role_key))
         if role is None:
             raise SpecdecError(
-                f"{where}: unknown role {turn.get(role_key)!r} (system, user or assistant; ShareGPT's human or gpt)"
+                f"{where}: unknown role {turn.get(role_key)!r} ({', '.join(CHAT_ROLES)}; ShareGPT's human or gpt)"
             )
         out.append((role, content))
     while out and out[-1][0] == "assistant":
