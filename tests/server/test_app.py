@@ -485,5 +485,5 @@ def test_a_recorded_line_is_whole_or_absent(tmp_path, monkeypatch, caplog):
         record.add(None, "lost too")
     record.add(None, "third")
     record.close()
-    assert [chat for chat in read_requests(path).chats] == [(("user", "first"),), (("user", "third"),)]
+    assert list(read_requests(path).chats) == [(("user", "first"),), (("user", "third"),)]
     assert caplog.text.count("was not recorded") == 1 and record.lines == 2
