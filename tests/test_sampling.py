@@ -9,11 +9,13 @@ import pytest
 
 import specdec.sampling as S
 from specdec.sampling import (
+    VERIFICATION_RULES,
     SamplingParams,
     logits_to_probs,
     residual,
     sample,
     verify,
+    verify_block,
     verify_greedy,
     verify_stochastic,
 )
@@ -271,11 +273,28 @@ def test_verify_dispatches_on_params():
     draft = [int(logits[0].argmax()), 0 if logits[1].argmax() else 1]
     greedy = verify(logits, draft, None, SamplingParams(), np.random.default_rng(0))
     assert greedy == (1, int(logits[1].argmax()))
+    # a q that is not p (a shift of the logits would be p itself: softmax ignores it), so that the
+    # rules part on some seeds and the dispatch by rule is seen
     params = SamplingParams(temperature=0.8, top_k=5)
-    q = logits_to_probs(logits[:2] + 0.3, params)
-    got = verify(logits, draft, q, params, np.random.default_rng(8))
-    want = verify_stochastic(logits_to_probs(logits, params), draft, q, np.random.default_rng(8))
-    assert got == want
+    noise = np.random.default_rng(9).normal(size=(2, 10))
+    q = logits_to_probs(logits[:2] + 1.5 * noise, params)
+    p = logits_to_probs(logits, params)
+    rules = {"block": verify_block, "traversal": verify_block, "token": verify_stochastic}
+    assert set(rules) == set(VERIFICATION_RULES)
+    parted = 0
+    for seed in range(200):
+        got = {rule: verify(logits, draft, q, params, np.random.default_rng(seed), rule) for rule in rules}
+        for rule, verifier in rules.items():
+            assert got[rule] == verifier(p, draft, q, np.random.default_rng(seed)), (rule, seed)
+        parted += got["block"] != got["token"]
+    assert parted > 0  # the two rules draw differently here: the test tells them apart
+    # the default is block verification; a one-hot draft (q None) goes token by token under every rule
+    assert verify(logits, draft, q, params, np.random.default_rng(3)) == verify_block(
+        p, draft, q, np.random.default_rng(3)
+    )
+    for rule in rules:
+        got = verify(logits, draft, None, params, np.random.default_rng(4), rule)
+        assert got == verify_stochastic(p, draft, None, np.random.default_rng(4)), rule
 
 
 # ---------------------------------------------------------------------------- stochastic verification

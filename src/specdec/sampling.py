@@ -164,6 +164,19 @@ def _top_p_cut(probs: np.ndarray, top_p: float) -> float:
         n = max(8 * n, n + need)
 
 
+def accept(rng: np.random.Generator, num: float, den: float) -> bool:
+    """One Bernoulli draw, true with probability min(1, num / den) (den > 0): one rng.random(),
+    compared as u * den < num (no division). Every accept-or-reject decision of the rules goes
+    through here and every categorical draw through `sample`, so a test can enumerate each
+    decision's outcomes with their exact probabilities (tests/enumerate.py)."""
+    return rng.random() * den < num
+
+
+def accepts(rng: np.random.Generator, probs: np.ndarray) -> np.ndarray:
+    """len(probs) Bernoulli draws at once (one rng.random(n)), draw i true with probability probs[i]."""
+    return rng.random(len(probs)) < probs
+
+
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """One token from a [vocab] distribution by inverse CDF with one rng.random() draw.
 
@@ -234,7 +247,7 @@ def verify_stochastic(
         qx = 1.0 if q is None else q[i, x]
         # accept with prob min(1, p/q): u < p/q written as u * q < p (no division);
         # q == 0 rejects without drawing
-        if qx > 0 and rng.random() * qx < px:
+        if qx > 0 and accept(rng, px, qx):
             continue
         if q is None:
             q_row = np.zeros(p.shape[1])  # [vocab] one-hot drafter: residual = p without x
@@ -314,7 +327,7 @@ def verify_block(
         q = np.zeros((k, p.shape[1]))  # [k, vocab] one-hot on the draft tokens
         q[np.arange(k), list(draft_tokens)] = 1.0
     w, h = block_weights(p, draft_tokens, q)
-    passed = np.flatnonzero(rng.random(k) < h)  # [<= k] the prefixes (of i + 1 tokens) that may end the block
+    passed = np.flatnonzero(accepts(rng, h))  # [<= k] the prefixes (of i + 1 tokens) that may end the block
     n = int(passed[-1]) + 1 if passed.size else 0
     if n == k:
         return k, sample(p[k], rng)
@@ -345,7 +358,7 @@ def verify_candidates(
     q_i = None if q_row is None else np.asarray(q_row, dtype=np.float64)  # [vocab]
     for i, x in enumerate(candidates):
         qx = 1.0 if q_i is None else q_i[x]
-        if qx > 0 and rng.random() * qx < r[x]:
+        if qx > 0 and accept(rng, r[x], qx):
             return i, int(x)
         r, q_i = _rejected(r, q_i, x, replacement)
     return -1, sample(r, rng)
