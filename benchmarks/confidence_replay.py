@@ -62,7 +62,7 @@ class ConfidenceCost(ReplayPolicy):
     def __init__(self, recorded: RecordedDrafter, rates: ConfidenceAcceptance, costs, draft_costs, k_max: int = K_MAX):
         self.recorded, self.rates, self.costs, self.draft_costs, self.k_max = recorded, rates, costs, draft_costs, k_max
 
-    def draft(self, contexts, caps):
+    def draft(self, contexts, caps, leaves=None):
         [(row, context)] = contexts.items()
         target, draft = curve_at(self.costs, len(context)), curve_at(self.draft_costs, len(context))
         cut = ChainCut(

@@ -51,7 +51,7 @@ class FixedProposals:
     def lag(self, row, context):
         return 1
 
-    def propose(self, contexts, ks):
+    def propose(self, contexts, ks, leaves=None):
         self.proposed += 1
         evidence = {"match": self.last_match_length, "votes": self.last_votes}
         return {row: Draft(self.tokens[:k], evidence=evidence) for row, k in ks.items()}
@@ -811,9 +811,9 @@ class BatchModel(FixedProposals):
     def lag(self, row, context):
         return self._lag
 
-    def propose(self, contexts, ks):
+    def propose(self, contexts, ks, leaves=None):
         self.calls.append(dict(ks))
-        return super().propose(contexts, ks)
+        return super().propose(contexts, ks, leaves=leaves)
 
 
 def model_controller(target_costs, draft_costs, rows: int, prior: float, lag: int = 1, **kw):

@@ -61,7 +61,7 @@ class WrongDrafter:
     def end(self, rows):
         pass
 
-    def propose(self, contexts, ks):
+    def propose(self, contexts, ks, leaves=None):
         self.asked += ks.values()
         return {row: Draft([(contexts[row][-1] * 7 + i) % 31 + 1 for i in range(k)]) for row, k in ks.items()}
 
@@ -189,7 +189,7 @@ class OutOfVocabDrafter(WrongDrafter):
 
     name = kind = "out-of-vocab"
 
-    def propose(self, contexts, ks):
+    def propose(self, contexts, ks, leaves=None):
         self.asked += ks.values()
         reference = ToyLM(vocab_size=32, seed=1)
         return {

@@ -39,7 +39,7 @@ class OracleTree:
     def accept(self, n_accepted):
         pass
 
-    def propose(self, contexts, ks):
+    def propose(self, contexts, ks, leaves=None):
         out = {}
         for row, context in contexts.items():
             at = len(context) - self.prompt_len

@@ -163,9 +163,14 @@ class Controller(Protocol):
         """A row leaves (finished or cancelled)."""
 
     def draft(
-        self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]
+        self,
+        contexts: Mapping[int, Sequence[int]],
+        caps: Mapping[int, int],
+        leaves: Mapping[int, int] | None = None,
     ) -> dict[int, tuple[Drafter | None, Draft | None]]:
-        """(drafter, draft) per live row, (None, None) for a plain step; caps[r] bounds row r's draft."""
+        """(drafter, draft) per live row, (None, None) for a plain step; caps[r] bounds row r's
+        draft, leaves[r] its tree's leaves (absent: any; 0: a chain), fixed before drafting
+        (Engine._tree_room) and handed to the drafters."""
 
     def observe(
         self,
@@ -195,16 +200,20 @@ class FixedController:
         pass
 
     def draft(
-        self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]
+        self,
+        contexts: Mapping[int, Sequence[int]],
+        caps: Mapping[int, int],
+        leaves: Mapping[int, int] | None = None,
     ) -> dict[int, tuple[Drafter | None, Draft | None]]:
         """(drafter, draft) per row; caps[r] bounds row r's draft (the context's room, the tokens
-        the row still wants)."""
+        the row still wants), leaves[r] its tree's leaves (Controller.draft)."""
         plan = {row: (None, None) for row in contexts}
         ks = {row: min(self.k, caps[row]) for row in contexts}
         ks = {row: k for row, k in ks.items() if k > 0}
         if self.drafter is None or not ks:
             return plan
-        drafts = self.drafter.propose({row: contexts[row] for row in ks}, ks)  # at most k tokens each
+        asked = {row: contexts[row] for row in ks}
+        drafts = self.drafter.propose(asked, ks, leaves=leaves)  # at most k tokens each
         plan.update({row: (self.drafter, draft) for row, draft in drafts.items()})
         return plan
 
@@ -837,7 +846,10 @@ class CostAwareController:
         return best[0], best[1], plain
 
     def draft(
-        self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]
+        self,
+        contexts: Mapping[int, Sequence[int]],
+        caps: Mapping[int, int],
+        leaves: Mapping[int, int] | None = None,
     ) -> dict[int, tuple[Drafter | None, Draft | None]]:
         options = self._options(contexts, caps)
         ks, value, plain = self._allocate(options)
@@ -900,10 +912,12 @@ class CostAwareController:
                 if self.objective == "throughput":
                     model_ks[row] = max(model_ks[row], min(caps[row], CUT_DEPTH))
             kwargs = {"cuts": cuts} if cuts else {}
+            if leaves is not None:
+                kwargs["leaves"] = leaves
             drafts = (
                 self.model.propose(asked, model_ks, widths, **kwargs)
-                if widths or kwargs
-                else self.model.propose(asked, model_ks)
+                if widths or cuts
+                else self.model.propose(asked, model_ks, **kwargs)
             )
             plan.update({row: (self.model, drafts[row]) for row in model_ks})
         return plan

@@ -19,7 +19,7 @@ import numpy as np
 from .config import GenerationConfig
 from .controller import Controller, FixedController, Outcome, auto_controller
 from .costs import CostTable, split_forward, step_depth
-from .drafters.base import MAX_DRAFT_TOKENS, Drafter, DraftModel
+from .drafters.base import MAX_DRAFT_TOKENS, Draft, Drafter, DraftModel
 from .errors import SpecdecError
 from .models.base import RowModel, SavedRow, tree_depths
 from .request import prepare
@@ -269,25 +269,18 @@ class Engine:
             for row, r in rows.items()
         }
         t = self.clock()
-        plan = self.controller.draft(contexts, caps)
+        # each row's room for a tree is fixed before anything is drawn (_tree_room), so that no
+        # draw decides between a tree's rule and a chain's
+        leaves = self._tree_room(rows)
+        plan = self.controller.draft(contexts, caps, leaves)
         # a draft ends at its first end-of-generation token (nothing after it is ever emitted) and
         # before any token outside the target's vocabulary
         plan = {
-            row: (d, draft.upto(target.tokenizer.eog_ids, target.vocab_size) if draft is not None else None)
+            row: (d, self._fitted(d, draft.upto(target.tokenizer.eog_ids, target.vocab_size), leaves.get(row)))
+            if draft is not None
+            else (d, None)
             for row, (d, draft) in plan.items()
         }
-        # a tree where the target scores trees (and a row is not sampled by position, whose rule is
-        # a chain's) and has room for its leaves this step (llama.cpp lends a sequence id per leaf);
-        # else its first branch
-        room = getattr(target, "tree_leaves", None)
-        for row, (d, draft) in plan.items():
-            if draft is None or draft.parents is None:
-                continue
-            leaves = draft.leaves()
-            if not self._tree_ok(rows[row]) or (room is not None and leaves > room):
-                plan[row] = (d, draft.first_branch())
-            elif room is not None:
-                room -= leaves
         t_draft = self.clock() - t
         drafts = {row: (d.tokens if d is not None else []) for row, (_, d) in plan.items()}
         trees = {row: DraftTree(tuple(d.tokens), tuple(d.parents)) for row, (_, d) in plan.items() if d and d.parents}
@@ -391,6 +384,38 @@ class Engine:
         finished = [r for r in rows.values() if r.stats.finish_reason]
         if finished:
             self._finish(finished)
+
+    def _tree_room(self, rows: Mapping[int, Request]) -> dict[int, int]:
+        """The most leaves each row's draft may have this step, fixed before anything is drafted
+        (0: a chain): a tree where the target scores trees and the row may verify one (_tree_ok),
+        the target's room for leaves (llama.cpp lends a sequence id per leaf: tree_leaves) shared
+        equally among those rows; no entry where the room has no limit. Why before: a sampled
+        tree kept where it fits and swapped for its first branch where it does not verifies the
+        draft by two rules (node by node, and the chain's block rule), chosen by a count that
+        depends on the draws; each rule is exact alone, the mixture is not (docs/trees.md)."""
+        room = getattr(self.target, "tree_leaves", None)
+        trees = [row for row, r in rows.items() if self._tree_ok(r)]
+        share = None if room is None else room // max(1, len(trees))
+        out = {row: 0 for row in rows if row not in trees}
+        if share is not None:
+            out.update({row: share if share >= 2 else 0 for row in trees})
+        return out
+
+    def _fitted(self, drafter: Drafter | None, draft: Draft, most: int | None) -> Draft:
+        """The draft within its row's room (_tree_room). A tree of fixed candidates (no q: prompt
+        lookup's, the suffix cache's, a greedy draft's) may be swapped for its first branch here:
+        its rules are exact given the draft itself, whatever chose it. A sampled tree cannot: its
+        drafter chose its shape within the room before drawing (drafters.base.fit_tree), and one
+        that did not is a bug that would bias the output, so it stops the step."""
+        if draft.parents is None or most is None or (most >= 2 and draft.leaves() <= most):
+            return draft
+        if draft.q is None:
+            return draft.first_branch()
+        name = drafter.name if drafter is not None else "a drafter"
+        raise SpecdecError(
+            f"{name} drafted a sampled tree of {draft.leaves()} leaves where the step reserved {most} "
+            "(0: a chain); a tree cut after drawing would not sample the target's distribution"
+        )
 
     def _tree_ok(self, request: Request) -> bool:
         """Whether this row may verify a tree: the target scores trees (models' scores_trees) and

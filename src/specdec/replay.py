@@ -143,7 +143,7 @@ class LongMatchController(ReplayPolicy):
     def __init__(self, drafter: NgramDrafter, k: int, n_match: int = 24):
         self.drafter, self.k, self.n_match = drafter, k, n_match
 
-    def draft(self, contexts, caps):
+    def draft(self, contexts, caps, leaves=None):
         plan = {}
         for row, context in contexts.items():
             k = min(self.k, caps[row])
@@ -175,7 +175,7 @@ class AdaptiveKController(ReplayPolicy):
                 best, best_k = value, k
         return best_k
 
-    def draft(self, contexts, caps):
+    def draft(self, contexts, caps, leaves=None):
         plan = {}
         for row, context in contexts.items():
             k = min(self.choose(), caps[row])
@@ -207,7 +207,7 @@ class ConfidenceController(ReplayPolicy):
     def __init__(self, recorded: "RecordedDrafter", p_min: float = 0.75, n_max: int = 16):
         self.recorded, self.p_min, self.n_max = recorded, p_min, n_max
 
-    def draft(self, contexts, caps):
+    def draft(self, contexts, caps, leaves=None):
         plan = {}
         for row, context in contexts.items():
             state = self.recorded._rows[row]
@@ -527,6 +527,7 @@ class RecordedDrafter:
         ks: Mapping[int, int],
         widths: Mapping[int, int] | None = None,
         cuts: Mapping[int, object] | None = None,
+        leaves: Mapping[int, int] | None = None,
     ) -> dict[int, Draft]:
         drafts = {}
         for row, k in ks.items():

@@ -30,6 +30,23 @@ def tree_shape(width: int, nodes: int) -> str:
     return (f"x{width}" if width > 1 else "") + (f"/{nodes}" if nodes else "")
 
 
+def fit_tree(width: int, nodes: int, k: int, most: int | None) -> tuple[int, int]:
+    """A tree drafter's shape (width, nodes) for a draft k deep of at most `most` leaves (None:
+    any; under 2: a chain, (1, 0)), chosen before anything is drawn. The engine reserves each
+    row's leaves before drafting (Engine.step): a sampled tree cut, or swapped for its first
+    branch, because of what was drawn would mix two verification rules by the draws, and that
+    mixture is not exact (docs/trees.md). A tree of n nodes has at most n leaves; a fishbone
+    k deep at most k (width - 1) + 1, so its width narrows to fit."""
+    if most is None or width <= 1:
+        return width, nodes
+    if most < 2:
+        return 1, 0
+    if nodes:
+        return width, min(nodes, most)
+    width = min(width, (most - 1) // max(1, k) + 1)
+    return width, 0
+
+
 @dataclass(frozen=True)
 class Draft:
     tokens: list[int]  # the k proposed tokens (may be fewer than asked, or none)
@@ -155,9 +172,12 @@ class Drafter(Protocol):
         with, so that q is processed exactly like p."""
         ...
 
-    def propose(self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int]) -> dict[int, Draft]:
+    def propose(
+        self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int], leaves: Mapping[int, int] | None = None
+    ) -> dict[int, Draft]:
         """Up to ks[r] tokens that follow contexts[r] (prompt + everything emitted so far), for
-        every row asked."""
+        every row asked. A drafter of trees keeps row r's within leaves[r] leaves (absent: any;
+        0: a chain), its shape chosen before it draws (fit_tree); a chain drafter ignores it."""
         ...
 
     def accept(self, n_accepted: Mapping[int, int]) -> None:

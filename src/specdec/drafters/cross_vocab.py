@@ -190,7 +190,9 @@ class CrossVocabDrafter:
             if state is not None:
                 state.synced += n
 
-    def propose(self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int]) -> dict[int, Draft]:
+    def propose(
+        self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int], leaves: Mapping[int, int] | None = None
+    ) -> dict[int, Draft]:
         model = self.model
         drafts = {row: Draft([]) for row in ks}
         live = {row: self._rows[row] for row, k in ks.items() if k > 0}

@@ -42,7 +42,7 @@ import numpy as np
 
 from ..errors import SpecdecError
 from ..sampling import SamplingParams
-from .base import Draft, tree_shape
+from .base import Draft, fit_tree, tree_shape
 from .model import Levels
 
 
@@ -114,10 +114,14 @@ class EarlyExitDrafter:
             self._rows.pop(row, None)
 
     def propose(
-        self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int], widths: Mapping[int, int] | None = None
+        self,
+        contexts: Mapping[int, Sequence[int]],
+        ks: Mapping[int, int],
+        widths: Mapping[int, int] | None = None,
+        leaves: Mapping[int, int] | None = None,
     ) -> dict[int, Draft]:
         """Each row's draft of ks[row] tokens: a tree of widths[row] (default: the drafter's width;
-        `auto` chooses one per row and step)."""
+        `auto` chooses one per row and step), of at most leaves[row] leaves (0: a chain)."""
         model = self.model
         ks = {row: min(k, model.n_ctx - len(contexts[row])) for row, k in ks.items()}
         drafts = {row: Draft([]) for row, k in ks.items() if k <= 0}
@@ -132,7 +136,11 @@ class EarlyExitDrafter:
         behind = {row: tokens for row, tokens in behind.items() if tokens}
         if behind:  # not the engine's target (or not in step): catch up through every layer
             model.forward_rows(behind)
-        levels = {row: Levels((widths or {}).get(row, self.width), self.nodes) for row in ks}
+        # each row's shape within its leaves, before anything is drawn (drafters.base.fit_tree)
+        levels = {
+            row: Levels(*fit_tree((widths or {}).get(row, self.width), self.nodes, k, (leaves or {}).get(row)))
+            for row, k in ks.items()
+        }
         depth = dict(ks)
         last = {row: contexts[row][-1] for row in ks}
         for i in range(max(ks.values())):

@@ -47,7 +47,7 @@ from ..errors import SpecdecError
 from ..models.base import HiddenStates
 from ..models.numpy_ref import rms_norm, silu
 from ..sampling import SamplingParams, draft_token
-from .base import Draft, tree_shape
+from .base import Draft, fit_tree, tree_shape
 from .model import shaping_probs, siblings
 
 NORM_EPS = 1e-6  # the prophet's RMS norms (train.modules.rms_norm's default)
@@ -232,7 +232,9 @@ class HeadDrafter:
         logits[self.vocab] = head_logits
         return draft_token(logits, params, rng)
 
-    def propose(self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int]) -> dict[int, Draft]:
+    def propose(
+        self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int], leaves: Mapping[int, int] | None = None
+    ) -> dict[int, Draft]:
         kept = self.target.hidden_rows([row for row, k in ks.items() if k > 0])
         drafts, todo = {}, {}
         for row, k in ks.items():
@@ -243,15 +245,30 @@ class HeadDrafter:
                 drafts[row] = Draft([])
             else:
                 todo[row] = (states[-1], contexts[row][-1], k)
-        return {**drafts, **self._draft_rows(todo, self._rows)}
+        return {**drafts, **self._draft_rows(todo, self._rows, leaves)}
 
-    def _draft_rows(self, todo: Mapping[int, tuple], settings: Mapping[int, tuple]) -> dict[int, Draft]:
-        """Per row (its state, the token after it, k) and (params, rng) -> its draft."""
+    def _draft_rows(
+        self, todo: Mapping[int, tuple], settings: Mapping[int, tuple], leaves: Mapping[int, int] | None = None
+    ) -> dict[int, Draft]:
+        """Per row (its state, the token after it, k) and (params, rng) -> its draft. A sampled
+        row's tree keeps within leaves[row] (drafters.base.fit_tree: its shape chosen before it
+        draws; 0 a chain); a greedy row's, of fixed candidates, need not."""
+        shapes = {
+            row: (self.width, self.nodes)
+            if settings[row][0].greedy
+            else fit_tree(self.width, self.nodes, k, (leaves or {}).get(row))
+            for row, (_, _, k) in todo.items()
+        }
+        trees = {row: v for row, v in todo.items() if shapes[row][0] > 1}
+        if trees:
+            on_device = self._torch is not None
+            if on_device and not self.nodes and all(settings[row][0].greedy for row in trees):
+                out = self._fishbone_torch(trees)
+            else:
+                out = {row: self._tree(h, last, k, *settings[row], *shapes[row]) for row, (h, last, k) in trees.items()}
+            chains = {row: v for row, v in todo.items() if row not in trees}
+            return {**out, **self._draft_rows(chains, settings)} if chains else out
         on_device = self._torch is not None and bool(todo)
-        if self.width > 1:
-            if on_device and not self.nodes and all(settings[row][0].greedy for row in todo):
-                return self._fishbone_torch(todo)
-            return {row: self._tree(h, last, k, *settings[row]) for row, (h, last, k) in todo.items()}
         if on_device:
             return self._draft_torch(todo, settings)
         return {row: self._draft(h, last, k, *settings[row]) for row, (h, last, k) in todo.items()}
@@ -273,8 +290,9 @@ class HeadDrafter:
                 q.append(row_q)
         return Draft(tokens, None if q[0] is None else np.stack(q))
 
-    def _tree(self, h: np.ndarray, last: int, k: int, params, rng) -> Draft:
-        """A tree of depth <= k from state h whose next token is `last` (the module docstring)."""
+    def _tree(self, h: np.ndarray, last: int, k: int, params, rng, width: int, nodes: int) -> Draft:
+        """A tree of depth <= k from state h whose next token is `last` (the module docstring), of
+        `width` candidates a depth and `nodes` nodes (0: the fishbone)."""
         medusa: dict = {}  # depth -> that medusa head's logits (greedy: its candidates)
 
         def children(path_state, depth: int):
@@ -299,13 +317,13 @@ class HeadDrafter:
                     return tokens, probs, q, [(chain, feature, t) for t in tokens]
             # sampled: q over the target's vocabulary (0 outside the head's), as the chain draws it
             first, q = self._token(head_logits, params, rng)
-            tokens = [first, *siblings(None, first, q, self.width - 1, rng)]
+            tokens = [first, *siblings(None, first, q, width - 1, rng)]
             states = [None if chain is None else (chain, feature, t) for t in tokens]
             return tokens, shaping_probs(None, q, tokens), q, states
 
         root = None if self.info.kind == "medusa" else (ProphetChain(self.w, self.info.n_head), h, last)
         tokens, parents, q = [], [], []
-        if not self.nodes:  # the chain with w - 1 leaves a depth
+        if not nodes:  # the chain with w - 1 leaves a depth
             state, above = root, -1
             for depth in range(k):
                 level, _, row_q, states = children(state, depth)
@@ -323,7 +341,7 @@ class HeadDrafter:
                 heapq.heappush(heap, (-above * level[1][j], next(order), parent, above, depth, level, j))
 
             push(-1, 1.0, 0, children(root, 0), 0)
-            while heap and len(tokens) < self.nodes:
+            while heap and len(tokens) < nodes:
                 negative, _, parent, above, depth, level, j = heapq.heappop(heap)
                 node = len(tokens)
                 tokens.append(level[0][j])

@@ -44,7 +44,7 @@ import numpy as np
 from ..errors import SpecdecError
 from ..models.base import RowModel, check_same_vocab
 from ..sampling import SamplingParams, draft_token, sample
-from .base import Draft, lent_passes, tree_shape
+from .base import Draft, fit_tree, lent_passes, tree_shape
 
 if TYPE_CHECKING:
     from ..controller import ChainCut
@@ -128,6 +128,7 @@ class ModelDrafter:
         ks: Mapping[int, int],
         widths: Mapping[int, int] | None = None,
         cuts: Mapping[int, "ChainCut"] | None = None,
+        leaves: Mapping[int, int] | None = None,
     ) -> dict[int, Draft]:
         """Each row's draft of ks[row] tokens: a tree of widths[row] (default: the drafter's width;
         `auto` chooses one per row and step). A greedy row with a cut (cuts[row], `auto`'s
@@ -135,11 +136,16 @@ class ModelDrafter:
         at each depth the cut, told the draft's confidence in its chain token (`confidence`), takes
         the depth or ends the draft before it, and after a depth it took says whether to feed its
         chain token (and learn the next one's confidence) or end the draft after it; the draft's
-        evidence "confidence" holds the taken chain tokens' confidences."""
+        evidence "confidence" holds the taken chain tokens' confidences. leaves[row] (absent: any)
+        bounds row r's tree before anything is drawn (drafters.base.fit_tree; 0: a chain)."""
         model = self.model
         cuts = {row: cut for row, cut in (cuts or {}).items() if self._rows[row].params.greedy}
-        widths = {row: (widths or {}).get(row, self.width) for row in ks}
         ks = {row: max(0, min(k, model.n_ctx - len(contexts[row]))) for row, k in ks.items()}
+        shapes = {
+            row: fit_tree((widths or {}).get(row, self.width), self.nodes, k, (leaves or {}).get(row))
+            for row, k in ks.items()
+        }
+        widths = {row: width for row, (width, _) in shapes.items()}
         drafts = {row: Draft([]) for row in ks}
         live = {row: self._rows[row] for row, k in ks.items() if k > 0}
         for row in ks:
@@ -173,12 +179,15 @@ class ModelDrafter:
                 guesses = np.argmax(rows_logits[:-1], axis=1)  # [scored - 1]
                 caught_up[row] = [bool(g == t) for g, t in zip(guesses, tokens[len(tokens) - len(rows_logits) + 1 :])]
             logits[state.model_row] = rows_logits[-1:]  # [1, vocab] what the draft continues from
-        if self.nodes:  # 2. a tree grown best first (the module docstring)
-            trees = self._grow(live, logits, ks, widths)
-            for row, state in live.items():
+        grown = {row: state for row, state in live.items() if shapes[row][1]}
+        if grown:  # 2. a tree grown best first (the module docstring)
+            trees = self._grow(grown, logits, ks, widths, {row: shapes[row][1] for row in grown})
+            for row, state in grown.items():
                 evidence = {"caught_up": caught_up[row]} if row in caught_up else {}
                 drafts[row] = trees[row].draft(state.params.greedy, evidence)
-            return drafts
+            live = {row: state for row, state in live.items() if row not in grown}
+            if not live:
+                return drafts
         # 2. one forward per draft position over the rows still drafting; each depth's candidates:
         # the chain's token first, then its siblings, with the draft's probability of each
         levels = {row: Levels(widths[row]) for row in live}
@@ -211,7 +220,7 @@ class ModelDrafter:
             drafts[row] = levels[row].draft(evidence) if depth[row] else Draft([], evidence=evidence)
         return drafts
 
-    def _grow(self, live, logits, ks, widths) -> dict[int, "_Growth"]:
+    def _grow(self, live, logits, ks, widths, nodes) -> dict[int, "_Growth"]:
         """Each drafting row's tree of `nodes`, grown best first from the draft's logits after the
         row's context (logits[model row] [1, vocab]): each round the next widths[row] nodes that
         may have children join, and one tree forward of the draft model (all rows) reads them.
@@ -220,10 +229,10 @@ class ModelDrafter:
         grow = getattr(model, "grow_tree_rows", None)
         # a node may take a sequence id of its own (llama.cpp lends a few dozen): rows past what is
         # left grow smaller trees, down to one node (a chain of one)
-        room = getattr(model, "tree_leaves", len(live) * self.nodes)
+        room = getattr(model, "tree_leaves", sum(nodes.values()))
         growth = {}
         for row, state in live.items():
-            growth[row] = _Growth(ks[row], max(1, min(self.nodes, room)))
+            growth[row] = _Growth(ks[row], max(1, min(nodes[row], room)))
             room -= growth[row].nodes
             growth[row].open(-1, 1.0, 0, candidates(logits[state.model_row][0], state.params, state.rng, widths[row]))
         grown: set[int] = set()  # model rows with a tree in flight

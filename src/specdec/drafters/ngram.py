@@ -64,10 +64,15 @@ class NgramDrafter:
         pass  # nothing to roll back: the index follows the context it is given
 
     def propose(
-        self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int], widths: Mapping[int, int] | None = None
+        self,
+        contexts: Mapping[int, Sequence[int]],
+        ks: Mapping[int, int],
+        widths: Mapping[int, int] | None = None,
+        leaves: Mapping[int, int] | None = None,
     ) -> dict[int, Draft]:
         """Up to ks[r] tokens deep for every row asked; widths[r] (else the drafter's width): the
-        most branches of row r's tree (1: a chain)."""
+        most branches of row r's tree (1: a chain). `leaves` is not read: a tree of fixed candidates
+        may be cut to its first branch after drafting (Engine._fitted)."""
         widths = widths or {}
         return {
             row: self.propose_one(self._rows.setdefault(row, _Index()), contexts[row], ks[row], widths.get(row))

@@ -238,11 +238,17 @@ class SuffixCacheDrafter:
         pass  # nothing to roll back: the row's index follows the context it is given
 
     def propose(
-        self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int], widths: Mapping[int, int] | None = None
+        self,
+        contexts: Mapping[int, Sequence[int]],
+        ks: Mapping[int, int],
+        widths: Mapping[int, int] | None = None,
+        leaves: Mapping[int, int] | None = None,
     ) -> dict[int, Draft]:
         """Up to ks[r] tokens deep for every row asked; widths[r] (else the cache's shape): row r's
         tree of that many continuations under each node, at most ks[r] x widths[r] nodes (1: a
-        chain). The cache is shared, so a caller's width never changes what others get."""
+        chain). The cache is shared, so a caller's width never changes what others get. `leaves`
+        is not read: a tree of fixed candidates may be cut to its first branch after drafting
+        (Engine._fitted)."""
         out = {}
         widths = widths or {}
         for row, k in ks.items():

@@ -34,7 +34,9 @@ class SyntheticDrafter:
     def begin(self, row: int, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
         self._rows[row] = (len(prompt), self._continuations.get(tuple(prompt), []))
 
-    def propose(self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int]) -> dict[int, Draft]:
+    def propose(
+        self, contexts: Mapping[int, Sequence[int]], ks: Mapping[int, int], leaves: Mapping[int, int] | None = None
+    ) -> dict[int, Draft]:
         drafts = {}
         for row, k in ks.items():
             start, truth = self._rows[row]

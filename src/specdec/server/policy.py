@@ -54,21 +54,24 @@ class RoutingController:
             self.auto.end(row)
 
     def draft(
-        self, contexts: Mapping[int, Sequence[int]], caps: Mapping[int, int]
+        self,
+        contexts: Mapping[int, Sequence[int]],
+        caps: Mapping[int, int],
+        leaves: Mapping[int, int] | None = None,
     ) -> dict[int, tuple[Drafter | None, Draft | None]]:
         plan: dict[int, tuple[Drafter | None, Draft | None]] = {row: (None, None) for row in contexts}
         auto = [row for row in contexts if self._rows[row].is_auto]
         if auto:
-            plan.update(self.auto.draft({r: contexts[r] for r in auto}, {r: caps[r] for r in auto}))
+            plan.update(self.auto.draft({r: contexts[r] for r in auto}, {r: caps[r] for r in auto}, leaves))
         for kind, drafter in self.drafters.items():
             ks = {row: min(self._rows[row].k, caps[row]) for row in contexts if self._rows[row].kind == kind}
             ks = {row: k for row, k in ks.items() if k > 0}
             if drafter is not None and ks:
                 asked = {row: contexts[row] for row in ks}
                 if kind in WIDTH_PER_CALL:  # each request's own tree width (1: a chain)
-                    drafts = drafter.propose(asked, ks, {row: self._rows[row].width for row in ks})
+                    drafts = drafter.propose(asked, ks, {row: self._rows[row].width for row in ks}, leaves=leaves)
                 else:  # a draft model or head drafts the shape the server built it with
-                    drafts = drafter.propose(asked, ks)
+                    drafts = drafter.propose(asked, ks, leaves=leaves)
                 plan.update({row: (drafter, draft) for row, draft in drafts.items()})
         suffix = self.drafters["suffix"]
         if suffix is not None:
