@@ -273,3 +273,65 @@ def test_any_interleaving_of_forwards_and_rollbacks_leaves_every_row_right():
             _same_within_the_tie_rule(got[row][0], model.forward(wrong + probe[row], n_rows=1)[0], "power")
     finally:
         model.close()
+
+
+# -- objects that point into llama.cpp, used after their model is gone (issue 93, finding 8) -----
+
+AFTER_DROP = """
+import gc, sys
+from specdec import load_model
+model = load_model("gemma-3-270m", n_ctx=256, progress=False)
+tokenizer = model.tokenizer
+saved_model_row = model.add_rows(1)[0]
+model.forward_rows({saved_model_row: tokenizer.encode("hello")})
+saved = model.save_row(saved_model_row)
+del model
+gc.collect()
+ids = tokenizer.encode("hello world")
+print(ids, repr(tokenizer.decode(ids)), tokenizer.token_text(ids[-1]), len(tokenizer.eog_ids) > 0,
+      tokenizer.max_token_bytes() is not None, saved.length)
+"""
+
+
+def test_a_tokenizer_outlives_its_dropped_model():
+    """`load_model(...).tokenizer` kept while the model is garbage-collected: encoding, decoding
+    and the vocabulary's texts still work (the vocabulary lives as long as the tokenizer), where
+    0af4022 killed the process (exit 139). In a process of its own, so that a crash fails this
+    test instead of the run; a saved row (host memory) outlives the model too."""
+    import subprocess
+    import sys
+
+    from ..conftest import _real_model
+
+    _real_model("gemma-3-270m")  # assembled (or skipped where the models are not)
+    run = subprocess.run([sys.executable, "-c", AFTER_DROP], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    assert "'hello world'" in run.stdout and run.stdout.strip().endswith("True True 2")
+
+
+def test_every_object_refuses_use_after_close():
+    """After model.close() (memory freed now), the model's context, cache, batch and vocabulary are
+    gone: the model, its tokenizer and a saved row's way back in raise a SpecdecError naming the
+    model, never read freed memory. Closing twice is harmless."""
+    from specdec.errors import SpecdecError
+
+    from ..conftest import _real_model
+
+    model = _real_model("gemma-3-270m")
+    tokenizer = model.tokenizer
+    row = model.add_rows(1)[0]
+    model.forward_rows({row: tokenizer.encode("hi there")})
+    saved = model.save_row(row)
+    model.close()
+    model.close()
+    for use in (
+        lambda: tokenizer.encode("x"),
+        lambda: tokenizer.token_text(1),
+        lambda: tokenizer.apply_chat_template([{"role": "user", "content": "x"}]),
+        lambda: model.forward_rows({row: [1]}),
+        lambda: model.rollback_rows({row: 0}),
+        lambda: model.save_row(row),
+        lambda: model.load_row(row, saved),
+    ):
+        with pytest.raises(SpecdecError, match="was closed: load the model again"):
+            use()

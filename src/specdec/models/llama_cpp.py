@@ -134,15 +134,65 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-class LlamaTokenizer:
-    """The GGUF's own vocabulary, through llama.cpp."""
+class _Handles:
+    """What one loaded model holds in llama.cpp (the model with its vocabulary, the context with its
+    cache, the batch), freed together and once: at LlamaCppModel.close(), else when the last
+    Python object that points into them is gone. The model and its tokenizer both hold this, so a
+    tokenizer kept after its model was dropped still works (the vocabulary it reads lives as long
+    as it does), and anything used after close() raises a SpecdecError instead of reading freed
+    memory (a segfault, exit 139)."""
 
-    def __init__(self, model, vocab):
+    def __init__(self, name: str):
+        self.name = name
+        self.model = self.ctx = self.mem = self.batch = None
+        self.closed = False
+
+    def alive(self) -> None:
+        if self.closed:
+            raise SpecdecError(f"{self.name} was closed: load the model again to use it (or its tokenizer)")
+
+    def free(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        lib = _llama
+        if lib is None:
+            return
+        if self.batch is not None:
+            lib.llama_batch_free(self.batch)
+        if self.ctx:
+            lib.llama_free(self.ctx)
+        if self.model:
+            lib.llama_model_free(self.model)
+        self.model = self.ctx = self.mem = self.batch = None
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:
+            pass
+
+
+class LlamaTokenizer:
+    """The GGUF's own vocabulary, through llama.cpp. It holds its model's handles (_Handles), so it
+    stays usable however long it outlives the LlamaCppModel object, until that model's close()."""
+
+    def __init__(self, handles: _Handles, vocab):
         self._lib = _lib()
-        self._model, self._vocab = model, vocab
+        self._handles, self._vocab_ptr = handles, vocab
         self.n_vocab = self._lib.llama_vocab_n_tokens(vocab)
         self.eog_ids = frozenset(t for t in range(self.n_vocab) if self._lib.llama_vocab_is_eog(vocab, t))
         self._bytes: dict[int, bytes] = {}
+
+    @property
+    def _vocab(self):
+        self._handles.alive()
+        return self._vocab_ptr
+
+    @property
+    def _model(self):
+        self._handles.alive()
+        return self._handles.model
 
     def encode(self, text: str, add_special: bool = True, special: bool = True) -> list[int]:
         data = text.encode("utf-8")
@@ -260,8 +310,9 @@ class LlamaCppModel(SingleRow):
         self.huge_pages = HugePages() if huge_pages else None
         if self.huge_pages is not None:  # mparams keeps the callback alive through the load
             mparams.progress_callback = self.huge_pages.progress_callback(lib)
-        self._model = lib.llama_model_load_from_file(str(self.path).encode(), mparams)
-        if not self._model:
+        self._h = _Handles(self.name)
+        self._h.model = lib.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._h.model:
             raise ModelLoadError(
                 f"llama.cpp could not load {self.path}: the GGUF file is corrupt, "
                 f"truncated or of an unsupported architecture"
@@ -282,24 +333,24 @@ class LlamaCppModel(SingleRow):
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.pooling_type = lib.LLAMA_POOLING_TYPE_NONE  # hidden states (keep_hidden) per token
         cparams.swa_full = True  # sliding-window layers (Gemma 3) must keep what rollback returns to
-        self._ctx = lib.llama_init_from_model(self._model, cparams)
-        if not self._ctx:
-            lib.llama_model_free(self._model)
+        self._h.ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._h.ctx:
+            self._h.free()
             raise ModelLoadError(
                 f"llama.cpp could not create a context of {n_ctx} tokens x {max_rows} rows for {self.path}"
             )
-        self._mem = lib.llama_get_memory(self._ctx)
+        self._h.mem = lib.llama_get_memory(self._ctx)
         if self.huge_pages is not None:
             self.huge_pages.collapse()  # the KV cache and compute buffers, cleared as they were made
         # llama.cpp pads the context to a multiple of 256 (--ctx 32 would hold 256): honour what was asked
         self.n_ctx = min(n_ctx, lib.llama_n_ctx(self._ctx) // (max_rows if pooled else streams))
         self.max_rows = max_rows
         self.n_batch = cparams.n_batch
-        self._batch = lib.llama_batch_init(self.n_batch, 0, max(1, tree_seqs))
+        self._h.batch = lib.llama_batch_init(self.n_batch, 0, max(1, tree_seqs))
         self._tree_free = list(range(streams + tree_seqs - 1, streams - 1, -1))
         self._trees: dict[int, tuple[int, tuple[int, ...], list[list[int]]]] = {}  # row -> forward_tree_rows
         vocab = lib.llama_model_get_vocab(self._model)
-        self.tokenizer = LlamaTokenizer(self._model, vocab)
+        self.tokenizer = LlamaTokenizer(self._h, vocab)
         self.vocab_size = self.tokenizer.n_vocab
         self._free = list(range(max_rows - 1, -1, -1))  # seq ids not in use, next one last
         self._len: dict[int, int] = {}  # row (seq id) -> tokens in its cache
@@ -655,19 +706,33 @@ class LlamaCppModel(SingleRow):
             if self._hidden:  # the cut positions' states go too: new tokens may take those positions
                 self._hidden[row] = trim_hidden(self._hidden.get(row), n_keep, self.n_embd)
 
-    def close(self) -> None:
-        lib = _lib()
-        if getattr(self, "_ctx", None):
-            lib.llama_batch_free(self._batch)
-            lib.llama_free(self._ctx)
-            lib.llama_model_free(self._model)
-            self._ctx = None
+    # llama.cpp's objects, through the handles (_Handles): a SpecdecError once closed
+    @property
+    def _model(self):
+        self._h.alive()
+        return self._h.model
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+    @property
+    def _ctx(self):
+        self._h.alive()
+        return self._h.ctx
+
+    @property
+    def _mem(self):
+        self._h.alive()
+        return self._h.mem
+
+    @property
+    def _batch(self):
+        self._h.alive()
+        return self._h.batch
+
+    def close(self) -> None:
+        """Free the model's memory now (else when it and its tokenizer are gone); any later use of
+        either raises a SpecdecError."""
+        handles = getattr(self, "_h", None)
+        if handles is not None:
+            handles.free()
 
     def __repr__(self) -> str:
         return f"LlamaCppModel({self.name!r}, n_ctx={self.n_ctx}, rows={self.max_rows}, threads={self.n_threads})"
