@@ -3,9 +3,10 @@ build or its default one, never both): `python tests/exact_run.py forwards|greed
 prints one JSON object.
 
 forwards: for cache depths on both sides of 512 (where flash attention's one-row path splits the
-  cache across threads) and widths 2..24 (the exact build's tiled matmul takes 20 or more tokens, the
-  dot products fewer), a forward of W tokens against W one-token forwards at the same positions,
-  for one row and for two rows in one forward.
+  cache across threads) and every width a step can verify, 2..33 (a draft of up to
+  MAX_DRAFT_TOKENS = 32 tokens and the last token; the exact build's tiled matmul takes 20 or more
+  tokens, the dot products fewer), a forward of W tokens against W one-token forwards at the same
+  positions, for one row and for two rows in one forward.
 greedy: the real target, plain decoding alone against speculative decoding (the draft model, prompt
   lookup) alone and in a batch of 4 rows, on test_greedy_real's prompts; and sampled by position
   (reproducible, temperature 0.8, top-p 0.95), the same seeds.
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 DEPTHS = (20, 600)
-WIDTHS = (2, 5, 9, 16, 24)
+WIDTHS = tuple(range(2, 34))  # every width a step verifies: 1 + a draft of up to MAX_DRAFT_TOKENS
 
 
 def forwards(exact: bool) -> dict:
@@ -38,11 +39,12 @@ def forwards(exact: bool) -> dict:
     for depth in DEPTHS:
         model.rollback_rows({a: 0, b: 0})
         model.forward_rows({a: tokens[:depth], b: tokens[:depth]}, {})
+        # the one-token forwards of the widest width's tokens; a narrower width's are their first W
+        every = [model.forward_rows({a: [t]}, {a: 1})[a][0] for t in tokens[depth : depth + max(WIDTHS)]]
         for width in WIDTHS:
             new = tokens[depth : depth + width]
+            singles = every[:width]
             model.rollback_rows({a: depth, b: depth})
-            singles = [model.forward_rows({a: [t]}, {a: 1})[a][0] for t in new]
-            model.rollback_rows({a: depth})
             one_row = model.forward_rows({a: new}, {a: width})[a]
             model.rollback_rows({a: depth})
             both = model.forward_rows({a: new, b: new[: width // 2 + 1]}, {a: width, b: width // 2 + 1})

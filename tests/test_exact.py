@@ -38,7 +38,8 @@ def _exact_run(what: str, exact: bool) -> dict:
 
 def test_a_forward_of_many_tokens_is_bit_identical_to_one_token_steps():
     checks = _exact_run("forwards", exact=True)["checks"]
-    assert len(checks) == 10
+    assert sorted({c["width"] for c in checks}) == list(range(2, 34))  # every width a step verifies
+    assert len(checks) == 2 * 32
     bad = [c for c in checks if not (c["one_row"] and c["two_rows"])]
     assert not bad, bad
 
@@ -120,3 +121,20 @@ def test_in_the_exact_mode_any_greedy_parting_is_called_a_bug():
         verdict = parted.verdict()
         assert ("please report it" in verdict) == exact and ("rounding tie" in verdict) == (not exact), verdict
         assert Comparison(result([1]), result([1]), greedy=True, exact=exact).verdict() == "identical"
+
+
+def test_a_tree_asked_for_under_the_exact_mode_is_said_to_be_drafted_as_its_chain():
+    """The exact mode keeps a cache stream per row, and a tree's nodes would share cells, so it
+    verifies chains only: a tree asked for (--draft-width 2) is drafted as its chain, and the run
+    says so in one line on stderr and in --json's stats, instead of silently."""
+    from .test_user_errors import specdec
+
+    _real_model("qwen2.5-coder-0.5b")
+    proc = specdec(
+        *("generate", "--exact", "--target", "qwen2.5-coder-0.5b", "--draft", "ngram", "--draft-width", "2"),
+        *("-n", "8", "--json", "-p", "Say hi."),
+    )
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stderr.splitlines() if line.startswith("specdec: note:")]
+    assert len(notes) == 1 and "--exact" in notes[0] and "drafted as its chain" in notes[0], proc.stderr
+    assert json.loads(proc.stdout)["stats"]["notes"] == [notes[0].removeprefix("specdec: note: ")]

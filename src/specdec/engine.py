@@ -780,6 +780,8 @@ class SpeculativeDecoder:
         spec = parse(drafter, k=k) if isinstance(drafter, str) else None
         self.auto = spec is not None and spec.is_auto
         self.costs = costs
+        # what the run should know of how it was built (the CLI prints them and puts them in --json)
+        self.notes: list[str] = []
         if self.auto:
             self.ngram, self.suffix, self.model_drafter = auto_drafters(target, draft_model, suffix, spec.wants_suffix)
             self.drafter = None

@@ -121,7 +121,7 @@ def cmd_generate_batch(args) -> int:
         result = request.result
         results.append(result)
         if args.json:
-            print(json.dumps({"index": i, **_result_json(result, tokenizer)}, ensure_ascii=False), flush=True)
+            print(json.dumps({"index": i, **_result_json(result, tokenizer, decoder)}, ensure_ascii=False), flush=True)
         else:
             print(f"--- {i} ---\n{result.text}", flush=True)
             if result.logprobs is not None:
@@ -156,7 +156,7 @@ def cmd_generate(args) -> int:
     if args.json:
         for _ in stream:
             pass
-        out = _result_json(stream.result, target.tokenizer)
+        out = _result_json(stream.result, target.tokenizer, decoder)
         out.update(target=target.name, draft=_drafter_name(decoder), k=None if decoder.auto else decoder.k)
         print(json.dumps(out, ensure_ascii=False))
     else:
@@ -185,6 +185,9 @@ def cmd_compare(args) -> int:
     _save_suffix(args, decoder)
     if args.json:
         out = result.to_dict()
+        for run in ("plain", "speculative"):
+            if decoder.notes and isinstance(out.get(run), dict) and "stats" in out[run]:
+                out[run]["stats"]["notes"] = list(decoder.notes)
         out.update(target=target.name, draft=_drafter_name(decoder), k=k, verdict=result.verdict())
         print(json.dumps(out, ensure_ascii=False))
         return 0
@@ -231,13 +234,16 @@ def cmd_demo(args) -> int:
     return run_demo(_decoder(args), stats=args.stats)
 
 
-def _result_json(result, tokenizer) -> dict:
+def _result_json(result, tokenizer, decoder=None) -> dict:
     """GenerationResult.to_dict, its log-probabilities (when asked for) as the server's chat
     logprobs show them (server.protocol.logprobs_body: token, logprob, bytes, top_logprobs; -inf
-    floored as OpenAI does, so the JSON stays JSON), with each token's id beside."""
+    floored as OpenAI does, so the JSON stays JSON), with each token's id beside; the decoder's
+    notes (how the run was built: trees off under --exact) in its stats."""
     from ..server.protocol import logprobs_body
 
     out = result.to_dict()
+    if decoder is not None and decoder.notes:
+        out["stats"]["notes"] = list(decoder.notes)
     if result.logprobs is not None:
         content = logprobs_body("chat", result.logprobs, tokenizer.token_bytes)["content"]
         for entry, e in zip(content, result.logprobs):

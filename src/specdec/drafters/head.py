@@ -290,9 +290,13 @@ class HeadDrafter:
                 q.append(row_q)
         return Draft(tokens, None if q[0] is None else np.stack(q))
 
-    def _tree(self, h: np.ndarray, last: int, k: int, params, rng, width: int, nodes: int) -> Draft:
+    def _tree(
+        self, h: np.ndarray, last: int, k: int, params, rng, width: int | None = None, nodes: int | None = None
+    ) -> Draft:
         """A tree of depth <= k from state h whose next token is `last` (the module docstring), of
-        `width` candidates a depth and `nodes` nodes (0: the fishbone)."""
+        `width` candidates a depth and `nodes` nodes (0: the fishbone; None: the drafter's own)."""
+        width = self.width if width is None else width
+        nodes = self.nodes if nodes is None else nodes
         medusa: dict = {}  # depth -> that medusa head's logits (greedy: its candidates)
 
         def children(path_state, depth: int):
