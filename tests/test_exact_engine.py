@@ -311,3 +311,81 @@ def test_the_mixed_batch_fails_when_rows_share_one_rows_parameters(monkeypatch):
         step[outcome[1]] += w
     tv = step_tv(dict(step), config(), target_lm())
     assert tv > 1e-3, tv
+
+
+# -- a trained head's q, on the NumPy backend --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2(tmp_path_factory):
+    """A tiny random 4-layer GPT-2 (tests/models/test_numpy_ref.py) and a random head file of each
+    kind over 200 of its 300 tokens (tests/drafters/heads.py): q is 0 outside them."""
+    from specdec.models.numpy_ref import load_numpy_model
+
+    from .drafters.heads import random_head
+    from .models.test_numpy_ref import write_tiny_gguf
+
+    folder = tmp_path_factory.mktemp("tiny-gpt2")
+    path = folder / "tiny-gpt2-4.gguf"
+    write_tiny_gguf(path, "gpt2", seed=3, n_layer=4)
+    target = load_numpy_model(path)
+    heads = {kind: random_head(target, kind, folder / f"{kind}.head", vocab=200) for kind in ("medusa", "prophet")}
+    return target, heads
+
+
+# temperature 3 spreads this random model's peaked logits; top-k 3 keeps its outcomes enumerable
+HEAD_CONFIG = GenerationConfig(max_new_tokens=4, chat=False, temperature=3.0, top_k=3)
+# the NumPy backend computes a row's logits in float32 with the rounding of the forward's shape
+# (k + 1 tokens, against one at a time in target_joint): its outcomes differ by ~1e-7
+ROUNDING = 1e-5
+
+
+def head_tv(tiny_gpt2, kind: str, shape: dict, monkeypatch) -> float:
+    from specdec.spec import parse
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tiny_gpt2[1][kind].parent / "home"))
+    target, heads = tiny_gpt2
+    prompt = target.tokenizer.encode("the cat in a hat", add_special=False)
+    spec = parse(f"head:{heads[kind]}", k=K, **shape)
+
+    drafted = []
+    engine = SpeculativeDecoder.from_spec(target, spec).engine  # its rows end with each branch's request
+
+    def run():  # the whole generation: a head drafts from the second step on (its first has no state)
+        request = engine.add(list(prompt), HEAD_CONFIG)
+        engine.run([request])
+        drafted.append(request.stats.drafted)
+        return tuple(request.result.tokens) + ((EOG,) if request.stats.finish_reason == "eog" else ())
+
+    tv = total_variation(exact(run), target_joint(target, prompt, HEAD_CONFIG, HEAD_CONFIG.max_new_tokens))
+    assert max(drafted) >= 2  # drafts of several tokens were verified
+    return tv
+
+
+@pytest.mark.parametrize("kind, shape", [("medusa", {}), ("prophet", {})])
+def test_a_heads_drafts_are_exact(tiny_gpt2, kind, shape, monkeypatch):
+    """A head drafts from the target's hidden states with its own q over a draft vocabulary (0
+    outside it): exact through the engine, four tokens of a generation (the first step has no
+    hidden state to draft from). (A head's tree, 2 x 3 nodes, enumerates in 100 s: its trees are
+    the sampled harness's, tests/test_sampled_engine.py, and trees' rules are exact here above.)"""
+    assert head_tv(tiny_gpt2, kind, shape, monkeypatch) < ROUNDING
+
+
+def test_a_head_whose_q_is_not_what_it_drew_from_fails(tiny_gpt2, monkeypatch):
+    """Power for the heads' q: a head that draws from its filtered distribution but reports q from
+    before the top-k cut (a plausible bug: the draft processed unlike the target) fails."""
+    from dataclasses import replace
+
+    from specdec.drafters.head import HeadDrafter
+
+    real = HeadDrafter._token
+
+    def unfiltered(self, head_logits, params, rng):
+        token, _ = real(self, head_logits, params, rng)
+        logits = np.full(self.target.vocab_size, -np.inf, np.float32)
+        logits[self.vocab] = head_logits
+        return token, logits_to_probs(logits, replace(params, top_k=0))
+
+    monkeypatch.setattr(HeadDrafter, "_token", unfiltered)
+    tv = head_tv(tiny_gpt2, "medusa", {}, monkeypatch)
+    assert tv > 1e-4, tv

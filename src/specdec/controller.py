@@ -213,7 +213,8 @@ class FixedController:
         if self.drafter is None or not ks:
             return plan
         asked = {row: contexts[row] for row in ks}
-        drafts = self.drafter.propose(asked, ks, leaves=leaves)  # at most k tokens each
+        bounds = {"leaves": leaves} if leaves else {}  # (none: no row's tree is bounded)
+        drafts = self.drafter.propose(asked, ks, **bounds)  # at most k tokens each
         plan.update({row: (self.drafter, draft) for row, draft in drafts.items()})
         return plan
 
@@ -912,7 +913,7 @@ class CostAwareController:
                 if self.objective == "throughput":
                     model_ks[row] = max(model_ks[row], min(caps[row], CUT_DEPTH))
             kwargs = {"cuts": cuts} if cuts else {}
-            if leaves is not None:
+            if leaves:  # (none: no row's tree is bounded)
                 kwargs["leaves"] = leaves
             drafts = (
                 self.model.propose(asked, model_ks, widths, **kwargs)

@@ -68,10 +68,11 @@ class RoutingController:
             ks = {row: k for row, k in ks.items() if k > 0}
             if drafter is not None and ks:
                 asked = {row: contexts[row] for row in ks}
+                bounds = {"leaves": leaves} if leaves else {}  # (none: no row's tree is bounded)
                 if kind in WIDTH_PER_CALL:  # each request's own tree width (1: a chain)
-                    drafts = drafter.propose(asked, ks, {row: self._rows[row].width for row in ks}, leaves=leaves)
+                    drafts = drafter.propose(asked, ks, {row: self._rows[row].width for row in ks}, **bounds)
                 else:  # a draft model or head drafts the shape the server built it with
-                    drafts = drafter.propose(asked, ks, leaves=leaves)
+                    drafts = drafter.propose(asked, ks, **bounds)
                 plan.update({row: (drafter, draft) for row, draft in drafts.items()})
         suffix = self.drafters["suffix"]
         if suffix is not None:
