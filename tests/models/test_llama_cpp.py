@@ -335,3 +335,58 @@ def test_every_object_refuses_use_after_close():
     ):
         with pytest.raises(SpecdecError, match="was closed: load the model again"):
             use()
+
+
+# raw text (no chat template: a short prompt, read anew by every batch) that prompt lookup copies
+MIXED_PROMPT = (
+    "def f(items):\n    x = 0\n    for i in items:\n        x += i\n    return x\n\n\ndef g(items):\n    x = 0\n"
+)
+
+
+BATCHES = 60
+
+
+def test_greedy_and_sampled_rows_share_a_batch_losslessly(draft_model):
+    """One batch of four rows on llama.cpp, two greedy and two sampled (temperature 1), prompt
+    lookup drafting for all of them in the same steps: every greedy row is plain greedy decoding's
+    output (or parts from it at a named rounding tie: tests/lossless.py), and the sampled rows'
+    first two tokens follow the target's own probabilities (specdec.check's test against p at
+    each prefix, at level 1e-3: with 120 samples it detects a shift of TV ~0.3 with probability
+    0.8, a coarse check of the real backend's batching; the toy's exact test,
+    tests/test_exact_engine.py, pins a greedy + sampled batch to 1e-9)."""
+    from dataclasses import replace
+
+    from scipy.stats import chi2
+
+    from specdec import GenerationConfig, SpeculativeDecoder
+    from specdec.check import detectable_tv, first_positions_test, target_probs
+
+    from ..lossless import assert_greedy_lossless
+
+    target = draft_model  # the 0.5B
+    decoder = SpeculativeDecoder(target, "ngram", k=4, max_rows=4)
+    greedy = GenerationConfig(max_new_tokens=3, chat=False)
+    sampled = GenerationConfig(max_new_tokens=3, chat=False, temperature=1.0)
+    tokens = decoder.prompt_tokens(MIXED_PROMPT, greedy)
+    plain = SpeculativeDecoder(target, None).generate(tokens, greedy).tokens
+    engine, outcomes, drafted = decoder.engine, [], 0
+    for b in range(BATCHES):
+        configs = [greedy, replace(sampled, seed=2 * b), greedy, replace(sampled, seed=2 * b + 1)]
+        requests = [engine.add(list(tokens), c) for c in configs]
+        engine.run(requests)
+        for request, config in zip(requests, configs):
+            result = request.result
+            drafted += result.stats.drafted
+            if config is greedy:
+                assert_greedy_lossless(target, tokens, plain, result.tokens)
+            else:
+                outcomes.append(tuple(result.tokens) + ((-1,) if result.stats.finish_reason == "eog" else ()))
+    assert drafted > 0  # the rows were speculated, side by side
+    probs = target_probs(target, tokens, sampled.sampling)
+    try:
+        stat, df, tested, groups, impossible = first_positions_test(outcomes, probs, 2)
+    finally:
+        probs.close()
+    assert impossible == 0 and df > 0
+    assert chi2.sf(stat, df) > 1e-3, (stat, df)
+    assert detectable_tv(df, 1e-3, len(outcomes)) < 0.3
