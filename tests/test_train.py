@@ -18,7 +18,7 @@ from specdec.train import features, headfile
 from .conftest import require_module
 from .models.test_numpy_ref import write_tiny_gguf
 
-torch = require_module("torch", "the train extra: pip install 'specdec[train]'")
+torch = require_module("torch", "the train extra: pip install -e '.[train]'")
 
 from specdec.train.trainer import TrainConfig, train  # noqa: E402
 

@@ -21,7 +21,7 @@ from .conftest import require_module
 from .models.test_numpy_ref import write_tiny_gguf
 from .test_train import interrupt_the_fifth_update, setup, write_data  # noqa: F401 (setup: a fixture)
 
-torch = require_module("torch", "the train extra: pip install 'specdec[train]'")
+torch = require_module("torch", "the train extra: pip install -e '.[train]'")
 
 from specdec.train.exit import ExitHead, chain_summary, exit_states  # noqa: E402
 

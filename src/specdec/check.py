@@ -241,7 +241,9 @@ def _chi2():
     try:
         from scipy import stats
     except ImportError:
-        raise SpecdecError("specdec check needs scipy for its tests: pip install 'specdec[check]'") from None
+        raise SpecdecError(
+            "specdec check needs scipy for its tests: pip install -e '.[check]' (in specdec's checkout)"
+        ) from None
     return stats
 
 
@@ -523,7 +525,9 @@ class Endpoint:
         try:
             import httpx
         except ImportError:
-            raise SpecdecError("checking a server needs httpx: pip install 'specdec[check]'") from None
+            raise SpecdecError(
+                "checking a server needs httpx: pip install -e '.[check]' (in specdec's checkout)"
+            ) from None
         self.url = url
         self.base = url.rstrip("/").removesuffix("/v1")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

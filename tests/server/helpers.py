@@ -18,9 +18,9 @@ import pytest
 
 from ..conftest import require_module
 
-require_module("fastapi", "the serve extra: pip install 'specdec[serve]'")
-httpx = require_module("httpx", "the serve extra: pip install 'specdec[serve]'")
-openai = require_module("openai", "the test extra: pip install 'specdec[test]'")
+require_module("fastapi", "the serve extra: pip install -e '.[serve]'")
+httpx = require_module("httpx", "the serve extra: pip install -e '.[serve]'")
+openai = require_module("openai", "the test extra: pip install -e '.[test]'")
 
 import specdec  # noqa: E402
 from specdec import GenerationConfig, SpeculativeDecoder  # noqa: E402

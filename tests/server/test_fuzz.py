@@ -9,7 +9,7 @@ import json
 from ..conftest import require_module
 from .helpers import httpx, toy_server
 
-hypothesis = require_module("hypothesis", "the test extra: pip install 'specdec[test]'")
+hypothesis = require_module("hypothesis", "the test extra: pip install -e '.[test]'")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 

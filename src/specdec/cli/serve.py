@@ -23,7 +23,7 @@ def _add_serve_parser(sub) -> None:
         description="Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, "
         "/health, /metrics) over one loaded target: requests join the running "
         "batch between steps and leave when done. Needs the serve extra: "
-        "pip install 'specdec[serve]'.",
+        "pip install -e '.[serve]' (in specdec's checkout).",
     )
     g = p.add_argument_group("models")
     _add_model_flags(
@@ -214,7 +214,9 @@ def cmd_serve(args) -> int:
         import prometheus_client  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as exc:
-        raise BackendUnavailableError(f"specdec serve needs {exc.name}: pip install 'specdec[serve]'") from None
+        raise BackendUnavailableError(
+            f"specdec serve needs {exc.name}: pip install -e '.[serve]' (in specdec's checkout)"
+        ) from None
     from ..server.app import build_service, serve
     from ..server.record import RequestLog
     from ..spec import WIDTH_PER_CALL, DraftSpec, parse

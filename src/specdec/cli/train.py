@@ -173,7 +173,7 @@ def cmd_train(args) -> int:
     try:
         import torch  # noqa: F401  (before an hour of features: training needs it)
     except ImportError:
-        raise SpecdecError("training a head needs torch: pip install 'specdec[train]'") from None
+        raise SpecdecError("training a head needs torch: pip install -e '.[train]' (in specdec's checkout)") from None
     _check_device(args)  # a bad --device, --cache or --graphs before the load; --cache auto resolved
     torch_flags = dict(device=args.device, dtype=args.dtype, cache=args.cache, graphs=args.graphs)
     rows = args.rows or conversations.ROWS  # answers decoded together: more on a GPU

@@ -156,7 +156,7 @@ def train(target, f: Features, config: TrainConfig, out: Path, data: dict, progr
     try:
         import torch
     except ImportError as exc:
-        raise SpecdecError("training a head needs torch: pip install 'specdec[train]'") from exc
+        raise SpecdecError("training a head needs torch: pip install -e '.[train]' (in specdec's checkout)") from exc
     from .modules import build, file_tensors
 
     torch.manual_seed(config.seed)
