@@ -6,13 +6,18 @@ OpenAI-compatible server.
   hand, classed by the target's top-2 gap there: a rounding tie (gap < compare.ROUNDING_GAP) or a
   bug. After a tie the speculative output must stay the target's greedy output, replayed one
   token at a time as plain decoding computes it. In the exact mode there is no tie allowance.
-- Sampled: many seeded short continuations. (a) The first positions against the target's own
-  probabilities: at each position the samples are grouped by the tokens before it, and each group
-  is compared with p(. | prompt, prefix) (Pearson chi-square over the tokens with an expected
-  count >= 5 plus one "rest" bin; the groups' statistics add up). (b) A two-sample chi-square
-  between speculative and plain samples at a later position. Each test states its power: the
-  smallest total-variation shift (between the binned distributions) that it detects with
-  probability POWER at its level.
+- Sampled: many seeded short continuations. (a) Every sampled position (those speculation drafts
+  and verifies) against the target's own probabilities: at each position the samples are grouped
+  by the tokens before it, and each group of MIN_GROUP or more is compared with p(. | prompt,
+  prefix) (Pearson chi-square over the tokens with an expected count >= 5 plus one "rest" bin; the
+  groups' statistics add up). In-process p is the target's, scored one token at a time; for a
+  server, the probabilities it reports at that prefix (its logprobs, at temperature 1 without
+  filters). Outside the exact mode a token the reference filters out (top-k, top-p, min-p) by
+  less than ROUNDING_GAP of logit is possible, not a failure: the engine's batched logits may
+  carry it across the cut. (b) A two-sample chi-square between speculative and plain samples at
+  the last position, where the prefixes have parted into groups too small for (a). Each test
+  states its power: the smallest total-variation shift (between the binned distributions) that
+  it detects with probability POWER at its level.
 
 Every test runs at alpha / (number of tests) (Bonferroni), so the whole check's false-alarm rate
 is at most alpha. Nothing here changes what the engine does; a broken verifier must fail it
@@ -34,10 +39,13 @@ from .sampling import SamplingParams, logits_to_probs
 ALPHA = 0.01  # the whole check's false-alarm rate (split over its tests)
 POWER = 0.8  # the detection probability the stated "detectable shift" is computed for
 MIN_EXPECTED = 5  # a chi-square cell needs an expected count of 5 (Cochran's rule); smaller ones pool into "rest"
-FIRST_POSITIONS = 2  # positions tested against the target's own probabilities
+TWO_SAMPLE_FROM = 2  # the two-sample test reads the last position once it is this deep
 MIN_GROUP = 20  # samples a prefix needs before its next token is tested against p(. | prefix)
 END = -1  # an outcome's marker: generation ended (an end-of-generation token) there
 REST = "rest"  # the bin of every token too rare to stand alone
+# The reference probability of a token a rounding could carry across a filter's cut (target_probs):
+# possible, so no "zero-probability" failure, but no expected count: its samples weigh in the rest bin.
+NEAR_CUT = 1e-12
 
 PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number iteratively.",
@@ -323,14 +331,15 @@ def _setting(params: SamplingParams) -> str:
     return ", ".join(parts)
 
 
-def first_positions_test(
-    samples: Sequence[tuple], probs: Callable[[tuple], dict], positions: int = FIRST_POSITIONS
+def positions_test(
+    samples: Sequence[tuple], probs: Callable[[tuple], dict | None], positions: int, complete: bool = True
 ) -> tuple[float, int, int, int, int]:
     """The first `positions` tokens of `samples` (outcomes: token tuples, END where generation
     ended) against the target: at position j the samples are grouped by their first j tokens, and
     each group of MIN_GROUP or more is compared with probs(prefix) (outcome -> probability, END for
-    the end-of-generation tokens). Returns (summed statistic, summed df, samples tested (summed
-    over groups), groups, samples of zero-probability outcomes)."""
+    the end-of-generation tokens; None: not known, the group is skipped; `complete` as in
+    goodness_of_fit). Returns (summed statistic, summed df, samples tested (summed over groups),
+    groups, samples of zero-probability outcomes)."""
     stat, df, tested, groups, impossible = 0.0, 0, 0, 0, 0
     for j in range(positions):
         by_prefix: dict[tuple, Counter] = {}
@@ -339,9 +348,10 @@ def first_positions_test(
                 by_prefix.setdefault(tuple(s[:j]), Counter())[s[j]] += 1
         for prefix, counts in sorted(by_prefix.items(), key=lambda kv: -sum(kv[1].values())):
             n = sum(counts.values())
-            if n < MIN_GROUP and j > 0:
+            reference = probs(prefix) if n >= MIN_GROUP or j == 0 else None
+            if reference is None:
                 continue
-            s_, d_, bad = goodness_of_fit(counts, probs(prefix))
+            s_, d_, bad = goodness_of_fit(counts, reference, complete)
             stat, df, tested, groups, impossible = stat + s_, df + d_, tested + n, groups + 1, impossible + bad
     return stat, df, tested, groups, impossible
 
@@ -376,11 +386,17 @@ def sample_outcomes(decoder, prompt_tokens, config: GenerationConfig, rows: int,
     return out
 
 
-def target_probs(target, prompt_tokens: Sequence[int], params: SamplingParams) -> Callable[[tuple], dict]:
+def target_probs(
+    target, prompt_tokens: Sequence[int], params: SamplingParams, tolerance: float = 0.0
+) -> Callable[[tuple], dict]:
     """prefix -> the target's next-token distribution after prompt + prefix (processed by
     `params`; END holds the end-of-generation tokens' mass), scored one token at a time as plain
-    decoding scores them. Uses one spare row of `target`, kept until the returned function's
-    `close()`."""
+    decoding scores them. A token the filters cut by less than `tolerance` of logit (below the
+    lowest kept token's logit: top-k, top-p and min-p all keep the likeliest tokens) is possible,
+    with a probability too small to expect (NEAR_CUT): a speculative engine's batched logits may
+    carry it across the cut by rounding (ROUNDING_GAP), so one sample of it is no proof of a bug,
+    while the chi-square still counts every such sample in its "rest" bin, where many of them
+    fail it. Uses one spare row of `target`, kept until the returned function's `close()`."""
     eog = sorted(target.tokenizer.eog_ids)
     [r] = target.add_rows(1)
     base = len(prompt_tokens) - 1
@@ -394,6 +410,12 @@ def target_probs(target, prompt_tokens: Sequence[int], params: SamplingParams) -
             for t in [prompt_tokens[-1], *prefix]:
                 row = target.forward_rows({r: [t]}, {r: 1})[r][0]  # [vocab]
             p = logits_to_probs(row, params)  # [vocab]
+            if tolerance > 0 and not params.greedy:  # tokens a rounding could carry across the cut
+                kept = p > 0
+                near = ~kept & (row >= row[kept].min() - tolerance)
+                if near.any():
+                    p = p.copy()
+                    p[near] = NEAR_CUT
             out = {int(t): float(p[t]) for t in np.flatnonzero(p) if int(t) not in target.tokenizer.eog_ids}
             end = float(p[eog].sum()) if eog else 0.0
             if end > 0:
@@ -423,8 +445,8 @@ def check_decoder(
     """The check of an in-process SpeculativeDecoder: greedy over `prompts` (`greedy_tokens` each;
     the speculative rows `batch` at a time, plain decoding alone), then for each of `settings` on
     the first `sampled_prompts` prompts: `samples` speculative and as many plain continuations of
-    `sample_tokens` tokens, tested at the first FIRST_POSITIONS positions against the target and
-    at the last position against plain (greedy_tokens=0 or samples=0 skips a part)."""
+    `sample_tokens` tokens, tested at every position against the target and at the last position
+    against plain (greedy_tokens=0 or samples=0 skips a part)."""
     from .engine import SpeculativeDecoder
 
     target = decoder.target
@@ -447,10 +469,11 @@ def check_decoder(
     if not samples:
         report.notes.append("sampled tests skipped (--samples 0)")
         return report
-    if sample_tokens <= FIRST_POSITIONS:
-        report.notes.append(f"no two-sample test: it reads position {FIRST_POSITIONS} or later (give more tokens)")
-    positions = min(FIRST_POSITIONS, sample_tokens)
-    n_tests = len(settings) * min(sampled_prompts, len(prompts)) * (1 + (sample_tokens > FIRST_POSITIONS))
+    if sample_tokens <= TWO_SAMPLE_FROM:
+        report.notes.append(f"no two-sample test: it reads position {TWO_SAMPLE_FROM} or later (give more tokens)")
+    positions = sample_tokens
+    tolerance = 0.0 if exact else ROUNDING_GAP  # the exact mode's logits are a plain step's, bit for bit
+    n_tests = len(settings) * min(sampled_prompts, len(prompts)) * (1 + (sample_tokens > TWO_SAMPLE_FROM))
     level = alpha / n_tests
     for params in settings:
         config = GenerationConfig(
@@ -464,9 +487,9 @@ def check_decoder(
         for i, prompt in enumerate(prompts[:sampled_prompts]):
             prompt_tokens = decoder.prompt_tokens(prompt, config)
             spec = sample_outcomes(decoder, prompt_tokens, config, samples, batch, seed)
-            probs = target_probs(target, prompt_tokens, params)
+            probs = target_probs(target, prompt_tokens, params, tolerance)
             try:
-                stat, df, tested, groups, bad = first_positions_test(spec, probs, positions)
+                stat, df, tested, groups, bad = positions_test(spec, probs, positions)
             finally:
                 probs.close()
             report.tests.append(
@@ -482,7 +505,7 @@ def check_decoder(
                     bad,
                 )
             )
-            if sample_tokens > FIRST_POSITIONS:
+            if sample_tokens > TWO_SAMPLE_FROM:
                 ref = sample_outcomes(plain_rows, prompt_tokens, config, samples, batch, seed + samples)
                 j = sample_tokens - 1
                 stat, df = two_sample(_later(spec, j), _later(ref, j))
@@ -706,12 +729,13 @@ def check_remote(
     """The check of a server (`url`), against a plain endpoint of the same model (`plain_url`)
     where given. What a server allows:
 
-    - with logprobs (top_logprobs): position 0 of seeded samples against the server's own reported
-      probabilities (at temperature 1 without filters only: servers report them before temperature
-      and filters); a greedy parting's gap from the plain endpoint's top-2 log-probabilities;
+    - with logprobs (top_logprobs): every position of seeded samples against the server's own
+      reported probabilities at that prefix (the logits it verified the speculated tokens with;
+      at temperature 1 without filters only: servers report them before temperature and filters);
+      a greedy parting's gap from the plain endpoint's top-2 log-probabilities;
     - with `plain_url`: greedy equality, and a two-sample test at the last sampled position (on
       the tokens where logprobs name them, else on the whole sampled text);
-    - never: a replay after a tie (no logits), tests conditional on later prefixes.
+    - never: a replay after a tie (no logits).
     Samples are sent `concurrency` at a time."""
     spec = Endpoint(url, api_key, model)
     plain = Endpoint(plain_url, api_key, model or spec.model) if plain_url else None
@@ -749,6 +773,27 @@ def check_remote(
     return report
 
 
+def _reported(completions: Sequence[Completion]) -> Callable[[tuple], dict | None]:
+    """prefix (token bytes) -> the next token's probabilities the server reported there (its top
+    log-probabilities at that position of a sample with that prefix: the logits it verified the
+    sample's token with; END for a token that prints nothing), or None where no sample says."""
+    at: dict[tuple, dict] = {}
+    for c in completions:
+        for j in range(len(c.tokens or ())):
+            at.setdefault(tuple(c.tokens[:j]), c.top[j])
+
+    def probs(prefix: tuple) -> dict | None:
+        top = at.get(tuple(prefix))
+        if top is None:
+            return None
+        out = {k: float(np.exp(lp)) for k, lp in top.items()}
+        if b"" in out:  # a token that prints nothing: the end of generation, as far as text shows
+            out[END] = out.pop(b"")
+        return out
+
+    return probs
+
+
 def _remote_sampled(report, spec, plain, prompts, samples, sample_tokens, sampled_prompts, settings, workers, seed):
     # how many tests: found out after the first answer says whether logprobs come
     plan = []
@@ -768,22 +813,20 @@ def _remote_sampled(report, spec, plain, prompts, samples, sample_tokens, sample
     level = report.alpha / max(len(plan), 1)
     for kind, i, params, s, ref in plan:
         if kind == "p":
-            reference = {k: float(np.exp(lp)) for k, lp in s[0].top[0].items()}
-            probs = dict(reference)
-            if b"" in probs:  # a token that prints nothing: the end of generation, as far as text shows
-                probs[END] = probs.pop(b"")
-            counts = Counter(_remote_outcome(c, sample_tokens)[0] for c in s)
-            stat, df, _ = goodness_of_fit(counts, probs, complete=False)
+            outcomes = [_remote_outcome(c, sample_tokens) for c in s]
+            stat, df, tested, groups, bad = positions_test(outcomes, _reported(s), sample_tokens, complete=False)
             report.tests.append(
                 _stat_test(
-                    f"prompt {i}, position 0 vs the server's reported p",
+                    f"prompt {i}, positions 0..{sample_tokens - 1} vs the server's reported p",
                     _setting(params),
                     len(s),
                     stat,
                     df,
                     level,
                     len(s),
-                    f"its top {len(reference)} log-probabilities and a rest bin",
+                    f"{groups} prefixes, {tested} tokens: its top {len(s[0].top[0])} log-probabilities "
+                    "at each and a rest bin",
+                    bad,
                 )
             )
         else:

@@ -359,7 +359,7 @@ def test_greedy_and_sampled_rows_share_a_batch_losslessly(draft_model):
     from scipy.stats import chi2
 
     from specdec import GenerationConfig, SpeculativeDecoder
-    from specdec.check import detectable_tv, first_positions_test, target_probs
+    from specdec.check import detectable_tv, positions_test, target_probs
 
     from ..lossless import assert_greedy_lossless
 
@@ -384,7 +384,7 @@ def test_greedy_and_sampled_rows_share_a_batch_losslessly(draft_model):
     assert drafted > 0  # the rows were speculated, side by side
     probs = target_probs(target, tokens, sampled.sampling)
     try:
-        stat, df, tested, groups, impossible = first_positions_test(outcomes, probs, 2)
+        stat, df, tested, groups, impossible = positions_test(outcomes, probs, 2)
     finally:
         probs.close()
     assert impossible == 0 and df > 0

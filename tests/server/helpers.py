@@ -57,17 +57,23 @@ class SlowToy(ToyLM):
         return super().forward_tree_rows(trees)
 
 
-def _toy_models(delay: float = 0.0):
+def _toy_models(delay: float = 0.0, unique: bool = False):
     target = SlowToy(seed=1, n_ctx=256, delay=delay)
     draft = ToyLM(seed=2, n_ctx=256, noise_from=target, noise=0.3)
     draft.name = "toy-draft"
+    if unique:  # every token prints bytes of its own ("<7>"; the end token none), as a real vocabulary's
+        tokenizer = target.tokenizer
+        tokenizer._bytes = [b"" if t in tokenizer.eog_ids else f"<{t}>".encode() for t in range(target.vocab_size)]
+        draft.tokenizer = tokenizer
     return target, draft
 
 
 @contextlib.contextmanager
-def toy_server(delay: float = 0.0, policy: DraftSpec = AUTO, max_batch: int = 4, **limits):
-    """An in-process server on an ephemeral 127.0.0.1 port; yields (base URL, service)."""
-    target, draft = _toy_models(delay)
+def toy_server(delay: float = 0.0, policy: DraftSpec = AUTO, max_batch: int = 4, unique: bool = False, **limits):
+    """An in-process server on an ephemeral 127.0.0.1 port; yields (base URL, service). `unique`:
+    every token prints bytes of its own (the toy's letters repeat past 26), so a client that knows
+    tokens by their bytes (OpenAI's logprobs) tells every token apart."""
+    target, draft = _toy_models(delay, unique)
     service = build_service(target, draft, policy, max_batch, ("toy",), "toy-draft", **limits)
     with serving(service) as base:
         yield base, service

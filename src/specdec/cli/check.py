@@ -25,7 +25,7 @@ def _samples(text: str) -> int:
 
 
 def _add_check_parser(sub) -> None:
-    from ..check import ALPHA, FIRST_POSITIONS, POWER
+    from ..check import ALPHA, POWER, TWO_SAMPLE_FROM
 
     p = sub.add_parser(
         "check",
@@ -33,8 +33,8 @@ def _add_check_parser(sub) -> None:
         description="Check that speculative decoding is lossless, with evidence. Greedy: speculative "
         "against plain output on a prompt set, every parting located and classed by the target's top-2 "
         "gap there (a rounding tie or a bug; with --exact any parting is a bug). Sampled: seeded short "
-        f"continuations, their first {FIRST_POSITIONS} positions tested against the target's own "
-        "probabilities, the last against plain sampling (chi-square), each test with its power: the "
+        "continuations, every position tested against the target's own probabilities at its prefix, "
+        "the last against plain sampling (chi-square), each test with its power: the "
         f"smallest total-variation shift it detects with probability {POWER:g}. Exit code 0: lossless "
         "within that power; 1: not; 2: bad input.",
     )
@@ -93,8 +93,8 @@ def _add_check_parser(sub) -> None:
         type=_int_in(1, 64),
         default=4,
         metavar="L",
-        help=f"tokens per sampled continuation: positions 0..{FIRST_POSITIONS - 1} against the target, "
-        f"position L-1 against plain sampling (when L > {FIRST_POSITIONS})",
+        help="tokens per sampled continuation: every position against the target, "
+        f"position L-1 against plain sampling (when L > {TWO_SAMPLE_FROM})",
     )
     g.add_argument(
         "--sampled-prompts", type=_positive(int), default=1, metavar="K", help="the first K prompts are sampled"
