@@ -392,7 +392,7 @@ class Engine:
         equally among those rows; no entry where the room has no limit. Why before: a sampled
         tree kept where it fits and swapped for its first branch where it does not verifies the
         draft by two rules (node by node, and the chain's block rule), chosen by a count that
-        depends on the draws; each rule is exact alone, the mixture is not (docs/trees.md)."""
+        depends on the draws; each rule is exact alone, the mixture is not (README, "Trees of drafts")."""
         room = getattr(self.target, "tree_leaves", None)
         trees = [row for row, r in rows.items() if self._tree_ok(r)]
         share = None if room is None else room // max(1, len(trees))

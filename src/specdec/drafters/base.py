@@ -35,7 +35,7 @@ def fit_tree(width: int, nodes: int, k: int, most: int | None) -> tuple[int, int
     any; under 2: a chain, (1, 0)), chosen before anything is drawn. The engine reserves each
     row's leaves before drafting (Engine.step): a sampled tree cut, or swapped for its first
     branch, because of what was drawn would mix two verification rules by the draws, and that
-    mixture is not exact (docs/trees.md). A tree of n nodes has at most n leaves; a fishbone
+    mixture is not exact (README, "Trees of drafts"). A tree of n nodes has at most n leaves; a fishbone
     k deep at most k (width - 1) + 1, so its width narrows to fit."""
     if most is None or width <= 1:
         return width, nodes
