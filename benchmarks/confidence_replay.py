@@ -39,7 +39,8 @@ sys.path.insert(0, str(HERE.parent / "scripts"))
 import replay_controller  # noqa: E402
 
 from specdec.acceptance import ConfidenceAcceptance  # noqa: E402
-from specdec.controller import ChainCut, FixedController  # noqa: E402
+from specdec.controller import FixedController  # noqa: E402
+from specdec.drafters.base import ChainCut  # noqa: E402
 from specdec.replay import (  # noqa: E402
     AdaptiveKController,
     ConfidenceController,

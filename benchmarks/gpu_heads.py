@@ -8,7 +8,7 @@ For each target shape (benchmarks/configs/, random weights: the shapes set the c
   the GPU curves use (static cache + CUDA graphs), through forward_rows as the engine calls it;
 - the heads `specdec train` makes, at that target's width: medusa:3 and prophet:3 (8 attention
   heads, MLP 1024 wide), each with a draft vocabulary of every --vocab size (0: the target's
-  whole vocabulary), drafting greedy chains of 1..3 tokens (train.modules' `draft`, what
+  whole vocabulary), drafting greedy chains of 1..3 tokens (drafters.head_net's `draft`, what
   drafters.head runs on a torch target), timed eager and as one CUDA graph per chain;
 - early exit: the target's first L layers plus one trained block, then its norm and output head,
   as a model of L + 1 layers (the draft's one-token forward; the KV cache it would share with
@@ -88,9 +88,9 @@ def forward_costs(model, args, widths) -> dict[str, dict[str, float]]:
 
 def time_heads(model, args, torch, sync) -> list[dict]:
     """Every head kind x vocabulary x rows x chain length, eager and graphed."""
+    from specdec.drafters.head_net import build, draft
+    from specdec.drafters.headfile import KINDS
     from specdec.models.transformers import cuda_graph
-    from specdec.train.headfile import KINDS
-    from specdec.train.modules import build, draft
     from specdec.train.trainer import TrainConfig
 
     out_head = model.model.get_output_embeddings().weight.detach()
@@ -126,8 +126,8 @@ def write_head(model, kind: str, vocab: int, path: Path) -> Path:
     import numpy as np
     import torch
 
-    from specdec.train import headfile
-    from specdec.train.modules import build, file_tensors
+    from specdec.drafters import headfile
+    from specdec.drafters.head_net import build, file_tensors
     from specdec.train.trainer import TrainConfig
 
     rows, config = np.arange(vocab), TrainConfig(kind, steps=HEAD_STEPS)
@@ -151,8 +151,8 @@ def time_engine(model, args, out: Path) -> list[dict]:
     import numpy as np
 
     from specdec import GenerationConfig, SpeculativeDecoder
+    from specdec.drafters.headfile import KINDS
     from specdec.spec import parse
-    from specdec.train.headfile import KINDS
 
     prompt = [int(t) for t in np.random.default_rng(0).integers(300, min(5000, model.vocab_size), DEPTH)]
     config = GenerationConfig(max_new_tokens=args.tokens, chat=False)

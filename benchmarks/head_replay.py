@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from specdec.costs import cost_table
+from specdec.drafters import headfile
 from specdec.replay import curve_at, draft_run, head_replay
-from specdec.train import headfile
 
 HERE = Path(__file__).resolve().parent
 

@@ -1135,7 +1135,7 @@ def test_a_chain_cut_takes_sure_tokens_as_far_as_they_pay_and_stops_at_an_unsure
     it costs next to nothing; where every token costs a step only a near-certain one pays; a
     fishbone's siblings make an unsure depth worth it."""
     from specdec.acceptance import ConfidenceAcceptance
-    from specdec.controller import ChainCut
+    from specdec.drafters.base import ChainCut
 
     rate_of = ConfidenceAcceptance().rate_of
     flat = lambda t: 1.0 + 0.01 * t  # noqa: E731  the target's forward verifying t tokens

@@ -193,7 +193,7 @@ def test_early_exit_from_a_spec_on_the_numpy_backend(tmp_path):
 def test_every_head_drafts_trees(tmp_path):
     """--draft-width / --draft-nodes and head:KxW[/N]:FILE give any head file a tree shape (an
     early-exit head drafts it as a draft model, a Medusa or prophet head from its own heads)."""
-    from specdec.train import headfile
+    from specdec.drafters import headfile
 
     files = {}
     for kind in ("early-exit", "medusa", "prophet"):

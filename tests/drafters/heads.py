@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec.train import headfile
+from specdec.drafters import headfile
 
 
 def random_head(model, kind: str, path, steps: int = 3, seed: int = 0, scale: float = 0.05, vocab: int = 0):

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from specdec import GenerationConfig, SpeculativeDecoder
+from specdec.drafters import headfile
 from specdec.drafters.head import HeadDrafter, ProphetChain, medusa_features
 from specdec.errors import SpecdecError
 from specdec.models.numpy_ref import load_numpy_model
 from specdec.spec import DraftSpec, parse
-from specdec.train import headfile
 
 from ..models.test_numpy_ref import write_tiny_gguf
 from ..toy import ToyLM, frozen
@@ -92,11 +92,11 @@ def test_a_chain_stays_in_float32(tiny, tmp_path):
 
 
 def test_torch_heads_compute_what_the_drafter_computes(tiny, tmp_path):
-    """train.modules (torch, batched) and drafters.head (NumPy, one chain) are the same function."""
+    """drafters.head_net (torch, batched) and drafters.head (NumPy, one chain) are the same function."""
     from ..conftest import require_module
 
     torch = require_module("torch", "pip install torch")
-    from specdec.train.modules import Medusa, Prophet, draft, load_head
+    from specdec.drafters.head_net import Medusa, Prophet, draft, load_head
 
     rng = np.random.default_rng(1)
     h = rng.normal(size=(2, tiny.n_embd)).astype(np.float32)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence, runtime_checkable
+from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -160,6 +160,59 @@ class Draft:
         if n == len(self.tokens):
             return self
         return Draft(self.tokens[:n], self.q[:n] if self.q is not None else None, self.evidence)
+
+
+class ChainCut:
+    """One greedy row's draft-model chain (or fishbone tree: the chain's depths, each with its
+    siblings), cut by the draft's confidence in each chain token as it comes (ModelDrafter.propose
+    and the replay's RecordedDrafter call it): a depth is taken while the draft's expected tokens
+    over its seconds grow with it, the chain token's chance that of its confidence
+    (acceptance.ConfidenceAcceptance) and, where it fails, a sibling's the tree's sibling rate s;
+    and a taken token is fed, to learn the next one's confidence, while a depth as sure as it
+    would pay for that forward:
+
+        value(E, taken, fed) = E / (look + fed x feed + target(taken))
+        E(taken) = 1 + sum over depths d <= taken of S_d + S_(d-1) (1 - a_d) s,  S_d = a_1 ... a_d
+
+    look: the draft model's catch-up forward (paid: it told the first token's confidence); feed:
+    one more one-token forward of it; target(t): the target's forward verifying t depths."""
+
+    def __init__(
+        self,
+        rate_of: Callable[[float], float],
+        look: float,
+        feed: float,
+        target: Callable[[int], float],
+        sibling: float = 0.0,
+    ):
+        self.rate_of, self.look, self.feed_seconds, self.target = rate_of, look, feed, target
+        self.sibling = sibling
+        self.taken, self.fed, self.expected, self.survive, self.last = 0, 0, 1.0, 1.0, 0.0
+
+    def _value(self, expected: float, taken: int, fed: int) -> float:
+        return expected / (self.look + fed * self.feed_seconds + self.target(taken))
+
+    def _deeper(self, rate: float) -> float:
+        """The expected tokens with one more depth whose chain token holds with `rate`."""
+        return self.expected + self.survive * rate + self.survive * (1.0 - rate) * self.sibling
+
+    def take(self, p: float) -> bool:
+        """Whether the chain takes its next token, of confidence p (else it ends before it)."""
+        rate = self.rate_of(p)
+        deeper = self._deeper(rate)
+        if self._value(deeper, self.taken + 1, self.fed) <= self._value(self.expected, self.taken, self.fed):
+            return False
+        self.expected, self.taken, self.survive, self.last = deeper, self.taken + 1, self.survive * rate, rate
+        return True
+
+    def feed(self) -> bool:
+        """Whether to feed the token just taken (and learn the next one's confidence): a next depth
+        as sure as this one would pay for the forward. Else the chain ends after it."""
+        more = self._deeper(self.last)
+        if self._value(more, self.taken + 1, self.fed + 1) <= self._value(self.expected, self.taken, self.fed):
+            return False
+        self.fed += 1
+        return True
 
 
 @runtime_checkable

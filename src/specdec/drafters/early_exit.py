@@ -171,7 +171,7 @@ def exit_head_drafter(target, head_path, width: int = 1, nodes: int = 0) -> Earl
     """An early-exit head drafting through the torch target's own cache: its B blocks
     (exit_blocks) attached after the target's first L layers (TransformersModel.attach_exit_blocks).
     `width` and `nodes`: a tree's shape."""
-    from ..train import headfile
+    from . import headfile
     from .head import held_out_prior
 
     info = headfile.read_info(head_path)
@@ -191,7 +191,7 @@ def exit_blocks(target, head_path) -> list:
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     from ..models.transformers import quiet_transformers
-    from ..train import headfile
+    from . import headfile
 
     info = headfile.read_info(head_path)
     path = exit_model_path(target, head_path, blocks_only=True)
@@ -218,7 +218,7 @@ def exit_model_path(target, head_path, blocks_only: bool = False) -> Path:
     `blocks_only`: the target's metadata as it is and the blocks alone (exit_blocks reads them)."""
     from ..models.base import file_sha256
     from ..paths import specdec_home
-    from ..train import headfile
+    from . import headfile
 
     info = headfile.read_info(head_path)
     headfile.check_target(info, target, head_path)

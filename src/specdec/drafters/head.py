@@ -15,7 +15,7 @@ turned into the logits that chose context[-1]. Both kinds start from it:
 
 Both draft from a reduced vocabulary (the tokens the target predicted most in training): q is zero
 outside it, which the rejection rule handles exactly (such a token is never drafted). The math is
-NumPy here, mirrored by train.modules in torch (a test holds them equal).
+NumPy here, mirrored by drafters.head_net in torch (a test holds them equal).
 
 With `width` w > 1 a head drafts a tree (on the host, in NumPy, for any target that scores trees;
 a greedy k x w tree on a torch target on its device, all rows at once):
@@ -50,7 +50,7 @@ from ..sampling import SamplingParams, draft_token
 from .base import Draft, fit_tree, tree_shape
 from .model import shaping_probs, siblings
 
-NORM_EPS = 1e-6  # the prophet's RMS norms (train.modules.rms_norm's default)
+NORM_EPS = 1e-6  # the prophet's RMS norms (drafters.head_net.rms_norm's default)
 
 
 def medusa_features(w: dict, h: np.ndarray, n: int) -> np.ndarray:
@@ -94,7 +94,7 @@ class ProphetChain:
 
 
 class TorchHead:
-    """The head on a torch target's device (train.modules: the same math), its rows in one batch,
+    """The head on a torch target's device (drafters.head_net: the same math), its rows in one batch,
     float32 as the NumPy path. Greedy chains run whole on the device, one CUDA graph per (rows, k)
     there, and come back once; sampled ones step by step, each token drawn on the host from q as
     the NumPy path draws it."""
@@ -102,7 +102,7 @@ class TorchHead:
     def __init__(self, info, w: dict, device):
         import torch
 
-        from ..train.modules import build, draft, load_head
+        from .head_net import build, draft, load_head
 
         embed = torch.from_numpy(w["embed"][:-1]) if "embed" in w else None
         module = build(info.kind, torch.from_numpy(w["lm_head"]), embed, info.steps, info.n_head, info.n_ff)
@@ -159,7 +159,7 @@ class HeadDrafter:
     """Drafts for the target's own rows (the engine's row ids are the target's)."""
 
     def __init__(self, target, path, width: int = 1, nodes: int = 0):
-        from ..train import headfile
+        from . import headfile
 
         shape = tree_shape(width, nodes)
         if not isinstance(target, HiddenStates):

@@ -37,17 +37,14 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from ..errors import SpecdecError
 from ..models.base import RowModel, check_same_vocab
 from ..sampling import SamplingParams, draft_token, sample
-from .base import Draft, fit_tree, lent_passes, tree_shape
-
-if TYPE_CHECKING:
-    from ..controller import ChainCut
+from .base import ChainCut, Draft, fit_tree, lent_passes, tree_shape
 
 # A catch-up scores the draft's guesses at no more than this many of the last generated tokens it
 # feeds (each costs a row of logits: on a CPU the output head is a quarter of a small model's work).
@@ -127,7 +124,7 @@ class ModelDrafter:
         contexts: Mapping[int, Sequence[int]],
         ks: Mapping[int, int],
         widths: Mapping[int, int] | None = None,
-        cuts: Mapping[int, "ChainCut"] | None = None,
+        cuts: Mapping[int, ChainCut] | None = None,
         leaves: Mapping[int, int] | None = None,
     ) -> dict[int, Draft]:
         """Each row's draft of ks[row] tokens: a tree of widths[row] (default: the drafter's width;

@@ -20,6 +20,11 @@ from functools import lru_cache
 
 from ..errors import SpecdecError
 
+# The roles a chat message may have, as OpenAI's API names them, to the role a chat template knows
+# (OpenAI's "developer" is the system message of models that have no such role). The server's
+# requests and `specdec train --requests` read messages through this one map.
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
 
 def render(template: str, messages: list[dict[str, str]], bos_token: str = "", eos_token: str = "") -> str:
     """The prompt `template` makes of `messages`, ending with the assistant's turn opened."""

@@ -17,6 +17,7 @@ from typing import Callable
 from ..config import MAX_LOGPROBS, GenerationConfig
 from ..drafters.base import MAX_DRAFT_TOKENS, MAX_DRAFT_WIDTH
 from ..errors import SpecdecError
+from ..models.chat import ROLES
 from ..request import Limit, finish_reason
 from ..sampling import TokenLogprob
 from ..spec import DEFAULT_K, WIDTH_PER_CALL, DraftSpec
@@ -25,7 +26,6 @@ from ..stats import GenerationStats
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4; llama-server any number)
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's and vLLM's default max_tokens for /v1/completions
 UNBOUNDED = 2**31 - 1  # chat's max_tokens when none is given: the context is the limit
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
 class RequestError(SpecdecError):

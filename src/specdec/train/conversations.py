@@ -39,9 +39,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PromptError, SpecdecError
+from ..models.chat import ROLES as CHAT_ROLES
 from ..paths import write_atomically
 from ..sampling import SamplingParams, logits_to_probs, sample
-from ..server.protocol import ROLES as CHAT_ROLES
 from .features import MAX_FILE_BYTES, Progress, features_folder
 
 ANSWER_TOKENS = 256  # an answer is cut here (a summary or a function fits; a long essay is cut)

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..drafters import headfile
 from ..errors import SpecdecError
 from ..models.numpy_ref import as_float32, matmul
 from ..paths import write_atomically
-from . import headfile
 from .features import Features, Progress, held_out
 
 # the training defaults (docs/provenance.md, "EXIT_LR, EXIT_EPOCHS"): on the 1.5B's 30 000 self-answered tokens,

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..drafters import headfile
 from ..errors import SpecdecError
 from ..paths import write_atomically
-from . import headfile
 from .features import Features, Progress
 
 CHECKPOINT_SECONDS = 60.0  # how much work Ctrl-C or a crash can lose
@@ -157,7 +157,7 @@ def train(target, f: Features, config: TrainConfig, out: Path, data: dict, progr
         import torch
     except ImportError as exc:
         raise SpecdecError("training a head needs torch: pip install -e '.[train]' (in specdec's checkout)") from exc
-    from .modules import build, file_tensors
+    from ..drafters.head_net import build, file_tensors
 
     torch.manual_seed(config.seed)
     d = target.n_embd

@@ -1,6 +1,6 @@
 """The heads in torch, for training: the same math as drafters.head's NumPy, on batches.
 
-Parameter names are the head file's tensor names (train.headfile), so a state dict saves as is.
+Parameter names are the head file's tensor names (drafters.headfile), so a state dict saves as is.
 The output head (`lm_head`, the target's own rows for the draft vocabulary) is a frozen buffer.
 """
 
@@ -117,7 +117,7 @@ def build(kind: str, lm_head: torch.Tensor, embed: torch.Tensor | None, steps: i
 
 
 def file_tensors(head: Medusa | Prophet, vocab: np.ndarray) -> dict[str, np.ndarray]:
-    """A head's tensors as its file keeps them (train.headfile): float16, with the draft
+    """A head's tensors as its file keeps them (drafters.headfile): float16, with the draft
     vocabulary (target ids, int32) and its rows of the output head."""
     tensors = {name: t.detach().cpu().numpy().astype(np.float16) for name, t in head.head_tensors().items()}
     return {**tensors, "vocab": np.asarray(vocab, np.int32), "lm_head": head.lm_head.cpu().numpy().astype(np.float16)}
@@ -146,7 +146,7 @@ def draft(head: Medusa | Prophet, state: torch.Tensor, rows: torch.Tensor, k: in
 
 
 def load_head(module: nn.Module, tensors: dict) -> None:
-    """Set a module's weights from a head file's tensors (train.headfile.load)."""
+    """Set a module's weights from a head file's tensors (drafters.headfile.load)."""
     with torch.no_grad():
         for name, param in module.head_tensors().items():
             param.copy_(torch.from_numpy(tensors[name]))
