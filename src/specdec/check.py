@@ -42,7 +42,6 @@ MIN_EXPECTED = 5  # a chi-square cell needs an expected count of 5 (Cochran's ru
 TWO_SAMPLE_FROM = 2  # the two-sample test reads the last position once it is this deep
 MIN_GROUP = 20  # samples a prefix needs before its next token is tested against p(. | prefix)
 END = -1  # an outcome's marker: generation ended (an end-of-generation token) there
-REST = "rest"  # the bin of every token too rare to stand alone
 # The reference probability of a token a rounding could carry across a filter's cut (target_probs):
 # possible, so no "zero-probability" failure, but no expected count: its samples weigh in the rest bin.
 NEAR_CUT = 1e-12
