@@ -156,8 +156,9 @@ class Controller(Protocol):
     (one drafter, one k), CostAwareController (`auto`) and the server's RoutingController (each
     request its own policy) are the three."""
 
-    def begin(self, row: int, prompt: Sequence[int]) -> None:
-        """A row joins (its prompt prefilled)."""
+    def begin(self, row: int, prompt: Sequence[int], policy=None) -> None:
+        """A row joins (its prompt prefilled), with its request's policy (Engine.add; None: the
+        controller's own)."""
 
     def end(self, row: int) -> None:
         """A row leaves (finished or cancelled)."""
@@ -193,7 +194,7 @@ class FixedController:
     drafter: Drafter | None
     k: int
 
-    def begin(self, row: int, prompt: Sequence[int]) -> None:
+    def begin(self, row: int, prompt: Sequence[int], policy=None) -> None:
         pass
 
     def end(self, row: int) -> None:
@@ -451,7 +452,7 @@ class CostAwareController:
         self._alone: dict[tuple[int, float | None, bool], float] = {}  # _alone_seconds's, this step's
         self._drafts: dict[tuple[int, float | None], float] = {}  # _draft_seconds's, this step's
 
-    def begin(self, row: int, prompt: Sequence[int]) -> None:
+    def begin(self, row: int, prompt: Sequence[int], policy=None) -> None:
         self._rows[row] = _RowState(
             next_explore=self.explore_every,
             prompt_len=len(prompt),

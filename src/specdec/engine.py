@@ -115,6 +115,7 @@ class Request:
         self.text = Detokenizer(tokenizer, config.stop)
         self.context = list(prompt_tokens)
         self.row: int | None = None  # the target's row, once admitted
+        self.policy = None  # how its row is speculated, where the controller decides per request (Engine.add)
         self.prefilled = 0  # prompt tokens in the row's cache
         self.result: GenerationResult | None = None
         self.logprobs: list[TokenLogprob] | None = [] if config.logprobs is not None else None
@@ -206,8 +207,12 @@ class Engine:
 
     # -- the caller's verbs --------------------------------------------------------------------
 
-    def add(self, prompt_tokens: list[int], config: GenerationConfig) -> Request:
+    def add(self, prompt_tokens: list[int], config: GenerationConfig, policy=None) -> Request:
+        """Queue a prompt. `policy`: how its row is speculated (a spec.DraftSpec for a controller
+        that decides per request, the server's RoutingController; None: the controller's own way).
+        The request carries it, and the controller is told it with the row (Controller.begin)."""
         request = Request(next(self._ids), prompt_tokens, config, self.target.tokenizer)
+        request.policy = policy
         self.queue.append(request)
         return request
 
@@ -471,7 +476,7 @@ class Engine:
                 self.rows[row] = request
                 for drafter in self.drafters:
                     drafter.begin(row, request.prompt_tokens, request.params, request.rng)
-                self.controller.begin(row, request.prompt_tokens)
+                self.controller.begin(row, request.prompt_tokens, request.policy)
 
     def _kept_choice(self, shares: Mapping[int, int]) -> int | None:
         """The kept row a request takes (`shares`: the prompt tokens each kept row holds), or None

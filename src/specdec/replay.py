@@ -125,7 +125,7 @@ class ReplayPolicy:
     """A peer's policy as a replay controller: nothing to set up per row; what it learns, if
     anything, it learns in observe."""
 
-    def begin(self, row, prompt):
+    def begin(self, row, prompt, policy=None):
         pass
 
     def end(self, row):

@@ -185,7 +185,6 @@ def build_service(
         prefix_cache=prefix_cache,
         host_cache=host_cache,
     )
-    router.engine = engine
     draft_names = {"auto": "auto", "ngram": "ngram", "none": "none"}
     if suffix is not None:
         draft_names["suffix"] = "suffix"

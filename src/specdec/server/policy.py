@@ -10,8 +10,8 @@ where width is the scarce resource.
 
 Why this and not one engine per policy: engines sharing the target would each run their own
 forward, serialising the rows a batch should carry together, and each would believe it has the
-whole cache. The router needs nothing of the engine but its controller slot and `engine.rows`
-(to see which request a new row belongs to).
+whole cache. The router needs nothing of the engine but its controller slot: each request
+carries its policy (Engine.add), and the engine hands it over with the row (begin).
 
 What it does not do: the cost-aware controller allocates width among its own rows only; the
 fixed-policy rows in the same step widen the forward without it knowing. With a draft model, a
@@ -38,12 +38,12 @@ class RoutingController:
     ):
         self.auto = auto  # CostAwareController (over `ngram`, `suffix` and `model`)
         self.drafters = {"ngram": ngram, "model": model, "suffix": suffix, "head": head}
-        self.engine = None  # set once the engine exists: rows -> requests
-        self.policies: dict[int, DraftSpec] = {}  # request id -> policy, set by the worker on add
         self._rows: dict[int, DraftSpec] = {}  # row -> policy, while the row lives
 
-    def begin(self, row: int, prompt: Sequence[int]) -> None:
-        policy = self.policies[self.engine.rows[row].id]
+    def begin(self, row: int, prompt: Sequence[int], policy: DraftSpec | None = None) -> None:
+        """A row joins with its request's policy (Engine.add carries it)."""
+        if policy is None:
+            raise ValueError("the server's router speculates each request by its own policy: add it with one")
         self._rows[row] = policy
         if policy.is_auto:
             self.auto.begin(row, prompt)

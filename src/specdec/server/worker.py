@@ -171,7 +171,7 @@ class Worker:
 
     def _add(self, handle: Handle) -> None:
         try:
-            request = self.engine.add(handle.tokens, handle.config)
+            request = self.engine.add(handle.tokens, handle.config, handle.policy)
         except Exception as exc:
             log.error("adding a request failed:\n%s", traceback.format_exc())
             handle.closed = True
@@ -181,7 +181,6 @@ class Worker:
             )
             return
         handle.request = request
-        self.router.policies[request.id] = handle.policy
         self.handles[request.id] = handle
         handle.send("admitted")
 
@@ -225,7 +224,6 @@ class Worker:
     def _forget(self, handle: Handle) -> None:
         if handle.request is not None:
             self.handles.pop(handle.request.id, None)
-            self.router.policies.pop(handle.request.id, None)
 
     def _publish(self) -> None:
         """Every request's new text to its client; metrics; finished requests leave."""
