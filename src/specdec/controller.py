@@ -335,7 +335,7 @@ def auto_controller(
         and not getattr(model, "nodes", 0)
         and "widths" in inspect.signature(model.propose).parameters
     )
-    scores_trees = getattr(target, "scores_trees", False)
+    scores_trees = target.scores_trees
     if costs is None or (costs[1] is None and model is not None):
         from .costs import measure_cost_table
 

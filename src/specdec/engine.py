@@ -194,12 +194,12 @@ class Engine:
         # prefix_cache: finished rows stay in the target with their caches, for prompts that start
         # the same way (a conversation's next turn, a repeated prompt, a shared system prompt);
         # only where the target keeps idle rows at no cost to the others (keeps_idle_rows)
-        self.prefix_cache = prefix_cache and bool(getattr(target, "keeps_idle_rows", False))
+        self.prefix_cache = prefix_cache and target.keeps_idle_rows
         if host_cache is not None and host_cache < 0:
             raise SpecdecError(f"host_cache is a number of bytes (None: no limit), got {host_cache}")
         # (a target that keeps no idle rows, one pool of cells, has its finished rows copied out
         # instead: a conversation's next turn still reads only its new message)
-        copies = prefix_cache and host_cache != 0 and hasattr(target, "save_row")
+        copies = prefix_cache and host_cache != 0 and target.saves_rows
         self.host = HostCache(host_cache) if copies else None
         self.idle: dict[int, list[int]] = {}  # kept row -> the tokens its cache holds
         self._unknown: set[int] = set()  # rows in use whose caches a failed step left unknown (drop_idle)
@@ -398,7 +398,7 @@ class Engine:
         tree kept where it fits and swapped for its first branch where it does not verifies the
         draft by two rules (node by node, and the chain's block rule), chosen by a count that
         depends on the draws; each rule is exact alone, the mixture is not (README, "Trees of drafts")."""
-        room = getattr(self.target, "tree_leaves", None)
+        room = self.target.tree_leaves
         trees = [row for row, r in rows.items() if self._tree_ok(r)]
         share = None if room is None else room // max(1, len(trees))
         out = {row: 0 for row in rows if row not in trees}
@@ -426,7 +426,7 @@ class Engine:
         """Whether this row may verify a tree: the target scores trees (models' scores_trees) and
         the row is not sampled by position (reproducible), whose rule is a chain's."""
         sampled_by_position = request.config.reproducible and not request.params.greedy
-        return bool(getattr(self.target, "scores_trees", False)) and not sampled_by_position
+        return self.target.scores_trees and not sampled_by_position
 
     def drop_idle(self) -> None:
         """Forget the kept rows (prefix_cache), and keep or copy none of the rows in use when their

@@ -128,7 +128,7 @@ def _decoder(args):
         ) from None
     if report is not None:
         decoder.costs = _report_costs(args, report, target, decoder.model_drafter)
-    if (spec.width > 1 or spec.nodes) and not getattr(target, "scores_trees", False):
+    if (spec.width > 1 or spec.nodes) and not target.scores_trees:
         why = "--exact keeps a cache stream per row, and " if args.exact else ""
         note = (
             f"{target.name} verifies no trees here ({why}a tree's nodes share cache cells): each tree of "

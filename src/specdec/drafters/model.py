@@ -84,7 +84,7 @@ class ModelDrafter:
         if target is not None:
             check_same_vocab(target, model)
         shape = tree_shape(width, nodes)
-        if nodes and not getattr(model, "scores_trees", False):
+        if nodes and not model.scores_trees:
             raise SpecdecError(
                 f"a tree of {nodes} nodes grows on the draft model's own tree forwards, which {model.name} "
                 "does not score (llama.cpp's exact build keeps a stream per row): leave out --draft-nodes"
@@ -226,7 +226,7 @@ class ModelDrafter:
         grow = getattr(model, "grow_tree_rows", None)
         # a node may take a sequence id of its own (llama.cpp lends a few dozen): rows past what is
         # left grow smaller trees, down to one node (a chain of one)
-        room = getattr(model, "tree_leaves", sum(nodes.values()))
+        room = model.tree_leaves if model.tree_leaves is not None else sum(nodes.values())
         growth = {}
         for row, state in live.items():
             growth[row] = _Growth(ks[row], max(1, min(nodes[row], room)))

@@ -11,10 +11,12 @@ drafts together. Row ids are small integers the model hands out (`add_rows`) and
     model.rollback_rows({rows[0]: n_kept})                    # cut a row back to what it kept
     model.drop_rows(rows)                                     # free their caches now
 
-Optional attributes the engine reads where a backend has them: `scores_trees` (forward_tree_rows
-works), `keeps_idle_rows` (a row not fed costs the other rows nothing, so a finished row's
-cache may stay for a later prompt that starts the same way: Engine's prefix_cache), and
-`save_row(row) -> SavedRow` / `load_row(row, saved)` (a row's cache copied to host memory and
+Capabilities, declared (RowModel's members, with their defaults in the two mixins below; the
+engine reads them, it never probes with getattr or hasattr): `scores_trees` (forward_tree_rows
+and keep_path_rows work), `tree_leaves` (the leaves the next tree forward may hold; None: no
+limit), `keeps_idle_rows` (a row not fed costs the other rows nothing, so a finished row's cache
+may stay for a later prompt that starts the same way: Engine's prefix_cache), and `saves_rows`
+(`save_row(row) -> SavedRow` / `load_row(row, saved)` copy a row's cache to host memory and
 back, so a kept row's cache outlives the row: Engine's host_cache).
 
 Two mixins below give the rest for free:
@@ -61,6 +63,11 @@ class RowModel(Protocol):
     max_rows: int  # rows the cache holds at once
     tokenizer: Tokenizer
     is_instruct: bool  # apply the chat template by default
+    # capabilities (the module docstring)
+    scores_trees: bool
+    tree_leaves: int | None
+    keeps_idle_rows: bool
+    saves_rows: bool
 
     def add_rows(self, n: int = 1) -> list[int]:
         """n new empty rows; their ids."""
@@ -214,6 +221,11 @@ class SingleRow:
     """
 
     _solo: int | None = None
+    # the declared capabilities' defaults (the module docstring); a backend sets what it has
+    scores_trees = False
+    tree_leaves: int | None = None
+    keeps_idle_rows = False
+    saves_rows = False
 
     def _solo_row(self) -> int:
         if self._solo is None:
@@ -253,6 +265,9 @@ class SequentialRows:
 
     max_rows = 1 << 16
     keeps_idle_rows = True  # a row not fed costs the others nothing (Engine prefix_cache)
+    saves_rows = True  # save_row / load_row below
+    scores_trees = False  # a subclass with forward_tree sets it (the module docstring)
+    tree_leaves: int | None = None  # no limit
 
     def _row_states(self) -> dict:
         if "_states" not in self.__dict__:

@@ -296,6 +296,7 @@ class LlamaCppModel(SingleRow):
         # a stream of its own per row: a finished row's cache can stay for a later prompt that
         # starts the same way (Engine prefix_cache) without taking cells from the running rows
         self.keeps_idle_rows = not pooled
+        self.saves_rows = True  # save_row / load_row (llama_state_seq_*)
         self.path = Path(path)
         _check_gguf_header(self.path)
         self.name = self.path.name

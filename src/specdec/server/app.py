@@ -90,7 +90,7 @@ class Service:
         self.reproducible = reproducible  # sampling by position (GenerationConfig.reproducible), server-wide
         self.n_ctx = engine.target.n_ctx
         # whether a forward scores a tree (models.base): a request's own tree needs it
-        self.scores_trees = bool(getattr(engine.target, "scores_trees", False))
+        self.scores_trees = engine.target.scores_trees
         if default_policy.width > 1 and not self.scores_trees:
             raise ValueError("a default policy that drafts trees needs a target that scores them (trees=True)")
         self.metrics = Metrics(model_names[0])
