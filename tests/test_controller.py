@@ -37,6 +37,8 @@ class FixedProposals:
     """A drafter that always proposes the same continuation for every row (stands in for prompt
     lookup; by default from a 40-token match, long enough not to cap k)."""
 
+    takes = frozenset()
+
     def __init__(self, tokens, name="ngram"):
         self.tokens, self.name, self.last_match_length, self.proposed = list(tokens), name, 40, 0
         self.kind = name.partition(":")[0]

@@ -50,6 +50,7 @@ class WrongDrafter:
     """Always proposes k tokens the target never picks first (every draft is rejected)."""
 
     name = kind = "wrong"
+    takes = frozenset()
 
     def __init__(self, target):
         self.target = target

@@ -26,6 +26,7 @@ class OracleTree:
     does. Its second node also has a wrong sibling."""
 
     name = kind = "oracle-tree"
+    takes = frozenset()
 
     def __init__(self, plain_tokens, prompt_len, vocab):
         self.plain, self.prompt_len, self.vocab = plain_tokens, prompt_len, vocab

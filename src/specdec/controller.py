@@ -51,7 +51,6 @@ in a copy. Each row takes the better of the chain and the tree, as for the draft
 from __future__ import annotations
 
 import heapq
-import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, Sequence
 
@@ -333,7 +332,7 @@ def auto_controller(
         model is not None
         and getattr(model, "width", 0) == 1
         and not getattr(model, "nodes", 0)
-        and "widths" in inspect.signature(model.propose).parameters
+        and "widths" in model.takes
     )
     scores_trees = target.scores_trees
     if costs is None or (costs[1] is None and model is not None):
@@ -439,11 +438,11 @@ class CostAwareController:
         # free_width; the suffix cache's starts from prompt lookup's prior (none fitted of its own)
         self.free_width = free_width if self.ngram is not None else 1
         self.free_siblings = {d.name: SiblingAcceptance(prior=(NGRAM_SIBLING_PRIOR,), rate=rate) for d in self.free}
-        self._tree_free = {d.name for d in self.free if "widths" in inspect.signature(d.propose).parameters}
+        self._tree_free = {d.name for d in self.free if "widths" in d.takes}
         self.tree_widths = sorted({1, *(w for w in tree_widths if w in self.sibling_accept.widths)})
         # the draft model's greedy chains, cut by its confidence where it takes cuts (ChainCut)
         self.confidence_accept = ConfidenceAcceptance(rate=rate)
-        self._cuts = model_drafter is not None and "cuts" in inspect.signature(model_drafter.propose).parameters
+        self._cuts = model_drafter is not None and "cuts" in model_drafter.takes
         self.overlay_weight = OVERLAY_WEIGHT if overlay_weight is None else overlay_weight
         self.explore_every = explore_every
         self.explore_growth = EXPLORE_GROWTH if explore_growth is None else explore_growth

@@ -483,6 +483,8 @@ class RecordedDrafter:
     the real ones. With ranks it drafts fishbone trees as ModelDrafter does (`widths`): at the
     first miss the target's token stands among the siblings where its rank puts it."""
 
+    takes = frozenset({"widths", "cuts"})  # propose's keywords beyond (contexts, ks, leaves): Drafter.takes
+
     def __init__(self, recordings: Mapping[tuple[int, ...], tuple], vocab_size: int = 1 << 20):
         self.name = "draft:recorded"
         self.vocab_size = vocab_size

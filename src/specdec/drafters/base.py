@@ -219,6 +219,10 @@ class ChainCut:
 class Drafter(Protocol):
     name: str  # what it is, for people: "ngram", "draft:qwen2.5-coder-0.5b", "early-exit:2"
     kind: str  # what its steps are counted as (GenerationStats.decisions): "ngram", "draft", ...
+    # the keywords its propose takes beyond (contexts, ks, leaves), declared so that a controller
+    # reads them instead of probing the signature: "widths" (a tree's width per row and call)
+    # and "cuts" (controller.ChainCut per greedy row: the draft's confidence ends the chain)
+    takes: frozenset[str]
 
     def begin(self, row: int, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
         """A row starts generating. `params` and `rng` are the ones the engine verifies the row

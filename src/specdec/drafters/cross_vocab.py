@@ -145,6 +145,8 @@ class CrossVocabDrafter:
     Implements drafters.base.Drafter; `model` and `lag` serve the cost-aware controller as a
     same-vocabulary ModelDrafter's do."""
 
+    takes = frozenset()  # propose's keywords beyond (contexts, ks, leaves): Drafter.takes
+
     def __init__(self, model: RowModel, target: RowModel, mode: str = DEFAULT_MODE):
         if mode not in MODES:
             raise ValueError(f"cross-vocabulary mode {mode!r}: use one of {', '.join(MODES)}")

@@ -52,6 +52,8 @@ class EarlyExitDrafter:
     the torch backend: exit_head_drafter) run between them and the final norm. `width` and `nodes`:
     a tree's shape, as a draft model's (drafters.model)."""
 
+    takes = frozenset({"widths"})  # propose's keywords beyond (contexts, ks, leaves): Drafter.takes
+
     def __init__(
         self,
         model,

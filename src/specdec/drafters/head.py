@@ -158,6 +158,8 @@ def held_out_prior(info) -> list[float] | None:
 class HeadDrafter:
     """Drafts for the target's own rows (the engine's row ids are the target's)."""
 
+    takes = frozenset()  # propose's keywords beyond (contexts, ks, leaves): Drafter.takes
+
     def __init__(self, target, path, width: int = 1, nodes: int = 0):
         from . import headfile
 

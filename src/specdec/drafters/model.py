@@ -80,6 +80,8 @@ def _kept(state: _Row, context: Sequence[int]) -> int:
 
 
 class ModelDrafter:
+    takes = frozenset({"widths", "cuts"})  # propose's keywords beyond (contexts, ks, leaves): Drafter.takes
+
     def __init__(self, model: RowModel, target: RowModel | None = None, width: int = 1, nodes: int = 0):
         if target is not None:
             check_same_vocab(target, model)

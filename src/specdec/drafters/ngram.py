@@ -41,6 +41,8 @@ class NgramDrafter:
     `candidates` occurrences compete on how far back their match extends (up to `match_cap`
     tokens), the most recent winning ties (edits tend to follow the code nearest to them)."""
 
+    takes = frozenset({"widths"})  # propose's keywords beyond (contexts, ks, leaves): Drafter.takes
+
     def __init__(self, n_max: int = 4, n_min: int = 1, candidates: int = 32, match_cap: int = 128, width: int = 1):
         if not 1 <= n_min <= n_max:
             raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")

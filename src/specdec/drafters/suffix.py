@@ -149,6 +149,8 @@ class SuffixCacheDrafter:
     """Proposes the most frequent continuation of the longest suffix match in everything this
     process has seen (module docstring). One instance serves every row and every request."""
 
+    takes = frozenset({"widths"})  # propose's keywords beyond (contexts, ks, leaves): Drafter.takes
+
     def __init__(
         self,
         cap: int = DEFAULT_CAP,

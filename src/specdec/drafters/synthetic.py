@@ -18,6 +18,8 @@ from .base import Draft
 
 
 class SyntheticDrafter:
+    takes = frozenset()  # propose's keywords beyond (contexts, ks, leaves): Drafter.takes
+
     def __init__(
         self, continuations: Mapping[tuple[int, ...], Sequence[int]], acceptance: float, vocab_size: int, seed: int = 0
     ):
