@@ -29,6 +29,7 @@ from specdec.engine import Engine
 from specdec.sampling import VERIFICATION_RULES, logits_to_probs
 
 from .enumerate import exact, total_variation
+from .test_sampled_engine import exact_outcomes
 from .toy import ToyLM
 
 EOG = -1  # an outcome's marker: generation ended there (as tests/test_sampled_engine.py)
@@ -57,24 +58,8 @@ def draft_lm(target: ToyLM, seed: int = 6) -> ToyLM:
 
 def target_joint(target, prompt, config: GenerationConfig, n: int) -> dict[tuple, float]:
     """P(first n emitted tokens) under the target alone; an outcome ends with EOG where the target
-    ended first."""
-    out: dict[tuple, float] = {}
-
-    def walk(prefix: tuple, prob: float) -> None:
-        if len(prefix) == n:
-            out[prefix] = prob
-            return
-        target.reset()
-        p = logits_to_probs(target.forward(list(prompt) + list(prefix), n_rows=1)[0], config.sampling)
-        for token in np.flatnonzero(p):
-            if int(token) in target.tokenizer.eog_ids:
-                out[prefix + (EOG,)] = prob * p[token]
-            else:
-                walk(prefix + (int(token),), prob * p[token])
-
-    walk((), 1.0)
-    target.reset()
-    return out
+    ended first (the sampled harness's enumeration)."""
+    return exact_outcomes(target, prompt, config.sampling, n)
 
 
 def then_target(step: dict[tuple, float], target, prompt, config, n: int = L) -> dict[tuple, float]:
@@ -135,24 +120,34 @@ def config(rule: str = "block", **kw) -> GenerationConfig:
     return GenerationConfig(max_new_tokens=L, chat=False, verification=rule, **{**PARAMS, **kw})
 
 
-def leaf_counts(make) -> set[int]:
-    """The leaf counts of the drafts a fresh decoder's drafter makes for the step (all branches)."""
-    counts = set()
+def step_seeing_drafts(make, cfg: GenerationConfig, seen) -> dict[tuple, float]:
+    """Row 0's one-step outcomes, exactly (a fresh decoder, make(), on every branch), telling
+    seen(draft) of every draft its drafter makes."""
 
     def run():
         decoder = make()
         drafter = decoder.engine.controller.drafter
-        real = drafter.propose
+        propose = drafter.propose
 
         def spy(*args, **kwargs):
-            drafts = real(*args, **kwargs)
-            counts.update(d.leaves() for d in drafts.values())
+            drafts = propose(*args, **kwargs)
+            for draft in drafts.values():
+                seen(draft)
             return drafts
 
         drafter.propose = spy
-        return one_step(decoder, PROMPT, [config()])
+        return one_step(decoder, PROMPT, [cfg])
 
-    exact(run)
+    step: dict[tuple, float] = defaultdict(float)
+    for outcome, w in exact(run).items():
+        step[outcome[0]] += w
+    return dict(step)
+
+
+def leaf_counts(make) -> set[int]:
+    """The leaf counts of the drafts a fresh decoder's drafter makes for the step (all branches)."""
+    counts: set[int] = set()
+    step_seeing_drafts(make, config(), lambda draft: counts.add(draft.leaves()))
     return counts
 
 
@@ -221,27 +216,11 @@ def test_drafts_cut_at_their_end_of_generation_token_are_exact(rule, width):
     further (token by token), or has no prefix past it to keep (block: the chain's weights past
     the end are never reached by an emitted token). Here the end is likely (checked: drafts
     with it are cut)."""
-    make = fishbone(None, width=width, eog_boost=2.5)
-    cut = []
-    real = type(make().engine).step
-
-    def run():
-        decoder = make()
-        drafter = decoder.engine.controller.drafter
-        propose = drafter.propose
-
-        def spy(*args, **kwargs):
-            drafts = propose(*args, **kwargs)
-            cut.extend(0 in d.tokens[:-1] for d in drafts.values())
-            return drafts
-
-        drafter.propose = spy
-        return one_step(decoder, PROMPT, [config(rule)])
-
-    step: dict[tuple, float] = defaultdict(float)
-    for outcome, w in exact(run).items():
-        step[outcome[0]] += w
-    assert any(cut) and real is Engine.step
+    cut: list[bool] = []  # per draft: an end before its last token, which the engine cuts after
+    step = step_seeing_drafts(
+        fishbone(None, width=width, eog_boost=2.5), config(rule), lambda draft: cut.append(0 in draft.tokens[:-1])
+    )
+    assert any(cut)
     assert step_tv(dict(step), config(rule), target_lm(eog_boost=2.5)) < TIGHT
 
 
