@@ -185,9 +185,8 @@ def cmd_compare(args) -> int:
     _save_suffix(args, decoder)
     if args.json:
         out = result.to_dict()
-        for run in ("plain", "speculative"):
-            if decoder.notes and isinstance(out.get(run), dict) and "stats" in out[run]:
-                out[run]["stats"]["notes"] = list(decoder.notes)
+        for run in ("plain", "speculative") if decoder.notes else ():  # CompareResult.to_dict's runs
+            out[run]["stats"]["notes"] = list(decoder.notes)
         out.update(target=target.name, draft=_drafter_name(decoder), k=k, verdict=result.verdict())
         print(json.dumps(out, ensure_ascii=False))
         return 0
