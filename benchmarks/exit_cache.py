@@ -45,9 +45,9 @@ def main() -> None:
     from specdec.catalog import resolve
     from specdec.drafters import headfile, model_drafter
     from specdec.drafters.early_exit import exit_head_drafter, exit_model_path
+    from specdec.models.load import load_like
     from specdec.models.numpy_ref import load_numpy_model
     from specdec.models.transformers import load_transformers_model
-    from specdec.spec import load_like
     from specdec.train.exit import ExitHead
 
     gguf = resolve(args.target)

@@ -55,11 +55,10 @@ def main(argv=None) -> int:
     if bad:
         p.error(f"unknown method {bad[0]!r}: use {METHODS}")
 
-    from specdec import load_model
+    from specdec import GenerationConfig, SpeculativeDecoder, load_model
     from specdec.bench import load_suite, prompt_text
     from specdec.costs import cost_report
     from specdec.drafters.model import ModelDrafter
-    from specdec.engine import GenerationConfig, SpeculativeDecoder
 
     target = load_model(args.target, backend=args.backend)  # torch: CUDA where PyTorch sees one
     draft = load_model(args.draft, backend=args.backend)

@@ -174,7 +174,7 @@ class Probe:
 
 
 def run_engine(target, drafter, k: int, prompts: list[list[int]], tokens: int, batch: int, probe: Probe) -> dict:
-    from specdec.engine import GenerationConfig, SpeculativeDecoder
+    from specdec import GenerationConfig, SpeculativeDecoder
 
     config = GenerationConfig(max_new_tokens=tokens, temperature=0.0, chat=False)
     decoder = SpeculativeDecoder(target, drafter, k if drafter is not None else 0)
@@ -304,7 +304,7 @@ def part_engine(args, out: Path) -> None:
 def part_hf(args, out: Path) -> None:
     import torch
 
-    from specdec.engine import GenerationConfig, SpeculativeDecoder
+    from specdec import GenerationConfig, SpeculativeDecoder
 
     report = {}
     draft_base = load("0.5b", args)

@@ -50,10 +50,9 @@ sys.path.insert(0, str(ROOT / "src"))
 
 
 def record(args) -> None:
-    from specdec import load_model
+    from specdec import GenerationConfig, SpeculativeDecoder, load_model
     from specdec.bench.suite import load_suite, prompt_text
     from specdec.costs import measure_forward_costs, single_row_curve
-    from specdec.engine import GenerationConfig, SpeculativeDecoder
 
     target = load_model(args.target, backend="llama", n_ctx=args.ctx)
     draft = load_model(args.draft, backend="llama", n_ctx=args.ctx) if args.draft != "none" else None

@@ -147,9 +147,9 @@ def test_learning_methods_keep_repeats_and_batch_sizes_apart(monkeypatch):
     """auto and suffix:K learn across prompts, one decoder per method for the whole run, but never
     across repeats or batch sizes: a second repeat that shared the first one's suffix cache would
     copy its output (the exact-repeat workload, which --passes measures on purpose)."""
-    import specdec.engine
+    import specdec.decoder
 
-    monkeypatch.setattr(specdec.engine.SpeculativeDecoder, "from_spec", lambda *a, **kw: object())
+    monkeypatch.setattr(specdec.decoder.SpeculativeDecoder, "from_spec", lambda *a, **kw: object())
     b = bench.Bench.__new__(bench.Bench)
     b.target, b.drafter, b.learners, b.suffix_cap, b.draft_corpus, b.costs = None, None, {}, 0, None, None
     auto, suffix = (bench.parse_method(m)[1] for m in ("auto", "suffix:8"))
@@ -168,10 +168,10 @@ def test_every_method_in_a_batch_steps_by_the_targets_cost_curve(monkeypatch):
     """A batch's decoder, whatever the method, gets the target's cost curve (its forwards split
     where that is cheaper, as a server's rows are); alone none does, and auto keeps its own."""
     import specdec.costs
-    import specdec.engine
+    import specdec.decoder
 
     given, timed = [], []
-    monkeypatch.setattr(specdec.engine.SpeculativeDecoder, "from_spec", lambda *a, **kw: given.append(kw["costs"]))
+    monkeypatch.setattr(specdec.decoder.SpeculativeDecoder, "from_spec", lambda *a, **kw: given.append(kw["costs"]))
     monkeypatch.setattr(specdec.costs, "measure_cost_table", lambda model: timed.append(model) or ["curve"])
     b = bench.Bench.__new__(bench.Bench)
     b.target, b.drafter, b.learners, b.suffix_cap, b.draft_corpus, b.costs = None, None, {}, 0, None, None

@@ -613,6 +613,7 @@ def test_a_request_carries_its_policy_to_the_controller_with_its_row():
     """Engine.add(tokens, config, policy): the request holds its policy and the engine hands it
     to the controller with the row (Controller.begin), so a controller that speculates each
     request its own way (the server's router) needs no pointer back into the engine."""
+    from specdec.build import Drafters
     from specdec.controller import FixedController
     from specdec.server.policy import RoutingController
     from specdec.spec import DraftSpec
@@ -628,7 +629,7 @@ def test_a_request_carries_its_policy_to_the_controller_with_its_row():
     request = decoder.engine.add([1, 2, 3], GenerationConfig(max_new_tokens=2, chat=False), policy)
     decoder.engine.run([request])
     assert request.policy is policy and [p for _, p in seen] == [policy]
-    router = RoutingController(None, None, None)
+    router = RoutingController(None, Drafters(None))
     assert not hasattr(router, "engine") and not hasattr(router, "policies")
     with pytest.raises(ValueError, match="its own policy"):
         router.begin(0, [1, 2], None)

@@ -16,7 +16,7 @@ LAYERS = [
     # config beside sampling: a GenerationConfig carries the SamplingParams it makes
     ("specdec.sampling", "specdec.config", "specdec.models", "specdec.catalog"),
     ("specdec.drafters", "specdec.acceptance", "specdec.costs", "specdec.controller"),
-    ("specdec.request", "specdec.spec", "specdec.engine"),
+    ("specdec.request", "specdec.spec", "specdec.engine", "specdec.build", "specdec.decoder"),
     (
         "specdec",  # the package's front door (load_model, SpeculativeDecoder)
         "specdec.compare",

@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 
 from specdec import SpeculativeDecoder
+from specdec.build import make_drafter, pool
 from specdec.drafters.cross_vocab import CrossVocabDrafter
 from specdec.drafters.early_exit import EarlyExitDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.suffix import SuffixCacheDrafter
 from specdec.errors import SpecdecError
-from specdec.spec import AUTO_SUFFIX, DEFAULT_K, KINDS, DraftSpec, auto_drafters, make_drafter, parse, parse_method
+from specdec.spec import AUTO_SUFFIX, DEFAULT_K, KINDS, DraftSpec, parse, parse_method
 
 from .drafters.test_cross_vocab import draft_lm, target_lm
 from .toy import ToyLM
@@ -142,7 +143,7 @@ def test_one_factory_makes_every_drafter():
     assert make_drafter(parse("same", width=3, nodes=5), target, loaded.get).nodes == 5  # --draft-nodes
     with pytest.raises(SpecdecError, match="needs a draft model of the target's vocabulary"):
         make_drafter(DraftSpec("model", width=2), target, draft=make_drafter(parse("other"), target, loaded.get))
-    _, _, chain = auto_drafters(target, tree)  # auto prices chains: it drafts them from the same model
+    _, _, chain = pool(target, tree)  # auto prices chains: it drafts them from the same model
     assert isinstance(chain, ModelDrafter) and chain.width == 1 and chain.model is same
     with pytest.raises(SpecdecError, match="needs a draft model of the target's vocabulary"):
         make_drafter(DraftSpec("model", model="other", width=2), target, loaded.get)

@@ -237,7 +237,7 @@ def test_the_shared_caches_blocks_are_the_draft_models_layers(tmp_path, monkeypa
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
     from specdec import load_model
     from specdec.drafters.early_exit import exit_blocks, exit_model_path
-    from specdec.spec import load_like
+    from specdec.models.load import load_like
 
     path = tmp_path / f"{arch}.gguf"
     write_tiny_gguf(path, arch, seed=7, n_layer=4, n_head_kv=2)

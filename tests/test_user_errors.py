@@ -464,8 +464,8 @@ def test_generation_config_refuses(fields, fragment):
 
 
 def test_k_is_capped_in_the_api():
+    from specdec.decoder import SpeculativeDecoder
     from specdec.drafters.base import MAX_DRAFT_TOKENS
-    from specdec.engine import SpeculativeDecoder
 
     from .toy import ToyLM
 

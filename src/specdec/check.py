@@ -446,7 +446,7 @@ def check_decoder(
     the first `sampled_prompts` prompts: `samples` speculative and as many plain continuations of
     `sample_tokens` tokens, tested at every position against the target and at the last position
     against plain (greedy_tokens=0 or samples=0 skips a part)."""
-    from .engine import SpeculativeDecoder
+    from .decoder import SpeculativeDecoder
 
     target = decoder.target
     exact = bool(getattr(target, "exact", False))

@@ -8,7 +8,8 @@ from typing import Sequence
 import numpy as np
 
 from .config import GenerationConfig
-from .engine import GenerationResult, SpeculativeDecoder
+from .decoder import SpeculativeDecoder
+from .engine import GenerationResult
 from .models.base import RowModel
 
 # llama.cpp's CPU kernels are not batch-invariant: the same tokens scored in one batch or one at a

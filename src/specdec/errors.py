@@ -22,14 +22,21 @@ class VocabMismatchError(SpecdecError):
         self.reason = reason
 
 
-class PromptError(SpecdecError):
-    """A request that cannot be prepared (an empty prompt, a token id outside the vocabulary, one
-    that does not fit). `param` names the request field at fault and `code` is an OpenAI-style
-    error code, for the server's 400."""
+class FieldError(SpecdecError):
+    """A request field the library refuses: `param` names it and `code` is an OpenAI-style error
+    code, for the server's 400."""
 
-    def __init__(self, message: str, param: str = "prompt", code: str | None = None):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.param, self.code = param, code
+
+
+class PromptError(FieldError):
+    """A request that cannot be prepared (an empty prompt, a token id outside the vocabulary, one
+    that does not fit)."""
+
+    def __init__(self, message: str, param: str = "prompt", code: str | None = None):
+        super().__init__(message, param, code)
 
 
 class ContextOverflowError(PromptError):

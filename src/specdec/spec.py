@@ -1,10 +1,10 @@
-"""DraftSpec: the one parsed form of a drafter choice, its one parser and its one factory.
+"""DraftSpec: the one parsed form of a drafter choice, and its one parser.
 
 A drafter choice comes from the CLI (--draft, --draft-model, -k), from a bench method (ngram:8,
 auto:nosuffix) or from a request's `speculative` object; each is parsed here, once, into a
-DraftSpec, and every drafter is made from one (`make_drafter`; a whole decoder:
-engine.SpeculativeDecoder.from_spec). A new drafter kind is one member of Kind, one branch of
-`parse` and one of `make_drafter`.
+DraftSpec (`parse`, `parse_method`, `parse_request`), and everything that drafts is built from one
+(build.py; a whole decoder: decoder.SpeculativeDecoder.from_spec). A new drafter kind is one member
+of Kind, one branch of `parse` and one of build.make_drafter.
 
     auto | none | ngram | suffix | early-exit:L | head:FILE | [string: | intersect:]<model name or path>
 
@@ -18,10 +18,11 @@ tokenizers (drafters.cross_vocab.CrossVocabDrafter), string-level unless the nam
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Literal, get_args
+from typing import Literal, get_args
 
+from .drafters.base import MAX_DRAFT_TOKENS, MAX_DRAFT_WIDTH
 from .drafters.cross_vocab import MODES as CROSS_VOCAB_MODES
-from .errors import SpecdecError
+from .errors import FieldError, SpecdecError
 
 Kind = Literal["auto", "none", "ngram", "suffix", "early-exit", "head", "model"]
 KINDS: tuple[str, ...] = get_args(Kind)
@@ -206,99 +207,60 @@ def parse_shape(text: str) -> tuple[int, int, int] | None:
     return (k, width, nodes) if k >= 1 and width >= 1 and (not slash or (nodes >= 1 and width >= 2)) else None
 
 
-def auto_drafters(target, draft_model=None, suffix=None, wants_suffix: bool = AUTO_SUFFIX) -> tuple:
-    """auto's drafters for `target`: (prompt lookup, the suffix cache or None, the draft model's
-    drafter or None). The suffix cache is `suffix` if it is one, else a new one where wanted
-    (`suffix` True, or None and `wants_suffix`); `draft_model` is a loaded model or drafter."""
-    from .drafters.base import Drafter
-    from .drafters.ngram import NgramDrafter
-
-    if not isinstance(suffix, Drafter):
-        suffix = (
-            make_drafter(DraftSpec("suffix"), target) if suffix is True or (suffix is None and wants_suffix) else None
-        )
-    model = make_drafter(DraftSpec("model"), target, draft=draft_model) if draft_model is not None else None
-    if getattr(model, "width", 1) > 1:  # auto prices chains: a tree drafter's model drafts chains for it
-        from .drafters.model import ModelDrafter
-
-        model = ModelDrafter(model.model)
-    return NgramDrafter(), suffix, model
-
-
-def make_drafter(spec: DraftSpec | str, target, load: Callable[[str], object] | None = None, suffix=None, draft=None):
-    """The Drafter a spec names, for `target` (None for 'none'). A model is loaded with `load`, or
-    is `draft` (a loaded model or drafter) where the spec names none; 'suffix' is `suffix` if given
-    (a SuffixCacheDrafter set up from the flags), else a new one."""
-    from .drafters import model_drafter, new_suffix_cache
-    from .drafters.base import Drafter
-    from .drafters.early_exit import EarlyExitDrafter
-    from .drafters.ngram import NgramDrafter
-
-    spec = parse(spec) if isinstance(spec, str) else spec
-    if spec.kind == "none":
+def parse_request(v, draft_names: dict[str, str]) -> DraftSpec | None:
+    """The request's own speculation: {"draft": "auto" | "ngram" | "suffix" | "none" | <loaded draft model>,
+    "k": 1..MAX_DRAFT_TOKENS, "width": 1..MAX_DRAFT_WIDTH (ngram and suffix: a tree of that many
+    continuations under a node; whether the target scores trees is the service's to check)}.
+    `v` is the request's `speculative` object (None: the server's default, returned as None);
+    `draft_names` maps the names this server offers to a DraftSpec kind. A request can only pick
+    among what the server loaded: it never names a file to load."""
+    if v is None:
         return None
-    if spec.kind == "ngram":
-        return NgramDrafter(width=spec.width)
-    if spec.kind == "suffix":  # the cache given (shared, loaded from the flags) drafts this spec's shape
-        cache = suffix if suffix is not None else new_suffix_cache(target)
-        cache.shape(spec.width, spec.nodes)
-        return cache
-    if spec.kind == "early-exit":
-        return EarlyExitDrafter(target, spec.layers, width=spec.width, nodes=spec.nodes)
-    if spec.kind == "head":
-        from .drafters.head import HeadDrafter
-        from .drafters.headfile import read_info
-
-        info = read_info(spec.head)
-        if info.kind == "early-exit" and hasattr(target, "attach_exit_blocks"):
-            from .drafters.early_exit import exit_head_drafter
-
-            # a chain or a tree through the torch target's own cache
-            return exit_head_drafter(target, spec.head, spec.width, spec.nodes)
-        if info.kind == "early-exit":  # drafts as a draft model of its own
-            from .drafters.early_exit import exit_model_path
-
-            model = load_like(target, exit_model_path(target, spec.head), trees=spec.nodes > 0)
-            model.name = f"early-exit:{info.layers}+{info.blocks}"
-            return model_drafter(model, target, None, spec.width, spec.nodes)
-        return HeadDrafter(target, spec.head, spec.width, spec.nodes)
-    if spec.kind == "model":
-        if not spec.model and draft is not None:
-            shape = (getattr(draft, "width", spec.width), getattr(draft, "nodes", spec.nodes))
-            if isinstance(draft, Drafter) and shape != (spec.width, spec.nodes):
-                from .drafters.model import ModelDrafter
-
-                # the caller's draft model, drafting this spec's tree (or chain) shape
-                return ModelDrafter(draft.model, width=spec.width, nodes=spec.nodes)
-            if isinstance(draft, Drafter) and spec.width > 1 and not hasattr(draft, "width"):
-                raise SpecdecError(f"a draft tree (width {spec.width}) needs a draft model of the target's vocabulary")
-            return (
-                draft
-                if isinstance(draft, Drafter)
-                else model_drafter(draft, target, spec.vocab, spec.width, spec.nodes)
-            )
-        if load is None:
-            raise SpecdecError(f"draft {spec.model}: no loader given for a draft model")
-        return model_drafter(load(spec.model), target, spec.vocab, spec.width, spec.nodes)
-    raise SpecdecError(f"'{spec.kind}' is a policy, not a drafter: use SpeculativeDecoder(target, 'auto')")
-
-
-def load_like(target, path, trees: bool = False):
-    """A draft model at `path` on the target's backend with the target's context, threads and rows
-    (an early-exit head's GGUF: the target's first layers, so it runs where the target runs);
-    `trees`: one that scores its own trees (it grows them: drafters.model, `nodes`)."""
-    from .models.llama_cpp import LlamaCppModel
-    from .models.numpy_ref import NumpyModel, load_numpy_model
-    from .models.transformers import TransformersModel, load_transformers_model
-
-    if isinstance(target, LlamaCppModel):
-        return LlamaCppModel(
-            path, n_ctx=target.n_ctx, n_threads=target.n_threads, max_rows=target.max_rows, trees=trees
+    if not isinstance(v, dict):
+        raise FieldError(f'\'speculative\' must be an object like {{"draft": "auto"}}, got {v!r}', "speculative")
+    unknown = sorted(set(v) - {"draft", "k", "width"})
+    if unknown:
+        raise FieldError(
+            f"'speculative' has unknown field(s) {', '.join(unknown)}: it takes draft, k and width",
+            f"speculative.{unknown[0]}",
         )
-    if isinstance(target, NumpyModel):
-        return load_numpy_model(path, n_ctx=target.n_ctx)
-    if isinstance(target, TransformersModel):  # dequantised by transformers, on the target's device and dtype
-        dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
-        layout = dict(cache="static" if target.static else "dynamic", graphs=target.graphs)
-        return load_transformers_model(path, device=str(target.device), dtype=dtype, n_ctx=target.n_ctx, **layout)
-    raise SpecdecError(f"an early-exit head drafts as a GGUF draft model, which {type(target).__name__} cannot load")
+    draft = v.get("draft", "auto")
+    offered = ", ".join(draft_names)
+    if not isinstance(draft, str) or draft not in draft_names:
+        raise FieldError(
+            f"'speculative.draft' must be one of {offered}; got {draft!r}", "speculative.draft", "unsupported_value"
+        )
+    kind = draft_names[draft]
+    k = _request_int(v, "k", MAX_DRAFT_TOKENS)
+    if kind in ("auto", "none") and k is not None:
+        raise FieldError(
+            f"'speculative.k' applies to a fixed drafter (ngram, suffix, a draft model or a head); "
+            f"{draft!r} {'chooses k itself' if kind == 'auto' else 'drafts nothing'}",
+            "speculative.k",
+        )
+    width = _request_int(v, "width", MAX_DRAFT_WIDTH)
+    if width is not None and kind not in WIDTH_PER_CALL:
+        why = {"auto": "chooses its trees itself", "none": "drafts nothing"}.get(
+            kind, "drafts the shape the server loaded it with (--draft-width)"
+        )
+        raise FieldError(
+            f"'speculative.width' shapes prompt lookup's and the suffix cache's trees (ngram, suffix); {draft!r} {why}",
+            "speculative.width",
+        )
+    if kind in ("ngram", "suffix", "model", "head"):
+        return DraftSpec(kind, k=k if k is not None else DEFAULT_K, width=width or 1)
+    return DraftSpec(kind, k=0)
+
+
+def _request_int(v: dict, name: str, high: int) -> int | None:
+    """speculative[name], an integer in [1, high], or None where it is absent."""
+    if name not in v:
+        return None
+    n, field = v[name], f"speculative.{name}"
+    if n is None:
+        raise FieldError(f"'{field}' must be an integer", field)
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise FieldError(f"'{field}' must be an integer, got {n!r}", field)
+    if not 1 <= n <= high:
+        raise FieldError(f"'{field}' must be in [1, {high}], got {n}", field)
+    return n

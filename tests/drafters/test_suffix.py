@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 
 from specdec import SpeculativeDecoder
+from specdec.build import make_drafter
 from specdec.costs import CostTable
 from specdec.drafters import new_suffix_cache
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.suffix import DEPTH, EVICT_TO, FORMAT, SuffixCacheDrafter, tokenizer_fingerprint
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
-from specdec.spec import make_drafter, parse, parse_method
+from specdec.spec import parse, parse_method
 
 from ..toy import ToyLM, on_virtual_clock
 

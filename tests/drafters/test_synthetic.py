@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from specdec import GenerationConfig, SpeculativeDecoder
 from specdec.drafters.synthetic import SyntheticDrafter
-from specdec.engine import GenerationConfig, SpeculativeDecoder
 
 from ..toy import ToyLM as ToyModel
 

@@ -354,8 +354,9 @@ def test_a_trained_head_per_request(tmp_path, monkeypatch, kind):
     k, beside plain rows in the same steps, and get the target's own greedy text (an early exit:
     its draft model, on the target's backend with room for the server's rows; on torch, its blocks
     through the target's own cache)."""
+    from specdec.build import make_drafter
     from specdec.models.numpy_ref import load_numpy_model
-    from specdec.spec import DraftSpec, make_drafter
+    from specdec.spec import DraftSpec
 
     from ..drafters.heads import random_head
     from ..models.test_numpy_ref import write_tiny_gguf

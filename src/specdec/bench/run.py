@@ -189,7 +189,7 @@ class Bench:
 
     def _decoder(self, spec: DraftSpec, repeat: int = 0, batch: int = 1):
         from ..costs import measure_cost_table
-        from ..engine import SpeculativeDecoder
+        from ..decoder import SpeculativeDecoder
 
         def costs():
             """A batch steps by the target's cost curve whatever the method, as a server's rows do

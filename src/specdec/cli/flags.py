@@ -10,10 +10,10 @@ from typing import Callable
 from .. import catalog
 from ..drafters.base import MAX_DRAFT_TOKENS, MAX_DRAFT_WIDTH
 from ..drafters.suffix import DEFAULT_CAP as SUFFIX_CAP
+from ..models.load import BACKENDS
 from ..sampling import VERIFICATION_RULES
 from .options import SEED, TEMPERATURE_HELP, _float_in, _int_in, _non_negative_int, _positive, _text
 
-BACKENDS = ("llama", "numpy", "torch")
 TARGET_HELP = "built-in name or .gguf path"
 DRAFT_HELP = (
     "'auto' (a cost-aware controller picks prompt lookup, the draft model or a "

@@ -69,7 +69,7 @@ def _check_device(args) -> None:
     """A bad --device, --cache or --graphs fails before a long load, when the target or the draft
     runs on torch (and --exact on another backend than llama, or a torch flag where no model runs
     on torch, before that: they need no torch to be told)."""
-    from .. import check_exact
+    from ..models.load import check_exact
 
     draft_backend = getattr(args, "draft_backend", None)
     for backend in (args.backend, draft_backend or args.backend):  # the draft's: the target's unless told
@@ -92,7 +92,7 @@ def _check_device(args) -> None:
 
 def _decoder(args):
     """The SpeculativeDecoder the flags ask for."""
-    from ..engine import SpeculativeDecoder
+    from ..decoder import SpeculativeDecoder
     from ..spec import parse
 
     rows = getattr(args, "batch_size", None) or 1

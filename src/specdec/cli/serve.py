@@ -217,9 +217,10 @@ def cmd_serve(args) -> int:
         raise BackendUnavailableError(
             f"specdec serve needs {exc.name}: pip install -e '.[serve]' (in specdec's checkout)"
         ) from None
+    from ..build import serving
     from ..server.app import build_service, serve
     from ..server.record import RequestLog
-    from ..spec import WIDTH_PER_CALL, DraftSpec, parse
+    from ..spec import parse
 
     if args.api_key is not None and not args.api_key.strip():
         # an empty key would print "no key needed" yet refuse requests without a header
@@ -246,38 +247,18 @@ def cmd_serve(args) -> int:
     _check_suffix_flags(args, "suffix" if spec.kind == "suffix" else "auto")
     _check_device(args)
     report = _read_costs(args)
-    draft_spec = spec if spec.kind == "model" else parse(args.draft_model)
-    head_spec = spec if spec.kind == "head" else draft_spec if draft_spec.kind == "head" else None
-    if draft_spec.kind == "head":  # --draft-model head:FILE: auto drafts with the head, no draft model
-        draft_spec = DraftSpec("none")
-    head = None
-    draft_name = args.draft if spec.kind == "model" else (None if draft_spec.kind == "none" else args.draft_model)
+    draft_spec = spec if spec.kind == "model" else parse(args.draft_model)  # a bad one fails before a load
     load = _model_loader(args, args.max_batch)
     # the target scores trees only where the server drafts them (--draft-width > 1: the draft model,
     # a head, prompt lookup or the suffix cache; then requests may ask for their own widths and auto
     # drafts trees too); without them every row keeps a cache stream of its own (faster steps over
-    # many rows); a draft model scores trees only where it grows its own (--draft-nodes)
+    # many rows)
     target = load(args.target, trees=spec.width > 1)
-    grows = spec.kind == "model" and spec.nodes > 0
-    draft = load(draft_spec.model, args.draft_backend or args.backend, trees=grows) if draft_name else None
-    # across tokenizers, or the default --draft's trees (a head's tree leaves the draft model chains)
-    if draft is not None and (draft_spec.vocab or (spec.kind == "model" and spec.width > 1)):
-        from ..drafters import model_drafter
-
-        draft = model_drafter(draft, target, draft_spec.vocab, spec.width, spec.nodes)
-    if head_spec is not None:  # requests may then ask for it by name ('head'); auto may use it
-        from ..spec import make_drafter
-
-        head = make_drafter(head_spec, target)
-        if draft is None and draft_spec.kind == "none" and spec.is_auto:
-            draft = head
-    # the server's default policy: a kind and its k ('model': the draft model loaded here)
-    # (prompt lookup's and the suffix cache's trees: the policy's width, a request's own if it asks)
-    policy = DraftSpec(
-        spec.kind,
-        k=spec.k if spec.kind in ("ngram", "suffix", "model", "head") else 0,
-        width=spec.width if spec.kind in WIDTH_PER_CALL else 1,
+    policy, draft, head = serving(
+        target, spec, draft_spec, lambda name, trees: load(name, args.draft_backend or args.backend, trees=trees)
     )
+    # the name requests give the draft model, as the flags wrote it
+    draft_name = (args.draft if spec.kind == "model" else args.draft_model) if draft_spec.kind == "model" else None
     names = tuple(dict.fromkeys(n for n in (args.served_model_name or args.target, target.name) if n))
     suffix = _suffix_cache(args, target)
     service = build_service(

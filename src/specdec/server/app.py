@@ -167,17 +167,17 @@ def build_service(
     request's own under the same bound ("latency"), or the batch's unbounded ("throughput").
     `long_step_share`: under "bounded", the share of steps that may pass the bound for a long,
     sure draft (controller.LONG_STEP_SHARE)."""
-    from ..controller import auto_controller
-    from ..spec import auto_drafters
+    from ..build import Drafters, cost_aware, pool
 
-    ngram, suffix, model = auto_drafters(target, draft_model, suffix)
-    free = [d for d in (ngram, suffix) if d is not None]
-    auto = auto_controller(target, free, model, costs, objective=objective, long_step_share=long_step_share)
-    router = RoutingController(auto, ngram, model, suffix, head)
+    ngram, suffix, model = pool(target, draft_model, suffix)
+    drafters = Drafters(default_policy, ngram=ngram, suffix=suffix, model=model, head=head)
+    router = RoutingController(
+        cost_aware(target, drafters, costs, objective=objective, long_step_share=long_step_share), drafters
+    )
     engine = Engine(
         target,
         router,
-        list(dict.fromkeys(d for d in (*free, model, head) if d is not None)),  # a head may be auto's too
+        drafters.all(),  # a head may be auto's too
         max_rows=max_batch,
         costs=router.auto.target_cost,
         prefill_stall=prefill_stall,

@@ -22,22 +22,22 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from ..build import Drafters
 from ..controller import Outcome
 from ..drafters.base import Draft, Drafter
 from ..spec import WIDTH_PER_CALL, DraftSpec
 
 
 class RoutingController:
-    def __init__(
-        self,
-        auto,
-        ngram: Drafter | None,
-        model: Drafter | None,
-        suffix: Drafter | None = None,
-        head: Drafter | None = None,
-    ):
-        self.auto = auto  # CostAwareController (over `ngram`, `suffix` and `model`)
-        self.drafters = {"ngram": ngram, "model": model, "suffix": suffix, "head": head}
+    def __init__(self, auto, drafters: Drafters):
+        self.auto = auto  # CostAwareController (over the drafters' ngram, suffix and model)
+        # what a request's fixed policy drafts with, by its kind
+        self.drafters = {
+            "ngram": drafters.ngram,
+            "model": drafters.model,
+            "suffix": drafters.suffix,
+            "head": drafters.head,
+        }
         self._rows: dict[int, DraftSpec] = {}  # row -> policy, while the row lives
 
     def begin(self, row: int, prompt: Sequence[int], policy: DraftSpec | None = None) -> None:

@@ -15,12 +15,11 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..config import MAX_LOGPROBS, GenerationConfig
-from ..drafters.base import MAX_DRAFT_TOKENS, MAX_DRAFT_WIDTH
-from ..errors import SpecdecError
+from ..errors import FieldError, SpecdecError
 from ..models.chat import ROLES
 from ..request import Limit, finish_reason
 from ..sampling import TokenLogprob
-from ..spec import DEFAULT_K, WIDTH_PER_CALL, DraftSpec
+from ..spec import DraftSpec, parse_request
 from ..stats import GenerationStats
 
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4; llama-server any number)
@@ -210,52 +209,11 @@ def _stop(body: dict) -> tuple[str, ...]:
 
 
 def _policy(body: dict, draft_names: dict[str, str]) -> DraftSpec | None:
-    """The request's own speculation: {"draft": "auto" | "ngram" | "suffix" | "none" | <loaded draft model>,
-    "k": 1..MAX_DRAFT_TOKENS, "width": 1..MAX_DRAFT_WIDTH (ngram and suffix: a tree of that many
-    continuations under a node; whether the target scores trees is the service's to check)}.
-    `draft_names` maps the names this server offers to a DraftSpec kind. A request can only pick
-    among what the server loaded: it never names a file to load."""
-    v = body.get("speculative")
-    if v is None:
-        return None
-    if not isinstance(v, dict):
-        raise RequestError(f'\'speculative\' must be an object like {{"draft": "auto"}}, got {v!r}', "speculative")
-    unknown = sorted(set(v) - {"draft", "k", "width"})
-    if unknown:
-        raise RequestError(
-            f"'speculative' has unknown field(s) {', '.join(unknown)}: it takes draft, k and width",
-            f"speculative.{unknown[0]}",
-        )
-    draft = v.get("draft", "auto")
-    offered = ", ".join(draft_names)
-    if not isinstance(draft, str) or draft not in draft_names:
-        raise RequestError(
-            f"'speculative.draft' must be one of {offered}; got {draft!r}", "speculative.draft", "unsupported_value"
-        )
-    kind = draft_names[draft]
-    k = _int(v, "k", 1, MAX_DRAFT_TOKENS, parent="speculative") if "k" in v else None
-    if "k" in v and k is None:
-        raise RequestError("'speculative.k' must be an integer", "speculative.k")
-    if kind in ("auto", "none") and k is not None:
-        raise RequestError(
-            f"'speculative.k' applies to a fixed drafter (ngram, suffix, a draft model or a head); "
-            f"{draft!r} {'chooses k itself' if kind == 'auto' else 'drafts nothing'}",
-            "speculative.k",
-        )
-    width = _int(v, "width", 1, MAX_DRAFT_WIDTH, parent="speculative") if "width" in v else None
-    if "width" in v and width is None:
-        raise RequestError("'speculative.width' must be an integer", "speculative.width")
-    if width is not None and kind not in WIDTH_PER_CALL:
-        why = {"auto": "chooses its trees itself", "none": "drafts nothing"}.get(
-            kind, "drafts the shape the server loaded it with (--draft-width)"
-        )
-        raise RequestError(
-            f"'speculative.width' shapes prompt lookup's and the suffix cache's trees (ngram, suffix); {draft!r} {why}",
-            "speculative.width",
-        )
-    if kind in ("ngram", "suffix", "model", "head"):
-        return DraftSpec(kind, k=k if k is not None else DEFAULT_K, width=width or 1)
-    return DraftSpec(kind, k=0)
+    """The request's own speculation (spec.parse_request), or None where it asks for none."""
+    try:
+        return parse_request(body.get("speculative"), draft_names)
+    except FieldError as exc:
+        raise RequestError(str(exc), exc.param, exc.code) from None
 
 
 def _common(
