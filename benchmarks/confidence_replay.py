@@ -41,7 +41,7 @@ import replay_controller  # noqa: E402
 from specdec.acceptance import ConfidenceAcceptance  # noqa: E402
 from specdec.controller import FixedController  # noqa: E402
 from specdec.drafters.base import ChainCut  # noqa: E402
-from specdec.replay import (  # noqa: E402
+from specdec_lab.replay import (  # noqa: E402
     AdaptiveKController,
     ConfidenceController,
     RecordedDrafter,

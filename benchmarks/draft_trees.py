@@ -34,7 +34,6 @@ import numpy as np
 
 from specdec import GenerationConfig, SpeculativeDecoder, load_model
 from specdec.bench import load_suite, prompt_text
-from specdec.bench.report import ratio_of_sums
 from specdec.engine import _by_parent
 from specdec.sampling import (
     CHAIN_RULES,
@@ -49,6 +48,7 @@ from specdec.sampling import (
     verify_tree_greedy,
 )
 from specdec.spec import make_drafter, parse_method
+from specdec_lab.helpers import ratio_of_sums
 
 
 def step_tokens(target, row: int, last: int, draft, params: SamplingParams, rule: str) -> tuple[float, int, float]:

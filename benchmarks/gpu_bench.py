@@ -252,7 +252,7 @@ def prompts_for(vocab: int, n: int = 4, length: int = 128) -> list[list[int]]:
 
 
 def part_engine(args, out: Path) -> None:
-    from specdec.drafters.synthetic import SyntheticDrafter
+    from specdec_lab.synthetic import SyntheticDrafter
 
     report = {}
     for name in args.targets:

@@ -39,7 +39,7 @@ import numpy as np
 
 from specdec.costs import cost_table
 from specdec.drafters import headfile
-from specdec.replay import curve_at, draft_run, head_replay
+from specdec_lab.replay import curve_at, draft_run, head_replay
 
 HERE = Path(__file__).resolve().parent
 

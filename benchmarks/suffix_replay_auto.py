@@ -42,8 +42,8 @@ from specdec.controller import NGRAM_TREE_WIDTH, CostAwareController, FixedContr
 from specdec.costs import cost_table  # noqa: E402
 from specdec.drafters.ngram import NgramDrafter  # noqa: E402
 from specdec.drafters.suffix import SuffixCacheDrafter  # noqa: E402
-from specdec.replay import replay_speedup, sibling_statistics  # noqa: E402
 from specdec.spec import parse_method  # noqa: E402
+from specdec_lab.replay import replay_speedup, sibling_statistics  # noqa: E402
 
 FIXED = ((8, 1), (16, 1), (8, 2), (8, 4), (16, 4))  # suffix:K and suffix:KxW with --trees
 

@@ -39,7 +39,6 @@ from pathlib import Path
 import specdec.engine as engine
 from specdec import GenerationConfig, SpeculativeDecoder, load_model
 from specdec.bench import load_suite, prompt_text
-from specdec.bench.report import ratio_of_sums
 from specdec.drafters import model_drafter
 from specdec.sampling import (
     CHAIN_RULES,
@@ -50,6 +49,7 @@ from specdec.sampling import (
     logits_to_probs,
 )
 from specdec.spec import parse_method
+from specdec_lab.helpers import ratio_of_sums
 
 
 class Expectations:

@@ -52,7 +52,8 @@ sys.path.insert(0, str(ROOT / "src"))
 def record(args) -> None:
     from specdec import GenerationConfig, SpeculativeDecoder, load_model
     from specdec.bench.suite import load_suite, prompt_text
-    from specdec.costs import measure_forward_costs, single_row_curve
+    from specdec.costs import measure_forward_costs
+    from specdec_lab.helpers import single_row_curve
 
     target = load_model(args.target, backend="llama", n_ctx=args.ctx)
     draft = load_model(args.draft, backend="llama", n_ctx=args.ctx) if args.draft != "none" else None
@@ -106,13 +107,13 @@ def draft_agreement(draft, prompt: list[int], output: list[int]) -> tuple[str, s
     output before it, is the target's token, else '0'. Under greedy decoding a draft of k tokens
     from position i is accepted up to the first '0' at or after i (an accepted draft token IS the
     target's token, so the draft's next guess sees the true context), so this string gives every
-    draft:K step's accepted length (specdec.replay.draft_run). ranks: the target's token's rank
-    among the draft's candidates there (specdec.replay.draft_ranks), which gives every greedy
-    fishbone tree's (specdec.replay.tree_run). confidences: the draft's probability of its own
-    greedy token there (specdec.replay.draft_confidences), which llama.cpp's p_min stops on. top
-    probabilities: those of its best candidates there (specdec.replay.draft_tops), which shape a
-    tree of its most probable paths (specdec.replay.shaped_run)."""
-    from specdec.replay import draft_confidences, draft_ranks, draft_tops
+    draft:K step's accepted length (specdec_lab.replay.draft_run). ranks: the target's token's rank
+    among the draft's candidates there (specdec_lab.replay.draft_ranks), which gives every greedy
+    fishbone tree's (specdec_lab.replay.tree_run). confidences: the draft's probability of its own
+    greedy token there (specdec_lab.replay.draft_confidences), which llama.cpp's p_min stops on. top
+    probabilities: those of its best candidates there (specdec_lab.replay.draft_tops), which shape a
+    tree of its most probable paths (specdec_lab.replay.shaped_run)."""
+    from specdec_lab.replay import draft_confidences, draft_ranks, draft_tops
 
     [row] = draft.add_rows(1)
     try:
@@ -133,7 +134,7 @@ def ranks(args) -> int:
     import os
 
     from specdec import load_model
-    from specdec.replay import reconcile_ranks
+    from specdec_lab.replay import reconcile_ranks
 
     path = Path(args.recording)
     lines = path.read_text().splitlines()
@@ -166,8 +167,8 @@ def trees(args) -> int:
     (the median of the per-prompt ratios)."""
     from specdec.controller import FixedController
     from specdec.drafters.ngram import NgramDrafter
-    from specdec.replay import RANK_CAP, TOP_WIDTH, fixed_tree, paired_ratio, replay_speedup
     from specdec.spec import parse_shape
+    from specdec_lab.replay import RANK_CAP, TOP_WIDTH, fixed_tree, paired_ratio, replay_speedup
 
     header, records, costs, draft_costs = load(args)
     if args.drafter == "ngram":  # fixed candidates: replayed step by step, nothing to pay for drafting
@@ -273,7 +274,8 @@ def trees(args) -> int:
 def load(args):
     """(header, records, the target's costs, the draft model's costs or None) of --recording, with
     --curve / --costs / --draft-curve in place of the recording's own curves."""
-    from specdec.costs import cost_table, single_row_curve
+    from specdec.costs import cost_table
+    from specdec_lab.helpers import single_row_curve
 
     lines = Path(args.recording).read_text().splitlines()
     header, records = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
@@ -294,7 +296,7 @@ def load(args):
 def describe(header, costs, draft_costs) -> str:
     """The costs a replay ran on, in one line."""
     from specdec.costs import DEEP, SHALLOW, CostTable
-    from specdec.replay import curve_at
+    from specdec_lab.replay import curve_at
 
     line = f"target {header.get('target')}"
     depths = [SHALLOW]
@@ -340,7 +342,7 @@ def stops(header) -> frozenset[int]:
 
 def loo(args) -> None:
     """Leave one category out: priors fitted on the others, auto against the clairvoyant."""
-    from specdec.replay import fit_confidence_prior, fit_draft_prior, fit_match_prior, leave_one_category_out
+    from specdec_lab.replay import fit_confidence_prior, fit_draft_prior, fit_match_prior, leave_one_category_out
 
     header, records, costs, draft_costs = load(args)
     if args.fit:
@@ -384,7 +386,7 @@ def loo(args) -> None:
 def copies(args) -> None:
     """How far long matches run, whole copies against partial ones (the controller's whole-copy rule)."""
     from specdec.controller import WHOLE_COPY_MIN, WHOLE_COPY_SHARE
-    from specdec.replay import copy_runs
+    from specdec_lab.replay import copy_runs
 
     lines = Path(args.recording).read_text().splitlines()
     runs = copy_runs([json.loads(line) for line in lines[1:]])
@@ -405,7 +407,7 @@ def copies(args) -> None:
 def replay(args) -> None:
     from specdec.controller import TREE_WIDTHS, CostAwareController, FixedController
     from specdec.drafters.ngram import NgramDrafter
-    from specdec.replay import (
+    from specdec_lab.replay import (
         LongMatchController,
         RecordedDrafter,
         clairvoyant_speedup,
@@ -474,7 +476,7 @@ def replay(args) -> None:
 
 
 def verdict(args) -> int:
-    from specdec.replay import verdict as bars
+    from specdec_lab.replay import verdict as bars
 
     header, records, costs, draft_costs = load(args)
     result = bars(records, costs, draft_costs, stops(header), tree_cost_of(args))
@@ -522,7 +524,7 @@ def _tree_flags(p) -> None:
 
 
 def main() -> int:
-    from specdec.replay import PAST_MISS
+    from specdec_lab.replay import PAST_MISS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)

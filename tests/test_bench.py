@@ -525,7 +525,7 @@ def test_the_bench_measures_its_own_noise(tmp_path):
 def test_ratio_of_sums_and_its_standard_error():
     """The paired benchmarks' ratio estimator: sum(a) / sum(b), and a standard error that is 0 where
     every pair has that ratio and grows with the pairs' spread around it."""
-    from specdec.bench.report import ratio_of_sums
+    from specdec_lab.helpers import ratio_of_sums
 
     assert ratio_of_sums([(2.0, 1.0), (4.0, 2.0), (6.0, 3.0)]) == (2.0, 0.0)
     r, se = ratio_of_sums([(1.0, 1.0), (3.0, 1.0)])

@@ -313,7 +313,7 @@ def test_past_the_widest_width_a_forward_costs_the_curves_marginal_rate():
     steep = CostTable({1: 1.0, 32: 1.0, 64: 10.0})
     assert steep(128) == pytest.approx(20.0)
     # the replay prices a draft model's catch-up past its curve by the same rule
-    from specdec.replay import draft_seconds
+    from specdec_lab.replay import draft_seconds
 
     curve = [grid.measured(w) for w in range(1, 65)]
     assert draft_seconds(curve, 128, 1) == pytest.approx(grid(128))

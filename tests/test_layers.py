@@ -22,7 +22,6 @@ LAYERS = [
         "specdec.compare",
         "specdec.check",
         "specdec.demo",
-        "specdec.replay",
         "specdec.server",
         "specdec.bench",
         "specdec.train",
@@ -112,3 +111,16 @@ def test_the_check_sees_an_arrow_that_points_up(tmp_path):
     found = imports(fake / "bad.py", tmp_path)
     assert found == {"specdec.train.trainer"}
     assert layer_of("specdec.train.trainer") > layer_of("specdec.drafters.bad")
+
+
+def test_the_product_never_imports_the_lab():
+    """specdec_lab (the replay, the synthetic drafters, the benchmarks' helpers) sits above
+    everything and outside the distribution (pyproject.toml packages specdec alone): an import of
+    it from the product would fail for anyone who installed specdec rather than cloned it."""
+    lab = [
+        f"{module} imports {other}" for module, others in graph().items() for other in others if "specdec_lab" in other
+    ]
+    assert not lab, "\n".join(lab)
+    assert (SRC / "specdec_lab" / "replay.py").is_file() and not (SRC / "specdec" / "replay.py").exists()
+    pyproject = (SRC.parent / "pyproject.toml").read_text()
+    assert 'include = ["specdec", "specdec.*"]' in pyproject

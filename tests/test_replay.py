@@ -11,7 +11,7 @@ import pytest
 
 from specdec.controller import CostAwareController, FixedController
 from specdec.drafters.ngram import NgramDrafter
-from specdec.replay import copy_ceiling, oracle_speedup, replay_speedup
+from specdec_lab.replay import copy_ceiling, oracle_speedup, replay_speedup
 
 from .test_controller import CURVE
 
@@ -49,7 +49,7 @@ def test_nothing_to_copy_means_plain_speed():
 
 def test_each_replayed_step_is_priced_at_its_own_depth():
     from specdec.costs import CostTable
-    from specdec.replay import clairvoyant_speedup, curve_at
+    from specdec_lab.replay import clairvoyant_speedup, curve_at
 
     prompt, output = edited_copy(0)
     curve = {w: float(c) for w, c in enumerate(CURVE, 1)}
@@ -83,7 +83,7 @@ def test_a_wrong_guess_costs_a_wider_step():
 
 
 def test_draft_run_is_the_run_of_agreements():
-    from specdec.replay import draft_run
+    from specdec_lab.replay import draft_run
 
     assert [draft_run("1101110", i, 4) for i in range(7)] == [2, 1, 0, 3, 2, 1, 0]
     assert draft_run("1111", 0, 2) == 2 and draft_run("11", 1, 4) == 1
@@ -92,7 +92,7 @@ def test_draft_run_is_the_run_of_agreements():
 def test_the_recorded_drafter_is_accepted_exactly_as_recorded_and_pays_its_forwards():
     """Fixed draft:K replayed: every step keeps the recorded run; a draft that always agrees and
     costs nothing gives the ceiling's tokens per step, a costly draft model less."""
-    from specdec.replay import RecordedDrafter, draft_ceiling, draft_seconds
+    from specdec_lab.replay import RecordedDrafter, draft_ceiling, draft_seconds
 
     rng = np.random.default_rng(0)
     prompt, output = list(range(10)), [int(t) for t in rng.integers(100, 200, 120)]
@@ -126,7 +126,7 @@ def test_a_heads_runs_replay_as_fixed_chains_and_a_ceiling():
     position): a fixed head:K step keeps min(run, K) and costs the target's k + 1 tokens plus K head
     steps; the first position (right after the prefill) drafts nothing; the ceiling drafts exactly
     the run, and a head that is never right never drafts."""
-    from specdec.replay import fixed_speedup, head_ceiling, head_replay, head_steps
+    from specdec_lab.replay import fixed_speedup, head_ceiling, head_replay, head_steps
 
     rng = np.random.default_rng(1)
     prompt, output = list(range(10)), [int(t) for t in rng.integers(100, 200, 90)]
@@ -152,7 +152,7 @@ def test_a_heads_runs_replay_as_fixed_chains_and_a_ceiling():
 
 
 def test_auto_uses_a_recorded_draft_model_when_it_pays():
-    from specdec.replay import RecordedDrafter
+    from specdec_lab.replay import RecordedDrafter
 
     prompt, output = list(range(10)), list(range(1000, 1200))  # nothing to copy: lookup is useless
     recorded = RecordedDrafter({tuple(prompt): (output, "1" * len(output))})
@@ -177,7 +177,7 @@ def load_recording(path):
 
 def test_the_fitted_match_prior_trusts_longer_matches_more():
     from specdec.controller import MATCH_BUCKETS, MatchAcceptance
-    from specdec.replay import fit_match_prior, match_statistics
+    from specdec_lab.replay import fit_match_prior, match_statistics
 
     _, records = load_recording(RECORDINGS[0])
     stats = match_statistics(records)
@@ -189,7 +189,7 @@ def test_the_fitted_match_prior_trusts_longer_matches_more():
 
 
 def test_the_draft_prior_is_the_run_of_agreements():
-    from specdec.replay import draft_statistics
+    from specdec_lab.replay import draft_statistics
 
     right, checked = draft_statistics([{"draft_agrees": "1101"}])
     # from 0: 1,1,0 (3 checked); from 1: 1,0; from 2: 0; from 3: 1
@@ -200,7 +200,7 @@ def test_the_draft_prior_is_the_run_of_agreements():
 def test_leave_one_category_out(path, monkeypatch):
     """Every category is replayed with priors fitted on the others only (the fit never sees it),
     and the clairvoyant controller over the same two drafters bounds auto on each."""
-    from specdec import replay
+    import specdec_lab.replay as replay
 
     assert path.exists(), f"the shipped recording {path.name} is missing"
     header, records = load_recording(path)
@@ -225,7 +225,7 @@ def test_leave_one_category_out(path, monkeypatch):
 def test_copy_runs_split_whole_copies_from_partial_ones():
     """A response that copies its prompt from its first token counts as a whole copy at every
     position; one that writes 30 tokens of its own first only reaches a long match later, partial."""
-    from specdec.replay import copy_runs
+    from specdec_lab.replay import copy_runs
 
     prompt = list(range(100)) + [500] + list(range(20))
     whole = copy_runs([{"prompt": prompt, "output": list(range(20, 60))}])
@@ -242,7 +242,7 @@ def test_copy_runs_split_whole_copies_from_partial_ones():
 
 def test_adaptive_k_picks_the_k_that_pays_per_step():
     """vLLM's rule: the K maximising (1 + a_1 + ... + a_K) / (K c + 1) from the acceptance seen."""
-    from specdec.replay import AdaptiveKController
+    from specdec_lab.replay import AdaptiveKController
 
     free = AdaptiveKController(NgramDrafter(), 8, 0.0)
     assert free.choose() == 8  # nothing seen: every position counts as kept
@@ -259,7 +259,7 @@ def test_llama_cpps_draft_policy_drafts_while_the_draft_is_sure_and_pays_each_lo
     at least p_min, at most n_max; a first guess below p_min drafts nothing but the draft model's
     catch-up forward is paid; a stop below p_min paid one more forward than a stop at n_max. The
     confidences are each position's greedy token's softmax share of the 10 best, floored."""
-    from specdec.replay import ConfidenceController, RecordedDrafter, draft_confidences
+    from specdec_lab.replay import ConfidenceController, RecordedDrafter, draft_confidences
 
     assert draft_confidences(np.log(np.array([[0.75, 0.25], [0.2, 0.8], [0.7499, 0.2501]]))) == [0.75, 0.8, 0.749]
     # among the 10 best candidates only, as llama.cpp's draft sampler reads them
@@ -295,7 +295,7 @@ def test_a_recorded_draft_model_is_cut_by_its_recorded_confidence_as_the_real_on
     by its recorded confidence, feed it while another may follow), it drafts what the cut takes,
     says their confidences, and pays the catch-up and one forward per fed token; a cut that takes
     nothing still paid the catch-up, and the context is fed."""
-    from specdec.replay import RecordedDrafter
+    from specdec_lab.replay import RecordedDrafter
 
     class Scripted:  # takes a token of confidence >= 0.5, and feeds every token it takes
         fed = 0
@@ -331,7 +331,7 @@ def test_the_verdict_names_the_best_fixed_method_and_peer_and_checks_the_bars(tm
     import subprocess
     import sys
 
-    from specdec.replay import verdict
+    from specdec_lab.replay import verdict
 
     path = RECORDINGS[1]
     header, records = load_recording(path)
@@ -387,7 +387,7 @@ def test_draft_ranks_break_ties_by_id_and_trees_replay_as_chains_at_width_one():
     """A rank counts the candidates above the token, and an equal logit of a smaller id (argmax's
     and the greedy siblings' order); ranks past the cap read 9, and a tree wider than a rank can
     tell is refused. A fishbone of width 1 keeps what the chain keeps."""
-    from specdec.replay import RANK_CAP, draft_ranks, draft_run, tree_run
+    from specdec_lab.replay import RANK_CAP, draft_ranks, draft_run, tree_run
 
     logits = np.array([[1.0, 3.0, 3.0, 0.0], [1.0, 3.0, 3.0, 0.0], [5.0, 1.0, 1.0, 1.0]])
     assert draft_ranks(logits, [2, 1, 3]) == "103"
@@ -425,7 +425,7 @@ def test_the_trees_table_sets_the_best_tree_against_the_best_chain(tmp_path):
     import subprocess
     import sys
 
-    from specdec.replay import fixed_tree
+    from specdec_lab.replay import fixed_tree
 
     path = RECORDINGS[1]
     header, records = load_recording(path)
@@ -499,7 +499,7 @@ def test_the_trees_table_sets_the_best_tree_against_the_best_chain(tmp_path):
 def test_ranks_from_another_machine_follow_the_recorded_agreement():
     """Where the draft's greedy guess parts from the recorded one at a rounding tie, its rank 0
     and 1 trade places so that rank 0 is where the recording agreed; elsewhere nothing changes."""
-    from specdec.replay import reconcile_ranks
+    from specdec_lab.replay import reconcile_ranks
 
     assert reconcile_ranks("0312", "1000") == ("0312", 0)
     assert reconcile_ranks("1302", "1001") == ("0310", 3)
@@ -508,7 +508,7 @@ def test_ranks_from_another_machine_follow_the_recorded_agreement():
 def test_the_clairvoyant_over_trees_bounds_every_fixed_tree_and_the_chains_clairvoyant():
     """With the draft's ranks the clairvoyant may also draft its trees of auto's widths: it is never
     below the chains-only clairvoyant, nor below any fixed tree, on a flat (GPU-like) curve."""
-    from specdec.replay import clairvoyant_speedup, fixed_tree
+    from specdec_lab.replay import clairvoyant_speedup, fixed_tree
 
     header, records = load_recording(RECORDINGS[1])
     flat = [0.01 * (1 + 0.01 * w) for w in range(16)]
@@ -529,7 +529,7 @@ def test_a_fixed_tree_pays_the_draft_models_read_of_the_prompt_as_a_replayed_cha
     replayed step by step costs, the draft model's first catch-up over the whole prompt included
     (ModelDrafter catches up lazily: its first draft reads the prompt). Before, fixed trees paid a
     one-token catch-up at their first step and beat chains and `auto` by the prompt's read."""
-    from specdec.replay import RecordedDrafter, fixed_tree
+    from specdec_lab.replay import RecordedDrafter, fixed_tree
 
     rng = np.random.default_rng(3)
     prompt, output = list(range(300)), [int(t) for t in rng.integers(1000, 2000, 100)]
@@ -553,7 +553,7 @@ def test_the_fixed_methods_include_prompt_lookups_trees_priced_as_trees():
     """Every fixed method of every drafter: prompt lookup's trees ngram:KxW (2-4 branches) are
     fixed methods beside its chains, each replayed step by step with a tree's forward at
     `tree_cost` times a chain's of as many tokens; their decisions read depth x branches."""
-    from specdec.replay import FIXED_NGRAM_K, NGRAM_WIDTHS, policy_runs
+    from specdec_lab.replay import FIXED_NGRAM_K, NGRAM_WIDTHS, policy_runs
 
     # a phrase copied twice and then edited two ways: the output copies it a third time
     rng = np.random.default_rng(5)
@@ -578,7 +578,7 @@ def test_prompt_lookups_sibling_rate_counts_only_failures_where_its_tree_branche
     branch continues the longer match (9) and another branch the shorter (10): the recorded token
     10 is a sibling's hit, 11 a miss, and 9 then a miss one deeper, where nothing branches, is not
     counted at all."""
-    from specdec.replay import fit_ngram_sibling_prior, ngram_sibling_statistics
+    from specdec_lab.replay import fit_ngram_sibling_prior, ngram_sibling_statistics
 
     prompt = [8, 0, 1, 2, 3, 9, 5, 0, 1, 2, 3, 10, 8, 0, 1, 2, 3]
     tree = NgramDrafter(width=4).propose({0: prompt}, {0: 4})[0]

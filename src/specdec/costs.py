@@ -212,18 +212,6 @@ def cost_report(
     return curves
 
 
-def single_row_curve(report: dict, role: str = "target", depth: int | None = None) -> list[float]:
-    """Seconds of a forward of 1..W tokens in one row from a `specdec costs` JSON report (the
-    curve at `depth`, else the shallowest; W its widest width, the widths between interpolated), as
-    the controller and the replay take it."""
-    curves = [c for c in report[role]["curves"] if c["rows"] == 1 and (depth is None or c["depth"] == depth)]
-    if not curves:
-        raise ValueError(f"the report has no one-row {role} curve" + (f" at depth {depth}" if depth else ""))
-    curve = min(curves, key=lambda c: c["depth"])
-    table = CostTable(dict(zip(curve["widths"], curve["seconds"])))
-    return [table.measured(w) for w in range(1, table.widths[-1] + 1)]
-
-
 def cost_table(report: dict, role: str = "target") -> "CostTable":
     """A `specdec costs` report's one-row curves as the controller takes them: the shallowest curve,
     and the deepest as its deep curve (none when the report timed one depth)."""

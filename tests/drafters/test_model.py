@@ -11,8 +11,8 @@ from specdec.acceptance import DRAFT_PRIOR
 from specdec.controller import CostAwareController, Outcome
 from specdec.drafters.base import Draft
 from specdec.drafters.model import CATCH_UP_MIN, CATCH_UP_SCORED, ModelDrafter
-from specdec.replay import RecordedDrafter, draft_run
 from specdec.sampling import SamplingParams
+from specdec_lab.replay import RecordedDrafter, draft_run
 
 from ..toy import ToyLM
 

@@ -233,8 +233,8 @@ def test_the_replay_keeps_what_a_greedy_fishbone_keeps():
     greedy fishbone tree keeps when the target walks down it, including the steps saved by a
     sibling (there are such steps: the chain alone keeps less at them). The replay's recorded draft
     model, asked for the same width, drafts a tree the target keeps as much of."""
-    from specdec.replay import RecordedDrafter, _accepted, _tree_accepted, draft_ranks, tree_run
     from specdec.sampling import DraftTree
+    from specdec_lab.replay import RecordedDrafter, _accepted, _tree_accepted, draft_ranks, tree_run
 
     draft = ToyLM(seed=6, sharpness=1.0)
     target = ToyLM(seed=7, noise_from=draft, noise=0.6)
@@ -305,8 +305,8 @@ def test_the_replay_keeps_what_a_greedy_shaped_tree_keeps():
     builds the tree Levels' greedy KxW/N shapes (as many nodes, tree or chain, as deep) and
     keeps what the target keeps of it, wherever the recording holds every depth drafted (up to the
     draft's first miss); past it, the bounds of PAST_MISS order what a sibling there can keep."""
-    from specdec.replay import draft_ranks, draft_tops, shaped_run
     from specdec.sampling import DraftTree
+    from specdec_lab.replay import draft_ranks, draft_tops, shaped_run
 
     draft = ToyLM(seed=6, sharpness=1.0)
     target = ToyLM(seed=7, noise_from=draft, noise=0.6)

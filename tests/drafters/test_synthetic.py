@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from specdec import GenerationConfig, SpeculativeDecoder
-from specdec.drafters.synthetic import SyntheticDrafter
+from specdec_lab.synthetic import SyntheticDrafter
 
 from ..toy import ToyLM as ToyModel
 

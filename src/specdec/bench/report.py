@@ -4,7 +4,6 @@ plotting), so a results.jsonl can be summarised anywhere (scripts/bench_summary.
 
 from __future__ import annotations
 
-import math
 import os
 import platform
 import statistics
@@ -19,15 +18,6 @@ from .suite import CATEGORIES
 
 if TYPE_CHECKING:
     from .run import Bench, Row
-
-
-def ratio_of_sums(pairs: list[tuple[float, float]]) -> tuple[float, float]:
-    """sum(a) / sum(b) over paired observations (a_i, b_i), and the ratio estimator's standard error
-    over them: sqrt(sum (a_i - R b_i)^2 / (m (m - 1))) / mean(b). What the benchmarks that pair two
-    methods on the same rows (benchmarks/verification_rules.py, draft_trees.py) report."""
-    a, b = (sum(col) for col in zip(*pairs))
-    r, m = a / b, len(pairs)
-    return r, math.sqrt(sum((ai - r * bi) ** 2 for ai, bi in pairs) / (m * max(1, m - 1))) / (b / m)
 
 
 def speedups(rows: list[Row], group=lambda r: (r.category, r.method)) -> dict[tuple, list[float]]:

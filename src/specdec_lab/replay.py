@@ -33,12 +33,12 @@ from __future__ import annotations
 import copy
 from typing import Callable, Mapping, Sequence
 
-from .acceptance import K_MAX, MATCH_BUCKETS, MatchAcceptance, agreement
-from .controller import Outcome
-from .costs import CostTable
-from .drafters.base import Draft
-from .drafters.model import CATCH_UP_MIN, CATCH_UP_SCORED, Levels, confidence, shaping_probs
-from .drafters.ngram import NgramDrafter
+from specdec.acceptance import K_MAX, MATCH_BUCKETS, MatchAcceptance, agreement
+from specdec.controller import Outcome
+from specdec.costs import CostTable
+from specdec.drafters.base import Draft
+from specdec.drafters.model import CATCH_UP_MIN, CATCH_UP_SCORED, Levels, confidence, shaping_probs
+from specdec.drafters.ngram import NgramDrafter
 
 
 def curve_at(costs, depth: int) -> list[float]:
@@ -276,7 +276,7 @@ def policy_runs(
     draft:K when the draft model is recorded, and its trees draft:KxW of auto's widths when its
     ranks are: fixed_tree) and every peer policy (peer_policies, named "peer ...": each one
     controller per category, learning across its prompts as auto does)."""
-    from .controller import TREE_WIDTHS, FixedController
+    from specdec.controller import TREE_WIDTHS, FixedController
 
     with_draft, trees = recorded_draft(records, draft_costs)
     out = {}
@@ -896,7 +896,7 @@ def fit_confidence_prior(records: Sequence[Mapping], digits: int | None = 3) -> 
     """acceptance.CONFIDENCE_PRIOR fitted on recordings with the draft's confidences: per bucket of
     acceptance.CONFIDENCE_EDGES, the share of the draft's greedy guesses the target kept (rounded
     to `digits`, as the prior is written; None: unrounded)."""
-    from .acceptance import ConfidenceAcceptance
+    from specdec.acceptance import ConfidenceAcceptance
 
     buckets = len(ConfidenceAcceptance().c)
     right, checked = [0] * buckets, [0] * buckets
@@ -974,7 +974,7 @@ def clairvoyant_speedup(
     """A clairvoyant controller over both drafters `auto` has: at every position prompt lookup's
     proposal or the draft model's (when recorded; with its ranks, also its trees of auto's widths,
     controller.TREE_WIDTHS), drafting exactly what will be accepted."""
-    from .controller import TREE_WIDTHS
+    from specdec.controller import TREE_WIDTHS
 
     curves = _curves(costs, len(prompt), len(output))
     k_max = len(curves[0]) - 1
@@ -1014,8 +1014,8 @@ def leave_one_category_out(
     prompt, in the recording's order; "worst": auto's worst prompt; "prompts"}."""
     import statistics
 
-    from .acceptance import SIBLING_PRIOR
-    from .controller import NGRAM_TREE_WIDTH, TREE_WIDTHS, CostAwareController
+    from specdec.acceptance import SIBLING_PRIOR
+    from specdec.controller import NGRAM_TREE_WIDTH, TREE_WIDTHS, CostAwareController
 
     with_draft, trees = recorded_draft(records, draft_costs)
     out = {}
@@ -1071,7 +1071,7 @@ def copy_runs(records: Sequence[Mapping], k: int = 63) -> dict[str, dict[int, tu
     outputs, split by whether the match spans WHOLE_COPY_SHARE of the response so far (the
     controller's whole-copy rule): "whole" / "partial" -> {j: (positions whose next j guesses were
     all right, positions with j tokens left)} for j in 1, 16, 32, k."""
-    from .controller import WHOLE_COPY_MIN, whole_copy
+    from specdec.controller import WHOLE_COPY_MIN, whole_copy
 
     runs = {name: {j: (0, 0) for j in (1, 16, 32, k)} for name in ("whole", "partial")}
     for r in records:

@@ -13,8 +13,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..sampling import SamplingParams
-from .base import Draft
+from specdec.drafters.base import Draft
+from specdec.sampling import SamplingParams
 
 
 class SyntheticDrafter:
