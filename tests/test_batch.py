@@ -168,7 +168,7 @@ def test_sampled_batch_output_follows_the_target(filters):
 
 def test_the_end_to_end_check_catches_a_lossy_verifier(monkeypatch):
     """Power: a verifier that keeps every draft token gives the drafter's distribution, and fails."""
-    import specdec.engine as engine
+    import specdec.sampling as sampling
     from specdec.sampling import verify
 
     def keep_all(logits, tokens, q, params, rng, rule="block"):
@@ -179,7 +179,7 @@ def test_the_end_to_end_check_catches_a_lossy_verifier(monkeypatch):
     prompt = [1, 2, 3, 4]
     config = GenerationConfig(max_new_tokens=2, temperature=1.0)
     expected = exact_two_tokens(target, prompt, config.sampling)
-    monkeypatch.setattr(engine, "verify", keep_all)
+    monkeypatch.setattr(sampling, "verify", keep_all)
     counts = sampled_two_tokens(target, draft, prompt, config)
     chi2, df = chi2_statistic(counts, expected * ROWS)
     assert chi2 > 10 * chi2_threshold(df), (chi2, df)

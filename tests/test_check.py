@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 import specdec.engine
+import specdec.sampling
 from specdec import SpeculativeDecoder
 from specdec.check import PROMPTS, check_decoder, detectable_tv, goodness_of_fit, greedy_parting, two_sample
 from specdec.cli import main
-from specdec.sampling import SamplingParams, logits_to_probs, residual, sample, verify_greedy
+from specdec.sampling import SamplingParams, logits_to_probs, residual, sample, verify, verify_greedy
 
 from .toy import ToyLM
 
@@ -40,7 +41,7 @@ def decoder(drafter: str, batch: int = 1) -> SpeculativeDecoder:
 def keeps_a_wrong_token(logits, draft_tokens, q, params, rng, rule="block"):
     """Broken greedy verification: the first draft token is always kept."""
     if not draft_tokens or not params.greedy:
-        return specdec.sampling.verify(logits, draft_tokens, q, params, rng, rule)
+        return verify(logits, draft_tokens, q, params, rng, rule)  # the real one, not the patched
     n, token = verify_greedy(logits[1:], draft_tokens[1:])
     return n + 1, token
 
@@ -84,7 +85,7 @@ def test_fails_a_verifier_that_keeps_a_wrong_greedy_token(monkeypatch, exact):
     """Where the wrong token was one of a near-tie (the toy's top two logits are often within
     ROUNDING_GAP) the parting alone passes as a tie, but the output soon leaves the greedy path by
     more; in the exact mode (the toy is batch-invariant, as that mode's target) every parting fails."""
-    monkeypatch.setattr(specdec.engine, "verify", keeps_a_wrong_token)
+    monkeypatch.setattr(specdec.sampling, "verify", keeps_a_wrong_token)
     d = decoder("draft model")
     d.target.exact = exact
     report = check_decoder(d, PROMPTS, greedy_tokens=48, samples=0)
@@ -98,7 +99,7 @@ def test_fails_a_verifier_that_accepts_with_1_1_p_over_q(monkeypatch):
     """The power check: min(1, 1.1 p/q) moves the sampled distribution by a few percent of
     total variation; 2 000 samples find it (p-values ~1e-6 and ~1e-18 at the first positions in
     the run that set these numbers, against a level of 0.01/4)."""
-    monkeypatch.setattr(specdec.engine, "verify", accepts_too_often)
+    monkeypatch.setattr(specdec.sampling, "verify", accepts_too_often)
     report = check_decoder(
         decoder("draft model", 8), PROMPTS[:1], greedy_tokens=0, samples=2000, batch=8, settings=SETTINGS, seed=0
     )
@@ -161,7 +162,7 @@ def test_cli_reports_json_and_exit_codes(monkeypatch, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["lossless"] is True and out["greedy"]["prompts"] == len(PROMPTS)
     assert "batch 2" in out["engine"]
-    monkeypatch.setattr(specdec.engine, "verify", keeps_a_wrong_token)
+    monkeypatch.setattr(specdec.sampling, "verify", keeps_a_wrong_token)
     assert main(argv[:-3]) == 1
     text = capsys.readouterr().out
     assert "FAIL" in text and "NOT LOSSLESS" in text
@@ -187,7 +188,7 @@ def test_a_server_off_by_a_little_fails_the_remote_check(monkeypatch):
     args = dict(greedy_tokens=0, samples=2000, sample_tokens=4, settings=(SamplingParams(1.0),), concurrency=8)
     with toy_server(policy=DraftSpec("model", k=4), unique=True) as (url, _):
         assert check_remote(url, None, PROMPTS[:1], **args).passed  # the honest server first
-        monkeypatch.setattr(specdec.engine, "verify", accepts_too_often)
+        monkeypatch.setattr(specdec.sampling, "verify", accepts_too_often)
         report = check_remote(url, None, PROMPTS[:1], **args)
     assert not report.passed and len(report.tests) == 1, "\n".join(report.lines())
 
@@ -213,7 +214,7 @@ def test_remote_passes_our_server_and_fails_it_broken(monkeypatch):
         assert any("--plain-url" in note for note in alone.notes)
         # the toy is batch-invariant, as a server in the exact mode: no tie allowance (its top two
         # logits are often closer than ROUNDING_GAP, and chat prompts all end in the same template)
-        monkeypatch.setattr(specdec.engine, "verify", keeps_a_wrong_token)
+        monkeypatch.setattr(specdec.sampling, "verify", keeps_a_wrong_token)
         args.update(samples=0, greedy_tokens=48, exact=True)
         broken = check_remote(url, plain, PROMPTS[:3], **args)
         assert not broken.passed and any(p.kind == "bug" for p in broken.partings), "\n".join(broken.lines())

@@ -272,8 +272,9 @@ def test_the_mixed_batch_fails_when_rows_share_one_rows_parameters(monkeypatch):
     """Power: an engine that verifies every row of the batch with the first row's sampling
     parameters (a batching bug) fails the check above for the sampled row."""
     import specdec.engine
+    import specdec.sampling
 
-    real = specdec.engine.verify
+    real = specdec.sampling.verify
     first = {}
 
     def shared(logits, draft_tokens, q, params, rng, rule="block"):
@@ -284,7 +285,7 @@ def test_the_mixed_batch_fails_when_rows_share_one_rows_parameters(monkeypatch):
         first.clear()
         return one_step(mixed()(), PROMPT, [config(temperature=0.5), config()])
 
-    monkeypatch.setattr(specdec.engine, "verify", shared)
+    monkeypatch.setattr(specdec.sampling, "verify", shared)
     step: dict[tuple, float] = defaultdict(float)
     for outcome, w in exact(run).items():
         step[outcome[1]] += w

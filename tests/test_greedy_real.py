@@ -120,11 +120,12 @@ def test_most_outputs_are_identical(target_model, plain_outputs, alone):
 def test_the_check_catches_a_broken_verifier(target_model, plain_outputs, monkeypatch):
     """Power check: a verifier that always keeps the whole draft must fail the check above."""
     import specdec.engine
+    import specdec.sampling
 
     def keep_everything(logits, draft_tokens, q, params, rng, rule="block"):
         return len(draft_tokens), int(np.argmax(logits[-1]))
 
-    monkeypatch.setattr(specdec.engine, "verify", keep_everything)
+    monkeypatch.setattr(specdec.sampling, "verify", keep_everything)
     result = SpeculativeDecoder(target_model, "ngram", k=6).generate(PROMPTS[2], CONFIG)
     with pytest.raises(pytest.fail.Exception, match="not a rounding tie|top-2 gap"):
         assert_greedy_lossless(target_model, plain_outputs[2].prompt_tokens, plain_outputs[2].tokens, result.tokens)

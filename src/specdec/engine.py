@@ -25,12 +25,8 @@ from .models.base import RowModel, SavedRow, tree_depths
 from .sampling import (
     DraftTree,
     TokenLogprob,
-    logits_to_probs,
     token_logprob,
-    verify,
-    verify_at,
-    verify_tree,
-    verify_tree_greedy,
+    verify_draft,
 )
 from .stats import GenerationStats
 from .text import Detokenizer
@@ -248,49 +244,81 @@ class Engine:
     # -- the loop ------------------------------------------------------------------------------
 
     def step(self) -> None:
-        target = self.target
+        """One step over every live row: draft, score, verify, roll back, emit (the module docstring)."""
+        rows, joining = self._live()
+        if not rows:
+            return
+        contexts = {row: r.context for row, r in rows.items()}
+        t = self.clock()
+        plan = self._draft(rows)
+        t_draft = self.clock() - t
+        drafts = {row: (d.tokens if d is not None else []) for row, (_, d) in plan.items()}
+        trees = {row: DraftTree(tuple(d.tokens), tuple(d.parents)) for row, (_, d) in plan.items() if d and d.parents}
+        forward = self._score(contexts, drafts, trees, joining)
+        verdicts = self._verify(rows, plan, drafts, trees, forward.logits)
+        t = self.clock()
+        self._roll_back(contexts, verdicts, trees)
+        forward.seconds += self.clock() - t
+        t = self.clock()
+        for drafter in self.drafters:  # each drafter hears about the rows it drafted for
+            told = {row: len(verdicts[row][0]) for row, (d, _) in plan.items() if d is drafter}
+            if told:
+                drafter.accept(told)
+        t_draft += self.clock() - t
+        outcomes = self._emit_rows(rows, plan, drafts, trees, verdicts, forward, t_draft)
+        self.controller.observe(outcomes, forward.passes(trees), forward.seconds, forward.depth)
+        for row, r in rows.items():
+            r.stats.predicted_speedup, r.stats.measured_speedup = self.controller.speedups(
+                row, r.stats.tokens_per_second
+            )
+        finished = [r for r in rows.values() if r.stats.finish_reason]
+        if finished:
+            self._finish(finished)
+
+    def _live(self) -> tuple[dict[int, Request], list[Request]]:
+        """The rows that decode this step (queued requests admitted, whole prompts prefilled where
+        nobody decodes, rows whose context is full finished), and the rows still joining (their
+        prompt chunks ride along)."""
         self._admit()
         joining = [r for r in self.rows.values() if r.prefilled < len(r.prompt_tokens) - 1]
         if joining and not self._decoding():  # nobody decodes: whole prompts, then a step
             self._prefill(joining)
         live = [r for r in self.rows.values() if r.prefilled == len(r.prompt_tokens) - 1]
-        full = [r for r in live if target.n_ctx - len(r.context) - 1 < 0]  # not even [last] fits
+        full = [r for r in live if self.target.n_ctx - len(r.context) - 1 < 0]  # not even [last] fits
         for request in full:
             request.stats.finish_reason = "context"
         if full:
             self._finish(full)
-        live = [r for r in live if not r.done]
         joining = [r for r in self.rows.values() if r.prefilled < len(r.prompt_tokens) - 1]
-        if not live:
-            return
-        rows = {r.row: r for r in live}
-        contexts = {row: r.context for row, r in rows.items()}
-        # 1-2. the controller picks each row's drafter and k (0 = a plain step) and drafts. A draft
-        # never overflows the context, nor outruns the tokens the row still wants (k + 1 emitted).
+        return {r.row: r for r in live if not r.done}, joining
+
+    def _draft(self, rows: Mapping[int, Request]) -> dict[int, tuple[Drafter | None, Draft | None]]:
+        """The controller picks each row's drafter and k (0 = a plain step) and drafts: a draft never
+        overflows the context, nor outruns the tokens the row still wants (k + 1 emitted); each
+        row's room for a tree is fixed before anything is drawn (_tree_room), so that no draw
+        decides between a tree's rule and a chain's; a draft ends at its first end-of-generation
+        token (nothing after it is ever emitted) and before any token outside the vocabulary."""
+        target = self.target
         caps = {
             row: max(0, min(target.n_ctx - len(r.context) - 1, r.config.max_new_tokens - r.stats.generated_tokens - 1))
             for row, r in rows.items()
         }
-        t = self.clock()
-        # each row's room for a tree is fixed before anything is drawn (_tree_room), so that no
-        # draw decides between a tree's rule and a chain's
         leaves = self._tree_room(rows)
-        plan = self.controller.draft(contexts, caps, leaves)
-        # a draft ends at its first end-of-generation token (nothing after it is ever emitted) and
-        # before any token outside the target's vocabulary
-        plan = {
+        plan = self.controller.draft({row: r.context for row, r in rows.items()}, caps, leaves)
+        return {
             row: (d, self._fitted(d, draft.upto(target.tokenizer.eog_ids, target.vocab_size), leaves.get(row)))
             if draft is not None
             else (d, None)
             for row, (d, draft) in plan.items()
         }
-        t_draft = self.clock() - t
-        drafts = {row: (d.tokens if d is not None else []) for row, (_, d) in plan.items()}
-        trees = {row: DraftTree(tuple(d.tokens), tuple(d.parents)) for row, (_, d) in plan.items() if d and d.parents}
-        # 3. ONE target forward: row r scores [last, *draft], k + 1 logits rows each; the joining
-        # rows' prompt chunks ride along (no logits). A tree row scores [last, *nodes] with its
-        # nodes under last (a second call where chains or prompts share the step)
-        inputs = {row: [contexts[row][-1], *drafts[row]] for row in rows if row not in trees}
+
+    def _score(self, contexts, drafts, trees, joining) -> "_Forward":
+        """ONE target forward: row r scores [last, *draft], k + 1 logits rows each; the joining
+        rows' prompt chunks ride along (no logits). A tree row scores [last, *nodes] with its nodes
+        under last (a second call where chains or prompts share the step). The chains and chunks go
+        in one forward, or in a few where the cost curve prices that less."""
+        target = self.target
+        inputs = {row: [contexts[row][-1], *drafts[row]] for row in contexts if row not in trees}
         chunks = self._chunks(joining, inputs, {row: len(c) for row, c in contexts.items()}) if joining else {}
         fed = {**inputs, **chunks}
         tree_inputs = {
@@ -299,10 +327,8 @@ class Engine:
         }
         # tokens the step feeds each row (chains, prompt chunks, trees): its depth, and its passes
         counts = {row: len(tokens) for row, tokens in {**fed, **{r: t for r, (t, _) in tree_inputs.items()}}.items()}
-        depth = step_depth(
-            counts, {**{row: len(contexts[row]) for row in rows}, **{row: self.rows[row].prefilled for row in chunks}}
-        )  # before the contexts grow
-        # the chains and chunks in one forward, or in a few where the cost curve prices that less
+        lengths = {row: len(context) for row, context in contexts.items()}
+        depth = step_depth(counts, {**lengths, **{row: self.rows[row].prefilled for row in chunks}})  # before they grow
         groups = self._split({row: len(tokens) for row, tokens in fed.items()}, depth) if fed else []
         t = self.clock()
         logits = {}
@@ -311,82 +337,70 @@ class Engine:
             logits.update(target.forward_rows({row: fed[row] for row in group}, wanted))
         if tree_inputs:
             logits.update(target.forward_tree_rows(tree_inputs))
-        t_target = self.clock() - t
-        self._prefilled(chunks, t_target)
-        # 4. verify each row with its own random stream: accepted count + the token after them
-        verdicts, paths = {}, {}
+        seconds = self.clock() - t
+        self._prefilled(chunks, seconds)
+        return _Forward(target, logits, groups, counts, depth, seconds)
+
+    def _verify(self, rows, plan, drafts, trees, logits) -> dict[int, tuple[list[int], int]]:
+        """Each row verified with its own random stream, by the rule sampling.verify_draft picks
+        from its params and its draft's shape: the draft tokens kept, and the token after them."""
+        verdicts = {}
+        for row, r in rows.items():
+            draft = plan[row][1]
+            at = (r.noise_seed, r.stats.generated_tokens) if r.config.reproducible else None
+            verdicts[row] = verify_draft(
+                logits[row],
+                drafts[row],
+                trees.get(row),
+                draft.q if draft is not None else None,
+                r.params,
+                r.rng,
+                r.config.verification,
+                at,
+            )
+        return verdicts
+
+    def _roll_back(self, contexts, verdicts, trees) -> None:
+        """Every row's cache cut back to what it kept (a tree: node 0 is the row's last token, node
+        i + 1 the tree's node i)."""
+        self.target.rollback_rows(
+            {row: len(contexts[row]) + len(verdicts[row][0]) for row in contexts if row not in trees}
+        )
+        if trees:
+            self.target.keep_path_rows({row: [0, *(n + 1 for n in verdicts[row][0])] for row in trees})
+
+    def _emit_rows(self, rows, plan, drafts, trees, verdicts, forward: "_Forward", t_draft: float) -> dict:
+        """Each row's kept tokens and the one after them emitted (up to end-of-generation, the token
+        budget, a stop string), its stats and logprobs: the controller's outcomes."""
+        target, outcomes, now = self.target, {}, self.clock()
         for row, r in rows.items():
             drafter, draft = plan[row]
-            q = draft.q if draft is not None else None
-            if row in trees:  # down the tree, or from its leaves up (traversal): the path kept, the token after it
-                if r.params.greedy:
-                    path, after = verify_tree_greedy(logits[row], trees[row])
-                else:  # sampled nodes by their q (without replacement), else the rule for fixed candidates;
-                    # block verification's tree form where the row asks for traversal (config.verification)
-                    p = logits_to_probs(logits[row], r.params)
-                    path, after = verify_tree(
-                        p, trees[row], _by_parent(q, trees[row], p.shape), r.rng, False, r.config.verification
-                    )
-                paths[row], verdicts[row] = path, (len(path), after)
-            elif r.config.reproducible and not r.params.greedy:  # the token of (seed, position), whatever q
-                p = logits_to_probs(logits[row], r.params)
-                verdicts[row] = verify_at(p, drafts[row], r.noise_seed, r.stats.generated_tokens)
-            else:
-                # [k + 1, vocab] in; block verification where q is real (config.verification)
-                verdicts[row] = verify(logits[row], drafts[row], q, r.params, r.rng, r.config.verification)
-        # 5. roll every row back to what it kept; each drafter hears about the rows it drafted for
-        t = self.clock()
-        target.rollback_rows({row: len(contexts[row]) + verdicts[row][0] for row in rows if row not in trees})
-        if trees:  # node 0 is the row's last token, node i + 1 the tree's node i
-            target.keep_path_rows({row: [0, *(n + 1 for n in paths[row])] for row in trees})
-        t_target += self.clock() - t
-        t = self.clock()
-        for drafter in self.drafters:
-            told = {row: verdicts[row][0] for row, (d, _) in plan.items() if d is drafter}
-            if told:
-                drafter.accept(told)
-        t_draft += self.clock() - t
-        # 6. emit per row (end-of-generation, token budget, stop strings); finished rows leave
-        outcomes = {}
-        now = self.clock()
-        for row, r in rows.items():
-            drafter, draft = plan[row]
-            n, next_token = verdicts[row]
+            path, next_token = verdicts[row]
             s = r.stats
             s.draft_seconds += t_draft
-            s.target_seconds += t_target
+            s.target_seconds += forward.seconds
             deepest = int(tree_depths(trees[row].parents).max(initial=-1)) + 1 if row in trees else None
-            s.record_step(len(drafts[row]), n, drafter.kind if drafter else "plain", deepest)
-            kept = [drafts[row][i] for i in paths[row]] if row in trees else drafts[row][:n]
+            s.record_step(len(drafts[row]), len(path), drafter.kind if drafter else "plain", deepest)
             emitted, s.finish_reason = _emit(
-                [*kept, next_token], target.tokenizer.eog_ids, r.config.max_new_tokens - s.generated_tokens
+                [*(drafts[row][i] for i in path), next_token],
+                target.tokenizer.eog_ids,
+                r.config.max_new_tokens - s.generated_tokens,
             )
             r.context += emitted
             s.generated_tokens += len(emitted)
             if r.logprobs is not None:  # emitted token i is what logits row i scored (a tree: its path's)
-                scored = [0, *(i + 1 for i in paths[row])] if row in trees else range(len(emitted))
-                r.logprobs += [token_logprob(logits[row][j], t, r.config.logprobs) for j, t in zip(scored, emitted)]
+                scored = [0, *(i + 1 for i in path)]
+                r.logprobs += [
+                    token_logprob(forward.logits[row][j], t, r.config.logprobs) for j, t in zip(scored, emitted)
+                ]
             s.decode_seconds = now - r._t_decode
-            outcomes[row] = Outcome(drafter, draft, n, emitted)
+            outcomes[row] = Outcome(drafter, draft, len(path), emitted)
             if r.text.add(emitted):
                 s.finish_reason = "stop"
             piece = r.text.ready()
             if piece:
                 r._pieces.append(piece)
-        if len(groups) > 1:  # each forward's passes, and a tree call's by its own rows
-            passes = [w for group in groups for w in target.passes(group)]
-            if trees:
-                passes += target.passes({row: counts[row] for row in tree_inputs})
-        else:
-            passes = target.passes(counts)
-        self.controller.observe(outcomes, passes, t_target, depth)
-        for row, r in rows.items():
-            r.stats.predicted_speedup, r.stats.measured_speedup = self.controller.speedups(
-                row, r.stats.tokens_per_second
-            )
-        finished = [r for r in rows.values() if r.stats.finish_reason]
-        if finished:
-            self._finish(finished)
+        return outcomes
 
     def _tree_room(self, rows: Mapping[int, Request]) -> dict[int, int]:
         """The most leaves each row's draft may have this step, fixed before anything is drafted
@@ -629,6 +643,28 @@ class Engine:
             )
 
 
+@dataclass
+class _Forward:
+    """What a step's target forwards gave: each row's logits, the groups of rows the chains and
+    chunks went in, the tokens fed each row, the step's depth and the seconds they took."""
+
+    target: RowModel
+    logits: dict
+    groups: list
+    counts: dict[int, int]
+    depth: float
+    seconds: float
+
+    def passes(self, trees: Mapping) -> list[int]:
+        """The widths of the passes over the weights: each forward's, and a tree call's by its own rows."""
+        if len(self.groups) <= 1:
+            return self.target.passes(self.counts)
+        passes = [w for group in self.groups for w in self.target.passes(group)]
+        if trees:
+            passes += self.target.passes({row: self.counts[row] for row in trees})
+        return passes
+
+
 def _held(request: Request) -> list[int]:
     """What a request's row holds for certain when it ends: its prompt's prefilled part, or, once it
     decoded, its context but the last token (a draft kept past an end of generation may follow)."""
@@ -688,17 +724,6 @@ class HostCache:
 
     def forget(self, key: int) -> None:
         self.nbytes -= self.entries.pop(key)[1].nbytes
-
-
-def _by_parent(q: np.ndarray | None, tree: DraftTree, shape) -> np.ndarray | None:
-    """A sampled tree's q (row i: the distribution node i was drawn from) in verify_tree's rows
-    (row j + 1: the distribution node j's children were drawn from; row 0 the roots')."""
-    if q is None:
-        return None
-    out = np.zeros(shape, dtype=q.dtype)
-    for node, parent in enumerate(tree.parents):
-        out[parent + 1] = q[node]
-    return out
 
 
 def _emit(tokens: Sequence[int], eog, budget: int) -> tuple[list[int], str]:

@@ -671,6 +671,52 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.sum(np.exp(shifted)))
 
 
+def verify_draft(
+    logits: np.ndarray,
+    tokens: Sequence[int],
+    tree: DraftTree | None,
+    q: np.ndarray | None,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    rule: str = "block",
+    at: tuple[int, int] | None = None,
+) -> tuple[list[int], int]:
+    """One row's draft verified by the rule its params and the draft's shape call for: the one
+    place that picks it.
+
+        a tree, greedy                  verify_tree_greedy
+        a tree, sampled                 verify_tree: TREE_RULES[rule], its nodes by their q (drawn
+                                        without replacement), else the rule for fixed candidates
+        a chain, sampled by position    verify_at (`at` = (seed, position): the token of the seed
+                                        and position, whatever q)
+        a chain otherwise               verify: greedy by token equality, sampled by CHAIN_RULES[rule]
+
+    logits [len(tokens) + 1, vocab]: row 0 scores the row's last token, row i + 1 the draft's token
+    i; a tree's q has a row per node (the distribution it was drawn from). Returns (the indices of
+    the draft tokens kept: a tree's path, a chain's first n; the token after them)."""
+    if tree is not None:
+        if params.greedy:
+            return verify_tree_greedy(logits, tree)
+        p = logits_to_probs(logits, params)
+        return verify_tree(p, tree, _by_parent(q, tree, p.shape), rng, False, rule)
+    if at is not None and not params.greedy:
+        n, after = verify_at(logits_to_probs(logits, params), tokens, *at)
+    else:
+        n, after = verify(logits, tokens, q, params, rng, rule)
+    return list(range(n)), after
+
+
+def _by_parent(q: np.ndarray | None, tree: DraftTree, shape) -> np.ndarray | None:
+    """A sampled tree's q (row i: the distribution node i was drawn from) in verify_tree's rows
+    (row j + 1: the distribution node j's children were drawn from; row 0 the roots')."""
+    if q is None:
+        return None
+    out = np.zeros(shape, dtype=q.dtype)
+    for node, parent in enumerate(tree.parents):
+        out[parent + 1] = q[node]
+    return out
+
+
 def token_logprob(logits: np.ndarray, token: int, top: int = 0) -> TokenLogprob:
     """TokenLogprob of `token` from one position's logits [vocab]."""
     logp = log_softmax(logits)
