@@ -115,3 +115,22 @@ def test_an_error_names_the_field_at_fault():
         for path, body, param in cases:
             r = httpx.post(base + path, json=body)
             assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
+
+
+def test_the_api_documents_the_bodies_it_reads():
+    """/openapi.json describes the request bodies the completion routes check (server/schema.py),
+    with their bounds, and /docs serves its page; both open, as /health is."""
+    with toy_server(api_key="k") as (base, _):
+        doc = httpx.get(base + "/openapi.json").json()
+        schemas = doc["components"]["schemas"]
+        for path, name in (("/v1/chat/completions", "ChatRequest"), ("/v1/completions", "CompletionRequest")):
+            body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+            assert body == {"$ref": f"#/components/schemas/{name}"}
+        chat, completion = schemas["ChatRequest"], schemas["CompletionRequest"]
+        assert {"messages", "temperature", "speculative", "stream_options"} <= set(chat["properties"])
+        assert "messages" in chat["required"] and "prompt" in completion["required"]
+        assert "messages" not in completion["properties"] and "echo" not in chat["properties"]
+        temperature = next(t for t in chat["properties"]["temperature"]["anyOf"] if t["type"] == "number")
+        assert (temperature["minimum"], temperature["maximum"]) == (0, 2)
+        assert {"draft", "k", "width"} <= set(schemas["Speculative"]["properties"])
+        assert httpx.get(base + "/docs").status_code == 200

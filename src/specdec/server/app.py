@@ -270,260 +270,311 @@ class _EventStream(StreamingResponse):
 
 
 def create_app(service: Service) -> FastAPI:
-    app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None)
-    metrics = service.metrics
-    token_bytes = service.worker.target.tokenizer.token_bytes
+    """The OpenAI-compatible app over `service` (on app.state, where each route below reads it)."""
+    app = FastAPI(title="specdec", docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+    app.state.service = service
+    app.openapi = lambda: _openapi(app)
+    app.add_exception_handler(RequestError, _request_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _internal)
+    app.add_api_route("/health", health, methods=["GET", "HEAD"])
+    app.add_api_route("/metrics", prometheus, methods=["GET"])
+    app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/v1/models/{name:path}", model, methods=["GET"])
+    app.add_api_route("/v1/chat/completions", chat, methods=["POST"])
+    app.add_api_route("/v1/completions", completions, methods=["POST"])
+    return app
 
-    @app.exception_handler(RequestError)
-    async def _request_error(request: Request, exc: RequestError):
-        return _error(exc, metrics)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException):
-        kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
-        message = f"{request.method} {request.url.path}: {exc.detail}"
-        return JSONResponse(error_body(message, kind), status_code=exc.status_code)
+def _openapi(app: FastAPI) -> dict:
+    """The OpenAPI document, with the request bodies the two completion routes read (schema.py):
+    they read their JSON themselves (size, time and surrogate limits: read_json), so FastAPI does
+    not see a body parameter to describe."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+        from pydantic.json_schema import models_json_schema
 
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception):  # never expected: a bug, not a crash
-        log.exception("unhandled error")
-        metrics.rejected(500)
-        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"), status_code=500)
+        from .. import __version__
+        from .schema import ChatRequest, CompletionRequest
 
-    def check_auth(request: Request) -> None:
-        if service.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, key = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), service.api_key.encode()):
-            raise RequestError(
-                "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
-                code="invalid_api_key",
-                status=401,
-                type="authentication_error",
-            )
+        schema = get_openapi(title="specdec", version=__version__, routes=app.routes)
+        models = [(ChatRequest, "validation"), (CompletionRequest, "validation")]
+        _, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
+        for path, model in (("/v1/chat/completions", ChatRequest), ("/v1/completions", CompletionRequest)):
+            body = {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+            schema["paths"][path]["post"]["requestBody"] = {"required": True, "content": {"application/json": body}}
+        app.openapi_schema = schema
+    return app.openapi_schema
 
-    async def read_json(request: Request):
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > MAX_BODY:
-            raise RequestError(f"the request body is larger than {MAX_BODY} bytes", status=413)
-        body = b""
-        with anyio.move_on_after(service.body_timeout) as scope:
-            async for part in request.stream():
-                body += part
-                if len(body) > MAX_BODY:
-                    raise RequestError(f"the request body is larger than {MAX_BODY} bytes", status=413)
-        if scope.cancelled_caught:
-            raise RequestError(
-                f"the request body took more than {service.body_timeout:g} s to arrive", code="timeout", status=408
-            )
-        try:
-            value = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise RequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
-        except RecursionError:
-            raise RequestError("the request body nests too deeply", code="invalid_json") from None
-        except ValueError as exc:  # an integer of more digits than Python converts
-            raise RequestError(f"the request body has a number out of range: {exc}", code="invalid_json") from None
-        _check_strings(value)
-        return value
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
-    async def health():
-        if service.draining:
-            return JSONResponse({"status": "draining"}, status_code=503, headers={"Retry-After": str(RETRY_AFTER)})
-        return {"status": "ok"}
+def _service(request: Request) -> Service:
+    return request.app.state.service
 
-    @app.get("/metrics")
-    async def prometheus():
-        from prometheus_client import CONTENT_TYPE_LATEST
 
-        return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
+# -- errors -----------------------------------------------------------------------------------------
 
-    def model_card(name: str) -> dict:
-        return {
-            "id": name,
-            "object": "model",
-            "created": service.started,
-            "owned_by": "specdec",
-            "max_model_len": service.n_ctx,
-        }
 
-    @app.get("/v1/models")
-    async def models(request: Request):
-        check_auth(request)
-        return {"object": "list", "data": [model_card(name) for name in service.model_names[:1]]}
+async def _request_error(request: Request, exc: RequestError):
+    return _error(exc, _service(request).metrics)
 
-    @app.get("/v1/models/{name:path}")
-    async def model(name: str, request: Request):
-        check_auth(request)
-        if name not in service.model_names:
-            raise RequestError(
-                f"model {name!r} is not served here; this server serves {service.model_names[0]!r}",
-                "model",
-                "model_not_found",
-                status=404,
-                type="not_found_error",
-            )
-        return model_card(name)
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        return await generate(request, parse_chat)
+async def _http_error(request: Request, exc: StarletteHTTPException):
+    kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return JSONResponse(error_body(message, kind), status_code=exc.status_code)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await generate(request, parse_completion)
 
-    async def generate(request: Request, parse):
-        if service.draining:
-            raise RequestError(
-                "the server is shutting down; retry on another replica",
-                code="shutting_down",
-                status=503,
-                type="unavailable_error",
-            )
-        check_auth(request)
-        job: Job = parse(await read_json(request), service.model_names, service.draft_names)
-        if job.policy is not None and job.policy.width > 1 and not service.scores_trees:
-            raise RequestError(
-                f"'speculative.width' {job.policy.width}: this server's target scores chains only "
-                "(start it with a tree, e.g. --draft suffix --draft-width 4, to serve trees)",
-                "speculative.width",
-            )
-        if service.inflight >= service.capacity:
-            raise RequestError(
-                f"the server is full ({service.max_batch} running and the queue of "
-                f"{service.capacity - service.max_batch} waiting); retry later",
-                code="queue_full",
-                status=429,
-                type="rate_limit_error",
-            )
-        loop = asyncio.get_running_loop()
-        handle = Handle(
-            job,
-            job.policy or service.default_policy,
-            loop,
-            asyncio.Queue(),
-            deadline=time.monotonic() + service.request_timeout,
+async def _internal(request: Request, exc: Exception):  # never expected: a bug, not a crash
+    log.exception("unhandled error")
+    _service(request).metrics.rejected(500)
+    return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"), status_code=500)
+
+
+def check_auth(service: Service, request: Request) -> None:
+    if service.api_key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), service.api_key.encode()):
+        raise RequestError(
+            "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
+            code="invalid_api_key",
+            status=401,
+            type="authentication_error",
         )
-        service.inflight += 1
-        handle.closed = True  # until the worker has it: nothing to cancel
-        released = False
 
-        def release():
-            """Once per request: it leaves the house; if the worker still runs it, it is cancelled."""
-            nonlocal released
-            if not released:
-                released = True
-                service.inflight -= 1
-                if not handle.closed:
-                    service.worker.cancel(handle)
 
-        streaming = False
-        try:
-            # tokenized here, one request at a time, beside the engine's thread (not on it)
-            handle.tokens, handle.config = await anyio.to_thread.run_sync(
-                service.prepare, job, limiter=service.preparing
-            )
-            handle.closed = False
-            service.worker.submit(handle)
-            event = await handle.events.get()  # admitted, or refused (context, token ids)
-            if event[0] == "error":
-                raise event[1]
-            if service.record is not None:  # admitted: what its user asked is traffic to train on
-                service.record.add(job.messages, job.prompt)
-            if job.stream:
-                streaming = True
-                return _EventStream(
-                    _stream(handle),
-                    release,
-                    media_type="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-                )
-            return await _complete(request, handle)
-        finally:
-            if not streaming:
-                release()
+async def read_json(service: Service, request: Request):
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > MAX_BODY:
+        raise RequestError(f"the request body is larger than {MAX_BODY} bytes", status=413)
+    body = b""
+    with anyio.move_on_after(service.body_timeout) as scope:
+        async for part in request.stream():
+            body += part
+            if len(body) > MAX_BODY:
+                raise RequestError(f"the request body is larger than {MAX_BODY} bytes", status=413)
+    if scope.cancelled_caught:
+        raise RequestError(
+            f"the request body took more than {service.body_timeout:g} s to arrive", code="timeout", status=408
+        )
+    try:
+        value = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise RequestError("the request body nests too deeply", code="invalid_json") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise RequestError(f"the request body has a number out of range: {exc}", code="invalid_json") from None
+    _check_strings(value)
+    return value
 
-    async def _complete(request: Request, handle: Handle):
-        """Wait for the whole text, watching the connection: a client that leaves is cancelled."""
-        pieces, outcome = [], {}
 
-        async def watch(scope):
-            while True:
-                message = await request.receive()
-                if message["type"] == "http.disconnect":
-                    outcome["gone"] = True
-                    scope.cancel()
-                    return
+# -- routes -----------------------------------------------------------------------------------------
 
-        async with anyio.create_task_group() as group:
-            group.start_soon(watch, group.cancel_scope)
-            while True:
-                event = await handle.events.get()
-                if event[0] == "text":
-                    pieces.append(event[1])
-                    continue
-                outcome["event"] = event
-                group.cancel_scope.cancel()
-                break
-        if "event" not in outcome:
-            return Response(status_code=499)  # nobody is listening
-        event = outcome["event"]
+
+async def health(request: Request):
+    if _service(request).draining:
+        return JSONResponse({"status": "draining"}, status_code=503, headers={"Retry-After": str(RETRY_AFTER)})
+    return {"status": "ok"}
+
+
+async def prometheus(request: Request):
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return Response(_service(request).metrics.text(), media_type=CONTENT_TYPE_LATEST)
+
+
+def model_card(service: Service, name: str) -> dict:
+    return {
+        "id": name,
+        "object": "model",
+        "created": service.started,
+        "owned_by": "specdec",
+        "max_model_len": service.n_ctx,
+    }
+
+
+async def models(request: Request):
+    service = _service(request)
+    check_auth(service, request)
+    return {"object": "list", "data": [model_card(service, name) for name in service.model_names[:1]]}
+
+
+async def model(name: str, request: Request):
+    service = _service(request)
+    check_auth(service, request)
+    if name not in service.model_names:
+        raise RequestError(
+            f"model {name!r} is not served here; this server serves {service.model_names[0]!r}",
+            "model",
+            "model_not_found",
+            status=404,
+            type="not_found_error",
+        )
+    return model_card(service, name)
+
+
+async def chat(request: Request):
+    return await generate(request, parse_chat)
+
+
+async def completions(request: Request):
+    return await generate(request, parse_completion)
+
+
+async def generate(request: Request, parse):
+    """A completion or chat request: read, checked, tokenized off the engine's thread, handed to the
+    worker, and answered whole or as a stream of server-sent events."""
+    service = _service(request)
+    if service.draining:
+        raise RequestError(
+            "the server is shutting down; retry on another replica",
+            code="shutting_down",
+            status=503,
+            type="unavailable_error",
+        )
+    check_auth(service, request)
+    job: Job = parse(await read_json(service, request), service.model_names, service.draft_names)
+    if job.policy is not None and job.policy.width > 1 and not service.scores_trees:
+        raise RequestError(
+            f"'speculative.width' {job.policy.width}: this server's target scores chains only "
+            "(start it with a tree, e.g. --draft suffix --draft-width 4, to serve trees)",
+            "speculative.width",
+        )
+    if service.inflight >= service.capacity:
+        raise RequestError(
+            f"the server is full ({service.max_batch} running and the queue of "
+            f"{service.capacity - service.max_batch} waiting); retry later",
+            code="queue_full",
+            status=429,
+            type="rate_limit_error",
+        )
+    loop = asyncio.get_running_loop()
+    handle = Handle(
+        job,
+        job.policy or service.default_policy,
+        loop,
+        asyncio.Queue(),
+        deadline=time.monotonic() + service.request_timeout,
+    )
+    service.inflight += 1
+    handle.closed = True  # until the worker has it: nothing to cancel
+    released = False
+
+    def release():
+        """Once per request: it leaves the house; if the worker still runs it, it is cancelled."""
+        nonlocal released
+        if not released:
+            released = True
+            service.inflight -= 1
+            if not handle.closed:
+                service.worker.cancel(handle)
+
+    streaming = False
+    try:
+        # tokenized here, one request at a time, beside the engine's thread (not on it)
+        handle.tokens, handle.config = await anyio.to_thread.run_sync(service.prepare, job, limiter=service.preparing)
+        handle.closed = False
+        service.worker.submit(handle)
+        event = await handle.events.get()  # admitted, or refused (context, token ids)
         if event[0] == "error":
             raise event[1]
-        _, result, finish = event
-        job = handle.job
-        return response_body(
-            job,
-            new_id(job.kind),
-            now(),
-            result.text,
-            result.tokens,
-            finish,
-            result.stats,
-            handle.policy,
-            result.logprobs,
-            token_bytes,
-        )
+        if service.record is not None:  # admitted: what its user asked is traffic to train on
+            service.record.add(job.messages, job.prompt)
+        if job.stream:
+            streaming = True
+            return _EventStream(
+                _stream(handle, service),
+                release,
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        return await _complete(request, handle, service)
+    finally:
+        if not streaming:
+            release()
 
-    async def _stream(handle: Handle):
-        job = handle.job
-        id, created = new_id(job.kind), now()
-        if job.kind == "chat":
-            yield _sse(chunk_body(job, id, created, role=True))
+
+async def _complete(request: Request, handle: Handle, service: Service):
+    """Wait for the whole text, watching the connection: a client that leaves is cancelled."""
+    pieces, outcome = [], {}
+
+    async def watch(scope):
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                outcome["gone"] = True
+                scope.cancel()
+                return
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(watch, group.cancel_scope)
         while True:
             event = await handle.events.get()
             if event[0] == "text":
-                yield _sse(chunk_body(job, id, created, text=event[1], logprobs=event[2], token_bytes=token_bytes))
-            elif event[0] == "done":
-                _, result, finish = event
-                last = chunk_body(job, id, created, finish=finish, tokens=result.tokens if job.return_tokens else None)
-                # llama-server's habit: the last chunk carries usage; and ours, the speculation
-                last["usage"] = usage_body(result.stats)
-                last["speculative"] = speculative_body(result.stats, handle.policy)
-                yield _sse(last)
-                if job.include_usage:  # OpenAI's: a last chunk with no choices, only usage
-                    yield _sse(
-                        {
-                            "id": id,
-                            "object": last["object"],
-                            "created": created,
-                            "model": job.model,
-                            "system_fingerprint": None,
-                            "choices": [],
-                            "usage": last["usage"],
-                            "speculative": last["speculative"],
-                        }
-                    )
-                break
-            else:  # an error after the headers went out: vLLM's way
-                yield _sse(event[1].body())
-                break
-        yield "data: [DONE]\n\n"
+                pieces.append(event[1])
+                continue
+            outcome["event"] = event
+            group.cancel_scope.cancel()
+            break
+    if "event" not in outcome:
+        return Response(status_code=499)  # nobody is listening
+    event = outcome["event"]
+    if event[0] == "error":
+        raise event[1]
+    _, result, finish = event
+    job = handle.job
+    return response_body(
+        job,
+        new_id(job.kind),
+        now(),
+        result.text,
+        result.tokens,
+        finish,
+        result.stats,
+        handle.policy,
+        result.logprobs,
+        service.worker.target.tokenizer.token_bytes,
+    )
 
-    return app
+
+async def _stream(handle: Handle, service: Service):
+    job = handle.job
+    token_bytes = service.worker.target.tokenizer.token_bytes
+    id, created = new_id(job.kind), now()
+    if job.kind == "chat":
+        yield _sse(chunk_body(job, id, created, role=True))
+    while True:
+        event = await handle.events.get()
+        if event[0] == "text":
+            yield _sse(chunk_body(job, id, created, text=event[1], logprobs=event[2], token_bytes=token_bytes))
+        elif event[0] == "done":
+            _, result, finish = event
+            last = chunk_body(job, id, created, finish=finish, tokens=result.tokens if job.return_tokens else None)
+            # llama-server's habit: the last chunk carries usage; and ours, the speculation
+            last["usage"] = usage_body(result.stats)
+            last["speculative"] = speculative_body(result.stats, handle.policy)
+            yield _sse(last)
+            if job.include_usage:  # OpenAI's: a last chunk with no choices, only usage
+                yield _sse(
+                    {
+                        "id": id,
+                        "object": last["object"],
+                        "created": created,
+                        "model": job.model,
+                        "system_fingerprint": None,
+                        "choices": [],
+                        "usage": last["usage"],
+                        "speculative": last["speculative"],
+                    }
+                )
+            break
+        else:  # an error after the headers went out: vLLM's way
+            yield _sse(event[1].body())
+            break
+    yield "data: [DONE]\n\n"
 
 
 # -- running it -------------------------------------------------------------------------------------

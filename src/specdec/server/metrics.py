@@ -84,6 +84,27 @@ class Metrics:
     def __init__(self, model_name: str):
         self.registry = r = CollectorRegistry()
         m = ["model_name"]
+        self._counters(r, m)
+        self._timings(r, m)
+        self.model_name = model_name
+        for metric in (
+            self.num_drafts,
+            self.num_draft_tokens,
+            self.num_accepted_tokens,
+            self.prompt_tokens,
+            self.cached_prompt_tokens,
+            self.generation_tokens,
+            self.running,
+            self.waiting,
+            self.ttft,
+            self.itl,
+            self.tpot,
+            self.e2e,
+        ):
+            metric.labels(model_name)  # exported at 0 before the first request
+
+    def _counters(self, r: CollectorRegistry, m: list[str]) -> None:
+        """The counters: drafts and their tokens (vLLM's spec_decode names), prompts, outputs, outcomes."""
         self.num_drafts = Counter("specdec:spec_decode_num_drafts", "Steps in which a row drafted.", m, registry=r)
         self.num_draft_tokens = Counter("specdec:spec_decode_num_draft_tokens", "Draft tokens proposed.", m, registry=r)
         self.num_accepted_tokens = Counter(
@@ -121,6 +142,9 @@ class Metrics:
         self.request_rejected = Counter(
             "specdec:request_rejected", "Requests answered with an error, by HTTP status.", m + ["status"], registry=r
         )
+
+    def _timings(self, r: CollectorRegistry, m: list[str]) -> None:
+        """The gauges of requests running and waiting, and the latency histograms."""
         self.running = Gauge(
             "specdec:num_requests_running", "Requests holding a row (prefilling or decoding).", m, registry=r
         )
@@ -153,22 +177,6 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.model_name = model_name
-        for metric in (
-            self.num_drafts,
-            self.num_draft_tokens,
-            self.num_accepted_tokens,
-            self.prompt_tokens,
-            self.cached_prompt_tokens,
-            self.generation_tokens,
-            self.running,
-            self.waiting,
-            self.ttft,
-            self.itl,
-            self.tpot,
-            self.e2e,
-        ):
-            metric.labels(model_name)  # exported at 0 before the first request
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

@@ -8,19 +8,21 @@ Unknown fields are refused too: a silently ignored field is a wrong answer the c
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from ..config import MAX_LOGPROBS, GenerationConfig
+from pydantic import BaseModel
+
+from ..config import GenerationConfig
 from ..errors import FieldError, SpecdecError
 from ..models.chat import ROLES
 from ..request import Limit, finish_reason
 from ..sampling import TokenLogprob
 from ..spec import DraftSpec, parse_request
 from ..stats import GenerationStats
+from .schema import ChatRequest, CompletionRequest, first_error
 
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4; llama-server any number)
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's and vLLM's default max_tokens for /v1/completions
@@ -69,50 +71,6 @@ class Job:
     return_tokens: bool = False  # llama-server's extension: the generated token ids
 
 
-# -- type checks ------------------------------------------------------------------------------
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
-
-
-def _int(body: dict, name: str, low: int | None = None, high: int | None = None, parent: str = "") -> int | None:
-    """body[name], an integer in [low, high], or None; `parent` names the object holding it in
-    the request ('speculative' for speculative.k)."""
-    v = body.get(name)
-    if v is None:
-        return None
-    field = f"{parent}.{name}" if parent else name
-    if not _is_int(v):
-        raise RequestError(f"'{field}' must be an integer, got {v!r}", field)
-    if (low is not None and v < low) or (high is not None and v > high):
-        where = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise RequestError(f"'{field}' must be {where}, got {v}", field)
-    return v
-
-
-def _number(body: dict, name: str, low: float, high: float, low_open: bool = False) -> float | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if not _is_number(v):
-        raise RequestError(f"'{name}' must be a number, got {v!r}", name)
-    if not ((low < v if low_open else low <= v) and v <= high):
-        raise RequestError(f"'{name}' must be in {'(' if low_open else '['}{low:g}, {high:g}], got {v}", name)
-    return float(v)
-
-
-def _bool(body: dict, name: str) -> bool | None:
-    v = body.get(name)
-    if v is not None and not isinstance(v, bool):
-        raise RequestError(f"'{name}' must be true or false, got {v!r}", name)
-    return v
-
-
 # -- what is refused unless it asks for nothing --------------------------------------------------
 
 
@@ -151,37 +109,9 @@ _UNSUPPORTED = {
     "prediction": (_no_op, "predicted outputs are not supported (the drafter predicts by itself)"),
 }
 
-_SAMPLING = {
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "stop",
-    "max_tokens",
-    "model",
-    "stream",
-    "stream_options",
-    "user",
-    "speculative",
-    "return_tokens",
-    "store",  # SDKs and proxies send these; they change nothing here (nothing is stored)
-    "metadata",
-}
-CHAT_FIELDS = (
-    _SAMPLING
-    | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
-    | (set(_UNSUPPORTED) - {"best_of", "echo", "suffix"})
-)
-COMPLETION_FIELDS = (
-    _SAMPLING
-    | {"prompt", "logprobs"}
-    | {"n", "best_of", "echo", "suffix", "frequency_penalty", "presence_penalty", "logit_bias"}
-)
 
-
-def _check_fields(body: dict, allowed: set[str]) -> None:
-    unknown = sorted(set(body) - allowed)
+def _check_fields(body: dict, model: type[BaseModel]) -> None:
+    unknown = sorted(set(body) - set(model.model_fields))
     if unknown:
         raise RequestError(
             f"unsupported field{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}", unknown[0], "unsupported_field"
@@ -189,6 +119,26 @@ def _check_fields(body: dict, allowed: set[str]) -> None:
     for name, (ok, why) in _UNSUPPORTED.items():
         if name in body and not ok(body[name]):
             raise RequestError(f"'{name}': {why}", name, "unsupported_value")
+
+
+def _check_types(model: type[BaseModel], body: dict, draft_names: dict[str, str]) -> None:
+    """Every field's type and range (schema.py's models); a field of parts (stop, metadata,
+    stream_options, speculative, messages, prompt) is worded by its own check below."""
+    found = first_error(model, body)
+    if found is None:
+        return
+    name, message = found
+    worded = {
+        "stop": lambda: _stop(body),
+        "metadata": lambda: _metadata(body),
+        "stream_options": lambda: _stream_options(body),
+        "speculative": lambda: _policy(body, draft_names),
+        "messages": lambda: _messages(body.get("messages")),
+        "prompt": lambda: _prompt(body.get("prompt")),
+    }
+    if name in worded:
+        worded[name]()  # raises its own words
+    raise RequestError(message, name)
 
 
 # -- the parts every request shares ---------------------------------------------------------------
@@ -224,54 +174,37 @@ def _common(
     max_tokens_fields: tuple[str, ...],
     default_max_tokens: int | None = None,
 ) -> Job:
-    """The fields chat and completions share. `default_max_tokens` stands where no max_tokens is
-    given (None: as many as fit, settled when the prompt is tokenized)."""
+    """The fields chat and completions share, their types already checked (_check_types).
+    `default_max_tokens` stands where no max_tokens is given (None: as many as fit, settled when
+    the prompt is tokenized)."""
     model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise RequestError(f"'model' must be a string, got {model!r}", "model")
     if model is not None and model not in model_names:
         raise RequestError(
             f"model {model!r} is not served here; this server serves {model_names[0]!r} (see GET /v1/models)",
             "model",
             "model_not_found",
         )
-    stream = bool(_bool(body, "stream"))
-    options = body.get("stream_options")
-    include_usage = False
-    if options is not None:
-        if not stream:
-            raise RequestError("'stream_options' is only allowed with \"stream\": true", "stream_options")
-        if not isinstance(options, dict) or set(options) - {"include_usage"}:
-            raise RequestError(f"'stream_options' takes only include_usage, got {options!r}", "stream_options")
-        include_usage = bool(_bool(options, "include_usage"))
-    if body.get("user") is not None and not isinstance(body["user"], str):
-        raise RequestError("'user' must be a string", "user")
-    _bool(body, "store")
-    metadata = body.get("metadata")
-    if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
-        raise RequestError("'metadata' must be an object of string values", "metadata")
+    include_usage = _stream_options(body)
+    _metadata(body)
     max_tokens = None
     for name in max_tokens_fields:
-        v = _int(body, name, 1)
+        v = body.get(name)
         if v is not None:
             if max_tokens is not None and v != max_tokens:
                 raise RequestError("give max_tokens or max_completion_tokens, not two different values", name)
             max_tokens = v
-    top_k = _int(body, "top_k", -1)
-    seed = _int(body, "seed", 0, 2**64 - 1)  # numpy's generators' range, as the CLI's --seed
-    temperature = _number(body, "temperature", 0, 2)
-    top_p = _number(body, "top_p", 0, 1, low_open=True)
-    min_p = _number(body, "min_p", 0, 1)
+    top_k, temperature, top_p, min_p = (body.get(name) for name in ("top_k", "temperature", "top_p", "min_p"))
+    stop = _stop(body)
     try:
         config = GenerationConfig(
             # without max_tokens: the default, or as many as the context leaves (request.prepare's "fit")
             max_new_tokens=max_tokens or default_max_tokens or UNBOUNDED,
-            temperature=0.0 if temperature is None else temperature,
+            temperature=0.0 if temperature is None else float(temperature),
             top_k=0 if top_k in (None, -1) else top_k,  # -1: vLLM's "off"
-            top_p=1.0 if top_p is None else top_p,
-            min_p=0.0 if min_p is None else min_p,
-            seed=seed,
-            stop=_stop(body),
+            top_p=1.0 if top_p is None else float(top_p),
+            min_p=0.0 if min_p is None else float(min_p),
+            seed=body.get("seed"),
+            stop=stop,
         )
     except SpecdecError as exc:
         raise RequestError(str(exc)) from None
@@ -281,27 +214,54 @@ def _common(
         config=config,
         limit="fit" if max_tokens is None else "refuse",
         policy=_policy(body, draft_names),
-        stream=stream,
+        stream=bool(body.get("stream")),
         include_usage=include_usage,
-        return_tokens=bool(_bool(body, "return_tokens")),
+        return_tokens=bool(body.get("return_tokens")),
     )
+
+
+def _stream_options(body: dict) -> bool:
+    """stream_options.include_usage (only with "stream": true)."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if body.get("stream") is not True:
+        raise RequestError("'stream_options' is only allowed with \"stream\": true", "stream_options")
+    if not isinstance(options, dict) or set(options) - {"include_usage"}:
+        raise RequestError(f"'stream_options' takes only include_usage, got {options!r}", "stream_options")
+    usage = options.get("include_usage")
+    if usage is not None and not isinstance(usage, bool):
+        raise RequestError(f"'include_usage' must be true or false, got {usage!r}", "include_usage")
+    return bool(usage)
+
+
+def _metadata(body: dict) -> None:
+    metadata = body.get("metadata")
+    if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        raise RequestError("'metadata' must be an object of string values", "metadata")
 
 
 def parse_chat(body, model_names: tuple[str, ...], draft_names: dict[str, str]) -> Job:
     """POST /v1/chat/completions."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
-    _check_fields(body, CHAT_FIELDS)
+    _check_fields(body, ChatRequest)
+    _check_types(ChatRequest, body, draft_names)
     job = _common(body, "chat", model_names, draft_names, ("max_tokens", "max_completion_tokens"))
-    top = _int(body, "top_logprobs", 0, MAX_LOGPROBS)
-    if _bool(body, "logprobs"):
+    top = body.get("top_logprobs")
+    if body.get("logprobs"):
         job.config = replace(job.config, logprobs=top or 0)
     elif top:
         raise RequestError("'top_logprobs' needs \"logprobs\": true", "top_logprobs")
-    messages = body.get("messages")
+    job.messages = _messages(body.get("messages"))
+    return job
+
+
+def _messages(messages) -> list[dict]:
+    """Chat turns, each {"role", "content"} with its role normalised (models.chat.ROLES)."""
     if not isinstance(messages, list) or not messages:
         raise RequestError('\'messages\' must be a non-empty list of {"role", "content"} objects', "messages")
-    job.messages = []
+    turns = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -320,8 +280,8 @@ def parse_chat(body, model_names: tuple[str, ...], draft_names: dict[str, str]) 
                 + (" (tools are not supported)" if role in ("tool", "function") else ""),
                 f"{where}.role",
             )
-        job.messages.append({"role": ROLES[role], "content": _content(m.get("content"), where)})
-    return job
+        turns.append({"role": ROLES[role], "content": _content(m.get("content"), where)})
+    return turns
 
 
 def _content(content, where: str) -> str:
@@ -345,15 +305,23 @@ def parse_completion(body, model_names: tuple[str, ...], draft_names: dict[str, 
     """POST /v1/completions: the prompt is raw text (no chat template) or token ids."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
-    _check_fields(body, COMPLETION_FIELDS)
+    _check_fields(body, CompletionRequest)
+    _check_types(CompletionRequest, body, draft_names)
     job = _common(body, "completion", model_names, draft_names, ("max_tokens",), COMPLETIONS_MAX_TOKENS)
-    prompt = body.get("prompt")
+    job.prompt = _prompt(body.get("prompt"))
+    if body.get("logprobs") is not None:
+        job.config = replace(job.config, logprobs=body["logprobs"])
+    return job
+
+
+def _prompt(prompt) -> str | list[int]:
+    """A completion's prompt: text or token ids (a list of one of either: a batch of one)."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         if not prompt:
             raise RequestError("'prompt' is empty", "prompt")
-    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         pass
     elif isinstance(prompt, list) and len(prompt) > 1:
         raise RequestError(
@@ -363,11 +331,7 @@ def parse_completion(body, model_names: tuple[str, ...], draft_names: dict[str, 
         )
     else:
         raise RequestError("'prompt' must be a non-empty string or a list of token ids", "prompt")
-    job.prompt = prompt
-    n = _int(body, "logprobs", 0, MAX_LOGPROBS)
-    if n is not None:
-        job.config = replace(job.config, logprobs=n)
-    return job
+    return prompt
 
 
 # -- responses ------------------------------------------------------------------------------------
