@@ -17,7 +17,7 @@ from specdec.controller import (
     scores_tree,
 )
 from specdec.costs import CostTable, measure_forward_costs
-from specdec.drafters.base import Draft
+from specdec.drafters.base import Declared, Draft
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import Engine
@@ -33,7 +33,7 @@ STEEP_THEN_FLAT = {w: 0.04 * (w if w <= 8 else 8 + 0.3 * (w - 8)) for w in list(
 QUARTER_A_TOKEN = {w: 0.04 * (1 + 0.25 * (w - 1)) for w in list(range(1, 17)) + [24, 32, 48, 64]}
 
 
-class FixedProposals:
+class FixedProposals(Declared):
     """A drafter that always proposes the same continuation for every row (stands in for prompt
     lookup; by default from a 40-token match, long enough not to cap k)."""
 

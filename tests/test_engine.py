@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specdec import GenerationConfig, SpeculativeDecoder
-from specdec.drafters.base import Draft
+from specdec.drafters.base import Declared, Draft
 from specdec.drafters.model import ModelDrafter
 from specdec.errors import ContextOverflowError, SpecdecError
 
@@ -46,7 +46,7 @@ class ScriptedLM(ToyLM):
         return rows[len(rows) - n_rows :]
 
 
-class WrongDrafter:
+class WrongDrafter(Declared):
     """Always proposes k tokens the target never picks first (every draft is rejected)."""
 
     name = kind = "wrong"

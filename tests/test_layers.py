@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # bottom to top; a module's layer is that of the longest prefix of its dotted name listed here
 LAYERS = [
-    ("specdec.errors", "specdec.paths", "specdec.text", "specdec.stats"),
+    ("specdec.errors", "specdec.paths", "specdec.text", "specdec.stats", "specdec.progress"),
     # config beside sampling: a GenerationConfig carries the SamplingParams it makes
     ("specdec.sampling", "specdec.config", "specdec.models", "specdec.catalog"),
     ("specdec.drafters", "specdec.acceptance", "specdec.costs", "specdec.controller"),

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from specdec import GenerationConfig, SpeculativeDecoder
-from specdec.drafters.base import Draft
+from specdec.drafters.base import Declared, Draft
 
 from . import tiny_hf
 from .conftest import require_module
@@ -20,7 +20,7 @@ CONFIG = GenerationConfig(max_new_tokens=24, chat=False)
 PROMPT = "the cat in a hat"
 
 
-class OracleTree:
+class OracleTree(Declared):
     """Three-node branches under the row's last token: first a wrong one, then the target's own
     greedy continuation (known in advance), so the first branch never holds and the tree's second
     does. Its second node also has a wrong sibling."""

@@ -87,11 +87,24 @@ def pool(target, draft_model=None, suffix=None, wants_suffix: bool = AUTO_SUFFIX
             make_drafter(DraftSpec("suffix"), target) if suffix is True or (suffix is None and wants_suffix) else None
         )
     model = make_drafter(DraftSpec("model"), target, draft=draft_model) if draft_model is not None else None
-    if getattr(model, "width", 1) > 1:  # auto prices chains: a tree drafter's model drafts chains for it
+    if model is not None and model.width > 1:  # auto prices chains: a tree drafter's model drafts chains for it
         from .drafters.model import ModelDrafter
 
         model = ModelDrafter(model.model)
     return NgramDrafter(), suffix, model
+
+
+def suffix_cache(target, cap: int, corpus: str | None = None, saved: str | None = None):
+    """The suffix cache of `cap` tokens for `target`, with a corpus's text and a saved cache loaded
+    (paths, or None); False where cap is 0 (none: auto without it)."""
+    if cap == 0:
+        return False
+    cache = new_suffix_cache(target, cap)
+    if corpus:
+        cache.load_corpus(corpus, target.tokenizer)
+    if saved:
+        cache.load(saved)
+    return cache
 
 
 def serving(target, spec: DraftSpec, draft_spec: DraftSpec, load: Callable) -> tuple[DraftSpec, object, object]:
@@ -122,6 +135,24 @@ def serving(target, spec: DraftSpec, draft_spec: DraftSpec, load: Callable) -> t
         width=spec.width if spec.kind in WIDTH_PER_CALL else 1,
     )
     return policy, draft, head
+
+
+def for_vllm(policy: str, vocab_size: int, k: int, curve=None, stops=frozenset(), reach: float | None = None):
+    """What specdec.vllm's proposers draft with inside vLLM, which holds the model and its tokenizer:
+    prompt lookup and a suffix cache over token ids alone, and over them auto's controller (`curve`:
+    the target's cost curve, timed or a prior; `reach`: its cap on free drafts) or, for 'ngram' and
+    'suffix', a fixed one at vLLM's k. Returns (the Drafters, the controller)."""
+    from .controller import CostAwareController
+    from .drafters.ngram import NgramDrafter
+    from .drafters.suffix import DEFAULT_CAP, SuffixCacheDrafter
+
+    spec = DraftSpec(policy, k=0 if policy == "auto" else k)
+    ngram, cache = NgramDrafter(), SuffixCacheDrafter(DEFAULT_CAP, vocab_size=vocab_size)
+    if policy == "auto":
+        drafters = Drafters(spec, ngram=ngram, suffix=cache)
+        return drafters, CostAwareController(drafters.free, None, curve, stops=stops, reach=reach)
+    drafters = Drafters(spec, fixed=ngram if policy == "ngram" else cache, ngram=ngram, suffix=cache, k=k)
+    return drafters, FixedController(drafters.fixed, k)
 
 
 def controller(target, drafters: Drafters, costs: tuple | None = None):
@@ -178,7 +209,7 @@ def _head(spec: DraftSpec, target):
     from .drafters.headfile import read_info
 
     info = read_info(spec.head)
-    if info.kind == "early-exit" and hasattr(target, "attach_exit_blocks"):
+    if info.kind == "early-exit" and target.runs_exit_blocks:
         from .drafters.early_exit import exit_head_drafter
 
         # a chain or a tree through the torch target's own cache
@@ -195,13 +226,14 @@ def _head(spec: DraftSpec, target):
 
 def _given_model(spec: DraftSpec, target, draft):
     """The caller's draft model (a loaded model, or a drafter of one) drafting this spec's shape."""
+    from .drafters.model import ModelDrafter
+
     if not isinstance(draft, Drafter):
         return model_drafter(draft, target, spec.vocab, spec.width, spec.nodes)
-    if (getattr(draft, "width", spec.width), getattr(draft, "nodes", spec.nodes)) != (spec.width, spec.nodes):
-        from .drafters.model import ModelDrafter
-
-        # the caller's draft model, drafting this spec's tree (or chain) shape
+    if (draft.width, draft.nodes) == (spec.width, spec.nodes):
+        return draft
+    if isinstance(draft, ModelDrafter):  # the caller's draft model, drafting this spec's tree (or chain) shape
         return ModelDrafter(draft.model, width=spec.width, nodes=spec.nodes)
-    if spec.width > 1 and not hasattr(draft, "width"):
+    if spec.width > 1:
         raise SpecdecError(f"a draft tree (width {spec.width}) needs a draft model of the target's vocabulary")
-    return draft
+    raise SpecdecError(f"{draft.name} drafts trees of its own shape: it cannot draft this one's chains")

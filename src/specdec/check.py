@@ -449,7 +449,7 @@ def check_decoder(
     from .decoder import SpeculativeDecoder
 
     target = decoder.target
-    exact = bool(getattr(target, "exact", False))
+    exact = bool(target.exact)
     report = CheckReport(engine or target.name, alpha, exact)
     plain = SpeculativeDecoder(target, None, max_rows=1)  # greedy reference: alone, one token a step
     plain_rows = SpeculativeDecoder(target, None, max_rows=batch)  # plain samples, as many rows as the drafts

@@ -129,7 +129,7 @@ def compare(
         spec_result,
         greedy=config.sampling.greedy,
         plain_again=again,
-        exact=getattr(target, "exact", False),
+        exact=target.exact,
     )
     if not result.identical:
         a, b = plain_result.tokens, spec_result.tokens

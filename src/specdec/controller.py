@@ -84,13 +84,13 @@ OBJECTIVES = ("throughput", "latency", "bounded")
 # second with no step past LATENCY_STEP plain steps.
 # why: throughput first verifies a long copy as one long gap (ITL p99 3.2-8.8x llama-server's);
 # latency first drafts nothing at C = 8 on a CPU's curve, 4-6% behind bounded there, level below;
-# history: docs/provenance.md#server_objective
+# history: docs/results/provenance.md#server_objective
 SERVER_OBJECTIVE = "bounded"
 # Objectives "latency" and "bounded" bound a step: its drafts may make it cost at most this many times the
 # rows' plain step (on the cost curve), so no stream's gap between tokens grows past that.
 # why: the serving bar (issue 34) holds a stream's 99th-percentile gap within 2x a plain server's;
 # on this CPU's steep curve that allows drafts of one or two tokens, on a GPU's flat one long ones;
-# history: docs/provenance.md#latency_step
+# history: docs/results/provenance.md#latency_step
 LATENCY_STEP = 2.0
 # Under "bounded", this share of steps may pass the bound: a tail budget, credited a step at a
 # time (at most LONG_STEP_CREDIT held), each spent on a step whose long, sure draft saves at least
@@ -98,20 +98,21 @@ LATENCY_STEP = 2.0
 # stay under 1% of a stream's, so its 99th-percentile gap is still the bound's, while a long copy
 # is verified at once, as llama-server's n-gram drafts are.
 # why: at C = 1 the bound alone drafted one token at a time through copies llama-server verified
-# 40 at a time (served, the suite's prompts); history: docs/provenance.md#long_step_share
+# 40 at a time (served, the suite's prompts); history: docs/results/provenance.md#long_step_share
 LONG_STEP_SHARE = 0.005
 # Any W steps hold at most LONG_STEP_CREDIT + W x share long ones, within 1% of them wherever
 # W >= LONG_STEP_CREDIT / (0.01 - share): 1 000 steps at 5 (a run of 8 streams of 128 tokens).
 # why: a cap of 2 spent itself on a copy's first two long steps and drafted the rest of it within
-# the bound; history: docs/provenance.md#long_step_share
+# the bound; history: docs/results/provenance.md#long_step_share
 LONG_STEP_CREDIT = 5.0
 LONG_STEP_SAVING = 4.0
 # A request's own evidence weighs as much as OVERLAY_WEIGHT guesses from the shared table (Overlay):
 # after 3 x OVERLAY_WEIGHT guesses of a kind its own rate has 3/4 of the say.
-# why: best on code and RAG, the categories where requests differ most; history: docs/provenance.md#overlay_weight
+# why: best on code and RAG, the categories where requests differ most;
+# history: docs/results/provenance.md#overlay_weight
 OVERLAY_WEIGHT = 8.0
 # The shared tables learn across requests at this rate per observation, the cost curve's EMA.
-# why: the overlay does the fast, per-request learning; history: docs/provenance.md#shared_rate
+# why: the overlay does the fast, per-request learning; history: docs/results/provenance.md#shared_rate
 SHARED_RATE = EMA
 # A response that has been a verbatim copy of its context nearly since its first token (a match of
 # at least WHOLE_COPY_MIN tokens spanning at least WHOLE_COPY_SHARE of the tokens generated) is a
@@ -119,17 +120,17 @@ SHARED_RATE = EMA
 # `reach`, which only the vLLM proposer sets) does not bound its drafts.
 # why: inside such a copy the next 63 guesses are mostly all right, and a capped ramp spends 6-8
 # steps getting there; a long match alone is no licence;
-# history: docs/provenance.md#whole_copy_min, docs/provenance.md#whole_copy_share
+# history: docs/results/provenance.md#whole_copy_min, docs/results/provenance.md#whole_copy_share
 WHOLE_COPY_MIN = 16
 WHOLE_COPY_SHARE = 0.8
 # The gap between a request's draft-model probes grows by this factor after each probe (probes at
 # steps 32, 96, 224, ... with explore_every = 32); 1.0 is a fixed period.
 # why: a request whose probes keep failing should not pay for one every explore_every steps (a
-# choice, not a fit); history: docs/provenance.md#explore_growth
+# choice, not a fit); history: docs/results/provenance.md#explore_growth
 EXPLORE_GROWTH = 2.0
 # A request's first draft-model probe comes after this many steps.
 # why: a choice, not a fit: where the draft model pays, its own acceptance, not the probes, decides;
-# history: docs/provenance.md#explore_every
+# history: docs/results/provenance.md#explore_every
 EXPLORE_EVERY = 32
 
 
@@ -141,7 +142,7 @@ TREE_WIDTHS = (1, 2, 3, 4)
 # occurrences, where they part: drafters.ngram), where the target scores trees.
 # why: the dev suite's recording on the H100 1.5B curve (`replay_controller.py trees --drafter
 # ngram`): the best fixed trees there are 3-4 wide where they pay; the controller cuts their depth;
-# history: docs/provenance.md#ngram_tree_width
+# history: docs/results/provenance.md#ngram_tree_width
 NGRAM_TREE_WIDTH = 4
 
 
@@ -307,7 +308,7 @@ class _Option:
 # draft's confidence in each token (ChainCut) and may run this deep, where the objective lets a
 # step be as wide as it pays (throughput); under a step bound no deeper than the step planned.
 # why: the replayed confidence stop kept all but 1-3% of what 16 gave at 8 on the H100 7B curve
-# (benchmarks/confidence_replay.py); history: docs/provenance.md#cut_depth
+# (benchmarks/confidence_replay.py); history: docs/results/provenance.md#cut_depth
 CUT_DEPTH = 8
 
 
@@ -328,12 +329,7 @@ def auto_controller(
     (TREE_WIDTHS)."""
     from .drafters.ngram import NgramDrafter
 
-    trees = (
-        model is not None
-        and getattr(model, "width", 0) == 1
-        and not getattr(model, "nodes", 0)
-        and "widths" in model.takes
-    )
+    trees = model is not None and model.width == 1 and not model.nodes and "widths" in model.takes
     scores_trees = target.scores_trees
     if costs is None or (costs[1] is None and model is not None):
         from .costs import measure_cost_table
@@ -341,7 +337,7 @@ def auto_controller(
         if isinstance(model, DraftModel):
             drafting = measure_cost_table(model.model)
         else:  # a drafter that times itself (a trained head), or none
-            drafting = model.cost_curve() if hasattr(model, "cost_curve") else None
+            drafting = model.cost_curve() if model is not None else None
         costs = (measure_cost_table(target) if costs is None else costs[0], drafting)
     return CostAwareController(
         free,
@@ -350,7 +346,7 @@ def auto_controller(
         passes=target.passes,
         stops=target.tokenizer.eog_ids,
         objective=objective,
-        draft_prior=getattr(model, "prior", None),  # a head's held-out agreement
+        draft_prior=model.prior if model is not None else None,  # a head's held-out agreement
         tree_widths=TREE_WIDTHS if trees and scores_trees else (1,),
         free_width=NGRAM_TREE_WIDTH if scores_trees and free and isinstance(free[0], NgramDrafter) else 1,
         long_step_share=long_step_share,
@@ -408,7 +404,7 @@ class CostAwareController:
         # survival of a copy by match length and position, each rate one standard error below its
         # estimate: MatchAcceptance.cautious), priced on the curve: a flat curve drafts long, a steep
         # one short. `reach` adds a cap for callers that measured one (vllm.py).
-        # history: docs/provenance.md#reach
+        # history: docs/results/provenance.md#reach
         self.reach = reach
         self.stops = stops  # end-of-generation tokens: a free proposal is valued up to its first
         if free is None:
@@ -423,6 +419,18 @@ class CostAwareController:
         # by its passes (_draft_forward_seconds)
         self.draft_cost = CostTable.of(draft_costs) if draft_costs else None
         self.passes = passes  # the target's: a forward's passes over the weights, by row (RowModel.passes)
+        self._tables(match_prior, draft_prior, shared_rate, free_width, tree_widths)
+        self.overlay_weight = OVERLAY_WEIGHT if overlay_weight is None else overlay_weight
+        self.explore_every = explore_every
+        self.explore_growth = EXPLORE_GROWTH if explore_growth is None else explore_growth
+        self._rows: dict[int, _RowState] = {}
+        self.decisions: dict[str, int] = {}  # "plain" / "ngram:k" / "draft:k" -> row steps
+        self._alone: dict[tuple[int, float | None, bool], float] = {}  # _alone_seconds's, this step's
+        self._drafts: dict[tuple[int, float | None], float] = {}  # _draft_seconds's, this step's
+
+    def _tables(self, match_prior, draft_prior, shared_rate, free_width: int, tree_widths: Sequence[int]) -> None:
+        """The acceptance tables, each learning at the shared rate: the free drafters' by match
+        length, the draft model's, its trees' siblings and its confidence cuts."""
         # each free drafter's acceptance by match length: inside a long copy its guesses keep landing.
         # The shared tables start from priors fitted on the outside suite and learn slowly across
         # requests; each request learns fast in its own overlay (Overlay)
@@ -442,14 +450,7 @@ class CostAwareController:
         self.tree_widths = sorted({1, *(w for w in tree_widths if w in self.sibling_accept.widths)})
         # the draft model's greedy chains, cut by its confidence where it takes cuts (ChainCut)
         self.confidence_accept = ConfidenceAcceptance(rate=rate)
-        self._cuts = model_drafter is not None and "cuts" in model_drafter.takes
-        self.overlay_weight = OVERLAY_WEIGHT if overlay_weight is None else overlay_weight
-        self.explore_every = explore_every
-        self.explore_growth = EXPLORE_GROWTH if explore_growth is None else explore_growth
-        self._rows: dict[int, _RowState] = {}
-        self.decisions: dict[str, int] = {}  # "plain" / "ngram:k" / "draft:k" -> row steps
-        self._alone: dict[tuple[int, float | None, bool], float] = {}  # _alone_seconds's, this step's
-        self._drafts: dict[tuple[int, float | None], float] = {}  # _draft_seconds's, this step's
+        self._cuts = self.model is not None and "cuts" in self.model.takes
 
     def begin(self, row: int, prompt: Sequence[int], policy=None) -> None:
         self._rows[row] = _RowState(
@@ -788,7 +789,7 @@ class CostAwareController:
                 heapq.heappush(heap, (-gain(e, k), row))
         # a speculative step need only promise more than a plain one: the drafters' rates it is
         # priced on are already taken one standard error low (acceptance.cautious_rates), which is
-        # the error a fixed margin stood in for (docs/provenance.md#margin-replaced-by-the-estimates-error)
+        # the error a fixed margin stood in for (docs/results/provenance.md#margin-replaced-by-the-estimates-error)
         if best[1] <= plain:
             return {row: 0 for row in options}, plain, plain
         return best[0], best[1], plain

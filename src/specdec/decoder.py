@@ -201,14 +201,18 @@ class SpeculativeDecoder:
         """Generates for every prompt; row i is what generate(prompts[i], seed=seed + i) gives.
         The rows run together as far as the models hold rows (their max_rows); the others wait
         and join as rows finish. Each row drafts, verifies and accepts on its own."""
-        config = replace(config or GenerationConfig(), **overrides)
+        requests = self.add_batch(prompts, replace(config or GenerationConfig(), **overrides))
+        self.engine.run(requests)
+        return [r.result for r in requests]
+
+    def add_batch(self, prompts: Sequence[str | Sequence[int]], config: GenerationConfig) -> list[Request]:
+        """Every prompt added to the engine's queue, row i seeded seed + i (so that row i is what
+        generate(prompts[i], seed=seed + i) gives); run them with engine.run."""
         tokens = [self.prompt_tokens(p, config) for p in prompts]
-        requests = [
+        return [
             self.engine.add(t, config if config.seed is None else replace(config, seed=config.seed + i))
             for i, t in enumerate(tokens)
         ]
-        self.engine.run(requests)
-        return [r.result for r in requests]
 
     def prompt_tokens(self, prompt: str | Sequence[int], config: GenerationConfig) -> list[int]:
         """Token ids of the prompt, with the chat template applied when asked (or by default

@@ -34,14 +34,15 @@ from .text import Detokenizer
 # Prompt tokens joining rows prefill per step while other rows are decoding, where the engine has
 # no cost curve to size the step by (prefill_stall): a long prompt is cut into chunks so that the
 # running rows wait one chunk, not the whole prompt (alone, a row prefills at once).
-# why: it bounds the running rows' stall, which depends on the machine; history: docs/provenance.md#prefill_chunk
+# why: it bounds the running rows' stall, which depends on the machine;
+# history: docs/results/provenance.md#prefill_chunk
 PREFILL_CHUNK = 256
 # A step that carries joining rows' prompt chunks along with the decoding rows' tokens may cost up
 # to this many times the decoding rows' own plain step (from the cost curve): the chunks get the
 # widest budget that keeps it so, at least one token a step.
 # why: a decoding row's inter-token gap stays within this factor of its plain step while others
 # join, on any curve (on a GPU's flat curve hundreds of prompt tokens ride along, on this CPU's steep
-# one a few); history: docs/provenance.md#prefill_stall
+# one a few); history: docs/results/provenance.md#prefill_stall
 PREFILL_STALL = 1.5
 # A joining row's chunk rides along only where its prompt tokens cost at most this many times, per
 # token, what they cost read alone in one forward (on the cost curve); else the row waits for the
@@ -49,7 +50,7 @@ PREFILL_STALL = 1.5
 # chunk by chunk would take.
 # why: on a steep curve (this CPU's) the few tokens that fit a step cost twice what they cost read
 # in bulk, and every decoding row's step is slower the whole time; on a flat one (a GPU's) chunks
-# ride almost free and this never holds a joiner back; history: docs/provenance.md#prefill_waste
+# ride almost free and this never holds a joiner back; history: docs/results/provenance.md#prefill_waste
 PREFILL_WASTE = 1.5
 # A finished row's cache is kept (Engine(prefix_cache=True), where the target keeps idle rows for
 # free) and a new prompt takes the kept row that already holds the longest start of it, when that
@@ -58,7 +59,7 @@ PREFILL_WASTE = 1.5
 # why: llama.cpp's per-row streams pass over the weights once per run of consecutive row ids, so
 # a row taken out of order can cost every step of its request a second pass (rows 0, 1, 3: 96 ms
 # a step, rows 0-1 64 and 0-3 110, this CPU); only a long shared start pays for that;
-# history: docs/provenance.md#prefix_min
+# history: docs/results/provenance.md#prefix_min
 PREFIX_MIN = 256
 # Where a kept row is taken by a prompt that does not share all it holds, its cache is first
 # copied to host memory (Engine's host_cache, llama-server's --cache-ram, in MiB there as in
@@ -66,7 +67,7 @@ PREFIX_MIN = 256
 # prefilling: a copy costs ~28 KiB a token for the 1.5B, a memcpy, where prefilling costs a forward.
 # why: llama-server's default; with more conversations than rows, a row's cache is otherwise lost to
 # the next request and the conversation's next turn reads its whole history again (second turns'
-# TTFT 0.2-0.4 s against 1.1-4.8 s, three conversations on one row); history: docs/provenance.md#host_cache_mib
+# TTFT 0.2-0.4 s against 1.1-4.8 s, three conversations on one row); history: docs/results/provenance.md#host_cache_mib
 HOST_CACHE_MIB = 8192
 
 

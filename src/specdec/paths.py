@@ -25,6 +25,19 @@ def reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def read_text(path: str | os.PathLike, what: str) -> str:
+    """A UTF-8 text file's text; else a SpecdecError that names `what` asked for it ("--config
+    FILE") and why it could not be read."""
+    from .errors import SpecdecError
+
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecdecError(f"{what}: cannot read it ({reason(exc)})") from None
+    except UnicodeDecodeError:
+        raise SpecdecError(f"{what}: not UTF-8 text") from None
+
+
 def write_atomically(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` whole or not at all: into a temporary file in the same folder (a
     unique name, so two processes never share one), then os.replace, so a reader or a crash sees

@@ -193,7 +193,7 @@ def check_vllm(target: str, draft: str | None = None, engines: int = 1) -> None:
     """Fails with a one-line reason unless the vLLM peer is set up for these models and `engines`
     engines of them (one draft model among them, where given) fit in the memory available now: an
     engine that runs out of memory dies mid-bench, after the runs before it."""
-    from .bench.methods import VLLM_LEARNING_KINDS
+    from .vllm_peer import VLLM_LEARNING_KINDS
 
     python = vllm_python()
     if not python.is_file():

@@ -33,7 +33,8 @@ GRAMMAR = (
     "model of another vocabulary optionally prefixed string: or intersect:"
 )
 # whether auto consults the suffix cache when not told (DraftSpec.suffix None)
-# why: a fresh process, its cache empty, stays within 3% of auto without it; history: docs/provenance.md#auto_suffix
+# why: a fresh process, its cache empty, stays within 3% of auto without it;
+# history: docs/results/provenance.md#auto_suffix
 AUTO_SUFFIX = True
 # the kinds whose drafter takes a tree width with each call (drafters.ngram, drafters.suffix), so
 # one of it serves requests of different widths (a draft model or head drafts the shape it was built with)

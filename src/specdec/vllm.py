@@ -45,25 +45,24 @@ from typing import Sequence
 
 import numpy as np
 
-from .controller import CostAwareController, FixedController, Outcome
+from .build import for_vllm
+from .controller import Outcome
 from .costs import CostTable
 from .drafters.base import Draft
-from .drafters.ngram import NgramDrafter
-from .drafters.suffix import DEFAULT_CAP, SuffixCacheDrafter
 from .sampling import SamplingParams
 
 # Without a timed curve, a step of w tokens is assumed to cost 1 + PRIOR_SLOPE (w - 1) one-token
 # steps until the live timing says otherwise.
 # why: between a GPU's flat curve (~0.01) and this CPU's llama.cpp (~0.35 up to 16 tokens); a guess
-# that the live ratios correct, stated as one; history: docs/provenance.md#prior_slope
+# that the live ratios correct, stated as one; history: docs/results/provenance.md#prior_slope
 PRIOR_SLOPE = 0.3
 # On a curve this flat (a draft token costs at most FLAT_SLOPE of a one-token step, widths 1-17) the
 # proposer lets prompt lookup and the suffix cache draft FLAT_REACH x their match, on a steeper one
 # STEEP_REACH x (the controller itself caps nothing: its estimates decide).
 # why: on vLLM's CPU curve (0.011 a token) an offline replay of the suite did best at 2 (new prompts
 # +18%, repeats unchanged; no cap lost 10% on exact repeats there); STEEP_REACH is the cap the
-# controller had before its estimates replaced it; history: docs/provenance.md#flat_reach,
-# docs/provenance.md#reach
+# controller had before its estimates replaced it; history: docs/results/provenance.md#flat_reach,
+# docs/results/provenance.md#reach
 FLAT_SLOPE = 0.05
 FLAT_REACH = 2.0
 STEEP_REACH = 0.5
@@ -71,7 +70,7 @@ PRIOR_WIDTHS = (*range(1, 17), 24, 32, 48, 64)
 # Without a timed curve, each width's cost is the mean of its last this many timed steps (older
 # ones fade: the machine's load moves).
 # why: enough steps that one slow step (a pause in vLLM's loop) moves a width's cost by a few
-# percent, few enough to follow the machine; history: docs/provenance.md#live_memory
+# percent, few enough to follow the machine; history: docs/results/provenance.md#live_memory
 LIVE_MEMORY = 32
 # A tracked request unseen for this many calls has left (finished, or preempted: it begins anew).
 GONE_AFTER = 2
@@ -254,24 +253,20 @@ class Proposer:
         self.clock = clock
         if _device_type(vllm_config) in ("cpu", None):  # (None: a config that does not say)
             print(CPU_SAMPLING_WARNING, file=sys.stderr)
-        self.ngram = NgramDrafter()
-        self.suffix = SuffixCacheDrafter(DEFAULT_CAP, vocab_size=self.vocab_size)
-        self.drafters = [self.ngram, self.suffix]
         self.timed = load_costs(self.model_path)
+        curve = reach = None
         if self.spec == "auto":
             curve = self.timed or prior_curve()
             flat = self.timed is not None and _slope(self.timed) <= FLAT_SLOPE
             reach = FLAT_REACH if flat else STEEP_REACH
-            self.controller = CostAwareController(self.drafters, None, curve, stops=self.stops, reach=reach)
             if self.timed is None:
                 print(
                     f"specdec: no timed cost curve for {self.model_path}; starting from a prior and learning "
                     f"live (time one with `python -m specdec.vllm_peer costs {self.model_path}`)",
                     file=sys.stderr,
                 )
-        else:
-            drafter = self.ngram if self.spec == "ngram" else self.suffix
-            self.controller = FixedController(drafter, self.k_max)
+        built, self.controller = for_vllm(self.spec, self.vocab_size, self.k_max, curve, self.stops, reach)
+        self.ngram, self.suffix, self.drafters = built.ngram, built.suffix, built.free
         self._rows = _Rows()
         self._last: float | None = None  # when the previous call returned
         self._width = 0  # the tokens the step after it fed: every row's [last, *draft]

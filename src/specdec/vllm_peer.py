@@ -30,6 +30,11 @@ import sys
 import time
 from pathlib import Path
 
+# the methods a bench names vllm:KIND:K (and vllm:plain): vLLM's own drafters and ours inside it (specdec.vllm)
+VLLM_KINDS = ("ngram", "draft", "suffix", "specdec:auto", "specdec:ngram", "specdec:suffix")
+# the kinds that learn across prompts (a suffix cache): the bench opens one engine per repeat
+VLLM_LEARNING_KINDS = ("suffix", "specdec:auto", "specdec:suffix")
+METHODS = "vllm:plain, " + ", ".join(f"vllm:{kind}:K" for kind in VLLM_KINDS)
 PROVENANCE = "specdec-provenance.json"
 DTYPE = "bfloat16"
 # vLLM's KV cache on the CPU, in GiB (VLLM_CPU_KVCACHE_SPACE); its default (4) times the engines a
@@ -100,13 +105,26 @@ def convert(name: str, force: bool = False) -> Path:
     return out
 
 
+def parse_method(method: str) -> tuple[str, int] | None:
+    """A method without its 'vllm:' prefix (module docstring) -> (kind, k), ('plain', 0); None where
+    it is not one (k: ASCII digits, >= 1, as our methods' counts: spec.count)."""
+    if method == "plain":
+        return "plain", 0
+    kind, _, k = method.rpartition(":")
+    if kind in VLLM_KINDS and k.isascii() and k.isdigit() and int(k) >= 1:
+        return kind, int(k)
+    return None
+
+
 def speculative_config(method: str, draft: str | None) -> dict | None:
-    """A method name (module docstring; the bench's vllm: methods without the prefix, parsed by
-    bench.methods.parse_method) -> vLLM's speculative_config (None: plain)."""
-    from .bench.methods import parse_method
+    """A method name (module docstring; the bench's vllm: methods without the prefix) -> vLLM's
+    speculative_config (None: plain)."""
     from .errors import SpecdecError
 
-    _, kind, k = parse_method(f"vllm:{method}")  # an unknown method fails here, with the list
+    parsed = parse_method(method)
+    if parsed is None:
+        raise SpecdecError(f"unknown method 'vllm:{method}': use {METHODS}")
+    kind, k = parsed
     if kind == "plain":
         return None
     if kind == "ngram":

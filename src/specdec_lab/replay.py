@@ -36,7 +36,7 @@ from typing import Callable, Mapping, Sequence
 from specdec.acceptance import K_MAX, MATCH_BUCKETS, MatchAcceptance, agreement
 from specdec.controller import Outcome
 from specdec.costs import CostTable
-from specdec.drafters.base import Draft
+from specdec.drafters.base import Declared, Draft
 from specdec.drafters.model import CATCH_UP_MIN, CATCH_UP_SCORED, Levels, confidence, shaping_probs
 from specdec.drafters.ngram import NgramDrafter
 
@@ -475,7 +475,7 @@ def draft_run(agrees: str, pos: int, k: int) -> int:
     return n
 
 
-class RecordedDrafter:
+class RecordedDrafter(Declared):
     """A draft model replayed from recordings (prompt -> (the target's output, the draft's
     agreement string[, its ranks])): it proposes what the real one would have under greedy
     decoding, the target's tokens for the run of agreements and then a token the target rejects,

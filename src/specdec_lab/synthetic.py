@@ -13,11 +13,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from specdec.drafters.base import Draft
+from specdec.drafters.base import Declared, Draft
 from specdec.sampling import SamplingParams
 
 
-class SyntheticDrafter:
+class SyntheticDrafter(Declared):
     takes = frozenset()  # propose's keywords beyond (contexts, ks, leaves): Drafter.takes
 
     def __init__(

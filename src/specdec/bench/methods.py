@@ -20,13 +20,12 @@ FULL_METHODS = ("plain", "auto", *(f"draft:{k}" for k in range(1, 9)), "ngram:2"
 HF_METHODS = ("hf:plain", "hf:assisted:4", "hf:prompt-lookup:8")
 # vLLM (`make vllm-peer`): its own methods, and our drafters inside it (specdec.vllm)
 VLLM_METHODS = ("vllm:plain", "vllm:ngram:8", "vllm:draft:4", "vllm:specdec:auto:16", "vllm:specdec:ngram:8")
-VLLM_KINDS = ("ngram", "draft", "suffix", "specdec:auto", "specdec:ngram", "specdec:suffix")
-# the vLLM kinds that learn across prompts (a suffix cache): the bench opens one engine per repeat
-VLLM_LEARNING_KINDS = ("suffix", "specdec:auto", "specdec:suffix")
 
 
 def vllm_engines(methods: list[str], repeats: int) -> int:
     """The vLLM engines a bench of these methods keeps open at once (Bench._vllm_peer)."""
+    from ..vllm_peer import VLLM_LEARNING_KINDS
+
     kinds = [parse_method(m)[1] for m in methods if m.startswith("vllm:")]
     return sum(repeats if kind in VLLM_LEARNING_KINDS else 1 for kind in kinds)
 
@@ -48,16 +47,16 @@ def parse_method(method: str) -> tuple[str, DraftSpec | str, int]:
     peer's drafter, k)."""
     from ..spec import METHODS
     from ..spec import parse_method as parse_ours
+    from ..vllm_peer import METHODS as VLLM
+    from ..vllm_peer import parse_method as parse_vllm
 
     runner, _, rest = method.partition(":")
     if method == NOISE_METHOD:
         return "specdec", parse_ours("plain"), 0
     if runner == "vllm":
-        kind, _, k = rest.rpartition(":")
-        if rest == "plain":
-            return runner, "plain", 0
-        if kind in VLLM_KINDS and _count(k) >= 1:
-            return runner, kind, int(k)
+        found = parse_vllm(rest)
+        if found is not None:
+            return runner, *found
     elif runner not in ("llama.cpp", "hf"):
         spec = parse_ours(method)
         if spec is not None:
@@ -74,6 +73,5 @@ def parse_method(method: str) -> tuple[str, DraftSpec | str, int]:
     raise SpecdecError(
         f"unknown method {method!r}: use {METHODS}, llama.cpp:plain, "
         f"llama.cpp:draft:K, llama.cpp:ngram-simple:K (or another llama.cpp n-gram type), hf:plain, hf:assisted:K, "
-        f"hf:prompt-lookup:K, vllm:plain, vllm:ngram:K, vllm:draft:K, vllm:suffix:K, vllm:specdec:auto:K, "
-        f"vllm:specdec:ngram:K, vllm:specdec:suffix:K"
+        f"hf:prompt-lookup:K, {VLLM}"
     )

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import SpecdecError
-from .methods import NOISE_METHOD, VLLM_LEARNING_KINDS, parse_method
+from .methods import NOISE_METHOD, parse_method
 from .suite import prompt_text
 
 if TYPE_CHECKING:
@@ -149,6 +147,7 @@ class Bench:
         (a suffix cache) gets one engine per repeat, as our learners get one decoder per repeat
         (the package docstring): each engine holds its own weights, so mind the memory."""
         from ..peers import VllmPeer
+        from ..vllm_peer import VLLM_LEARNING_KINDS
 
         key = (method, repeat if kind in VLLM_LEARNING_KINDS else 0)
         if key not in self.vllm:
@@ -216,16 +215,11 @@ class Bench:
         return SpeculativeDecoder.from_spec(self.target, spec, draft=self.drafter, costs=costs())
 
     def _suffix_cache(self):
-        """A fresh suffix cache (each method its own), with the corpus if one was given; None for
+        """A fresh suffix cache (each method its own), with the corpus if one was given; False for
         `auto` when --suffix-cap 0 turns it off."""
-        from ..drafters import new_suffix_cache
+        from ..build import suffix_cache
 
-        if self.suffix_cap == 0:
-            return False
-        cache = new_suffix_cache(self.target, self.suffix_cap)
-        if self.draft_corpus:
-            cache.load_corpus(self.draft_corpus, self.target.tokenizer)
-        return cache
+        return suffix_cache(self.target, self.suffix_cap, self.draft_corpus)
 
     def run_batch(self, items: list[dict], method: str, repeat: int) -> Row:
         """One of our methods on a batch of prompts (generate_batch): tokens and tokens/s summed
@@ -306,16 +300,6 @@ def produced(tokens: int, ended_on_eog: bool, max_tokens: int) -> int:
     return min(tokens + ended_on_eog, max_tokens + 1)
 
 
-def _progress(done: int, total: int, started: float, label: str) -> None:
-    elapsed = time.perf_counter() - started
-    eta = elapsed / done * (total - done) if done else 0.0
-    bar = "#" * int(30 * done / total)
-    sys.stderr.write(
-        f"\r[{bar:<30}] {done}/{total} elapsed {elapsed / 60:4.1f} min, ETA {eta / 60:4.1f} min  {label[:40]:<40}"
-    )
-    sys.stderr.flush()
-
-
 def run_bench(
     bench: Bench,
     prompts: list[dict],
@@ -346,7 +330,9 @@ def run_bench(
         # whole batches only (a short last one would be another batch size)
         units += [(prompts[i : i + size], ours) for i in range(0, len(prompts) - size + 1, size)]
     rows: list[Row] = []
-    total, started = sum(len(m) for _, m in units) * repeats, time.perf_counter()
+    from ..progress import Progress
+
+    bar = Progress("bench", sum(len(m) for _, m in units) * repeats, "run")
     # Warm-up: every weight page of both models touched before any timing.
     bench.run(prompts[0], "draft:4", repeat=-1)
     with open(out / "results.jsonl", "w", encoding="utf-8") as results:
@@ -357,7 +343,7 @@ def run_bench(
                 runs = {}
                 for method in order:
                     label = items[0]["id"] if len(items) == 1 else f"batch of {len(items)}"
-                    _progress(len(rows), total, started, f"{label} {method}")
+                    bar.update(len(rows), f"{label} {method}"[:40], force=True)
                     runs[method] = (
                         bench.run(items[0], method, repeat)
                         if len(items) == 1
@@ -374,8 +360,8 @@ def run_bench(
                     run.identical_to_plain = run.text_match != "differs"
                     results.write(json.dumps(asdict(run)) + "\n")
                 results.flush()
-    _progress(total, total, started, "done")
-    sys.stderr.write("\n")
+    bar.update(len(rows), "done")
+    bar.close()
     return rows
 
 

@@ -99,7 +99,6 @@ def _add_generate_parsers(sub) -> None:
 
 def cmd_generate_batch(args) -> int:
     import time
-    from dataclasses import replace
 
     prompts = _batch_prompts(args)
     config = _config(args)
@@ -109,12 +108,7 @@ def cmd_generate_batch(args) -> int:
     # every prompt joins the engine's queue; B rows run at once and a waiting prompt takes the row
     # of one that finishes (continuous batching). Results print in order, each as soon as it can.
     engine = decoder.engine
-    requests = [
-        engine.add(
-            decoder.prompt_tokens(p, config), config if config.seed is None else replace(config, seed=config.seed + i)
-        )
-        for i, p in enumerate(prompts)
-    ]
+    requests = decoder.add_batch(prompts, config)
     tokenizer = decoder.target.tokenizer
     for i, request in enumerate(requests):
         engine.run([request])

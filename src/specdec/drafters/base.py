@@ -223,6 +223,15 @@ class Drafter(Protocol):
     # reads them instead of probing the signature: "widths" (a tree's width per row and call)
     # and "cuts" (controller.ChainCut per greedy row: the draft's confidence ends the chain)
     takes: frozenset[str]
+    # its shape: candidates per position (> 1: trees) and a tree's nodes kept (0: all), and a
+    # held-out agreement auto starts from (None: its own prior); Declared holds the defaults
+    width: int
+    nodes: int
+    prior: float | Sequence[float] | None
+
+    def cost_curve(self) -> dict[int, float] | None:
+        """Seconds of one draft position over w rows, where it times itself (None: it does not)."""
+        ...
 
     def begin(self, row: int, prompt: Sequence[int], params: SamplingParams, rng: np.random.Generator) -> None:
         """A row starts generating. `params` and `rng` are the ones the engine verifies the row
@@ -244,6 +253,21 @@ class Drafter(Protocol):
     def end(self, rows: Sequence[int]) -> None:
         """These rows are done (or cancelled): free what they hold."""
         ...
+
+
+class Declared:
+    """What a drafter declares (Drafter), with the defaults of a chain drafter that takes no
+    keywords, has no prior of its own and does not time itself; a drafter sets what differs."""
+
+    takes: frozenset[str] = frozenset()
+    width = 1  # candidates per draft position (> 1: trees)
+    nodes = 0  # a tree's nodes kept (0: all of its k x width)
+    prior = None  # P(position i kept | the ones before were), a head's held-out agreement (None: auto's prior)
+
+    def cost_curve(self) -> dict[int, float] | None:
+        """auto's price of one draft position over w rows, where the drafter times itself (a head,
+        an early exit); None: auto times its model (DraftModel) or it costs nothing."""
+        return None
 
 
 @runtime_checkable

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..models.base import RowModel
 from ..sampling import SamplingParams, logits_to_probs, sample
-from .base import Draft, lent_passes
+from .base import Declared, Draft, lent_passes
 
 MODES = ("string", "intersect")
 DEFAULT_MODE = "string"
@@ -140,7 +140,7 @@ class _Row:
         self.synced = 0  # target tokens the draft row holds the text of
 
 
-class CrossVocabDrafter:
+class CrossVocabDrafter(Declared):
     """A draft model whose token ids mean something else than the target's (module docstring).
     Implements drafters.base.Drafter; `model` and `lag` serve the cost-aware controller as a
     same-vocabulary ModelDrafter's do."""

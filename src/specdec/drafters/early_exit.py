@@ -34,7 +34,6 @@ the output cannot depend on what the drafter did, and the code stays simple.
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -42,11 +41,11 @@ import numpy as np
 
 from ..errors import SpecdecError
 from ..sampling import SamplingParams
-from .base import Draft, fit_tree, tree_shape
+from .base import Declared, Draft, fit_tree, tree_shape
 from .model import Levels
 
 
-class EarlyExitDrafter:
+class EarlyExitDrafter(Declared):
     """Rows are the target's own (the engine's row ids are the target's). With `blocks`, the
     trained blocks the target has attached after its first n_layers layers (an early-exit head on
     the torch backend: exit_head_drafter) run between them and the final norm. `width` and `nodes`:
@@ -63,14 +62,13 @@ class EarlyExitDrafter:
         width: int = 1,
         nodes: int = 0,
     ):
-        total = getattr(model, "n_layer", None)
-        if total is None or "n_layers" not in inspect.signature(model.forward_rows).parameters:
+        if not model.exits_early:
             raise SpecdecError(
                 "early-exit drafting needs a target on the NumPy or torch backend (its forward can stop "
                 "after the first layers; llama.cpp's runs every layer)"
             )
-        if not 1 <= n_layers <= total:
-            raise SpecdecError(f"early exit after {n_layers} layers: pick 1..{total} for {model.name}")
+        if not 1 <= n_layers <= model.n_layer:
+            raise SpecdecError(f"early exit after {n_layers} layers: pick 1..{model.n_layer} for {model.name}")
         self.model = model  # the target itself: drafter and target share its cache
         self.n_layers = n_layers
         self.blocks = blocks

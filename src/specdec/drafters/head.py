@@ -47,7 +47,7 @@ from ..errors import SpecdecError
 from ..models.base import HiddenStates
 from ..models.numpy_ref import rms_norm, silu
 from ..sampling import SamplingParams, draft_token
-from .base import Draft, fit_tree, tree_shape
+from .base import Declared, Draft, fit_tree, tree_shape
 from .model import shaping_probs, siblings
 
 NORM_EPS = 1e-6  # the prophet's RMS norms (drafters.head_net.rms_norm's default)
@@ -155,7 +155,7 @@ def held_out_prior(info) -> list[float] | None:
     return rates + [0.0] * (K_MAX - len(rates))
 
 
-class HeadDrafter:
+class HeadDrafter(Declared):
     """Drafts for the target's own rows (the engine's row ids are the target's)."""
 
     takes = frozenset()  # propose's keywords beyond (contexts, ks, leaves): Drafter.takes

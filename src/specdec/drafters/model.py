@@ -44,7 +44,7 @@ import numpy as np
 from ..errors import SpecdecError
 from ..models.base import RowModel, check_same_vocab
 from ..sampling import SamplingParams, draft_token, sample
-from .base import ChainCut, Draft, fit_tree, lent_passes, tree_shape
+from .base import ChainCut, Declared, Draft, fit_tree, lent_passes, tree_shape
 
 # A catch-up scores the draft's guesses at no more than this many of the last generated tokens it
 # feeds (each costs a row of logits: on a CPU the output head is a quarter of a small model's work).
@@ -79,7 +79,7 @@ def _kept(state: _Row, context: Sequence[int]) -> int:
     return min(n, len(context) - 1)
 
 
-class ModelDrafter:
+class ModelDrafter(Declared):
     takes = frozenset({"widths", "cuts"})  # propose's keywords beyond (contexts, ks, leaves): Drafter.takes
 
     def __init__(self, model: RowModel, target: RowModel | None = None, width: int = 1, nodes: int = 0):
@@ -225,7 +225,7 @@ class ModelDrafter:
         may have children join, and one tree forward of the draft model (all rows) reads them.
         The draft model's cache holds the context alone after it (state.fed; the tree is dropped)."""
         model = self.model
-        grow = getattr(model, "grow_tree_rows", None)
+        grow = model.grow_tree_rows if model.grows_trees else None
         # a node may take a sequence id of its own (llama.cpp lends a few dozen): rows past what is
         # left grow smaller trees, down to one node (a chain of one)
         room = model.tree_leaves if model.tree_leaves is not None else sum(nodes.values())
@@ -320,7 +320,7 @@ class _Growth:
             self.parents.append(parent)
             self.q.append(level[2])
             # its children's places build on its own, not on its drawn q: a drawn token is kept with
-            # min(1, p / q), which its q alone does not tell (measured: docs/bench-tree-grown.md)
+            # min(1, p / q), which its q alone does not tell (measured: docs/results/bench-tree-grown.md)
             self.value.append(-negative)
             self.depth.append(depth)
             if j + 1 < len(level[0]):  # the sibling drawn next
@@ -447,7 +447,7 @@ class Levels:
 # top_k 10, then p_min compares the first's share).
 # why: one measure for the recordings, the replay of llama.cpp's rule (its p_min, the confidence
 # rule users know) and auto's own cut (controller.ChainCut), whose rates are fitted on recordings;
-# history: docs/provenance.md#confidence_top_k
+# history: docs/results/provenance.md#confidence_top_k
 CONFIDENCE_TOP_K = 10
 
 

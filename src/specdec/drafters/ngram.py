@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..sampling import SamplingParams
-from .base import Draft, tree_shape
+from .base import Declared, Draft, tree_shape
 
 
 class _Index:
@@ -36,7 +36,7 @@ class _Index:
         self.ends: dict[tuple[int, ...], list[int]] = {}  # n-gram -> positions after it, oldest first
 
 
-class NgramDrafter:
+class NgramDrafter(Declared):
     """Tries n = n_max down to n_min; for the first n whose n-gram occurred before, the latest
     `candidates` occurrences compete on how far back their match extends (up to `match_cap`
     tokens), the most recent winning ties (edits tend to follow the code nearest to them)."""

@@ -46,9 +46,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import SpecdecError
-from ..paths import write_atomically
+from ..paths import read_text, write_atomically
 from ..sampling import SamplingParams
-from .base import Draft, tree_shape
+from .base import Declared, Draft, tree_shape
 
 # n-gram lengths the index keys on. The longest present narrows the candidates to occurrences that
 # already match that far (a 16-token key finds a repeated prompt among thousands of "    return"s);
@@ -145,7 +145,7 @@ class _Row:
     context: Sequence[int] | None = None  # the engine's live context list, last seen
 
 
-class SuffixCacheDrafter:
+class SuffixCacheDrafter(Declared):
     """Proposes the most frequent continuation of the longest suffix match in everything this
     process has seen (module docstring). One instance serves every row and every request."""
 
@@ -333,12 +333,7 @@ class SuffixCacheDrafter:
 
     def load_corpus(self, path: str | Path, tokenizer) -> int:
         """Add a text file, tokenized by the target's tokenizer, as a static sequence; its tokens."""
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise SpecdecError(f"cannot read --draft-corpus {path}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise SpecdecError(f"--draft-corpus {path} is not UTF-8 text") from None
+        text = read_text(path, f"--draft-corpus {path}")
         tokens = tokenizer.encode(text, add_special=False)
         self.add(tokens, static=True)
         return len(tokens)

@@ -68,6 +68,10 @@ class RowModel(Protocol):
     tree_leaves: int | None
     keeps_idle_rows: bool
     saves_rows: bool
+    grows_trees: bool  # grow_tree_rows: a tree forward that adds nodes to the tree already fed
+    exits_early: bool  # forward_rows(..., n_layers=L) stops after L of its n_layer layers (early exit)
+    runs_exit_blocks: bool  # attach_exit_blocks: an early-exit head's blocks drafted through its own cache
+    exact: bool  # every row's logits batch-invariant (llama.cpp's exact mode, docs/guide/exact.md)
 
     def add_rows(self, n: int = 1) -> list[int]:
         """n new empty rows; their ids."""
@@ -226,6 +230,10 @@ class SingleRow:
     tree_leaves: int | None = None
     keeps_idle_rows = False
     saves_rows = False
+    grows_trees = False
+    exits_early = False
+    runs_exit_blocks = False
+    exact = False
 
     def _solo_row(self) -> int:
         if self._solo is None:
@@ -268,6 +276,10 @@ class SequentialRows:
     saves_rows = True  # save_row / load_row below
     scores_trees = False  # a subclass with forward_tree sets it (the module docstring)
     tree_leaves: int | None = None  # no limit
+    grows_trees = False
+    exits_early = False  # a subclass whose forward takes n_layers sets it
+    runs_exit_blocks = False
+    exact = False
 
     def _row_states(self) -> dict:
         if "_states" not in self.__dict__:

@@ -15,7 +15,7 @@ only each row's own cells, where in one pool every row's attention spans every r
 
 The exact mode (exact=True) makes every row's logits from a forward of W tokens bit-identical to a
 one-token forward's at the same position, alone or beside other rows, so speculative greedy IS plain
-greedy. What differs otherwise, found op by op with the eval callback (docs/exact.md):
+greedy. What differs otherwise, found op by op with the eval callback (docs/guide/exact.md):
   - ggml's tiled K-quant matmul takes over at 8 or more rows and sums a block's floats in another
     order than the one-row dot products; llamafile's sgemm multiplies the f16 attention matrices
     for 2 or more rows and ggml's dot products for one: a patched build
@@ -297,6 +297,7 @@ class LlamaCppModel(SingleRow):
         # starts the same way (Engine prefix_cache) without taking cells from the running rows
         self.keeps_idle_rows = not pooled
         self.saves_rows = True  # save_row / load_row (llama_state_seq_*)
+        self.grows_trees = True  # grow_tree_rows (a tree's new nodes on the cells of its earlier ones)
         self.path = Path(path)
         _check_gguf_header(self.path)
         self.name = self.path.name
@@ -304,6 +305,12 @@ class LlamaCppModel(SingleRow):
         if max_rows < 1:
             raise SpecdecError(f"a model needs room for at least one row, got max_rows={max_rows}")
 
+        if n_gpu_layers and not lib.llama_supports_gpu_offload():
+            raise SpecdecError(
+                f"--gpu-layers {n_gpu_layers}: this llama-cpp-python was built for the CPU only; build it "
+                "with CUDA (python scripts/install_llama_cpp.py --cuda, where nvcc is), or drop --gpu-layers"
+            )
+        self.n_gpu_layers = n_gpu_layers
         mparams = lib.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
         if exact:

@@ -400,6 +400,7 @@ class NumpyModel(SequentialRows):
         return matmul(x, self.weights["output.weight"])  # [n_rows, vocab]
 
     scores_trees = True  # forward_tree_rows / keep_path_rows (engine: tree drafts)
+    exits_early = True  # forward(..., n_layers=L): the first L layers (drafters.early_exit)
 
     def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
         """Append a tree of draft nodes in one pass and return every node's logits [T, vocab].

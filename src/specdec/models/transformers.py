@@ -274,6 +274,8 @@ class TransformersModel(SingleRow):
 
     max_rows = 1 << 16
     scores_trees = True  # forward_tree_rows: a tree's ancestry is its new columns' mask
+    exits_early = True  # forward_rows(..., n_layers=L): the first L layers (drafters.early_exit)
+    runs_exit_blocks = True  # attach_exit_blocks
 
     def __init__(
         self,
