@@ -32,7 +32,7 @@ $(VENV)/.torch: $(VENV)/.ready
 
 torch-deps: $(VENV)/.torch
 
-# The exact mode's llama.cpp (--exact): the same version, patched (docs/exact.md) and built without
+# The exact mode's llama.cpp (--exact): the same version, patched (docs/guide/exact.md) and built without
 # llamafile's sgemm, its libraries only, into $$SPECDEC_HOME/llama-exact/ (about 8 minutes once).
 exact: setup
 	$(PY) scripts/install_llama_cpp.py --exact
@@ -61,9 +61,9 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# docs/cli.md, every command's flags, written from the parsers (tests/test_cli.py checks it is current).
+# docs/guide/cli.md, every command's flags, written from the parsers (tests/test_cli.py checks it is current).
 cli-docs: setup
-	$(PY) -m specdec.cli.reference docs/cli.md
+	$(PY) -m specdec.cli.reference docs/guide/cli.md
 
 # llama.cpp's own binaries (llama-bench, llama-speculative-simple) for benchmarks; not in CI.
 llama-tools: setup

@@ -15,7 +15,7 @@ counted as the engine would spend them: the catch-up look even where it takes no
 for each guess it fed. Beside it, per category (the median speedup over plain decoding over the
 category's prompts): the best fixed chain draft:1-8, llama.cpp's confidence stop (p_min 0.75, up
 to 16; replay.ConfidenceController) and vLLM's adaptive K over the draft model. `auto` and the
-clairvoyant are in docs/replay-verdict.md (same recordings and curves).
+clairvoyant are in docs/results/replay-verdict.md (same recordings and curves).
 
 The confidences past the draft's first miss are the target's context's, not the draft's own
 (teacher-forced): they only decide where a failed chain stops, that is its wasted forwards' cost.

@@ -10,7 +10,7 @@ pip caches built wheels without regard to CMAKE_ARGS, so we never let pip's cach
 wheel is built with --no-cache-dir into $SPECDEC_HOME/wheels/<version>-<hash of the flags>/ and
 installed from there; a second run (or CI on the same machine) skips the five-minute compile.
 
-The exact mode (`specdec generate --exact`) needs a second build of the same version (docs/exact.md):
+The exact mode (`specdec generate --exact`) needs a second build of the same version (docs/guide/exact.md):
 - without llamafile's sgemm (-DGGML_LLAMAFILE=OFF): for batches of 2 or more tokens it multiplies
   the f16 attention matrices in another order than the one-token kernels;
 - with ggml's Q4_K and Q6_K dot products ending each 256-value block the way its tiled matmul
@@ -27,6 +27,7 @@ models/llama_cpp.py loads through llama-cpp-python's LLAMA_CPP_LIB_PATH in an ex
     python scripts/install_llama_cpp.py                     # build once, install into this Python
     python scripts/install_llama_cpp.py --exact             # the exact mode's libraries, once
     python scripts/install_llama_cpp.py --print-cmake-args  # just print the flags for this CPU
+    python scripts/install_llama_cpp.py --cuda              # with CUDA as well (nvcc on the PATH), for --gpu-layers
 """
 
 from __future__ import annotations
@@ -241,9 +242,20 @@ def patched_source(where: Path) -> Path:
     return project
 
 
+CUDA_ARGS = "-DGGML_CUDA=ON"  # --cuda: llama.cpp's layers may then run on an NVIDIA GPU (--gpu-layers)
+
+
 def main() -> int:
     args = cmake_args()
     exact = "--exact" in sys.argv[1:]
+    if "--cuda" in sys.argv[1:]:
+        if exact:
+            print("--cuda and --exact: the exact mode is the CPU's patched kernels; build them apart", file=sys.stderr)
+            return 2
+        if shutil.which("nvcc") is None:
+            print("--cuda needs the CUDA compiler (nvcc) on the PATH; none found", file=sys.stderr)
+            return 2
+        args = f"{args} {CUDA_ARGS}".strip()
     if exact:
         args = f"{args} {EXACT_ARGS}".strip()
     if "--print-cmake-args" in sys.argv[1:]:

@@ -82,9 +82,10 @@ def test_bad_suite(tmp_path):
 
 def test_the_report_loads_no_model():
     """The report (tables, summary.md, plots) works from results.jsonl alone: importing it imports
-    no model backend, no matplotlib, and nothing of specdec's beyond what `import specdec` does."""
+    no model backend, no matplotlib, and nothing of specdec's beyond what the front door's decoder
+    loads (`import specdec` itself loads nothing until a name is used)."""
     code = (
-        "import sys, specdec; before = set(sys.modules); import specdec.bench.report; "
+        "import sys; from specdec import SpeculativeDecoder; before = set(sys.modules); import specdec.bench.report; "
         "print(sorted(m for m in set(sys.modules) - before if m.startswith('specdec'))); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('llama_cpp', 'torch', 'transformers', 'matplotlib')))"
@@ -530,3 +531,33 @@ def test_ratio_of_sums_and_its_standard_error():
     assert ratio_of_sums([(2.0, 1.0), (4.0, 2.0), (6.0, 3.0)]) == (2.0, 0.0)
     r, se = ratio_of_sums([(1.0, 1.0), (3.0, 1.0)])
     assert r == 2.0 and abs(se - 1.0) < 1e-12  # sqrt(((1 - 2)^2 + (3 - 2)^2) / 2) / 1
+
+
+def test_the_speedup_plot_draws_the_spread_and_the_noise(tmp_path, monkeypatch):
+    """The plot shows each method's median with its prompts' quartiles as error bars, and the band
+    plain decoding read against itself (plain#2): a speedup inside it is no difference."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    from specdec.bench.report import plot
+
+    def row(pid, category, method, tps):
+        return bench.Row(pid, category, method, 0, 10, 10 / tps, tps)
+
+    rows = [
+        row(f"p{i}", "chat", method, tps)
+        for i, base in enumerate([10.0, 12.0, 11.0, 9.0])
+        for method, tps in (("plain", base), ("plain#2", base * (1.05 if i % 2 else 0.93)), ("auto", base * 1.2 + i))
+    ]
+    bars, bands = [], []
+    monkeypatch.setattr(matplotlib.axes.Axes, "axhspan", lambda self, lo, hi, **kw: bands.append((lo, hi)))
+    real_bar = matplotlib.axes.Axes.bar
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "bar", lambda self, *a, **kw: bars.append(kw.get("yerr")) or real_bar(self, *a, **kw)
+    )
+    paths = plot(rows, ["plain", "plain#2", "auto"], tmp_path)
+    assert [p.name for p in paths] == ["speedup.png", "acceptance.png"] and paths[0].stat().st_size > 0
+    assert bands == [(0.93, 1.05)]
+    assert all(err is not None and len(err) == 2 for err in bars) and len(bars) == 2
+    low, high = bars[-1]  # auto's: the quartiles lie around the median
+    assert low[0] > 0 and high[0] > 0

@@ -194,13 +194,13 @@ def test_help_shows_every_default(command):
 
 
 def test_the_cli_reference_is_what_the_parsers_say(tmp_path):
-    """docs/cli.md is written from the parsers (`make cli-docs`): a flag added, removed or reworded
+    """docs/guide/cli.md is written from the parsers (`make cli-docs`): a flag added, removed or reworded
     without rewriting it fails here. Its check mode fails on a stale copy and passes on a fresh one."""
     from specdec.cli import reference
 
-    committed = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+    committed = Path(__file__).resolve().parents[1] / "docs" / "guide" / "cli.md"
     text = reference.markdown()
-    assert committed.read_text(encoding="utf-8") == text, "docs/cli.md is stale: run `make cli-docs`"
+    assert committed.read_text(encoding="utf-8") == text, "docs/guide/cli.md is stale: run `make cli-docs`"
     for command in _subparsers():
         assert f"\n## specdec {command}\n" in text
     assert "| `-k K`, `--draft-tokens K` |" in text and "(default: 4)" in text
@@ -325,3 +325,25 @@ def test_serve_passes_the_scheduling_flags_to_the_service(monkeypatch):
     # unless asked, a server maximises its batch's tokens per second with no step past LATENCY_STEP
     assert seen["objective"] == "bounded"
     assert seen["long_step_share"] == __import__("specdec.controller").controller.LONG_STEP_SHARE
+
+
+def test_serve_reads_a_config_file_and_the_environment_below_its_flags(tmp_path, monkeypatch):
+    """`serve --config FILE` (YAML, keys are flags, - or _) and SPECDEC_<FLAG>: a flag given wins
+    over the environment, which wins over the file; switches read true/false alike."""
+    from specdec.cli import main
+    from specdec.cli import serve as serve_cli
+
+    seen = []
+    monkeypatch.setattr(serve_cli, "cmd_serve", lambda args: seen.append(args) or 0)
+    config = tmp_path / "serve.yaml"
+    config.write_text("max_batch: 8\nport: 9000\nreproducible: true\nobjective: latency\nmax-queue: 3\n")
+    monkeypatch.setenv("SPECDEC_PORT", "9100")
+    monkeypatch.setenv("SPECDEC_NO_PREFIX_CACHE", "yes")
+    assert main(["serve", "--config", str(config), "--max-queue", "5"]) == 0
+    args = seen[-1]
+    assert (args.max_batch, args.port, args.reproducible, args.objective) == (8, 9100, True, "latency")
+    assert args.max_queue == 5 and args.prefix_cache is False
+    monkeypatch.delenv("SPECDEC_PORT")
+    monkeypatch.delenv("SPECDEC_NO_PREFIX_CACHE")
+    assert main(["serve"]) == 0  # nothing given: the parser's own defaults
+    assert (seen[-1].max_batch, seen[-1].port, seen[-1].prefix_cache) == (4, 8000, True)

@@ -385,6 +385,37 @@ USER_ERRORS = [
         stdin=b"word " * 400_000,
         models=True,
     ),
+    # serve's --config FILE and SPECDEC_<FLAG>: a key or a value its flag would refuse, one line
+    _row("serve-config-unknown-key", ["serve", "--config", "{tmp}/unknown.yaml"], "unknown key 'max-batchez'"),
+    _row("serve-config-bad-value", ["serve", "--config", "{tmp}/bad-value.yaml"], "--max-batch 'many'"),
+    _row("serve-config-not-yaml", ["serve", "--config", "{tmp}/not-yaml.yaml"], "not YAML"),
+    _row("serve-config-a-list", ["serve", "--config", "{tmp}/a-list.yaml"], "give a mapping of flags"),
+    _row("serve-config-missing", ["serve", "--config", "{tmp}/missing.yaml"], "cannot read it"),
+    _row("serve-config-bad-choice", ["serve", "--config", "{tmp}/bad-choice.yaml"], "--objective must be one of"),
+    _row(
+        "serve-env-bad-value", ["serve"], "$SPECDEC_MAX_BATCH", "--max-batch 'zero'", env={"SPECDEC_MAX_BATCH": "zero"}
+    ),
+    _row(
+        "serve-env-bad-switch",
+        ["serve"],
+        "$SPECDEC_REPRODUCIBLE",
+        "true or false",
+        env={"SPECDEC_REPRODUCIBLE": "maybe"},
+    ),
+    # --gpu-layers: llama.cpp's offload; elsewhere, or with the CPU-only build, one line
+    _row("gpu-layers-negative", ["generate", "-p", "x", "--gpu-layers", "-1"], "--gpu-layers", "-1"),
+    _row(
+        "gpu-layers-on-numpy",
+        ["generate", "-p", "x", "--backend", "numpy", "--gpu-layers", "4"],
+        "--gpu-layers offloads llama.cpp's layers",
+    ),
+    _row("gpu-layers-with-exact", ["generate", "-p", "x", "-ngl", "4", "--exact"], "drop --gpu-layers"),
+    _row(
+        "gpu-layers-on-a-cpu-build",
+        ["generate", "--target", "qwen2.5-coder-0.5b", "--draft", "none", "-p", "x", "-ngl", "99"],
+        "built for the CPU only",
+        models=True,
+    ),
     # llama.cpp pads the context to a multiple of 256; what was asked is what holds
     _row(
         "ctx-32-is-honoured",
@@ -403,6 +434,11 @@ def inputs(tmp_path, request):
     (tmp_path / "not-a-report.json").write_text('{"target": {"name": "qwen2.5-coder-1.5b"}}')
     (tmp_path / "requests.jsonl").write_text('{"prompt": "Why is the sky blue?"}\n')
     (tmp_path / "c.json").write_text(SHIPPED_COSTS.read_text())
+    (tmp_path / "unknown.yaml").write_text("max-batchez: 8\n")
+    (tmp_path / "bad-value.yaml").write_text("max-batch: many\n")
+    (tmp_path / "not-yaml.yaml").write_text("max-batch: [1\n")
+    (tmp_path / "a-list.yaml").write_text("- max-batch\n")
+    (tmp_path / "bad-choice.yaml").write_text("objective: fastest\n")
     Path(costs_report(tmp_path, "qwen2.5-coder-0.5b")).rename(tmp_path / "c-0.5b.json")
     if request.node.get_closest_marker("real_models"):
         _require("qwen2.5-coder-0.5b")
@@ -549,6 +585,36 @@ def test_ctrl_c_while_generating_exits_130():
     )
     assert code == 130, err
     assert "Traceback" not in err and err.strip().splitlines() == ["specdec: interrupted"]
+
+
+def test_the_command_imports_nothing_before_its_handler():
+    """`specdec`'s entry point loads no module of ours but the package and cli/__init__ (and no
+    numpy) before main() puts its Ctrl-C handler in place: every command's modules load inside it."""
+    code = (
+        "import sys; import specdec.cli; "
+        "print(sorted(m for m in sys.modules if m.startswith('specdec') or m.split('.')[0] == 'numpy'))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['specdec', 'specdec.cli']", proc.stdout
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.15, 0.3, 0.6])
+def test_ctrl_c_as_the_command_starts_exits_130(tmp_path, delay):
+    """Ctrl-C while the command is still importing its modules and building its parser: 0af4022
+    exited with a KeyboardInterrupt traceback from an import of ours (cli/__init__ imported every
+    command's modules, the training package's included, before main's handler was in place). A
+    Ctrl-C inside Python's own start (before any module of ours) is Python's to report."""
+    from .models.test_numpy_ref import write_tiny_gguf
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, "gpt2", seed=3, n_layer=2)
+    args = ["generate", "--backend", "numpy", "--target", str(path), "--no-chat", "-p", "a b", "-n", "100000"]
+    started = time.monotonic()
+    code, out, err = _interrupt(args, lambda proc: time.monotonic() - started > delay)
+    assert "specdec/" not in err, err  # no traceback through a module of ours
+    if code != -signal.SIGINT:  # (killed inside Python's start: not ours)
+        assert code == 130 and err.strip().splitlines()[-1] == "specdec: interrupted", err
 
 
 # -- limits that are warnings or defaults, not errors -------------------------------------------

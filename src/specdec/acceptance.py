@@ -94,7 +94,7 @@ def cautious_rates(a: np.ndarray | float, rate: float) -> np.ndarray | float:
     rate cuts long drafts short on a steep curve and barely on a flat one, as the half-the-match
     cap it replaced did only on the steep one; and the draft the controller picks is the one whose
     estimates are highest, so they err high, which a fixed margin once stood in for;
-    history: docs/provenance.md#reach, docs/provenance.md#margin-replaced-by-the-estimates-error"""
+    history: docs/results/provenance.md#reach, docs/results/provenance.md#margin-replaced-by-the-estimates-error"""
     n = (2.0 - rate) / rate
     if isinstance(a, float):  # one rate: by its math, as _logit
         return min(max(a - math.sqrt(a * (1.0 - a) / (n + 1.0)), 0.0), 1.0)
@@ -150,7 +150,7 @@ MATCH_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
 # "later" for the guesses after an accepted one: the share of guesses that were right on the outside
 # dev suite's recording (`scripts/replay_controller.py loo --fit`), never on benchmarks/prompts.jsonl.
 # why: a guess's odds depend on its match length and on whether earlier occurrences agree;
-# history: docs/provenance.md#match_prior
+# history: docs/results/provenance.md#match_prior
 MATCH_PRIOR = {
     "split": (0.12, 0.26, 0.27, 0.27, 0.43, 0.43, 0.43, 0.77, 0.77, 0.8, 0.91, 0.97, 0.99),
     "single": (0.32, 0.53, 0.62, 0.66, 0.72, 0.72, 0.85, 0.91, 0.95, 0.99, 0.99, 0.99, 0.99),
@@ -161,7 +161,7 @@ MATCH_PRIOR = {
 # The draft model's P(position i accepted | the ones before were), before any evidence. Another
 # draft model starts from these, and its overlay and the shared table move to its own rates.
 # why: the default pair's own agreement, per draft position (the 0.5B drafting for the 1.5B);
-# history: docs/provenance.md#draft_prior
+# history: docs/results/provenance.md#draft_prior
 DRAFT_PRIOR = (0.84, 0.86, 0.89, 0.9, 0.92, 0.93, 0.94, 0.95, 0.95, 0.96, 0.96, 0.96, 0.97, 0.97, 0.97)
 
 # The draft model's siblings, before any evidence: for a tree of width w = 2, 3, 4, P(the target's
@@ -174,14 +174,14 @@ SIBLING_PRIOR = (0.46, 0.64, 0.74)
 # branch's token was not, where the tree branches), for trees of controller.NGRAM_TREE_WIDTH.
 # why: the dev suite's recording (replay.fit_ngram_sibling_prior: 245 of 885; 0.09 QA to 0.43 RAG,
 # and our suite's 0.18); history:
-# docs/provenance.md#ngram_sibling_prior
+# docs/results/provenance.md#ngram_sibling_prior
 NGRAM_SIBLING_PRIOR = 0.28
 
 
 # The draft model's greedy guess, by its confidence in it (drafters.model.confidence): P(the target
 # keeps it | the confidence lies in [edge i - 1, edge i)), for the buckets these edges make.
 # why: the dev suite's recording (replay.fit_confidence_prior: 698, 723, 442, 764 and 2 280 guesses
-# a bucket; our suites' recordings agree within 0.06); history: docs/provenance.md#confidence_prior
+# a bucket; our suites' recordings agree within 0.06); history: docs/results/provenance.md#confidence_prior
 CONFIDENCE_EDGES = (0.5, 0.75, 0.9, 0.99)
 CONFIDENCE_PRIOR = (0.389, 0.655, 0.836, 0.958, 0.997)
 

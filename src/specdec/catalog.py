@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -269,20 +268,13 @@ def chunk_files(spec: ModelSpec) -> list[Path]:
     return files
 
 
-def _progress(done: int, total: int, started: float, label: str) -> None:
-    frac = done / total if total else 1.0
-    rate = done / max(time.perf_counter() - started, 1e-9) / 1e6
-    bar = "#" * int(frac * 30)
-    sys.stderr.write(f"\r{label} [{bar:<30}] {frac:6.1%} {done / 1e6:8.1f} MB {rate:6.0f} MB/s")
-    sys.stderr.flush()
-
-
 class _Copy:
     """Reads files block by block into hashes (and an output file), with a progress bar."""
 
     def __init__(self, label: str, total: int, progress: bool):
-        self.label, self.total, self.progress = label, total, progress
-        self.done, self.started, self.last = 0, time.perf_counter(), 0.0
+        from .progress import Progress
+
+        self.done, self.bar = 0, Progress(label, total, "B", progress, scale=True)
 
     def read(self, path: Path, digests, out=None) -> None:
         with open(path, "rb") as src:
@@ -292,14 +284,10 @@ class _Copy:
                 for digest in digests:
                     digest.update(block)
                 self.done += len(block)
-                if self.progress and time.perf_counter() - self.last > 0.2:
-                    _progress(self.done, self.total, self.started, self.label)
-                    self.last = time.perf_counter()
+                self.bar.update(self.done)
 
     def finish(self) -> None:
-        if self.progress:
-            _progress(self.done, self.total, self.started, self.label)
-            sys.stderr.write("\n")
+        self.bar.close()
 
 
 def file_sha256(path: Path, label: str = "", progress: bool = False) -> str:

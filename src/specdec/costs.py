@@ -20,11 +20,12 @@ import numpy as np
 
 from .models.base import packed
 from .paths import specdec_home, write_cache_file
+from .progress import Progress
 
 EMA = 0.15  # weight of a new observation in the live cost ratios
 NARROW = 16  # widths 1..NARROW are all timed: a draft model's drafts (k + 1 <= 9) live here
 # and these: a batch's drafts, and one row's long free drafts inside a verbatim copy
-# why: on a CPU a forward's cost per token keeps falling past 16 tokens; history: docs/provenance.md#wide
+# why: on a CPU a forward's cost per token keeps falling past 16 tokens; history: docs/results/provenance.md#wide
 WIDE = (24, 32, 48, 64)
 WIDTHS = tuple(range(1, NARROW + 1)) + WIDE
 # A forward's cost grows with the depth of the cache it attends over, and not alike for every
@@ -32,7 +33,7 @@ WIDTHS = tuple(range(1, NARROW + 1)) + WIDE
 # width. The curve is timed at SHALLOW for every width and at DEEP for DEEP_WIDTHS; between and
 # beyond them a forward's cost is linear in the depth.
 # why: width is dearer deep in a long prompt, which one live ratio learned on plain steps cannot know;
-# history: docs/provenance.md#shallow, docs/provenance.md#deep, docs/provenance.md#deep_widths
+# history: docs/results/provenance.md#shallow, docs/results/provenance.md#deep, docs/results/provenance.md#deep_widths
 SHALLOW = 128
 DEEP = 1024
 DEEP_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
@@ -41,7 +42,7 @@ DEEP_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 # does so again when timed a second time beside the one-token forward (some kernels do: a slow
 # spell does not come back on cue).
 # why: a curve timed on a busy machine, once cached, is read by every later run;
-# history: docs/provenance.md#busy_spread, docs/provenance.md#superlinear
+# history: docs/results/provenance.md#busy_spread, docs/results/provenance.md#superlinear
 BUSY_SPREAD = 1.25  # median / fastest repeat, the median over widths, above which: busy
 SUPERLINEAR = 1.1  # cost(W) > this x W x cost(1): timed again; still so: the model's kernels
 CACHE_VERSION = 2  # curves cached before the checks above are not trusted
@@ -51,7 +52,7 @@ CACHE_VERSION = 2  # curves cached before the checks above are not trusted
 # matrices (the 1.5B Q4_K_M's output head among them) from 8 rows on, where it is dearer than the
 # one-row dot products: 8 rows with their logits cost 7.1 single steps, 4 + 4 of them 6.3.
 # why: a server's 8 decoding rows, or 4 rows with a one-token draft each, sat on that cliff every
-# step; history: docs/provenance.md#split_gain
+# step; history: docs/results/provenance.md#split_gain
 SPLIT_GAIN = 0.05
 SPLIT_PARTS = 4
 
@@ -112,6 +113,9 @@ def measure_forward_costs(
         model.forward_rows(feed(n_max), {r: n_max for r in ids})  # warm-up: every weight page
         model.rollback_rows(back)
         times: dict[int, list[float]] = {w: [] for w in widths}
+        # tokens each forward feeds: the bar's estimate of the time left weighs widths by them
+        planned = repeats * sum(widths)  # (a width timed again past its round is not counted)
+        bar = Progress(f"timing {getattr(model, 'name', 'the model')}", planned, "tok", cache is not None)
 
         def rounds(ws: Sequence[int]) -> None:
             # Widths take turns, round after round, so that a slow spell of the machine (another
@@ -122,8 +126,10 @@ def measure_forward_costs(
                     model.forward_rows(feed(w), {r: w for r in ids})
                     times[w].append(time.perf_counter() - t)
                     model.rollback_rows(back)
+                    bar.update(min((bar.done or 0) + w, planned))
 
         rounds(widths)
+        bar.close()
         # a width dearer than as many one-token forwards is a slow spell or the model's own kernels
         # (SUPERLINEAR): it is timed again beside the narrowest, and what holds then is the kernels
         steep = superlinear(_smoothed(times)) if not busy_spread(times) else []

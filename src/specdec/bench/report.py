@@ -304,13 +304,21 @@ def plot(rows: list[Row], methods: list[str], out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(categories) + 0.35 * len(shown) * len(categories)), 5))
     width = 0.8 / max(len(shown), 1)
     x = np.arange(len(categories))
-    for i, m in enumerate(shown):
-        vals = [statistics.median(ups.get((c, m), [0])) for c in categories]
-        ax.bar(x + (i - (len(shown) - 1) / 2) * width, vals, width, label=m)
+    for i, m in enumerate(shown):  # the median, and bars from the prompts' 25th to 75th percentile
+        samples = [ups.get((c, m), [0]) for c in categories]
+        vals = [statistics.median(v) for v in samples]
+        spread = [
+            [v - np.percentile(s, 25) for v, s in zip(vals, samples)],
+            [np.percentile(s, 75) - v for v, s in zip(vals, samples)],
+        ]
+        ax.bar(x + (i - (len(shown) - 1) / 2) * width, vals, width, label=m, yerr=spread, capsize=2)
+    noise = [s for (_, m), values in ups.items() if m == NOISE_METHOD for s in values]
+    if noise:  # the machine's own noise: plain decoding against itself, every prompt
+        ax.axhspan(min(noise), max(noise), color="grey", alpha=0.25, label=f"plain against plain ({NOISE_METHOD})")
     ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
     ax.set_xticks(x, categories)
     ax.set_ylabel("median speedup over plain decoding")
-    ax.set_title("Speedup by category and method (same prompts, same machine)")
+    ax.set_title("Speedup by category and method (same prompts, same machine; bars: quartiles over prompts)")
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     paths = [out / "speedup.png"]

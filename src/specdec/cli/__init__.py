@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-from ..errors import SpecdecError
-from .bench import _add_bench_parser, cmd_bench
-from .check import _add_check_parser, cmd_check
-from .costs import _add_costs_parser, cmd_costs
-from .generate import _add_generate_parsers, cmd_compare, cmd_demo, cmd_generate
-from .loading import _check_threads
-from .models import _add_models_parsers, cmd_fetch, cmd_models
-from .options import _Parser
-from .serve import _add_serve_parser, cmd_serve
-from .train import _add_train_parser, cmd_train
 
+def build_parser() -> "argparse.ArgumentParser":  # noqa: F821 (imported where it is built)
+    from .bench import _add_bench_parser
+    from .check import _add_check_parser
+    from .costs import _add_costs_parser
+    from .generate import _add_generate_parsers
+    from .models import _add_models_parsers
+    from .options import _Parser
+    from .serve import _add_serve_parser
+    from .train import _add_train_parser
 
-def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="specdec",
         description="Lossless speculative decoding: a cheap drafter "
@@ -36,17 +33,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# command -> (module, function): imported when run, so that one command loads none of the others
 COMMANDS = {
-    "generate": cmd_generate,
-    "compare": cmd_compare,
-    "demo": cmd_demo,
-    "bench": cmd_bench,
-    "models": cmd_models,
-    "fetch": cmd_fetch,
-    "serve": cmd_serve,
-    "costs": cmd_costs,
-    "train": cmd_train,
-    "check": cmd_check,
+    "generate": ("generate", "cmd_generate"),
+    "compare": ("generate", "cmd_compare"),
+    "demo": ("generate", "cmd_demo"),
+    "bench": ("bench", "cmd_bench"),
+    "models": ("models", "cmd_models"),
+    "fetch": ("models", "cmd_fetch"),
+    "serve": ("serve", "cmd_serve"),
+    "costs": ("costs", "cmd_costs"),
+    "train": ("train", "cmd_train"),
+    "check": ("check", "cmd_check"),
 }
 
 
@@ -68,15 +66,32 @@ def _interrupted_in_callback(unraisable) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     sys.unraisablehook = _interrupted_in_callback
+    try:  # everything, imports included: a Ctrl-C at any moment ends in the handler below
+        import argparse
+        import importlib
+
+        from ..errors import SpecdecError
+    except KeyboardInterrupt:
+        print("specdec: interrupted", file=sys.stderr)
+        return 130
     try:
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
+        if args.command == "serve":  # its --config file and SPECDEC_<FLAG> variables, then the flags again
+            from .config import defaults
+
+            sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            sub.choices["serve"].set_defaults(**defaults(sub.choices["serve"], args.config))
+            args, extra = parser.parse_known_args(argv)
         if extra:  # name the subcommand's --help, not the top level's
             sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
             sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
         if getattr(args, "threads", None) is not None:
+            from .loading import _check_threads
+
             _check_threads(args)
-        return COMMANDS[args.command](args)
+        module, function = COMMANDS[args.command]
+        return getattr(importlib.import_module(f".{module}", __name__), function)(args)
     except SpecdecError as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)
         return 2

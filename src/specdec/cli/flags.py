@@ -38,7 +38,7 @@ BACKEND_HELP = (
 EXACT_HELP = (
     "exact mode (llama backend): every verified token's logits bit-identical to a one-token step's, so "
     "speculative greedy output is plain greedy output token for token, alone or batched; slower, and "
-    "needs `python scripts/install_llama_cpp.py --exact` once (docs/exact.md)"
+    "needs `python scripts/install_llama_cpp.py --exact` once (docs/guide/exact.md)"
 )
 THREADS_HELP = "CPU threads, at most the cores this process may use (default: all of them)"
 CTX_HELP = "context window in tokens"
@@ -132,6 +132,15 @@ def _add_model_flags(
     _add_threads_flag(g, threads_help)
     g.add_argument("--ctx", type=_positive(int), default=ctx[0], help=ctx[1])
     g.add_argument("--exact", action="store_true", help=EXACT_HELP)
+    g.add_argument(
+        "--gpu-layers",
+        "-ngl",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="llama backend: the first N layers of each model on the GPU (llama.cpp's -ngl; needs "
+        "llama-cpp-python built with CUDA: `python scripts/install_llama_cpp.py --cuda`) (default: 0, the CPU)",
+    )
     if after:
         raise ValueError(f"no model flag {', '.join(after)} to add flags after")
 
@@ -162,7 +171,7 @@ def _add_torch_flags(g, auto_layout: bool = False) -> None:
         "--graphs",
         action="store_true",
         help="torch backend on CUDA: replay each decode, verification and early-exit forward as a CUDA graph "
-        "(one launch instead of hundreds; needs --cache static; the GPU tables in docs/gpu.md use it)",
+        "(one launch instead of hundreds; needs --cache static; the GPU tables in docs/results/gpu.md use it)",
     )
 
 

@@ -46,6 +46,7 @@ def _model_loader(args, rows: int):
             exact=args.exact,
             trees=trees,
             huge_pages=getattr(args, "huge_pages", False),  # serve's, on unless --no-huge-pages
+            gpu_layers=getattr(args, "gpu_layers", 0),
             **layout,
         )
 
@@ -55,7 +56,7 @@ def _model_loader(args, rows: int):
 def torch_layout(args) -> tuple[str, bool]:
     """(cache, graphs) for a torch model: --cache auto (specdec train's) is the static cache with
     CUDA graphs on a GPU (there its answering ran at 1 353 tokens/s, 64 rows, against the dynamic
-    cache's 315 at 16: docs/heads.md, "a million tokens on a GPU"), and the dynamic cache elsewhere."""
+    cache's 315 at 16: docs/results/heads.md, "a million tokens on a GPU"), and the dynamic cache elsewhere."""
     if args.cache != "auto":
         return args.cache, args.graphs
     from ..models.transformers import pick_device
@@ -228,16 +229,9 @@ def _check_draft_corpus(args) -> None:
 def _suffix_cache(args, target):
     """The suffix cache the flags ask for, loaded (corpus and saved cache); False: none (auto
     without it)."""
-    from ..drafters import new_suffix_cache
+    from ..build import suffix_cache
 
-    if args.suffix_cap == 0:
-        return False
-    cache = new_suffix_cache(target, args.suffix_cap)
-    if args.draft_corpus:
-        cache.load_corpus(args.draft_corpus, target.tokenizer)
-    if args.suffix_cache:
-        cache.load(args.suffix_cache)
-    return cache
+    return suffix_cache(target, args.suffix_cap, args.draft_corpus, args.suffix_cache)
 
 
 def _save_suffix(args, decoder) -> None:

@@ -1,8 +1,8 @@
-"""docs/cli.md, the command line's reference, written from the parsers themselves: every command,
+"""docs/guide/cli.md, the command line's reference, written from the parsers themselves: every command,
 its description, and each flag with its `--help` text and default, in the groups `--help` shows.
 
-    python -m specdec.cli.reference docs/cli.md     # (make cli-docs) rewrite it
-    python -m specdec.cli.reference --check docs/cli.md   # exit 1 if it differs from the parsers
+    python -m specdec.cli.reference docs/guide/cli.md     # (make cli-docs) rewrite it
+    python -m specdec.cli.reference --check docs/guide/cli.md   # exit 1 if it differs from the parsers
 
 tests/test_cli.py checks the committed file, so a flag added or reworded without `make cli-docs`
 fails the suite instead of leaving the reference behind the code.
@@ -16,9 +16,9 @@ from pathlib import Path
 
 HEADER = """# The command line: every flag
 
-Written from the parsers by `make cli-docs` (`python -m specdec.cli.reference docs/cli.md`); the
+Written from the parsers by `make cli-docs` (`python -m specdec.cli.reference docs/guide/cli.md`); the
 test suite fails when it differs from them, so this is what `specdec COMMAND --help` says. The
-README's "Command line" and "Serving" sections say what the commands are for.
+guide's install.md and serving.md say what the commands are for.
 """
 
 
@@ -80,7 +80,7 @@ def markdown() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdec.cli.reference", description=__doc__.splitlines()[0])
-    parser.add_argument("path", type=Path, help="the Markdown file (docs/cli.md)")
+    parser.add_argument("path", type=Path, help="the Markdown file (docs/guide/cli.md)")
     parser.add_argument("--check", action="store_true", help="compare instead of writing: exit 1 if it differs")
     args = parser.parse_args(argv)
     text = markdown()

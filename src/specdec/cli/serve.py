@@ -7,7 +7,7 @@ import os
 import sys
 
 from .. import catalog
-from ..controller import LATENCY_STEP, LONG_STEP_SAVING, LONG_STEP_SHARE, OBJECTIVES, SERVER_OBJECTIVE
+from ..controller import LONG_STEP_SHARE, OBJECTIVES, SERVER_OBJECTIVE
 from ..engine import HOST_CACHE_MIB, PREFILL_STALL, PREFILL_WASTE
 from ..errors import SpecdecError
 from ..paths import writable_reason
@@ -51,88 +51,90 @@ def _add_serve_parser(sub) -> None:
         },
     )
     g = p.add_argument_group("server")
+    g.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="YAML of flags to values; SPECDEC_<FLAG> variables override it, flags override both",
+    )
+    _add_address_flags(g)
+    _add_batching_flags(g)
+    _add_objective_flags(g)
+    _add_queue_flags(g)
+    _add_access_flags(g)
+    _add_request_flags(g)
+    _add_process_flags(g)
+
+
+def _add_address_flags(g) -> None:
+    """Where the server listens."""
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     g.add_argument("--port", type=_port, default=8000, help="TCP port (default: 8000; 0 picks a free one)")
+
+
+def _add_batching_flags(g) -> None:
+    """How requests share the batch: rows, prompt chunks, the prefix and host caches."""
     g.add_argument(
         "--max-batch",
         type=_positive(int),
         default=4,
         metavar="B",
-        help="requests generated together (rows of the KV cache; llama-server's -np, "
-        "vLLM's --max-num-seqs) (default: 4)",
+        help="requests generated together (llama-server's -np, vLLM's --max-num-seqs) (default: 4)",
     )
     g.add_argument(
         "--prefill-stall",
         type=_at_least_one,
         default=PREFILL_STALL,
         metavar="X",
-        help="a new request's prompt is prefilled in chunks that ride in the running requests' "
-        "steps, each chunk as long as keeps such a step within X times their plain step (from the "
-        "cost curve): larger X, the prompt rides in bigger pieces and the running requests "
-        f"pause longer; alone, a prompt is prefilled at once (default: {PREFILL_STALL:g})",
+        help=f"a joining prompt's chunk costs at most X plain steps of the running rows (default: {PREFILL_STALL:g})",
     )
     g.add_argument(
         "--prefill-waste",
         type=_at_least_one_or_inf,
         default=PREFILL_WASTE,
         metavar="W",
-        help="a chunk whose prompt tokens would cost more than W times, per token, what they cost "
-        "read in one piece (on the cost curve, as on a CPU where a few tokens are dear) waits "
-        "instead: the new request reads its prompt when the running ones end, or, if they run "
-        "on, after waiting as many steps as the chunks would take (default: "
-        f"{PREFILL_WASTE:g}; inf: every chunk rides)",
+        help=f"a chunk whose tokens cost over W times their whole-prompt price waits (default: {PREFILL_WASTE:g})",
     )
     g.add_argument(
         "--no-prefix-cache",
         dest="prefix_cache",
         action="store_false",
-        help="forget each finished request's KV cache. Default: a finished request's row keeps its "
-        "cache, and a new prompt that starts the same way (a conversation's next turn, a repeated "
-        "prompt, a shared system prompt) takes that row and reads only the rest, as llama-server's "
-        "prompt cache and vLLM's prefix caching do; usage.prompt_tokens_details.cached_tokens says "
-        "how many were found. Where the server drafts trees (--draft-width > 1) the target's "
-        "rows share one pool of cache cells and none is kept there: a finished request's cache "
-        "goes to host memory instead (--cache-ram), and is read back the same way",
+        help="forget finished requests' caches (default: kept for prompts that start the same way)",
     )
     g.add_argument(
         "--cache-ram",
         type=_cache_ram,
         default=HOST_CACHE_MIB,
         metavar="MIB",
-        help="host memory, in MiB, for the caches of finished requests whose rows went to other "
-        "prompts (as llama-server's --cache-ram): a kept row's cache is copied there before a "
-        "prompt that does not share it all takes the row, and a later prompt that starts the same "
-        "way (another conversation's next turn) reads it back instead of its history; the least "
-        f"recently used go first; nothing with --no-prefix-cache. -1: no limit; 0: none (default: {HOST_CACHE_MIB})",
+        help=f"MiB of host memory for finished requests' caches; -1: no limit, 0: none (default: {HOST_CACHE_MIB})",
     )
+
+
+def _add_objective_flags(g) -> None:
+    """What 'auto' maximises over the requests running together."""
     g.add_argument(
         "--objective",
         choices=OBJECTIVES,
         default=SERVER_OBJECTIVE,
-        help="what 'auto' maximises each step over the requests running together: bounded, their "
-        f"tokens per second all told, with no step costing more than {LATENCY_STEP:g} plain steps (a "
-        "stream's gaps between tokens stay within about that many plain steps); latency, each "
-        "request's own tokens per second (the geometric mean) under the same bound, so that a draft "
-        "for one request pays only if it outweighs slowing every other stream; or throughput, their "
-        "tokens per second all told, long drafts and long gaps included "
-        f"(default: {SERVER_OBJECTIVE})",
+        help=f"what auto maximises over the batch: bounded, latency or throughput (default: {SERVER_OBJECTIVE})",
     )
     g.add_argument(
         "--long-step-share",
         type=_float_in(0.0, 0.5, low_open=False),
         default=LONG_STEP_SHARE,
         metavar="S",
-        help="under --objective bounded, this share of steps may pass the bound, each to verify a "
-        f"long, sure draft (a copy) that saves at least {LONG_STEP_SAVING:g} plain steps at once; "
-        "under 0.01 a stream's 99th-percentile gap between tokens stays the bound's; 0: none "
-        f"(default: {LONG_STEP_SHARE:g})",
+        help=f"under bounded: the share of steps that may pass it for a long sure draft (default: {LONG_STEP_SHARE:g})",
     )
+
+
+def _add_queue_flags(g) -> None:
+    """Requests waiting, and how long one may run."""
     g.add_argument(
         "--max-queue",
         type=_non_negative_int,
         default=64,
         metavar="N",
-        help="requests waiting for a row; past it a request gets 429 with a Retry-After header (default: 64)",
+        help="requests waiting for a row; past it, 429 with Retry-After (default: 64)",
     )
     g.add_argument(
         "--request-timeout",
@@ -141,57 +143,53 @@ def _add_serve_parser(sub) -> None:
         metavar="SECONDS",
         help="a request still running after this ends with finish_reason time_limit (default: 600)",
     )
+
+
+def _add_access_flags(g) -> None:
+    """Who may call, and the model's name to them."""
     g.add_argument(
         "--api-key",
         default=os.environ.get("SPECDEC_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on /v1/* (/health and /metrics stay open for probes; an "
-        "empty key is refused at start) (default: $SPECDEC_API_KEY; none)",
+        help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECDEC_API_KEY; none)",
     )
     g.add_argument(
         "--served-model-name", default=None, help="the model id clients send and /v1/models lists (default: --target)"
     )
+
+
+def _add_request_flags(g) -> None:
+    """What holds for every request, whatever it asks: special tokens, sampling by position, recording."""
     g.add_argument(
         "--special-in-turns",
         action="store_true",
-        help="for every request (a request cannot change it): read special tokens spelled in a "
-        "chat message's content (such as <|im_end|>) as the control tokens they name, the old "
-        "behaviour. Risky: any client can then end its turn and open a system one (a prompt "
-        "injection of control tokens). Default: off, message text stays text and special tokens "
-        "come from the chat template alone (a /v1/completions text prompt keeps its special "
-        "tokens either way: it spells its own template)",
+        help="read special tokens spelled in chat messages as control tokens (risky: prompt injection; default: off)",
     )
     g.add_argument(
         "--reproducible",
         action="store_true",
-        help="for every sampled request: sample by position, each token drawn with noise fixed by "
-        "(the request's seed, its position), so the same seeded request gives the same text under "
-        "any policy, cache or load (bit for bit with --exact; without it a rounding difference can "
-        "flip a near-tie). Default: off, the drafts' random draws and the request's share one stream",
+        help="sample by position: a seeded request gives the same text under any policy, cache or load",
     )
     g.add_argument(
         "--record-requests",
         metavar="FILE",
         default=None,
-        help="append each accepted request's prompt to FILE as a JSON line (a chat's messages as "
-        '{"messages": [...]}, a text completion as {"prompt": ...}), the form `specdec train --requests '
-        "FILE` reads: a head trained on the traffic this server sees. The file holds what your users "
-        "wrote (created with mode 0600): keep it as private as that (default: none, nothing recorded)",
+        help="append each accepted request's prompt to FILE, for `specdec train --requests FILE` (default: none)",
     )
+
+
+def _add_process_flags(g) -> None:
+    """The process's own: memory pages and the HTTP log."""
     g.add_argument(
         "--no-huge-pages",
         dest="huge_pages",
         action="store_false",
-        help="llama.cpp backend: leave the weights, the KV cache and the compute buffers in the "
-        "kernel's small pages. By default the server asks Linux for 2 MiB pages for them (where "
-        "transparent huge pages are in madvise mode, as is usual, llama.cpp never asks), which made a "
-        "token 1-3%% faster here for 1-2 s more per model load (more with a large KV cache: the 1.5B at "
-        "--max-batch 8 loaded in 3.3-5.1 s against 1.6); the output is the same either way",
+        help="llama backend: leave memory in small pages (default: 2 MiB pages, a token 1-3%% faster)",
     )
     g.add_argument(
         "--log-level",
         choices=("critical", "error", "warning", "info", "debug"),
         default="info",
-        help="the HTTP server's (uvicorn's) log on stderr: info writes a line per request, warning only problems",
+        help="uvicorn's log on stderr: info a line per request, warning only problems (default: info)",
     )
 
 
@@ -207,6 +205,22 @@ def _cache_ram(text: str) -> int:
 
 
 def cmd_serve(args) -> int:
+    from ..server.app import serve
+
+    _check_serve_extra()
+    spec, draft_spec, report = _checked(args)
+    service, suffix, banner = _service(args, spec, draft_spec, report)
+
+    def listening(port: int) -> None:  # the port bound (--port 0 picks one)
+        print(f"{banner} | http://{args.host}:{port}/v1{_modes(args)}", file=sys.stderr, flush=True)
+
+    code = serve(service, args.host, args.port, log_level=args.log_level, on_listening=listening)
+    if args.suffix_cache and suffix:  # the worker has stopped: the cache is ours to read
+        suffix.save(args.suffix_cache)
+    return code
+
+
+def _check_serve_extra() -> None:
     from ..errors import BackendUnavailableError
 
     try:
@@ -217,9 +231,11 @@ def cmd_serve(args) -> int:
         raise BackendUnavailableError(
             f"specdec serve needs {exc.name}: pip install -e '.[serve]' (in specdec's checkout)"
         ) from None
-    from ..build import serving
-    from ..server.app import build_service, serve
-    from ..server.record import RequestLog
+
+
+def _checked(args):
+    """Every flag checked before a model loads: (--draft's DraftSpec, --draft-model's, the --costs
+    report or None)."""
     from ..spec import parse
 
     if args.api_key is not None and not args.api_key.strip():
@@ -247,7 +263,17 @@ def cmd_serve(args) -> int:
     _check_suffix_flags(args, "suffix" if spec.kind == "suffix" else "auto")
     _check_device(args)
     report = _read_costs(args)
-    draft_spec = spec if spec.kind == "model" else parse(args.draft_model)  # a bad one fails before a load
+    draft_spec = spec if spec.kind == "model" else parse(args.draft_model)
+    return spec, draft_spec, report
+
+
+def _service(args, spec, draft_spec, report):
+    """The models loaded and the service built over them (build.serving, server.build_service):
+    (the service, its suffix cache or False, the start line's first part)."""
+    from ..build import serving
+    from ..server.app import build_service
+    from ..server.record import RequestLog
+
     load = _model_loader(args, args.max_batch)
     # the target scores trees only where the server drafts them (--draft-width > 1: the draft model,
     # a head, prompt lookup or the suffix cache; then requests may ask for their own widths and auto
@@ -284,21 +310,19 @@ def cmd_serve(args) -> int:
         costs=_report_costs(args, report, target, draft) if report is not None else None,
         record=RequestLog(args.record_requests) if args.record_requests else None,
     )
+    banner = (
+        f"specdec serve: {names[0]} | draft {policy.label}"
+        f"{f' (model {draft_name})' if draft_name else ''} | {args.max_batch} rows, queue {args.max_queue} | "
+        f"ctx {target.n_ctx}"
+    )
+    return service, suffix, banner
 
-    def listening(port: int) -> None:  # the port bound (--port 0 picks one)
-        print(
-            f"specdec serve: {names[0]} | draft {policy.label}"
-            f"{f' (model {draft_name})' if draft_name else ''} | {args.max_batch} rows, queue {args.max_queue} | "
-            f"ctx {target.n_ctx} | http://{args.host}:{port}/v1"
-            f"{' | API key required' if args.api_key else ''}"
-            f"{' | special tokens in messages parsed (--special-in-turns)' if args.special_in_turns else ''}"
-            f"{' | sampling by position (--reproducible)' if args.reproducible else ''}"
-            f"{f' | recording requests to {args.record_requests}' if args.record_requests else ''}",
-            file=sys.stderr,
-            flush=True,
-        )
 
-    code = serve(service, args.host, args.port, log_level=args.log_level, on_listening=listening)
-    if args.suffix_cache and suffix:  # the worker has stopped: the cache is ours to read
-        suffix.save(args.suffix_cache)
-    return code
+def _modes(args) -> str:
+    """The start line's tail: the server-wide modes the flags turned on."""
+    return (
+        f"{' | API key required' if args.api_key else ''}"
+        f"{' | special tokens in messages parsed (--special-in-turns)' if args.special_in_turns else ''}"
+        f"{' | sampling by position (--reproducible)' if args.reproducible else ''}"
+        f"{f' | recording requests to {args.record_requests}' if args.record_requests else ''}"
+    )

@@ -8,7 +8,7 @@ import sys
 from .. import catalog
 from ..errors import SpecdecError
 from ..paths import writable_reason
-from ..train.exit import EXIT_EPOCHS, EXIT_LR, EXIT_WINDOWS
+from ..train import EXIT_EPOCHS, EXIT_LR, EXIT_WINDOWS
 from .flags import _add_threads_flag, _add_torch_flags
 from .loading import _check_device
 from .options import _float_in, _positive
@@ -18,7 +18,7 @@ KINDS_HELP = (
     "early-exit:L+B (the target's first L layers and B trained blocks: a draft model of its vocabulary)"
 )
 # what a 2-core CPU has the 1.5B answer in about 16 minutes (31 tokens/s, 4 answers at a time), or
-# read as text in about 15 (36 tokens/s); docs/provenance.md#default_tokens
+# read as text in about 15 (36 tokens/s); docs/results/provenance.md#default_tokens
 DEFAULT_TOKENS = 30_000
 
 

@@ -14,7 +14,7 @@ anonymous mappings that appear while a model loads:
 
 It costs load time (the kernel compacts memory to find 2 MiB pages: the 1.5B's load went from 1.1
 to 2.3-2.9 s here) for 1-3% a token, so `specdec serve` asks for it (one load, hours of tokens) and
-the library does not by default; docs/provenance.md#huge-pages has the measurements. Nothing here
+the library does not by default; docs/results/provenance.md#huge-pages has the measurements. Nothing here
 changes a result: the same bytes in bigger pages. Where /proc/self/maps cannot be read or there is
 no madvise (not Linux), it does nothing; where THP is `never` the kernel ignores the advice, and
 where it is `always` the advice changes nothing.

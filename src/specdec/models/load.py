@@ -17,7 +17,7 @@ def check_exact(backend: str, exact: bool) -> None:
     if exact and backend != "llama":
         raise SpecdecError(
             f"the exact mode is for the llama backend only: the {backend} backend's matrix products take "
-            f"other kernels for one row than for many (docs/exact.md)"
+            f"other kernels for one row than for many (docs/guide/exact.md)"
         )
 
 
@@ -35,6 +35,7 @@ def load_model(
     cache: str = "dynamic",
     graphs: bool = False,
     huge_pages: bool = False,
+    gpu_layers: int = 0,
 ):
     """A built-in model name (see `specdec models`) or a path to a .gguf file, loaded on a backend:
     'llama' (llama.cpp, the default), 'numpy' (the pure-NumPy reference, models/numpy_ref.py) or
@@ -42,7 +43,7 @@ def load_model(
     `max_rows`: sequences generated together (llama.cpp sizes its KV cache for them; the torch
     and NumPy backends grow as rows join).
     `exact` (llama.cpp only): every row's logits from a forward of many tokens bit-identical to a
-    one-token forward's, so speculative greedy is plain greedy token for token (docs/exact.md);
+    one-token forward's, so speculative greedy is plain greedy token for token (docs/guide/exact.md);
     a process is exact or not from its first llama.cpp model on.
     `trees` (llama.cpp only): whether the model will score tree drafts; without them each row
     keeps a KV cache stream of its own, and a step over many rows reads only its own cells
@@ -51,6 +52,8 @@ def load_model(
     forwards replay as CUDA graphs (static, on CUDA; models/transformers.py).
     `huge_pages` (llama.cpp only, Linux): the memory llama.cpp takes in 2 MiB pages, a longer load
     for a slightly faster token (models/hugepages.py; `specdec serve` asks for it).
+    `gpu_layers` (llama.cpp only): the model's first layers offloaded to the GPU (llama.cpp's -ngl),
+    which needs llama-cpp-python built with GPU support.
     Built-in models are assembled from their installed packages on first use."""
     from pathlib import Path
 
@@ -63,6 +66,12 @@ def load_model(
     if threads is not None and threads < 1:
         raise SpecdecError(f"threads must be >= 1, got {threads}")
     check_exact(backend, exact)
+    if gpu_layers < 0:
+        raise SpecdecError(f"gpu layers must be >= 0, got {gpu_layers}")
+    if gpu_layers and backend != "llama":
+        raise SpecdecError(f"--gpu-layers offloads llama.cpp's layers; the {backend} backend takes --device")
+    if gpu_layers and exact:
+        raise SpecdecError("--exact runs on the CPU's patched kernels (docs/guide/exact.md): drop --gpu-layers")
     if backend != "torch" and (cache != "dynamic" or graphs):
         raise SpecdecError(f"the KV cache layout and CUDA graphs are the torch backend's, not {backend}'s")
     torch_options = dict(device=device, dtype=dtype, n_ctx=n_ctx, threads=threads, cache=cache, graphs=graphs)
@@ -97,7 +106,14 @@ def load_model(
         from .llama_cpp import LlamaCppModel
 
         model = LlamaCppModel(
-            path, n_ctx=n_ctx, n_threads=threads, max_rows=max_rows, exact=exact, trees=trees, huge_pages=huge_pages
+            path,
+            n_ctx=n_ctx,
+            n_threads=threads,
+            max_rows=max_rows,
+            exact=exact,
+            trees=trees,
+            huge_pages=huge_pages,
+            n_gpu_layers=gpu_layers,
         )
     if str(name_or_path) in CATALOG:
         model.name = str(name_or_path)
@@ -115,7 +131,12 @@ def load_like(target, path, trees: bool = False):
 
     if isinstance(target, LlamaCppModel):
         return LlamaCppModel(
-            path, n_ctx=target.n_ctx, n_threads=target.n_threads, max_rows=target.max_rows, trees=trees
+            path,
+            n_ctx=target.n_ctx,
+            n_threads=target.n_threads,
+            max_rows=target.max_rows,
+            trees=trees,
+            n_gpu_layers=target.n_gpu_layers,
         )
     if isinstance(target, NumpyModel):
         return load_numpy_model(path, n_ctx=target.n_ctx)

@@ -2,7 +2,7 @@
 head on them (`specdec train --requests FILE`, train/conversations.read_requests).
 
 A head learns the answers to what it is asked, and nothing teaches it the server's traffic as well
-as that traffic (docs/heads.md). Each request the engine admits is appended as one JSON line in a form
+as that traffic (docs/results/heads.md). Each request the engine admits is appended as one JSON line in a form
 read_requests takes: a chat request's messages as {"messages": [...]} (roles as the server read
 them), a text completion as {"prompt": ...} (a prompt of token ids has no text to ask again, and is
 left out). One write() a line on a descriptor opened for appending, so a line is whole or absent;

@@ -34,7 +34,7 @@ from .protocol import Job, RequestError
 # why: requests sent at once reach the engine a few milliseconds apart, one after another as the
 # HTTP side reads them, and a first step (a whole prompt's prefill) takes seconds; a fixed window
 # from the first arrival missed the last of 8; a prompt read alone the moment the last row ended
-# kept two closed-loop clients from ever decoding together (history: docs/provenance.md#gather)
+# kept two closed-loop clients from ever decoding together (history: docs/results/provenance.md#gather)
 GATHER = 0.02
 GATHER_MAX = 0.25
 

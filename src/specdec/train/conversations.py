@@ -13,7 +13,7 @@ and arithmetic word problems drawn from a seeded generator. Never our evaluation
 Each conversation is one window of features (train.features: tokens, the target's greedy next
 token at each, the final-norm hidden states), taken while the target answers: the prompt's in
 its prefill, the answer's one decode step at a time, `rows` answers at once (ROWS on a CPU, GPU_ROWS
-on a GPU: docs/provenance.md). A conversation's file
+on a GPU: docs/results/provenance.md). A conversation's file
 is written whole when its answer ends, so Ctrl-C loses only the answers under way, and the same
 command resumes; conversation i is the same request for every budget, so budgets share a cache
 and a held-out set (every HELD_OUT_EVERY-th conversation).
@@ -51,7 +51,7 @@ N_CTX = PROMPT_TOKENS + 2 * ANSWER_TOKENS + FOLLOW_TOKENS  # what a row must hol
 FOLLOW_SHARE = 0.4  # conversations that go on to a second turn, asked about the target's own answer
 SYSTEM_SHARE = 0.25  # conversations that open with a system message
 ROWS = 16  # answers decoded together on a CPU, each in a KV stream of its own (load the target with trees=False)
-GPU_ROWS = 64  # on a GPU: docs/provenance.md#answer_tokens-prompt_tokens-rows-gpu_rows
+GPU_ROWS = 64  # on a GPU: docs/results/provenance.md#answer_tokens-prompt_tokens-rows-gpu_rows
 MAX_SKIPPED = 1000  # requests in a row too long for a row: the sources give none that fit
 VERSION = "self v2"  # names the templates in the cache key: a change of wording is a new data set
 INVENT_TOKENS = 96  # an invented request that has not ended its turn by here is dropped

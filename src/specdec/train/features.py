@@ -18,9 +18,7 @@ import io
 import json
 import os
 import random
-import sys
 import sysconfig
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +26,7 @@ import numpy as np
 
 from ..errors import SpecdecError
 from ..paths import specdec_home, write_atomically
+from ..progress import Progress  # noqa: F401 (the trainer's callers import it here)
 
 WINDOW = 512  # tokens per forward (and per feature file): one llama.cpp batch
 MIN_WINDOW = 32  # shorter windows are skipped
@@ -115,33 +114,6 @@ def windows(corpus: Corpus, tokenizer):
         index, total = index + 1, total + len(chunk)
         if total >= corpus.max_tokens:
             return
-
-
-class Progress:
-    """One stderr line: done/total, rate, ETA."""
-
-    def __init__(self, label: str, total: int, unit: str, enabled: bool = True):
-        self.label, self.total, self.unit, self.enabled = label, total, unit, enabled
-        self.started, self.last, self.base = time.perf_counter(), 0.0, None
-
-    def update(self, done: int, extra: str = "", force: bool = False) -> None:
-        now = time.perf_counter()
-        if self.base is None:
-            self.base = (done, now)  # a resumed run's rate counts this run's work only
-        if not self.enabled or (now - self.last < 0.5 and not force):
-            return
-        self.last = now
-        rate = (done - self.base[0]) / max(now - self.base[1], 1e-9)
-        eta = max(0, self.total - done) / rate if rate > 0 else float("inf")
-        eta_text = f"{eta / 60:.0f} min" if eta != float("inf") else "?"
-        bar = "#" * min(30, int(30 * done / max(self.total, 1)))
-        counts = f"{done}/{self.total} {self.unit} {rate:.0f} {self.unit}/s"
-        sys.stderr.write(f"\r{self.label} [{bar:<30}] {counts} ETA {eta_text} {extra}  ")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
 
 
 def features_folder(target, corpus: Corpus) -> Path:
