@@ -529,7 +529,8 @@ class CostAwareController:
         """The draft model's forward feeding fed[row] tokens to each row: each of its passes over
         the rows it lends them (DraftModel.passes; one pass of their sum for a drafter without rows
         of its own, a head) on its curve."""
-        passes = getattr(self.model, "passes", packed)
+        # a draft model's own model says how a forward splits; a head's forward is one pass
+        passes = self.model.passes if isinstance(self.model, DraftModel) else packed
         return sum(self._draft_seconds(w, depth) for w in passes(fed))
 
     def _model_cost(self, lag: int, depth: int) -> Callable[[int], float]:
