@@ -68,14 +68,15 @@ class SpeculativeDecoder:
     split where that is cheaper, joining prompts' chunks sized); without, one forward a step.
     It owns one Engine: every generate / stream / generate_batch call adds rows to it.
 
-    `drafter` may also be build.Drafters (what build.build makes of a DraftSpec: from_spec's way);
-    a name is parsed once, here, and built like a DraftSpec.
+    `drafter` may also be a DraftSpec (built by build.build, its draft model `draft_model`) or
+    build.Drafters (what build.build made: from_spec's way); a name is parsed once, here, and
+    built as its DraftSpec.
     """
 
     def __init__(
         self,
         target: RowModel,
-        drafter: Drafters | Drafter | RowModel | str | None = None,
+        drafter: Drafters | DraftSpec | Drafter | RowModel | str | None = None,
         k: int = DEFAULT_K,
         draft_model: RowModel | Drafter | None = None,
         max_rows: int | None = None,
@@ -91,8 +92,9 @@ class SpeculativeDecoder:
         self.notes: list[str] = []
         if isinstance(drafter, Drafters):
             self.built = drafter
-        elif isinstance(drafter, str):
-            self.built = build(target, parse(drafter, k=k), draft=draft_model, suffix=suffix)
+        elif isinstance(drafter, (str, DraftSpec)):  # a name is parsed here, once
+            spec = parse(drafter, k=k) if isinstance(drafter, str) else drafter
+            self.built = build(target, spec, draft=draft_model, suffix=suffix)
         elif isinstance(drafter, RowModel):  # another vocabulary: drafts across tokenizers
             self.built = Drafters(None, fixed=make_drafter(DraftSpec("model"), target, draft=drafter), k=k)
         elif drafter is None or isinstance(drafter, Drafter):
