@@ -34,7 +34,7 @@ import numpy as np
 
 from specdec import GenerationConfig, SpeculativeDecoder, load_model
 from specdec.bench import load_suite, prompt_text
-from specdec.engine import _by_parent
+from specdec.build import make_drafter
 from specdec.sampling import (
     CHAIN_RULES,
     TREE_RULES,
@@ -44,10 +44,11 @@ from specdec.sampling import (
     expected_kept,
     expected_tree_kept,
     logits_to_probs,
+    q_by_parent,
     verify_greedy,
     verify_tree_greedy,
 )
-from specdec.spec import make_drafter, parse_method
+from specdec.spec import parse_method
 from specdec_lab.helpers import ratio_of_sums
 
 
@@ -63,7 +64,7 @@ def step_tokens(target, row: int, last: int, draft, params: SamplingParams, rule
             kept = len(verify_tree_greedy(logits, tree)[0])
         else:
             p = logits_to_probs(logits, params)
-            q = _by_parent(draft.q, tree, p.shape)
+            q = q_by_parent(draft.q, tree, p.shape)
             by = {how: 1 + expected_tree_kept(p, tree, q, False, how) for how in {TREE_RULES[rule], "token"}}
             return by[TREE_RULES[rule]], len(tree.tokens) + 1, by["token"]
         return 1 + kept, len(tree.tokens) + 1, 1 + kept

@@ -7,7 +7,7 @@
           bfloat16, with the dynamic cache and with the static cache + CUDA graphs -> DIR/costs-*.json
 - engine: the whole engine (SpeculativeDecoder) over 4 prompts of 128 random tokens, generating
           --tokens each, batch 1 (one after another) and batch 4: plain decoding and a synthetic
-          drafter of known acceptance a (drafters/synthetic.py), per cache layout. Per decode step:
+          drafter of known acceptance a (specdec_lab/synthetic.py), per cache layout. Per decode step:
           the wall time, the target's forward_rows, the model call inside it (synchronised), the
           rest (Python: controller, verification, rollback, emit) -> DIR/engine.json
 - hf:     Hugging Face generate() plain, assisted (the 0.5B random-weight model drafting) and prompt

@@ -1,6 +1,6 @@
 """`auto` with and without the suffix cache, replayed on the 1.5B target's recorded greedy outputs
 (benchmarks/greedy-1.5b-0.5b.jsonl, or --recording) with a cost curve: costs only, no noise (see
-src/specdec/replay.py).
+src/specdec_lab/replay.py).
 
 One controller and one suffix cache for the whole run, as in one process: pass 1 is a fresh
 process (its cache starts empty and fills as requests end, in the recording's order), pass 2 asks

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Measure drafting policies offline (see src/specdec/replay.py).
+"""Measure drafting policies offline (see src/specdec_lab/replay.py).
 
     python scripts/replay_controller.py record [--out FILE]    # plain greedy outputs of the target
     python scripts/replay_controller.py replay [--recording FILE] [-v]

@@ -1,4 +1,4 @@
-"""Offline replay of drafting policies (specdec.replay): the ceilings bound every controller."""
+"""Offline replay of drafting policies (specdec_lab.replay): the ceilings bound every controller."""
 
 from __future__ import annotations
 

@@ -698,7 +698,7 @@ def verify_draft(
         if params.greedy:
             return verify_tree_greedy(logits, tree)
         p = logits_to_probs(logits, params)
-        return verify_tree(p, tree, _by_parent(q, tree, p.shape), rng, False, rule)
+        return verify_tree(p, tree, q_by_parent(q, tree, p.shape), rng, False, rule)
     if at is not None and not params.greedy:
         n, after = verify_at(logits_to_probs(logits, params), tokens, *at)
     else:
@@ -706,7 +706,7 @@ def verify_draft(
     return list(range(n)), after
 
 
-def _by_parent(q: np.ndarray | None, tree: DraftTree, shape) -> np.ndarray | None:
+def q_by_parent(q: np.ndarray | None, tree: DraftTree, shape) -> np.ndarray | None:
     """A sampled tree's q (row i: the distribution node i was drawn from) in verify_tree's rows
     (row j + 1: the distribution node j's children were drawn from; row 0 the roots')."""
     if q is None:

@@ -149,8 +149,7 @@ def test_a_sampled_grown_tree_never_reads_a_candidates_own_draw(monkeypatch):
     candidate placed by its own drawn q is kept when likely, and the output is off by many standard
     errors."""
     from specdec.drafters import model
-    from specdec.engine import _by_parent
-    from specdec.sampling import DraftTree, verify_tree
+    from specdec.sampling import DraftTree, q_by_parent, verify_tree
 
     from ..test_sampling import chi2_statistic, chi2_threshold
 
@@ -167,7 +166,7 @@ def test_a_sampled_grown_tree_never_reads_a_candidates_own_draw(monkeypatch):
             parents = d.parents if d.parents is not None else list(range(-1, len(d.tokens) - 1))
             tree = DraftTree(tuple(d.tokens), tuple(parents))
             p = np.tile(p_row, (len(d.tokens) + 1, 1))
-            path, after = verify_tree(p, tree, _by_parent(d.q, tree, p.shape), rng, replacement=False)
+            path, after = verify_tree(p, tree, q_by_parent(d.q, tree, p.shape), rng, replacement=False)
             counts[d.tokens[path[0]] if path else after] += 1
             drafter.accept({0: 0})
         return counts
@@ -188,8 +187,7 @@ def _first_tokens(shape, trials: int = 20_000) -> np.ndarray:
     each token first, drafting [0.5, 0.3, 0.2] against p = [0.1, 0.6, 0.3] (then [0.5, 0.5, 0] and a flat p
     below), verified by the engine's rule; `shape` gives the probabilities the tree is shaped by."""
     from specdec.drafters import model
-    from specdec.engine import _by_parent
-    from specdec.sampling import DraftTree, sample, verify_tree
+    from specdec.sampling import DraftTree, q_by_parent, sample, verify_tree
 
     q0, q1 = np.array([0.5, 0.3, 0.2]), np.array([0.5, 0.5, 0.0])
     p = np.array([[0.1, 0.6, 0.3], *[[1 / 3] * 3] * 2])  # [nodes + 1, vocab]
@@ -202,7 +200,7 @@ def _first_tokens(shape, trials: int = 20_000) -> np.ndarray:
             levels.append((candidates, shape(q, q, candidates), q))
         draft = chooser(2, levels).draft()
         tree = DraftTree(tuple(draft.tokens), tuple(draft.parents))
-        path, after = verify_tree(p, tree, _by_parent(draft.q, tree, p.shape), rng, replacement=False)
+        path, after = verify_tree(p, tree, q_by_parent(draft.q, tree, p.shape), rng, replacement=False)
         counts[draft.tokens[path[0]] if path else after] += 1
     return counts
 
