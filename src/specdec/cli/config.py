@@ -49,7 +49,12 @@ def _value(action: argparse.Action, raw, where: str):
 
 def _read(path: str) -> dict:
     text = read_text(path, f"--config {path}")
-    import yaml
+    try:
+        import yaml
+    except ImportError:
+        raise SpecdecError(
+            "--config reads YAML, which needs PyYAML: pip install -e '.[serve]' (in specdec's checkout)"
+        ) from None
 
     try:
         data = yaml.safe_load(text)
