@@ -174,7 +174,7 @@ def _report_costs(args, report: dict, target, draft) -> tuple:
     is known to be of this target (name, backend, exact mode) and of this draft model (`draft`:
     auto's draft model, loaded, or its drafter; None: none)."""
     from ..costs import cost_table
-    from ..drafters.base import Drafter
+    from ..drafters.base import Drafter, DraftModel
 
     facts = report["target"]
     ran = (facts.get("name"), facts.get("backend"), bool(facts.get("exact", False)))
@@ -185,7 +185,7 @@ def _report_costs(args, report: dict, target, draft) -> tuple:
             f"of this target (specdec costs --target {args.target} --out FILE)"
         )
     if isinstance(draft, Drafter):  # a draft model's drafter holds it; a head or early exit times itself
-        draft = None if hasattr(draft, "cost_curve") else draft.model
+        draft = draft.model if isinstance(draft, DraftModel) else None
     timed = report.get("draft")
     if timed is None or draft is None:
         return cost_table(report, "target"), None

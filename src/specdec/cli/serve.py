@@ -55,7 +55,7 @@ def _add_serve_parser(sub) -> None:
         "--config",
         metavar="FILE",
         default=None,
-        help="YAML of flags to values; SPECDEC_<FLAG> variables override it, flags override both",
+        help="YAML of flags to values; SPECDEC_<FLAG> variables override it, flags override both (default: none)",
     )
     _add_address_flags(g)
     _add_batching_flags(g)
