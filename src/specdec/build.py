@@ -68,7 +68,7 @@ def build(target, spec: DraftSpec, load: Callable[[str], object] | None = None, 
             model = make_drafter(DraftSpec("model", model=spec.model, vocab=spec.vocab), target, load, draft=draft)
         else:
             model = None
-        ngram, cache, model = pool(target, model, suffix if spec.wants_suffix else False)
+        ngram, cache, model = pool(target, model, suffix if spec.wants_suffix else False, spec.wants_suffix)
         return Drafters(spec, ngram=ngram, suffix=cache, model=model)
     if not spec.drafts:
         return Drafters(DraftSpec("none", k=0))
@@ -113,9 +113,8 @@ def serving(target, spec: DraftSpec, draft_spec: DraftSpec, load: Callable) -> t
     a head in its place); `load(name, trees=...)` loads a draft model. Returns (the default policy:
     a kind with its k and, for prompt lookup and the suffix cache, its width; the draft model,
     loaded, or its drafter, or None; a trained head's drafter or None), for server.build_service,
-    which builds auto's drafters over them (`pool`)."""
-    if spec.kind == "model":
-        draft_spec = spec
+    which builds auto's drafters over them (`pool`). `draft_spec` is --draft itself where that
+    names a draft model."""
     head_spec = spec if spec.kind == "head" else draft_spec if draft_spec.kind == "head" else None
     draft = None
     if draft_spec.kind == "model":  # a draft model that grows its own trees scores them (--draft-nodes)

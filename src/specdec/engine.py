@@ -251,7 +251,7 @@ class Engine:
             return
         contexts = {row: r.context for row, r in rows.items()}
         t = self.clock()
-        plan = self._draft(rows)
+        plan = self._draft(rows, contexts)
         t_draft = self.clock() - t
         drafts = {row: (d.tokens if d is not None else []) for row, (_, d) in plan.items()}
         trees = {row: DraftTree(tuple(d.tokens), tuple(d.parents)) for row, (_, d) in plan.items() if d and d.parents}
@@ -293,7 +293,7 @@ class Engine:
         joining = [r for r in self.rows.values() if r.prefilled < len(r.prompt_tokens) - 1]
         return {r.row: r for r in live if not r.done}, joining
 
-    def _draft(self, rows: Mapping[int, Request]) -> dict[int, tuple[Drafter | None, Draft | None]]:
+    def _draft(self, rows: Mapping[int, Request], contexts) -> dict[int, tuple[Drafter | None, Draft | None]]:
         """The controller picks each row's drafter and k (0 = a plain step) and drafts: a draft never
         overflows the context, nor outruns the tokens the row still wants (k + 1 emitted); each
         row's room for a tree is fixed before anything is drawn (_tree_room), so that no draw
@@ -305,7 +305,7 @@ class Engine:
             for row, r in rows.items()
         }
         leaves = self._tree_room(rows)
-        plan = self.controller.draft({row: r.context for row, r in rows.items()}, caps, leaves)
+        plan = self.controller.draft(contexts, caps, leaves)
         return {
             row: (d, self._fitted(d, draft.upto(target.tokenizer.eog_ids, target.vocab_size), leaves.get(row)))
             if draft is not None

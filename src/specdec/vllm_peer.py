@@ -108,12 +108,16 @@ def convert(name: str, force: bool = False) -> Path:
 def parse_method(method: str) -> tuple[str, int] | None:
     """A method without its 'vllm:' prefix (module docstring) -> (kind, k), ('plain', 0); None where
     it is not one (k: ASCII digits, >= 1, as our methods' counts: spec.count)."""
+    from .spec import count
+
     if method == "plain":
         return "plain", 0
     kind, _, k = method.rpartition(":")
-    if kind in VLLM_KINDS and k.isascii() and k.isdigit() and int(k) >= 1:
-        return kind, int(k)
-    return None
+    try:
+        n = count(k)
+    except ValueError:  # not a count
+        return None
+    return (kind, n) if kind in VLLM_KINDS and n >= 1 else None
 
 
 def speculative_config(method: str, draft: str | None) -> dict | None:

@@ -76,16 +76,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     try:
         parser = build_parser()
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
         args, extra = parser.parse_known_args(argv)
         if args.command == "serve":  # its --config file and SPECDEC_<FLAG> variables, then the flags again
             from .config import defaults
 
-            sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-            sub.choices["serve"].set_defaults(**defaults(sub.choices["serve"], args.config))
+            commands["serve"].set_defaults(**defaults(commands["serve"], args.config))
             args, extra = parser.parse_known_args(argv)
         if extra:  # name the subcommand's --help, not the top level's
-            sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-            sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+            commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
         if getattr(args, "threads", None) is not None:
             from .loading import _check_threads
 

@@ -31,9 +31,10 @@ def _value(action: argparse.Action, raw, where: str):
     """`raw` (a YAML value or an environment string) as the flag's action would store it."""
     flag = action.option_strings[0]
     if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
-        on = raw if isinstance(raw, bool) else str(raw).strip().lower() in TRUE
-        if not isinstance(raw, bool) and str(raw).strip().lower() not in TRUE + FALSE:
+        word = raw if isinstance(raw, bool) else str(raw).strip().lower()
+        if word not in (True, False, *TRUE, *FALSE):
             raise SpecdecError(f"{where}: {flag} takes true or false, got {raw!r}")
+        on = word is True or word in TRUE
         return on if isinstance(action, argparse._StoreTrueAction) else not on
     if action.nargs not in (None, "?") or isinstance(raw, (list, dict)):
         raise SpecdecError(f"{where}: {flag} takes one value, got {raw!r}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from .. import catalog
@@ -149,7 +148,7 @@ def _add_access_flags(g) -> None:
     """Who may call, and the model's name to them."""
     g.add_argument(
         "--api-key",
-        default=os.environ.get("SPECDEC_API_KEY"),
+        default=None,  # $SPECDEC_API_KEY: read with every SPECDEC_<FLAG> (cli/config.py)
         help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECDEC_API_KEY; none)",
     )
     g.add_argument(

@@ -185,7 +185,6 @@ def _common(
             "model_not_found",
         )
     include_usage = _stream_options(body)
-    _metadata(body)
     max_tokens = None
     for name in max_tokens_fields:
         v = body.get(name)
