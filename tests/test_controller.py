@@ -242,6 +242,49 @@ def test_costs_are_measured_once_and_cached(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_a_cost_table_is_timed_in_stages_a_few_widths_a_run(tmp_path, monkeypatch, capsys):
+    """A first run times the coarse grid (FIRST) at FIRST_REPEATS; each later run times up to
+    REFINE_TOKENS tokens of the missing widths beside the narrowest, joined by its scale, until
+    the curve is whole and nothing more is timed."""
+    from specdec import costs as costs_module
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    monkeypatch.setattr("specdec.costs.machine_was_busy", lambda times, costs, retimed=(): "")
+    model = ToyLM(vocab_size=32, n_ctx=512)
+    model.path = tmp_path / "toy.gguf"
+    model.path.write_bytes(b"toy")
+    widths, forward = costs_module.WIDTHS, model.forward_rows
+    fed: list[int] = []
+    model.forward_rows = lambda tokens, n_logits=None: (
+        fed.append(max(map(len, tokens.values()))) or forward(tokens, n_logits)
+    )
+
+    def timed():
+        fed.clear()
+        costs = measure_forward_costs(model, first=costs_module.FIRST)
+        return costs, sorted(set(fed[2:]))  # the fill of the cache and the warm-up aside
+
+    costs, fed_first = timed()
+    assert list(costs) == list(costs_module.FIRST) and fed_first == list(costs_module.FIRST)
+    assert len(fed) - 2 == costs_module.FIRST_REPEATS * len(costs_module.FIRST)
+    assert f"at {len(costs_module.FIRST)} of {len(widths)} widths" in capsys.readouterr().err
+    seen, runs = set(costs), 1
+    while len(seen) < len(widths):
+        costs, fed_now = timed()
+        runs += 1
+        new = set(costs) - seen
+        assert new and sum(new) <= max(costs_module.REFINE_TOKENS, min(new))
+        assert fed_now == sorted({min(seen), *new})  # beside the narrowest, for the scale
+        assert list(costs) == sorted(costs) and all(a <= b for a, b in zip(costs.values(), list(costs.values())[1:]))
+        assert "refining" in capsys.readouterr().err
+        seen |= new
+        assert runs < 10
+    assert list(costs) == sorted(widths)
+    again, fed_now = timed()
+    assert again == costs and fed == []  # whole: served from the cache
+    assert capsys.readouterr().err == ""
+
+
 def test_cost_table_follows_the_machine():
     table = CostTable([0.01, 0.02])
     for _ in range(50):

@@ -46,6 +46,17 @@ DEEP_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 BUSY_SPREAD = 1.25  # median / fastest repeat, the median over widths, above which: busy
 SUPERLINEAR = 1.1  # cost(W) > this x W x cost(1): timed again; still so: the model's kernels
 CACHE_VERSION = 2  # curves cached before the checks above are not trusted
+# A model's first run times a coarse grid of the widths (every width where a CPU's curve has been
+# seen to bend: the AVX2 EPYC's kernel cliff from 7 to 8 tokens among them) at FIRST_REPEATS; each
+# later run times up to REFINE_TOKENS tokens' worth of the widths still missing, beside the
+# narrowest (the scale that joins them to the cached curve), until the curve is whole. Between
+# timed widths CostTable interpolates linearly. The deep curve is timed whole at FIRST_REPEATS:
+# its cost is the fill of DEEP tokens (a 1.5B's forward of 1024 tokens: ~10 s here), paid once.
+# why: a first `make demo` on the 2-core AVX2 EPYC sat about 6 minutes timing two models at 20
+# widths x 7 repeats; history: docs/results/provenance.md#first
+FIRST = (1, 2, 3, 4, 6, 7, 8, 12, 16, 24, 32, 64)
+FIRST_REPEATS = 3
+REFINE_TOKENS = 40
 # A step's forward whose rows, fed in two forwards, are priced at least SPLIT_GAIN less than in
 # one is fed in two (split_forward), each half again while that pays, in at most SPLIT_PARTS: the
 # curve is not always concave. On the 2-core EPYC, ggml's tiled K-quant matmul takes the Q6_K
@@ -77,30 +88,54 @@ def measure_forward_costs(
     depth: int = SHALLOW,
     use_cache: bool = True,
     rows: int = 1,
+    first: Sequence[int] | None = None,
 ) -> dict[int, float]:
     """Seconds of one forward of W tokens in each of `rows` rows (rows x W tokens in all; one row:
     the verification of a k = W - 1 draft) at a cache depth of `depth` tokens per row, for each W
     in `widths`, the fastest of `repeats` (another process stealing a core only ever adds time, so
     the minimum is the cost). Cached per model file, backend, threads and rows in
-    $SPECDEC_HOME/costs/."""
+    $SPECDEC_HOME/costs/. With `first` (and a cache), the curve is timed in stages: the widths in
+    `first` on the first run, then REFINE_TOKENS' worth of the rest a run; the widths timed so far
+    are returned."""
     widths = sorted(widths or WIDTHS)
     tag = f"forward-v{CACHE_VERSION}-{','.join(map(str, widths))}-{depth}" + (f"-rows{rows}" if rows > 1 else "")
     cache = _cache_file(model, tag) if use_cache else None
+    cached: dict[int, float] = {}
     if cache is not None and cache.is_file():
         try:
-            costs = {int(w): float(s) for w, s in json.loads(cache.read_text()).items()}
-            if sorted(costs) == widths:
-                return costs
+            cached = {int(w): float(s) for w, s in json.loads(cache.read_text()).items()}
+            if not set(cached) <= set(widths) or not cached:
+                cached = {}
         except (ValueError, AttributeError):
-            pass  # a damaged cache file is measured again
-    if cache is not None:  # a pause of up to a minute a curve, once per machine: say why
+            cached = {}  # a damaged cache file is measured again
+    if sorted(cached) == widths:
+        return cached
+    todo, name = widths, getattr(model, "name", "the model")
+    missing = [w for w in widths if w not in cached]
+    if first is None or cache is None:
+        cached = {}  # timed whole
+    else:
+        repeats = FIRST_REPEATS
+        if cached:  # a later run: a few more widths beside the narrowest cached one
+            todo = [min(cached)]
+            for w in missing:
+                if len(todo) > 1 and sum(todo[1:]) + w > REFINE_TOKENS:
+                    break
+                todo.append(w)
+        else:
+            todo = [w for w in widths if w in first] or widths
+    if cache is not None:  # a pause on a model's first run, a few seconds on the next few: say why
+        if cached:
+            what = f"refining {name}'s cost curve at {len(todo) - 1} more widths ({len(missing)} left)"
+        else:
+            what = f"timing {name}'s forward at {len(todo)} of {len(widths)} widths"
+            what += " (the rest a few at a time on later runs)" if len(todo) < len(widths) else ""
         print(
-            f"specdec: timing {getattr(model, 'name', 'the model')}'s forward at {len(widths)} widths, "
-            f"cache depth {depth}, for --draft auto (once: cached in {cache.parent})",
+            f"specdec: {what}, cache depth {depth}, for --draft auto (cached in {cache.parent})",
             file=sys.stderr,
             flush=True,
         )
-    n_max = widths[-1]
+    n_max = todo[-1]
     # arbitrary tokens, another stretch for every row
     contexts = [
         [int(t) % model.vocab_size for t in range(1000 + 97 * i, 1000 + 97 * i + depth + n_max)] for i in range(rows)
@@ -112,9 +147,9 @@ def measure_forward_costs(
         model.forward_rows({r: c[:depth] for r, c in zip(ids, contexts)})
         model.forward_rows(feed(n_max), {r: n_max for r in ids})  # warm-up: every weight page
         model.rollback_rows(back)
-        times: dict[int, list[float]] = {w: [] for w in widths}
+        times: dict[int, list[float]] = {w: [] for w in todo}
         # tokens each forward feeds: the bar's estimate of the time left weighs widths by them
-        planned = repeats * sum(widths)  # (a width timed again past its round is not counted)
+        planned = repeats * sum(todo)  # (a width timed again past its round is not counted)
         bar = Progress(f"timing {getattr(model, 'name', 'the model')}", planned, "tok", cache is not None)
 
         def rounds(ws: Sequence[int]) -> None:
@@ -128,16 +163,20 @@ def measure_forward_costs(
                     model.rollback_rows(back)
                     bar.update(min((bar.done or 0) + w, planned))
 
-        rounds(widths)
+        rounds(todo)
         bar.close()
         # a width dearer than as many one-token forwards is a slow spell or the model's own kernels
         # (SUPERLINEAR): it is timed again beside the narrowest, and what holds then is the kernels
         steep = superlinear(_smoothed(times)) if not busy_spread(times) else []
         if steep:
-            rounds([widths[0], *steep])
+            rounds([todo[0], *steep])
     finally:
         model.drop_rows(ids)
     costs = _smoothed(times)
+    if cached:  # the new widths, scaled by the narrowest's cached cost, joined to the cached curve
+        scale = cached[todo[0]] / costs[todo[0]]
+        joined = {**{w: s * scale for w, s in costs.items()}, **cached}
+        costs = dict(zip(sorted(joined), np.maximum.accumulate([joined[w] for w in sorted(joined)]).tolist()))
     busy = machine_was_busy(times, costs, retimed=steep)
     if busy:
         print(
@@ -154,12 +193,12 @@ def measure_forward_costs(
 
 def measure_cost_table(model) -> "CostTable":
     """The model's cost table for the controller: every width timed at SHALLOW and DEEP_WIDTHS at
-    DEEP (both cached), or the shallow curve alone when DEEP tokens and a widest forward would not
-    fit the model's context."""
-    shallow = measure_forward_costs(model)
+    DEEP (both cached; the shallow curve timed in stages, FIRST on a model's first run), or the
+    shallow curve alone when DEEP tokens and a widest forward would not fit the model's context."""
+    shallow = measure_forward_costs(model, first=FIRST)
     if model.n_ctx < DEEP + max(DEEP_WIDTHS):
         return CostTable(shallow)
-    return CostTable(shallow, deep=measure_forward_costs(model, DEEP_WIDTHS, repeats=5, depth=DEEP))
+    return CostTable(shallow, deep=measure_forward_costs(model, DEEP_WIDTHS, repeats=5, depth=DEEP, first=DEEP_WIDTHS))
 
 
 def _smoothed(times: Mapping[int, Sequence[float]]) -> dict[int, float]:
