@@ -6,6 +6,7 @@ import numbers
 from dataclasses import dataclass
 
 from .errors import SpecdecError
+from .grammar import constraint_spec
 from .sampling import VERIFICATION_RULES, SamplingParams
 
 MAX_LOGPROBS = 20  # the most likely tokens a generated token's log-probability may come with (OpenAI's bound)
@@ -37,6 +38,11 @@ class GenerationConfig:
     # sampling.tree_block_cuts) or "token" (token by token; a tree node by node);
     # sampling.VERIFICATION_RULES. Greedy rows, one-hot drafts and reproducible rows are unaffected.
     verification: str = "block"
+    # constrained output (grammar.py): OpenAI's response_format ({"type": "json_object"} or
+    # {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}) or a grammar (a
+    # grammar.GrammarSpec, or a string: llama.cpp's GBNF); at most one of them
+    response_format: dict | None = None
+    grammar: object = None
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -54,6 +60,12 @@ class GenerationConfig:
             raise SpecdecError("an empty stop string would end every generation at once; drop it")
         object.__setattr__(self, "stop", tuple(self.stop))
         _ = self.sampling  # validates temperature / top-k / top-p / min-p
+        object.__setattr__(self, "_constraint", constraint_spec(self.response_format, self.grammar))
+
+    @property
+    def constraint(self):
+        """The grammar.GrammarSpec the output is constrained to (None: free text)."""
+        return self._constraint
 
     @property
     def sampling(self) -> SamplingParams:

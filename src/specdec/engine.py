@@ -111,6 +111,7 @@ class Request:
         self.context = list(prompt_tokens)
         self.row: int | None = None  # the target's row, once admitted
         self.policy = None  # how its row is speculated, where the controller decides per request (Engine.add)
+        self.constraint = None  # its grammar's state (grammar.Constraint), where config.constraint is set
         self.prefilled = 0  # prompt tokens in the row's cache
         self.result: GenerationResult | None = None
         self.logprobs: list[TokenLogprob] | None = [] if config.logprobs is not None else None
@@ -199,6 +200,7 @@ class Engine:
         self.idle: dict[int, list[int]] = {}  # kept row -> the tokens its cache holds
         self._unknown: set[int] = set()  # rows in use whose caches a failed step left unknown (drop_idle)
         self._ids = itertools.count()
+        self._grammars = None  # grammar.Grammars for the target, made at the first constrained request
 
     # -- the caller's verbs --------------------------------------------------------------------
 
@@ -208,8 +210,20 @@ class Engine:
         The request carries it, and the controller is told it with the row (Controller.begin)."""
         request = Request(next(self._ids), prompt_tokens, config, self.target.tokenizer)
         request.policy = policy
+        if config.constraint is not None:
+            request.constraint = self.grammars.constraint(config.constraint)
         self.queue.append(request)
         return request
+
+    @property
+    def grammars(self):
+        """The target's compiled grammars (grammar.Grammars): a caller that compiles a request's
+        grammar ahead (the server, off its engine thread) warms the cache add() reads."""
+        if self._grammars is None:
+            from .grammar import Grammars
+
+            self._grammars = Grammars(self.target)
+        return self._grammars
 
     def cancel(self, request: Request) -> None:
         """Stop a request now; its row and caches are freed at once."""
@@ -252,21 +266,23 @@ class Engine:
         contexts = {row: r.context for row, r in rows.items()}
         t = self.clock()
         plan = self._draft(rows, contexts)
-        t_draft = self.clock() - t
         drafts = {row: (d.tokens if d is not None else []) for row, (_, d) in plan.items()}
+        plan, own = self._constrain(rows, plan, drafts)
+        t_draft = self.clock() - t
         trees = {row: DraftTree(tuple(d.tokens), tuple(d.parents)) for row, (_, d) in plan.items() if d and d.parents}
         forward = self._score(contexts, drafts, trees, joining)
+        self._mask(rows, drafts, forward.logits)
         verdicts = self._verify(rows, plan, drafts, trees, forward.logits)
         t = self.clock()
         self._roll_back(contexts, verdicts, trees)
         forward.seconds += self.clock() - t
         t = self.clock()
-        for drafter in self.drafters:  # each drafter hears about the rows it drafted for
-            told = {row: len(verdicts[row][0]) for row, (d, _) in plan.items() if d is drafter}
+        for drafter in self.drafters:  # each drafter hears about the rows it drafted for (its own tokens)
+            told = {row: min(len(verdicts[row][0]), own[row]) for row, (d, _) in plan.items() if d is drafter}
             if told:
                 drafter.accept(told)
         t_draft += self.clock() - t
-        outcomes = self._emit_rows(rows, plan, drafts, trees, verdicts, forward, t_draft)
+        outcomes = self._emit_rows(rows, plan, drafts, trees, verdicts, forward, t_draft, own)
         self.controller.observe(outcomes, forward.passes(trees), forward.seconds, forward.depth)
         for row, r in rows.items():
             r.stats.predicted_speedup, r.stats.measured_speedup = self.controller.speedups(
@@ -370,9 +386,10 @@ class Engine:
         if trees:
             self.target.keep_path_rows({row: [0, *(n + 1 for n in verdicts[row][0])] for row in trees})
 
-    def _emit_rows(self, rows, plan, drafts, trees, verdicts, forward: "_Forward", t_draft: float) -> dict:
+    def _emit_rows(self, rows, plan, drafts, trees, verdicts, forward: "_Forward", t_draft: float, own) -> dict:
         """Each row's kept tokens and the one after them emitted (up to end-of-generation, the token
-        budget, a stop string), its stats and logprobs: the controller's outcomes."""
+        budget, a stop string), its stats and logprobs: the controller's outcomes (of the drafter's
+        own tokens: a grammar's forced tokens after them are not its)."""
         target, outcomes, now = self.target, {}, self.clock()
         for row, r in rows.items():
             drafter, draft = plan[row]
@@ -381,7 +398,11 @@ class Engine:
             s.draft_seconds += t_draft
             s.target_seconds += forward.seconds
             deepest = int(tree_depths(trees[row].parents).max(initial=-1)) + 1 if row in trees else None
-            s.record_step(len(drafts[row]), len(path), drafter.kind if drafter else "plain", deepest)
+            kind = drafter.kind if drafter else ("grammar" if drafts[row] else "plain")
+            s.record_step(len(drafts[row]), len(path), kind, deepest)
+            if own[row] < len(drafts[row]):  # the grammar's forced tokens: drafted and kept
+                s.forced_drafted += len(drafts[row]) - own[row]
+                s.forced_kept += max(0, len(path) - own[row])
             emitted, s.finish_reason = _emit(
                 [*(drafts[row][i] for i in path), next_token],
                 target.tokenizer.eog_ids,
@@ -389,13 +410,17 @@ class Engine:
             )
             r.context += emitted
             s.generated_tokens += len(emitted)
+            if r.constraint is not None:
+                r.constraint.consume(emitted)
             if r.logprobs is not None:  # emitted token i is what logits row i scored (a tree: its path's)
                 scored = [0, *(i + 1 for i in path)]
                 r.logprobs += [
                     token_logprob(forward.logits[row][j], t, r.config.logprobs) for j, t in zip(scored, emitted)
                 ]
             s.decode_seconds = now - r._t_decode
-            outcomes[row] = Outcome(drafter, draft, len(path), emitted)
+            if draft is not None and own[row] < len(draft.tokens):
+                draft = draft._first(own[row])
+            outcomes[row] = Outcome(drafter, draft, min(len(path), own[row]), emitted)
             if r.text.add(emitted):
                 s.finish_reason = "stop"
             piece = r.text.ready()
@@ -435,11 +460,51 @@ class Engine:
             "(0: a chain); a tree cut after drawing would not sample the target's distribution"
         )
 
+    def _constrain(self, rows, plan, drafts) -> tuple[dict, dict[int, int]]:
+        """Each constrained row's draft made the grammar's (Constraint.extend): a free or greedy
+        draft is cut at its first token the grammar refuses and followed by the tokens the grammar
+        forces there, all a function of the context alone, so every rule stays exact given the
+        draft. A sampled draft with a q is left whole: cutting it where a draw was refused would
+        choose its rule by the draw; a refused token has probability 0 under the masked target,
+        and every rule rejects it. An engine without drafters (plain decoding, the baseline) drafts
+        nothing, forced tokens included. Also: each drafter's own tokens in its row's draft."""
+        own = {row: len(drafts[row]) for row in rows}
+        for row, r in rows.items():
+            if r.constraint is None or not self.drafters:
+                continue
+            drafter, draft = plan[row]
+            if draft is not None and draft.q is not None and not r.params.greedy:
+                continue
+            cap = max(
+                0, min(self.target.n_ctx - len(r.context) - 1, r.config.max_new_tokens - r.stats.generated_tokens - 1)
+            )
+            mine = drafts[row]
+            tokens = r.constraint.extend(mine, cap)
+            own[row] = min(len(mine), r.constraint.valid(mine), len(tokens))
+            if tokens != mine:
+                new = Draft(tokens, evidence=draft.evidence if draft is not None else {})
+                new = new.upto(self.target.tokenizer.eog_ids, self.target.vocab_size)
+                own[row] = min(own[row], len(new.tokens))
+                plan[row] = (drafter, new if new.tokens or draft is not None else None)
+                drafts[row] = new.tokens
+        return plan, own
+
+    def _mask(self, rows, drafts, logits) -> None:
+        """Each constrained row's logits masked to what its grammar allows at each position
+        (Constraint.masks), in place: verification, the bonus token and logprobs all read p
+        under the grammar."""
+        from .grammar import masked
+
+        for row, r in rows.items():
+            if r.constraint is not None:
+                logits[row] = masked(logits[row], r.constraint.masks(drafts[row]))
+
     def _tree_ok(self, request: Request) -> bool:
-        """Whether this row may verify a tree: the target scores trees (models' scores_trees) and
-        the row is not sampled by position (reproducible), whose rule is a chain's."""
+        """Whether this row may verify a tree: the target scores trees (models' scores_trees), the
+        row is not sampled by position (reproducible), whose rule is a chain's, and its output is
+        not constrained (a grammar's masks follow one chain)."""
         sampled_by_position = request.config.reproducible and not request.params.greedy
-        return self.target.scores_trees and not sampled_by_position
+        return self.target.scores_trees and not sampled_by_position and request.constraint is None
 
     def drop_idle(self) -> None:
         """Forget the kept rows (prefix_cache), and keep or copy none of the rows in use when their

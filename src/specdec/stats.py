@@ -16,6 +16,8 @@ class GenerationStats:
     drafted_at: list[int] = field(default_factory=list)  # [position] tokens drafted at draft position i
     accepted_at: list[int] = field(default_factory=list)  # [position] of those, how many were kept
     decisions: dict[str, int] = field(default_factory=dict)  # "plain" / "ngram:k" / "draft:k" -> steps
+    forced_drafted: int = 0  # of the drafted tokens, those a grammar forced (grammar.Constraint.extend)
+    forced_kept: int = 0  # of those, kept
     predicted_speedup: float | None = None  # --draft auto: what the controller expected
     measured_speedup: float | None = None  # --draft auto: tokens/s over its plain-step estimate
     prefill_seconds: float = 0.0

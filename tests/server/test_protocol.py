@@ -64,7 +64,10 @@ BAD_CHAT = [
     ),
     ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "unsupported field(s) name"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
-    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}, "response_format type must"),
+    ({"messages": [{"role": "user", "content": "x"}], "json_schema": {"type": "objec"}}, "JSON schema is not valid"),
+    ({"messages": [{"role": "user", "content": "x"}], "grammar": "root ::= ("}, "not valid"),
+    ({"messages": [{"role": "user", "content": "x"}], "grammar": 'root ::= "a"', "json_schema": {}}, "not both"),
     (
         {"messages": [{"role": "user", "content": "x"}], "max_tokens": 5, "max_completion_tokens": 6},
         "not two different values",

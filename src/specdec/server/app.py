@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..controller import LONG_STEP_SHARE, SERVER_OBJECTIVE
 from ..engine import HOST_CACHE_MIB, PREFILL_STALL, PREFILL_WASTE, Engine
-from ..errors import PromptError, SpecdecError
+from ..errors import FieldError, SpecdecError
 from ..request import prepare
 from ..spec import DraftSpec
 from .metrics import Metrics
@@ -113,10 +113,13 @@ class Service:
         chat = job.kind == "chat"
         config = replace(job.config, chat=chat, special_in_turns=self.special_in_turns, reproducible=self.reproducible)
         try:
-            return prepare(
+            prepared = prepare(
                 self.worker.target, job.prompt, config, messages=job.messages if chat else None, limit=job.limit
             )
-        except PromptError as exc:
+            if config.constraint is not None:  # compiled here (cached), so the engine's add copies it
+                self.worker.engine.grammars.constraint(config.constraint)
+            return prepared
+        except FieldError as exc:
             raise RequestError(str(exc), exc.param, exc.code) from None
         except SpecdecError as exc:  # e.g. a model without a chat template
             raise RequestError(str(exc)) from None

@@ -89,10 +89,6 @@ _UNSUPPORTED = {
     "parallel_tool_calls": (lambda v: v is None, "tools (function calling) are not supported"),
     "functions": (_no_op, "functions (function calling) are not supported"),
     "function_call": (_no_op, "functions (function calling) are not supported"),
-    "response_format": (
-        lambda v: v is None or v == {"type": "text"},
-        'response_format other than {"type": "text"} (JSON mode, schemas) is not supported',
-    ),
     "frequency_penalty": (
         _no_op,
         "frequency_penalty is not supported (it would change the target's "
@@ -204,7 +200,13 @@ def _common(
             min_p=0.0 if min_p is None else float(min_p),
             seed=body.get("seed"),
             stop=stop,
+            response_format=body.get("response_format"),
+            grammar=_grammar(body),
         )
+    except RequestError:
+        raise
+    except FieldError as exc:
+        raise RequestError(str(exc), exc.param, exc.code) from None
     except SpecdecError as exc:
         raise RequestError(str(exc)) from None
     return Job(
@@ -217,6 +219,18 @@ def _common(
         include_usage=include_usage,
         return_tokens=bool(body.get("return_tokens")),
     )
+
+
+def _grammar(body: dict):
+    """llama-server's top-level json_schema or grammar (GBNF), as a grammar.GrammarSpec."""
+    from ..grammar import GrammarSpec
+
+    schema, grammar = body.get("json_schema"), body.get("grammar")
+    if schema is not None and grammar is not None:
+        raise RequestError("give json_schema or grammar, not both", "json_schema")
+    if schema is not None:
+        return GrammarSpec.json_schema(schema, "json_schema")
+    return grammar
 
 
 def _stream_options(body: dict) -> bool:

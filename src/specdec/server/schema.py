@@ -69,6 +69,11 @@ class _Request(_Body):
     stop: str | list[str] | None = Field(None, description="at most 16 non-empty strings")
     speculative: Speculative | None = None
     return_tokens: bool | None = Field(None, description="llama-server's: the generated token ids as well")
+    response_format: Any = Field(
+        None, description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}'
+    )
+    json_schema: Any = Field(None, description="llama-server's: a JSON Schema the output follows")
+    grammar: str | None = Field(None, description="llama-server's: a GBNF grammar the output follows")
     n: Any = _refused("1")
     frequency_penalty: Any = _refused("0")
     presence_penalty: Any = _refused("0")
@@ -87,7 +92,6 @@ class ChatRequest(_Request):
     parallel_tool_calls: Any = _refused("absent")
     functions: Any = _refused("[]")
     function_call: Any = _refused("none")
-    response_format: Any = _refused('{"type": "text"}')
     audio: Any = _refused("absent")
     modalities: Any = _refused('["text"]')
     prediction: Any = _refused("absent")
