@@ -269,6 +269,21 @@ def test_a_grammar_that_compiles_too_long_is_refused_and_the_caller_is_not_held(
     assert time.monotonic() - t < 0.9
 
 
+def test_trial_masks_through_an_end_of_generation_leave_the_state_as_it_was():
+    """A draft that ends with the end-of-generation token: its masks are computed without
+    consuming the end (llguidance's rollback does not count a stop token, so a trial through it
+    would roll an earlier token back too), and the state after is the state before."""
+    c = Grammars(target_lm()).constraint(GRAMMAR)
+    c.consume([4])
+    before = c.allowed().tolist()
+    masks = c.masks([3, 1, 2, 0])
+    assert masks[4].tolist() == [True, False, False, True, True]  # after "dé": end, d or e
+    assert c.allowed().tolist() == before
+    assert c.extend([4, 0], 8) == [4, 0] and c.allowed().tolist() == before  # nothing forced after an end
+    c.consume([3, 1, 2, 0])
+    assert c.stopped
+
+
 def test_a_compiled_grammar_is_cached_by_its_hash():
     grammars = Grammars(target_lm())
     calls = []

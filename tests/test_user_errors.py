@@ -111,6 +111,24 @@ USER_ERRORS = [
     _row("bench-seed-negative", ["bench", "--seed", "-1"], "--seed", "see specdec bench --help"),
     _row("stop-empty", ["generate", "-p", "x", "--stop", ""], "--stop", "empty stop string"),
     _row("logprobs-negative", ["generate", "-p", "x", "--logprobs", "-1"], "--logprobs", "0..20"),
+    _row("json-schema-not-json", ["generate", "-p", "x", "--json-schema", "{nope"], "--json-schema", "not valid JSON"),
+    _row("json-schema-not-an-object", ["generate", "-p", "x", "--json-schema", "[1]"], "--json-schema must be"),
+    _row(
+        "json-schema-missing", ["generate", "-p", "x", "--json-schema", "{tmp}/none.json"], "cannot read --json-schema"
+    ),
+    _row("grammar-missing", ["generate", "-p", "x", "--grammar", "{tmp}/none.gbnf"], "cannot read --grammar"),
+    _row(
+        "schema-and-grammar",
+        ["generate", "-p", "x", "--json-schema", "{}", "--grammar", "{tmp}/none.gbnf"],
+        "--json-schema or --grammar",
+    ),
+    _row(
+        "json-schema-invalid",
+        ["generate", "-p", "x", "--json-schema", '{"type": "objec"}'],
+        "JSON schema is not valid",
+        models=True,
+    ),
+    _row("grammar-invalid", ["generate", "-p", "x", "--grammar", "{tmp}/requests.jsonl"], "GBNF", models=True),
     _row("logprobs-above-cap", ["generate", "-p", "x", "--logprobs", "99"], "--logprobs", "0..20, got 99"),
     _row("logprobs-not-a-number", ["generate", "-p", "x", "--logprobs", "x"], "--logprobs", "expected an integer"),
     _row("ctx-below-16", ["generate", "-p", "x", "--target", "gemma-3-270m", "--ctx", "8"], "at least 16"),

@@ -72,8 +72,10 @@ class GrammarSpec:
         if self.kind == "json_schema":
             return ll.LLMatcher.grammar_from_json_schema(self.text, overrides=JSON_OPTIONS)
         if self.kind == "gbnf":
+            from llguidance.gbnf_to_lark import gbnf_to_lark
+
             try:
-                return ll.LLMatcher.grammar_from_lark(ll.gbnf_to_lark(self.text))
+                return ll.LLMatcher.grammar_from_lark(gbnf_to_lark(self.text))
             except Exception as e:  # the converter's own parse errors
                 raise FieldError(f"grammar is not valid GBNF ({e})", "grammar") from None
         return ll.LLMatcher.grammar_from_lark(self.text)
@@ -211,7 +213,7 @@ class Grammars:
                 if len(self._cache) >= CACHE_SIZE:
                     self._cache.pop(next(iter(self._cache)))
                 self._cache[spec.key] = matcher
-        return Constraint(matcher.deep_copy(), self.model.vocab_size)
+        return Constraint(matcher.deep_copy(), self.model.vocab_size, self.model.tokenizer.eog_ids)
 
     def _compile(self, spec: GrammarSpec):
         ll = _llguidance()
@@ -246,8 +248,10 @@ def _first_line(message: str) -> str:
 class Constraint:
     """One request's grammar state: the matcher advanced through the tokens emitted so far."""
 
-    def __init__(self, matcher, vocab_size: int):
-        self.m, self.vocab_size = matcher, vocab_size
+    def __init__(self, matcher, vocab_size: int, eog=frozenset()):
+        # eog: the end-of-generation tokens, never consumed on trial (llguidance's rollback does
+        # not count a stop token: rolled back, it would take an earlier token with it)
+        self.m, self.vocab_size, self.eog = matcher, vocab_size, frozenset(eog)
 
     def allowed(self) -> np.ndarray:
         """The tokens allowed next, a bool per vocabulary entry."""
@@ -262,7 +266,7 @@ class Constraint:
         """`tokens` cut at their first disallowed token, then the tokens the grammar forces after
         them, up to `most` in all: a draft's free part (a function of the context alone)."""
         kept = list(tokens[: min(self.valid(tokens), most)])
-        if len(kept) >= most:
+        if len(kept) >= most or any(t in self.eog for t in kept):  # nothing follows an end
             return kept
         if not self.m.consume_tokens(kept):
             raise SpecdecError(f"the grammar refused tokens it had validated: {self.m.get_error()}")
@@ -274,12 +278,13 @@ class Constraint:
     def masks(self, tokens: Sequence[int]) -> np.ndarray:
         """[len(tokens) + 1, vocab] the allowed tokens at each position of a chain draft: before
         it and after each of its tokens, the grammar rolled back after; past a token the grammar
-        refuses, the last position's mask again (those positions are never reached: the refused
-        token has probability 0 under the masked target, so every rule rejects it)."""
+        refuses (or after an end of generation), the last position's mask again (those positions
+        are never reached: the refused token has probability 0 under the masked target, so every
+        rule rejects it; nothing after an end is emitted)."""
         rows = [self.allowed()]
         fed = 0
         for t in tokens:
-            if fed == len(rows) - 1 and rows[-1][t] and self.m.consume_token(int(t)):
+            if fed == len(rows) - 1 and rows[-1][t] and t not in self.eog and self.m.consume_token(int(t)):
                 fed += 1
                 rows.append(self.allowed())
             else:

@@ -174,10 +174,13 @@ class Bench:
         turn by turn; its `prompt` is then only a flat rendering for the base-model case."""
         return prompt_text(self.target, item)
 
-    def _config(self):
+    def _config(self, item: dict | None = None):
+        """The run's config; a suite item's `response_format` (a structured suite's schema)
+        constrains its output, for every method alike."""
         from ..engine import GenerationConfig
 
         return GenerationConfig(
+            response_format=(item or {}).get("response_format"),
             max_new_tokens=self.max_tokens,
             temperature=self.temperature,
             seed=self.seed,
@@ -227,6 +230,8 @@ class Bench:
         runner, spec, _ = parse_method(method)
         if runner != "specdec":
             raise SpecdecError(f"{method}: batches run our methods only")
+        if any(i.get("response_format") for i in items):
+            raise SpecdecError("a suite whose prompts carry schemas runs one prompt at a time (no --batch)")
         texts = [self.prompt_text(i) for i in items]
         results = self._decoder(spec, repeat, len(items)).generate_batch(texts, self._config())
         categories = {i["category"] for i in items}
@@ -258,7 +263,7 @@ class Bench:
         text = self.prompt_text(item)
         row = Row(item["id"], item["category"], method, repeat, 0, 0.0, 0.0)
         if runner == "specdec":
-            result = self._decoder(drafter, repeat).generate(text, self._config())
+            result = self._decoder(drafter, repeat).generate(text, self._config(item))
             s = result.stats
             row.tokens = produced(s.generated_tokens, s.finish_reason == "eog", self.max_tokens)
             row.seconds = s.decode_seconds

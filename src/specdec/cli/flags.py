@@ -258,6 +258,19 @@ def _add_request_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
         default=[],
         help="stop string (repeatable; default: none)",
     )
+    g.add_argument(
+        "--json-schema",
+        metavar="FILE|JSON",
+        default=None,
+        help="the output is JSON following this JSON Schema (a file, or the schema itself); speculated "
+        "exactly under it, the schema's forced tokens drafted free (default: free text)",
+    )
+    g.add_argument(
+        "--grammar",
+        metavar="FILE",
+        default=None,
+        help="the output follows this GBNF grammar (llama.cpp's format; a .lark file: Lark) (default: free text)",
+    )
 
 
 def _add_costs_flag(g, who: str = "--draft auto") -> None:

@@ -87,4 +87,41 @@ def _config(args):
         logprobs=args.logprobs,
         reproducible=args.reproducible,
         verification=args.verification,
+        **_constraint(args),
     )
+
+
+def _constraint(args) -> dict:
+    """--json-schema (a file or the schema itself) and --grammar (a GBNF file; .lark: Lark) as
+    GenerationConfig's response_format / grammar."""
+    from ..grammar import GrammarSpec
+
+    schema, grammar = getattr(args, "json_schema", None), getattr(args, "grammar", None)
+    if schema is not None and grammar is not None:
+        raise SpecdecError("give --json-schema or --grammar, not both")
+    if schema is not None:
+        text = schema if schema.lstrip()[:1] in ("{", "[") else _file(schema, "--json-schema")
+        try:
+            value = json.loads(text)
+        except ValueError as e:
+            raise SpecdecError(f"--json-schema {_short(schema)}: not valid JSON ({e})") from None
+        spec = GrammarSpec.json_schema(value, "--json-schema")
+        return {
+            "response_format": {"type": "json_schema", "json_schema": {"name": "cli", "schema": json.loads(spec.text)}}
+        }
+    if grammar is not None:
+        text = _file(grammar, "--grammar")
+        return {"grammar": GrammarSpec("lark" if grammar.endswith(".lark") else "gbnf", text)}
+    return {}
+
+
+def _file(path: str, flag: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return _utf8(f.read(), f"{flag} {path}")
+    except OSError as exc:
+        raise SpecdecError(f"cannot read {flag} {path}: {exc.strerror}") from None
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 40 else text[:37] + "..."
