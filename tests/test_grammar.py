@@ -279,7 +279,7 @@ def test_trial_masks_through_an_end_of_generation_leave_the_state_as_it_was():
     masks = c.masks([3, 1, 2, 0])
     assert masks[4].tolist() == [True, False, False, True, True]  # after "dé": end, d or e
     assert c.allowed().tolist() == before
-    assert c.extend([4, 0], 8) == [4, 0] and c.allowed().tolist() == before  # nothing forced after an end
+    assert c.extend([4, 0], 8) == ([4, 0], 2) and c.allowed().tolist() == before  # nothing forced after an end
     c.consume([3, 1, 2, 0])
     assert c.stopped
 

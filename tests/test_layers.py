@@ -13,8 +13,9 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # bottom to top; a module's layer is that of the longest prefix of its dotted name listed here
 LAYERS = [
     ("specdec.errors", "specdec.paths", "specdec.text", "specdec.stats", "specdec.progress"),
-    # config beside sampling: a GenerationConfig carries the SamplingParams it makes
-    ("specdec.sampling", "specdec.config", "specdec.models", "specdec.catalog"),
+    # config beside sampling: a GenerationConfig carries the SamplingParams it makes, and the
+    # grammar its constraint compiles to (grammar, tools)
+    ("specdec.sampling", "specdec.config", "specdec.grammar", "specdec.tools", "specdec.models", "specdec.catalog"),
     ("specdec.drafters", "specdec.acceptance", "specdec.costs", "specdec.controller"),
     ("specdec.request", "specdec.spec", "specdec.engine", "specdec.build", "specdec.decoder"),
     (

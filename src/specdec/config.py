@@ -5,9 +5,11 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
-from .errors import SpecdecError
+from .errors import FieldError, SpecdecError
 from .grammar import constraint_spec
 from .sampling import VERIFICATION_RULES, SamplingParams
+from .tools import check_choice, check_tools
+from .tools import grammar as tools_grammar
 
 MAX_LOGPROBS = 20  # the most likely tokens a generated token's log-probability may come with (OpenAI's bound)
 
@@ -43,6 +45,12 @@ class GenerationConfig:
     # grammar.GrammarSpec, or a string: llama.cpp's GBNF); at most one of them
     response_format: dict | None = None
     grammar: object = None
+    # tools (function calling, tools.py): OpenAI's tools, rendered by the model's chat template;
+    # tool_choice "none", "auto" (default with tools), "required" or {"type": "function",
+    # "function": {"name"}}; parallel_tool_calls: more than one call in a turn
+    tools: list | None = None
+    tool_choice: object = None
+    parallel_tool_calls: bool = True
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -60,7 +68,26 @@ class GenerationConfig:
             raise SpecdecError("an empty stop string would end every generation at once; drop it")
         object.__setattr__(self, "stop", tuple(self.stop))
         _ = self.sampling  # validates temperature / top-k / top-p / min-p
-        object.__setattr__(self, "_constraint", constraint_spec(self.response_format, self.grammar))
+        spec = constraint_spec(self.response_format, self.grammar)
+        tools = check_tools(self.tools)
+        choice = check_choice(self.tool_choice, tools)
+        calls = tools_grammar(tools, choice, self.parallel_tool_calls)
+        if calls is not None and spec is not None:
+            raise FieldError(
+                'give tools or a response_format/grammar, not both (unless tool_choice is "none")', "tools"
+            )
+        object.__setattr__(self, "_constraint", calls or spec)
+        object.__setattr__(self, "_tool_choice", choice)
+
+    @property
+    def tool_choice_word(self) -> str:
+        """tool_choice as a word: none, auto, required, or the one function's name."""
+        return self._tool_choice
+
+    @property
+    def template_tools(self) -> list | None:
+        """The tools the chat template renders (None: none, also for tool_choice "none")."""
+        return self.tools if self.tools and self._tool_choice != "none" else None
 
     @property
     def constraint(self):

@@ -201,6 +201,7 @@ class Engine:
         self._unknown: set[int] = set()  # rows in use whose caches a failed step left unknown (drop_idle)
         self._ids = itertools.count()
         self._grammars = None  # grammar.Grammars for the target, made at the first constrained request
+        self._grammar_lookup = None  # prompt lookup past a grammar's forced tokens (_lookup)
 
     # -- the caller's verbs --------------------------------------------------------------------
 
@@ -479,8 +480,9 @@ class Engine:
                 0, min(self.target.n_ctx - len(r.context) - 1, r.config.max_new_tokens - r.stats.generated_tokens - 1)
             )
             mine = drafts[row]
-            tokens = r.constraint.extend(mine, cap)
-            own[row] = min(len(mine), r.constraint.valid(mine), len(tokens))
+            free = drafter is not None and draft is not None and draft.q is None and mine
+            lookup = self._lookup(r.context) if free else None  # a free drafter's guesses go on past forced tokens
+            tokens, own[row] = r.constraint.extend(mine, cap, len(mine), lookup)
             if tokens != mine:
                 new = Draft(tokens, evidence=draft.evidence if draft is not None else {})
                 new = new.upto(self.target.tokenizer.eog_ids, self.target.vocab_size)
@@ -488,6 +490,20 @@ class Engine:
                 plan[row] = (drafter, new if new.tokens or draft is not None else None)
                 drafts[row] = new.tokens
         return plan, own
+
+    def _lookup(self, context: Sequence[int]):
+        """Prompt lookup's continuation of `context` and a draft so far (Constraint.extend's
+        lookup): where the grammar has forced tokens into a free draft, the guesses go on after
+        them, as the drafter's own would have."""
+        from .drafters.ngram import NgramDrafter, _Index
+
+        if self._grammar_lookup is None:
+            self._grammar_lookup = NgramDrafter(n_min=1)
+
+        def lookup(draft: Sequence[int], k: int) -> list[int]:
+            return self._grammar_lookup.propose_one(_Index(), [*context, *draft], k).tokens
+
+        return lookup
 
     def _mask(self, rows, drafts, logits) -> None:
         """Each constrained row's logits masked to what its grammar allows at each position

@@ -34,6 +34,11 @@ CACHE_SIZE = 64
 # and colons are one forced run instead of a choice of whitespace at every turn
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_JSON = {"type": "object"}  # response_format {"type": "json_object"}: any JSON object
+# A Hermes tool call's tags (tools.py). In a tool-call grammar (kind "tool_lark") they stand as
+# these marks, written at compile time as the model's tokenizer has them: a special token (Lark's
+# <tool_call>, Qwen2.5's) or text ("<tool_call>")
+TOOL_TAGS = ("<tool_call>", "</tool_call>")
+TAG_MARKS = ("\x00open\x00", "\x00close\x00")
 
 
 def _llguidance():
@@ -50,7 +55,8 @@ def _llguidance():
 @dataclass(frozen=True)
 class GrammarSpec:
     """What a request constrains its output to: kind "json_schema" (text: the schema as JSON),
-    "lark" or "gbnf" (text: the grammar)."""
+    "lark" or "gbnf" (text: the grammar), or "tool_lark" (a Lark grammar of tool calls, its tags
+    as TAG_MARKS)."""
 
     kind: str
     text: str
@@ -66,9 +72,15 @@ class GrammarSpec:
             raise FieldError(f"{field} must be a JSON object (a JSON Schema), got {type(schema).__name__}", field)
         return cls("json_schema", json.dumps(schema))  # key order kept: it is the output's
 
-    def grammar(self) -> str:
-        """llguidance's grammar text for this spec (nothing compiled yet)."""
+    def grammar(self, special_tags: bool = False) -> str:
+        """llguidance's grammar text for this spec (nothing compiled yet); `special_tags`: a
+        tool-call grammar's tags are special tokens of the model's."""
         ll = _llguidance()
+        if self.kind == "tool_lark":
+            text = self.text
+            for mark, tag in zip(TAG_MARKS, TOOL_TAGS):
+                text = text.replace(mark, tag if special_tags else json.dumps(tag))
+            return ll.LLMatcher.grammar_from_lark(text)
         if self.kind == "json_schema":
             return ll.LLMatcher.grammar_from_json_schema(self.text, overrides=JSON_OPTIONS)
         if self.kind == "gbnf":
@@ -219,7 +231,7 @@ class Grammars:
         ll = _llguidance()
         tokenizer = _tokenizer_for(self.model)
         try:
-            grammar = spec.grammar()
+            grammar = spec.grammar(spec.kind == "tool_lark" and _special_tags(self.model, tokenizer))
         except ValueError as e:
             raise FieldError(f"the {_what(spec)} is not valid ({e})", _field(spec)) from None
         error, messages = ll.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
@@ -233,12 +245,21 @@ class Grammars:
         return matcher
 
 
+def _special_tags(model, tokenizer) -> bool:
+    """Whether the model's tokenizer has the tool-call tags as special tokens (one each)."""
+    for tag in TOOL_TAGS:
+        ids = model.tokenizer.encode(tag, add_special=False, special=True)
+        if len(ids) != 1 or not tokenizer.is_special_token(ids[0]):
+            return False
+    return True
+
+
 def _field(spec: GrammarSpec) -> str:
-    return "response_format" if spec.kind == "json_schema" else "grammar"
+    return {"json_schema": "response_format", "tool_lark": "tools"}.get(spec.kind, "grammar")
 
 
 def _what(spec: GrammarSpec) -> str:
-    return "JSON schema" if spec.kind == "json_schema" else f"{spec.kind.upper()} grammar"
+    return {"json_schema": "JSON schema", "tool_lark": "tools' schema"}.get(spec.kind, f"{spec.kind.upper()} grammar")
 
 
 def _first_line(message: str) -> str:
@@ -262,18 +283,54 @@ class Constraint:
         """How many of `tokens` the grammar accepts in turn from here."""
         return self.m.validate_tokens(list(map(int, tokens))) if len(tokens) else 0
 
-    def extend(self, tokens: Sequence[int], most: int) -> list[int]:
-        """`tokens` cut at their first disallowed token, then the tokens the grammar forces after
-        them, up to `most` in all: a draft's free part (a function of the context alone)."""
-        kept = list(tokens[: min(self.valid(tokens), most)])
-        if len(kept) >= most or any(t in self.eog for t in kept):  # nothing follows an end
-            return kept
-        if not self.m.consume_tokens(kept):
-            raise SpecdecError(f"the grammar refused tokens it had validated: {self.m.get_error()}")
-        forced = self.m.compute_ff_tokens()[: most - len(kept)]
-        if kept:
-            self.m.rollback(len(kept))
-        return kept + list(forced)
+    def extend(
+        self, tokens: Sequence[int], most: int, guesses: int | None = None, lookup=None
+    ) -> tuple[list[int], int]:
+        """A draft's free part, a function of the context alone: `tokens` (the drafter's proposal)
+        cut at their first token the grammar refuses, then the tokens the grammar forces there,
+        and, with `lookup` (a function of the draft so far and a count, giving a continuation:
+        prompt lookup on the context and the draft), its continuation after them, cut and forced
+        in turn; at most `guesses` tokens in all that the grammar does not force (default: the
+        proposal's length) and `most` in all. Returns the draft and how many of it are the
+        proposal's own (its first tokens)."""
+        guesses = len(tokens) if guesses is None else guesses
+        out: list[int] = []
+        fed = own = 0
+        pending, first = list(tokens), True
+        try:
+            while len(out) < most:
+                take = pending[: min(self.valid(pending), most - len(out), guesses)]
+                guesses -= len(take)
+                end = next((i for i, t in enumerate(take) if t in self.eog), None)
+                if end is not None:  # nothing follows an end
+                    out += take[: end + 1]
+                    own = own if not first else len(out)
+                    break
+                self._feed(take)
+                fed += len(take)
+                out += take
+                if first:
+                    own, first = len(take), False
+                forced = self.m.compute_ff_tokens()[: most - len(out)]
+                forced = forced[: next((i for i, t in enumerate(forced) if t in self.eog), len(forced))]
+                if not forced:
+                    break
+                self._feed(forced)
+                fed += len(forced)
+                out += forced
+                if lookup is None or guesses <= 0 or len(out) >= most:
+                    break
+                pending = list(lookup(out, min(guesses, most - len(out))))
+                if not pending:
+                    break
+        finally:
+            if fed:
+                self.m.rollback(fed)
+        return out, own
+
+    def _feed(self, tokens: Sequence[int]) -> None:
+        if tokens and not self.m.consume_tokens(list(map(int, tokens))):
+            raise SpecdecError(f"the grammar refused tokens it had allowed: {self.m.get_error()}")
 
     def masks(self, tokens: Sequence[int]) -> np.ndarray:
         """[len(tokens) + 1, vocab] the allowed tokens at each position of a chain draft: before

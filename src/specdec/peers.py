@@ -51,9 +51,12 @@ class LlamaCppPeer:
                 raise SpecdecError(f"no {binary.name} in {bin_dir}; build it with `make llama-tools`")
         self.target, self.draft, self.threads, self.ctx = target, draft, threads, ctx
 
-    def run(self, prompt_text: str, max_tokens: int, spec_type: str, k: int) -> PeerRun:
+    def run(
+        self, prompt_text: str, max_tokens: int, spec_type: str, k: int, json_schema: dict | None = None
+    ) -> PeerRun:
         """spec_type: 'none' (plain, through llama-completion), 'draft-simple' (the draft model) or
-        one of llama.cpp's n-gram types (ngram-simple, ngram-map-k, ngram-mod, ...).
+        one of llama.cpp's n-gram types (ngram-simple, ngram-map-k, ngram-mod, ...); `json_schema`:
+        the output constrained to it (llama.cpp's --json-schema, its grammar sampler).
 
         k goes to --spec-draft-n-max, which only the draft model obeys: the n-gram types draft by
         their own settings (this build's defaults: ngram-simple looks up the last 12 tokens and
@@ -79,6 +82,7 @@ class LlamaCppPeer:
                 str(self.threads),
                 "-c",
                 str(self.ctx),
+                *(["--json-schema", json.dumps(json_schema)] if json_schema is not None else []),
             ]
             if spec_type == "none":
                 # without the prompt echo (which llama-completion prints with the chat template's

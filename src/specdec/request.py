@@ -40,6 +40,7 @@ Limit = Literal["end", "fit", "refuse"]
 FINISH_REASONS = {
     "eog": ("stop", "stop"),
     "stop": ("stop", "stop"),
+    "tool_calls": ("tool_calls", "stop"),  # a chat answer read back as tool calls (server/protocol.py)
     "length": ("length", "length"),
     "context": ("length", "length"),
     "time_limit": ("time_limit", "abort"),
@@ -85,7 +86,7 @@ def _turns(
         turns = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         field = "prompt"
     for turn in turns:
-        if "\0" in turn["content"]:
+        if "\0" in (turn["content"] or ""):
             raise PromptError(
                 f"a {turn['role']} turn holds a NUL character (\\u0000), where the chat template would cut "
                 "it short; remove it",
@@ -112,18 +113,28 @@ def text(
 Piece = tuple[str, bool, bool]
 
 
-def _template_pieces(tokenizer, turns: list[dict], special_in_turns: bool) -> list[Piece]:
+def _template_pieces(tokenizer, turns: list[dict], special_in_turns: bool, tools: list | None = None) -> list[Piece]:
     """The chat template over `turns`, cut so that special tokens come from the template alone:
     each turn's content is tokenized as text, so a user who writes "<|im_end|>" sends those
     characters, never the control token that ends the turn (a prompt injection). Each content is
     rendered as a marker no text holds (a fresh nonce), and the template's text between markers is
     tokenized with its special tokens. `special_in_turns` tokenizes the whole text at once, the
-    contents' special tokens included (the old behaviour, for those who want it)."""
+    contents' special tokens included (the old behaviour, for those who want it). `tools` go to
+    the template (tools.py), and a turn's tool calls with their arguments as objects; an empty
+    content (an assistant turn of calls alone) stays empty for the template to see."""
+    from .tools import history
+
+    def render(turns: list[dict]) -> str:
+        turns = history(turns)
+        return tokenizer.apply_chat_template(turns, tools=tools) if tools else tokenizer.apply_chat_template(turns)
+
     if special_in_turns:
-        return [(tokenizer.apply_chat_template(turns), True, True)]
+        return [(render(turns), True, True)]
     nonce = secrets.token_hex(8)
-    marked = [{**turn, "content": f"\ue000{nonce}:{i}\ue001"} for i, turn in enumerate(turns)]
-    rendered = tokenizer.apply_chat_template(marked)
+    marked = [
+        {**turn, "content": f"\ue000{nonce}:{i}\ue001" if turn["content"] else ""} for i, turn in enumerate(turns)
+    ]
+    rendered = render(marked)
     pieces: list[Piece] = []
     start = 0  # the BOS (if the model adds one) opens the first piece of template text
     for match in re.finditer("\ue000" + nonce + ":(\\d+)\ue001", rendered):
@@ -163,6 +174,7 @@ def tokens(
     system: str | None = None,
     special_in_turns: bool = False,
     n_ctx: int | None = None,
+    tools: list | None = None,
 ) -> list[int]:
     """The prompt's token ids: chat turns through the template (_template_pieces), raw text
     through the tokenizer (its special tokens parsed: who writes a raw prompt writes the template
@@ -175,7 +187,7 @@ def tokens(
         if turns is None:
             pieces: list[Piece] = [(prompt, True, True)]
         else:
-            pieces = _template_pieces(model.tokenizer, turns, special_in_turns)
+            pieces = _template_pieces(model.tokenizer, turns, special_in_turns, tools)
         if n_ctx is not None:
             _check_size(model.tokenizer, pieces, n_ctx, field)
         ids = []
@@ -210,6 +222,7 @@ def prepare(
         system=config.system,
         special_in_turns=config.special_in_turns,
         n_ctx=model.n_ctx,
+        tools=config.template_tools,
     )
     room = model.n_ctx - len(ids)
     if room < 1:

@@ -46,7 +46,9 @@ class Tokenizer(Protocol):
     def decode(self, tokens: Sequence[int]) -> str: ...
     def token_bytes(self, token: int) -> bytes: ...  # raw bytes of one token (UTF-8 may be split)
     def token_text(self, token: int) -> str: ...  # the vocabulary entry, for compatibility checks
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str: ...  # ends with the assistant turn
+    def apply_chat_template(
+        self, messages: list[dict], tools: list | None = None
+    ) -> str: ...  # ends with the assistant turn
 
     # The most bytes of UTF-8 text one token can stand for (a special token's spelling included),
     # so that a text of B bytes is at least ceil(B / it) tokens, known before tokenizing it; None

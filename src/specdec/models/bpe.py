@@ -211,7 +211,7 @@ class NumpyTokenizer:
             for token, (text, kind) in enumerate(zip(self.tokens, self.token_type))
         )
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+    def apply_chat_template(self, messages: list[dict], tools: list | None = None) -> str:
         """The GGUF's own template, rendered as the llama.cpp backend renders it (models.chat)."""
         from .chat import render
 
@@ -219,4 +219,4 @@ class NumpyTokenizer:
             raise SpecdecError("this model has no chat template in its GGUF; use --no-chat")
         ids = (self.bos_id, self.eos_id)
         special = [self.tokens[i] if i is not None and 0 <= i < len(self.tokens) else "" for i in ids]
-        return render(self.chat_template, messages, *special)
+        return render(self.chat_template, messages, *special, tools=tools)

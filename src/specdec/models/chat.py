@@ -26,13 +26,18 @@ from ..errors import SpecdecError
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
-def render(template: str, messages: list[dict[str, str]], bos_token: str = "", eos_token: str = "") -> str:
-    """The prompt `template` makes of `messages`, ending with the assistant's turn opened."""
+def render(
+    template: str, messages: list[dict], bos_token: str = "", eos_token: str = "", tools: list | None = None
+) -> str:
+    """The prompt `template` makes of `messages` (and `tools`, for a template that takes them),
+    ending with the assistant's turn opened."""
     compiled = _compile(template)  # first: it says in one line where jinja2 is missing
     import jinja2
 
     try:
-        return compiled.render(messages=messages, add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token)
+        return compiled.render(
+            messages=messages, tools=tools, add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token
+        )
     except jinja2.TemplateError as exc:
         raise SpecdecError(f"the model's chat template refused these messages: {exc}") from None
 

@@ -255,14 +255,14 @@ class LlamaTokenizer:
             longest = max(longest, len(self.token_bytes(token)))
         return longest
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+    def apply_chat_template(self, messages: list[dict], tools: list | None = None) -> str:
         """The GGUF's own template, rendered as transformers and llama-server render it (models.chat)."""
         from .chat import render
 
         template = self._lib.llama_model_chat_template(self._model, None)
         if template is None:
             raise SpecdecError("this model has no chat template in its GGUF; use --no-chat")
-        return render(template.decode("utf-8"), messages, *map(self._special_text, ("bos", "eos")))
+        return render(template.decode("utf-8"), messages, *map(self._special_text, ("bos", "eos")), tools=tools)
 
     def _special_text(self, kind: str) -> str:
         token = getattr(self._lib, f"llama_vocab_{kind}")(self._vocab)

@@ -198,10 +198,10 @@ class HFTokenizer:
     def decode(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+    def apply_chat_template(self, messages: list[dict], tools: list | None = None) -> str:
         if not getattr(self.hf, "chat_template", None):
             raise SpecdecError("this model has no chat template; pass --no-chat")
-        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.hf.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
 
     def max_token_bytes(self) -> int | None:
         return self._longest_token
@@ -1117,7 +1117,7 @@ class ByteTokenizer:
     def decode(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+    def apply_chat_template(self, messages: list[dict], tools: list | None = None) -> str:
         return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
 
     def max_token_bytes(self) -> int:

@@ -30,6 +30,7 @@ from ..engine import HOST_CACHE_MIB, PREFILL_STALL, PREFILL_WASTE, Engine
 from ..errors import FieldError, SpecdecError
 from ..request import prepare
 from ..spec import DraftSpec
+from ..tools import held_back
 from .metrics import Metrics
 from .policy import RoutingController
 from .protocol import (
@@ -43,6 +44,8 @@ from .protocol import (
     parse_completion,
     response_body,
     speculative_body,
+    tool_call_chunks,
+    tool_calls,
     usage_body,
 )
 from .record import RequestLog
@@ -547,14 +550,32 @@ async def _stream(handle: Handle, service: Service):
     job = handle.job
     token_bytes = service.worker.target.tokenizer.token_bytes
     id, created = new_id(job.kind), now()
+    calling = job.kind == "chat" and job.config.tool_choice_word != "none"
+    text, sent = "", 0  # with tools: the text so far, and how much of it went out as content
     if job.kind == "chat":
         yield _sse(chunk_body(job, id, created, role=True))
     while True:
         event = await handle.events.get()
-        if event[0] == "text":
+        if event[0] == "text" and calling:  # content up to a call's opening; the calls at the end
+            text += event[1]
+            ready = len(text) - held_back(text)
+            if ready > sent or event[2]:
+                piece, sent = text[sent:ready], max(sent, ready)
+                yield _sse(chunk_body(job, id, created, text=piece, logprobs=event[2], token_bytes=token_bytes))
+        elif event[0] == "text":
             yield _sse(chunk_body(job, id, created, text=event[1], logprobs=event[2], token_bytes=token_bytes))
         elif event[0] == "done":
             _, result, finish = event
+            if calling:
+                content, calls = tool_calls(job, text[sent:])
+                if content and calls:
+                    yield _sse(chunk_body(job, id, created, text=content))
+                elif not calls and text[sent:]:
+                    yield _sse(chunk_body(job, id, created, text=text[sent:]))
+                for chunk in tool_call_chunks(job, id, created, calls):
+                    yield _sse(chunk)
+                if calls and finish in ("eog", "stop"):
+                    finish = "tool_calls"
             last = chunk_body(job, id, created, finish=finish, tokens=result.tokens if job.return_tokens else None)
             # llama-server's habit: the last chunk carries usage; and ours, the speculation
             last["usage"] = usage_body(result.stats)

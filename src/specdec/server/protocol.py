@@ -84,9 +84,6 @@ _UNSUPPORTED = {
     "best_of": (lambda v: v is None or v == 1, "only best_of = 1 is supported"),
     "echo": (_no_op, "echo is not supported"),
     "suffix": (lambda v: v is None or v == "", "suffix (insertion) is not supported"),
-    "tools": (_no_op, "tools (function calling) are not supported"),
-    "tool_choice": (_no_op, "tools (function calling) are not supported"),
-    "parallel_tool_calls": (lambda v: v is None, "tools (function calling) are not supported"),
     "functions": (_no_op, "functions (function calling) are not supported"),
     "function_call": (_no_op, "functions (function calling) are not supported"),
     "frequency_penalty": (
@@ -202,6 +199,9 @@ def _common(
             stop=stop,
             response_format=body.get("response_format"),
             grammar=_grammar(body),
+            tools=body.get("tools"),
+            tool_choice=body.get("tool_choice"),
+            parallel_tool_calls=body.get("parallel_tool_calls") is not False,
         )
     except RequestError:
         raise
@@ -271,7 +271,10 @@ def parse_chat(body, model_names: tuple[str, ...], draft_names: dict[str, str]) 
 
 
 def _messages(messages) -> list[dict]:
-    """Chat turns, each {"role", "content"} with its role normalised (models.chat.ROLES)."""
+    """Chat turns, each {"role", "content"} with its role normalised (models.chat.ROLES); a tool's
+    result ({"role": "tool", "tool_call_id", "content"}) and an assistant's tool_calls (its content
+    then may be empty) as the chat template takes them; a message's `name` is accepted and left
+    to the template."""
     if not isinstance(messages, list) or not messages:
         raise RequestError('\'messages\' must be a non-empty list of {"role", "content"} objects', "messages")
     turns = []
@@ -279,22 +282,56 @@ def _messages(messages) -> list[dict]:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise RequestError(f"{where} must be an object with role and content", where)
-        extra = sorted(set(m) - {"role", "content"})
+        role = m.get("role")
+        # (a null field is no field: the openai SDK sends back its own message objects' refusal: null)
+        extra = sorted(
+            k for k in set(m) - {"role", "content", "name", "tool_calls", "tool_call_id"} if m[k] is not None
+        )
         if extra:
             raise RequestError(
-                f"{where}: unsupported field(s) {', '.join(extra)} (tool calls, names and audio are not supported)",
+                f"{where}: unsupported field(s) {', '.join(extra)} (audio and refusals are not supported)",
                 f"{where}.{extra[0]}",
                 "unsupported_field",
             )
-        role = m.get("role")
-        if role not in ROLES:
+        if role not in ROLES and role != "tool":
             raise RequestError(
-                f"{where}.role must be one of {', '.join(ROLES)}; got {role!r}"
-                + (" (tools are not supported)" if role in ("tool", "function") else ""),
-                f"{where}.role",
+                f"{where}.role must be one of {', '.join([*ROLES, 'tool'])}; got {role!r}", f"{where}.role"
             )
-        turns.append({"role": ROLES[role], "content": _content(m.get("content"), where)})
+        calls = m.get("tool_calls")
+        if calls is not None and role != "assistant":
+            raise RequestError(f"{where}: only an assistant message has tool_calls", f"{where}.tool_calls")
+        if (m.get("tool_call_id") is not None) != (role == "tool"):
+            raise RequestError(f"{where}: a tool message (and only one) has a tool_call_id", f"{where}.tool_call_id")
+        name = m.get("name")
+        if name is not None and not isinstance(name, str):
+            raise RequestError(f"{where}.name must be a string", f"{where}.name")
+        empty_ok = bool(calls) and m.get("content") is None
+        turn = {"role": ROLES.get(role, role), "content": "" if empty_ok else _content(m.get("content"), where)}
+        if calls:
+            turn["tool_calls"] = _tool_calls(calls, where)
+        if role == "tool":
+            turn["tool_call_id"] = str(m["tool_call_id"])
+        turns.append(turn)
     return turns
+
+
+def _tool_calls(calls, where: str) -> list[dict]:
+    """An assistant turn's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}]."""
+    if not isinstance(calls, list):
+        raise RequestError(f"{where}.tool_calls must be a list", f"{where}.tool_calls")
+    out = []
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments"), str):
+            raise RequestError(
+                f'{where}.tool_calls[{j}] must be {{"id", "type": "function", "function": {{"name", "arguments"}}}} '
+                "with arguments a JSON string",
+                f"{where}.tool_calls",
+            )
+        out.append(
+            {"id": c.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": fn["arguments"]}}
+        )
+    return out
 
 
 def _content(content, where: str) -> str:
@@ -397,11 +434,13 @@ def response_body(
     `token_bytes`, the tokenizer's."""
     lp = logprobs_body(job.kind, logprobs, token_bytes) if logprobs is not None else None
     if job.kind == "chat":
+        content, calls = tool_calls(job, text)
+        message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": message,
             "logprobs": lp,
-            "finish_reason": finish_reason(finish),
+            "finish_reason": "tool_calls" if calls and finish in ("eog", "stop") else finish_reason(finish),
         }
     else:
         choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish_reason(finish)}
@@ -417,6 +456,27 @@ def response_body(
         "usage": usage_body(stats),
         "speculative": speculative_body(stats, policy),
     }
+
+
+def tool_calls(job: Job, text: str) -> tuple[str | None, list[dict]]:
+    """(content, OpenAI's tool_calls) of a chat answer: the calls read back (tools.parse) where
+    the request has tools to call, else the text as it is."""
+    if job.config.tool_choice_word == "none":
+        return text, []
+    from ..tools import parse
+
+    return parse(text)
+
+
+def tool_call_chunks(job: Job, id: str, created: int, calls: list[dict]) -> list[dict]:
+    """The streamed form of `calls`: a chunk each, delta.tool_calls with its index, id, name and
+    whole arguments."""
+    chunks = []
+    for i, call in enumerate(calls):
+        chunk = chunk_body(job, id, created)
+        chunk["choices"][0]["delta"] = {"tool_calls": [{"index": i, **call}]}
+        chunks.append(chunk)
+    return chunks
 
 
 def chunk_body(

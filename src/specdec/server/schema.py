@@ -31,8 +31,11 @@ class TextPart(_Body):
 
 
 class Message(_Body):
-    role: str = Field(description="system, developer (as system), user or assistant")
-    content: str | list[TextPart]
+    role: str = Field(description="system, developer (as system), user, assistant or tool")
+    content: str | list[TextPart] | None = Field(None, description="may be empty on an assistant's tool calls")
+    name: str | None = Field(None, description="accepted; the chat template decides whether it shows")
+    tool_calls: list[dict] | None = Field(None, description="an assistant's earlier calls (arguments as JSON text)")
+    tool_call_id: str | None = Field(None, description="a tool message: the call it answers")
 
 
 class StreamOptions(_Body):
@@ -87,9 +90,9 @@ class ChatRequest(_Request):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     messages: list[Message] = Field(min_length=1)
-    tools: Any = _refused("[]")
-    tool_choice: Any = _refused("none")
-    parallel_tool_calls: Any = _refused("absent")
+    tools: Any = Field(None, description='[{"type": "function", "function": {"name", "description", "parameters"}}]')
+    tool_choice: Any = Field(None, description='none, auto (default with tools), required or {"type": "function", ...}')
+    parallel_tool_calls: bool | None = Field(None, description="more than one call in a turn (default: true)")
     functions: Any = _refused("[]")
     function_call: Any = _refused("none")
     audio: Any = _refused("absent")
