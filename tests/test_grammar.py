@@ -24,9 +24,10 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import Engine
 from specdec.errors import FieldError, SpecdecError
 from specdec.grammar import Grammars, GrammarSpec, constraint_spec, masked
-from specdec.sampling import VERIFICATION_RULES, logits_to_probs
+from specdec.sampling import VERIFICATION_RULES
 
 from .enumerate import exact, total_variation
+from .test_sampled_engine import exact_outcomes
 from .toy import ToyLM, ToyTokenizer
 
 V, K = 5, 3
@@ -66,26 +67,13 @@ def constrained_joint(target, prompt, cfg: GenerationConfig, n: int, emitted: tu
     position (the grammar reads the output from its first token; an outcome ends with EOG where
     the target ended first)."""
     grammars = Grammars(target)
-    out: dict[tuple, float] = {}
 
-    def walk(prefix: tuple, prob: float) -> None:
-        if len(prefix) == n:
-            out[prefix] = prob
-            return
+    def allowed(prefix: tuple):
         c = grammars.constraint(cfg.constraint)
         c.consume(emitted + prefix)
-        target.reset()
-        logits = target.forward([*prompt, *emitted, *prefix], n_rows=1)[0]
-        p = logits_to_probs(masked(logits[None], c.allowed()[None])[0], cfg.sampling)
-        for token in np.flatnonzero(p):
-            if int(token) in target.tokenizer.eog_ids:
-                out[prefix + (EOG,)] = prob * p[token]
-            else:
-                walk(prefix + (int(token),), prob * p[token])
+        return c.allowed()
 
-    walk((), 1.0)
-    target.reset()
-    return out
+    return exact_outcomes(target, [*prompt, *emitted], cfg.sampling, n, allowed)
 
 
 def one_step(decoder: SpeculativeDecoder, cfg) -> tuple:
@@ -248,6 +236,8 @@ def test_bad_response_formats_are_one_line_field_errors(response_format, grammar
     [
         (GrammarSpec.json_schema({"type": "objec"}), "JSON schema is not valid"),
         (GrammarSpec.json_schema({"type": "string", "pattern": "(("}), "JSON schema is not valid"),
+        (GrammarSpec.json_schema({"type": "array", "uniqueItems": True}), "does not support.*uniqueItems"),
+        (GrammarSpec.json_schema({"not": {"type": "string"}}), "does not support"),
         (GrammarSpec("gbnf", "root ::= ("), "not valid"),
         (GrammarSpec("lark", "start: x\nx: x"), "not valid|accepts no output"),
         (GrammarSpec("lark", 'start: "q"'), "accepts no output"),  # "q" is no token of the toy's

@@ -52,9 +52,10 @@ FILTERS = {
 }
 
 
-def exact_outcomes(target, prompt, params: SamplingParams, n: int) -> dict[tuple, float]:
+def exact_outcomes(target, prompt, params: SamplingParams, n: int, allowed=None) -> dict[tuple, float]:
     """P(first n emitted tokens) under the target alone, by enumeration: an outcome is the tokens
-    emitted, ended by EOG where the target's end-of-generation token came first."""
+    emitted, ended by EOG where the target's end-of-generation token came first. `allowed(prefix)`
+    (a bool per token) masks the target's logits after each prefix, as a grammar does."""
     eog = target.tokenizer.eog_ids
     out: dict[tuple, float] = {}
 
@@ -63,7 +64,10 @@ def exact_outcomes(target, prompt, params: SamplingParams, n: int) -> dict[tuple
             out[prefix] = prob
             return
         target.reset()
-        p = logits_to_probs(target.forward(list(prompt) + list(prefix), n_rows=1)[0], params)  # [vocab]
+        logits = target.forward(list(prompt) + list(prefix), n_rows=1)[0]
+        if allowed is not None:
+            logits = np.where(allowed(prefix), logits, -np.inf)
+        p = logits_to_probs(logits, params)  # [vocab]
         for token in np.flatnonzero(p):
             if int(token) in eog:
                 out[prefix + (EOG,)] = prob * p[token]

@@ -235,6 +235,12 @@ class Grammars:
         except ValueError as e:
             raise FieldError(f"the {_what(spec)} is not valid ({e})", _field(spec)) from None
         error, messages = ll.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+        if error and "Unimplemented keys" in messages[0]:  # llguidance's word for keywords it lacks
+            raise FieldError(
+                f"the {_what(spec)} uses keywords the grammar engine does not support: {_first_line(messages[0])}",
+                _field(spec),
+                "unsupported_value",
+            )
         if error:
             raise FieldError(f"the {_what(spec)} is not valid: {_first_line(messages[0])}", _field(spec))
         matcher = ll.LLMatcher(tokenizer, grammar, log_level=0)
