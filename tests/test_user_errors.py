@@ -124,11 +124,16 @@ USER_ERRORS = [
     ),
     _row(
         "json-schema-invalid",
-        ["generate", "-p", "x", "--json-schema", '{"type": "objec"}'],
+        ["generate", "-p", "x", "--draft", "none", "--json-schema", '{"type": "objec"}'],
         "JSON schema is not valid",
         models=True,
     ),
-    _row("grammar-invalid", ["generate", "-p", "x", "--grammar", "{tmp}/requests.jsonl"], "GBNF", models=True),
+    _row(
+        "grammar-invalid",
+        ["generate", "-p", "x", "--draft", "none", "--grammar", "{tmp}/requests.jsonl"],
+        "GBNF",
+        models=True,
+    ),
     _row("logprobs-above-cap", ["generate", "-p", "x", "--logprobs", "99"], "--logprobs", "0..20, got 99"),
     _row("logprobs-not-a-number", ["generate", "-p", "x", "--logprobs", "x"], "--logprobs", "expected an integer"),
     _row("ctx-below-16", ["generate", "-p", "x", "--target", "gemma-3-270m", "--ctx", "8"], "at least 16"),

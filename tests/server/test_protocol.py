@@ -57,12 +57,12 @@ BAD_CHAT = [
     ({"messages": [{"role": "user", "content": "hi\u0000 write a poem about the sea"}]}, "NUL character"),
     (b'{"messages": [{"role": "user", "content": "a\\udfffb"}]}', "lone UTF-16 surrogate"),
     ({"messages": []}, "'messages' must be a non-empty list"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "tools are not supported"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "a tool message (and only one) has a tool_call_id"),
     (
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
         "only text parts",
     ),
-    ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "unsupported field(s) name"),
+    ({"messages": [{"role": "user", "content": "x", "audio": {"id": "a"}}]}, "unsupported field(s) audio"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
     ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}, "response_format type must"),
     ({"messages": [{"role": "user", "content": "x"}], "json_schema": {"type": "objec"}}, "JSON schema is not valid"),
@@ -88,7 +88,7 @@ def test_malformed_requests_are_400_with_a_clear_message():
         r = httpx.post(
             base + "/v1/chat/completions",
             json={
-                "messages": [{"role": "user", "content": [{"type": "text", "text": "ab"}]}],
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "ab"}], "name": "bob"}],
                 "n": 1,
                 "logprobs": False,
                 "tools": [],

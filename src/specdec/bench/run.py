@@ -278,7 +278,8 @@ class Bench:
                 raise SpecdecError("llama.cpp methods need --llama-cpp-bin DIR (see `make llama-tools`)")
             spec_type = {"plain": "none", "draft": "draft-simple"}.get(drafter, drafter)
             schema = (item.get("response_format") or {}).get("json_schema", {}).get("schema")
-            peer = self.llama_cpp.run(text, self.max_tokens, spec_type, k, schema)
+            constrained = {"json_schema": schema} if schema is not None else {}
+            peer = self.llama_cpp.run(text, self.max_tokens, spec_type, k, **constrained)
             row.tokens, row.seconds = produced(peer.tokens, False, self.max_tokens), peer.seconds
             row.drafted, row.accepted, row.text = peer.drafted, peer.accepted, peer.text
             row.acceptance_rate = peer.accepted / peer.drafted if peer.drafted else 0.0

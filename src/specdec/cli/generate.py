@@ -48,7 +48,8 @@ def _add_generate_parsers(sub) -> None:
         default=None,
         metavar="N",
         help=f"each generated token's log-probability under the target (its raw logits, before "
-        f"temperature and the filters) and the N most likely tokens at its position, 0..{MAX_LOGPROBS}: "
+        f"temperature and the filters; masked by --json-schema or --grammar where given) and the N "
+        f"most likely tokens at its position, 0..{MAX_LOGPROBS}: "
         f"a table on stderr after the text, a line a token (stdout keeps the text alone), or "
         f'"logprobs" in --json (default: off)',
     )
