@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -145,7 +146,11 @@ def _tokenizer_for(model):
         import llama_cpp
         from llguidance.llamacpp import lltokenizer_from_vocab
 
-        lt = lltokenizer_from_vocab(llama_cpp.llama_model_get_vocab(handle), n_vocab=model.vocab_size, eos_token=eos)
+        with warnings.catch_warnings():  # llguidance reads each token's attributes by a deprecated name
+            warnings.simplefilter("ignore", DeprecationWarning)
+            lt = lltokenizer_from_vocab(
+                llama_cpp.llama_model_get_vocab(handle), n_vocab=model.vocab_size, eos_token=eos
+            )
     else:
         lt = ll.LLTokenizer(_Wrapper(tok, model.vocab_size, eos), n_vocab=model.vocab_size, eos_token=eos)
     model._llg_tokenizer = lt

@@ -488,3 +488,54 @@ def test_a_recorded_line_is_whole_or_absent(tmp_path, monkeypatch, caplog):
     record.close()
     assert list(read_requests(path).chats) == [(("user", "first"),), (("user", "third"),)]
     assert caplog.text.count("was not recorded") == 1 and record.lines == 2
+
+
+def test_tokenize_and_detokenize_in_llama_servers_shapes():
+    with toy_server(unique=True) as (base, service):
+        tokenizer = service.worker.target.tokenizer
+        r = httpx.post(base + "/tokenize", json={"content": "hello"})
+        assert r.status_code == 200 and r.json()["tokens"] == tokenizer.encode("hello", add_special=False)
+        ids = r.json()["tokens"]
+        pieces = httpx.post(base + "/tokenize", json={"content": "hello", "with_pieces": True}).json()["tokens"]
+        assert [p["id"] for p in pieces] == ids
+        assert all(p["piece"] == tokenizer.token_bytes(p["id"]).decode() for p in pieces)
+        back = httpx.post(base + "/detokenize", json={"tokens": ids}).json()
+        assert back == {"content": tokenizer.decode(ids)}
+        for path, body, param in (
+            ("/tokenize", {"content": 5}, "content"),
+            ("/tokenize", {"content": "x", "with_pieces": "yes"}, "with_pieces"),
+            ("/detokenize", {"tokens": ["a"]}, "tokens"),
+            ("/detokenize", {"tokens": [10**6]}, "tokens"),
+        ):
+            bad = httpx.post(base + path, json=body)
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == param, (path, body, bad.text)
+        # every answer names the build and the model
+        chat = httpx.post(
+            base + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        )
+        assert chat.json()["system_fingerprint"].startswith("specdec-") and chat.json()["system_fingerprint"].endswith(
+            "-toy"
+        )
+
+
+def test_cors_preflight_and_headers_for_the_origins_given():
+    target, draft = _toy_models()
+    service = build_service(target, draft, AUTO, 2, ("toy",), "toy-draft", cors_origins=("http://localhost:3000",))
+    with serving(service) as base:
+        pre = httpx.options(
+            base + "/v1/chat/completions",
+            headers={"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"},
+        )
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "http://localhost:3000"
+        r = httpx.post(
+            base + "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+            headers={"Origin": "http://localhost:3000"},
+        )
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:3000"
+        other = httpx.post(
+            base + "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+            headers={"Origin": "http://evil.example"},
+        )
+        assert "access-control-allow-origin" not in other.headers

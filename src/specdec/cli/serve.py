@@ -154,6 +154,13 @@ def _add_access_flags(g) -> None:
     g.add_argument(
         "--served-model-name", default=None, help="the model id clients send and /v1/models lists (default: --target)"
     )
+    g.add_argument(
+        "--cors-origins",
+        default="",
+        metavar="ORIGINS",
+        help="browser origins that may call the API (CORS), comma-separated, e.g. http://localhost:3000, "
+        "or * for any (default: none)",
+    )
 
 
 def _add_request_flags(g) -> None:
@@ -308,6 +315,7 @@ def _service(args, spec, draft_spec, report):
         long_step_share=args.long_step_share,
         costs=_report_costs(args, report, target, draft) if report is not None else None,
         record=RequestLog(args.record_requests) if args.record_requests else None,
+        cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
     )
     banner = (
         f"specdec serve: {names[0]} | draft {policy.label}"

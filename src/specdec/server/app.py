@@ -38,6 +38,7 @@ from .protocol import (
     RequestError,
     chunk_body,
     error_body,
+    fingerprint,
     new_id,
     now,
     parse_chat,
@@ -79,8 +80,10 @@ class Service:
         special_in_turns: bool = False,
         reproducible: bool = False,
         record: RequestLog | None = None,
+        cors_origins: tuple[str, ...] = (),
     ):
         self.model_names, self.draft_names = model_names, draft_names
+        self.cors_origins = tuple(cors_origins)  # browsers' origins that may call (--cors-origins)
         self.record = record  # --record-requests: each accepted request's prompt, for `specdec train --requests`
         self.default_policy = default_policy
         self.max_batch = engine.max_rows
@@ -283,12 +286,23 @@ def create_app(service: Service) -> FastAPI:
     app.add_exception_handler(RequestError, _request_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _internal)
+    if service.cors_origins:  # a browser's preflight (OPTIONS) and its answers' Access-Control headers
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(service.cors_origins),
+            allow_methods=["GET", "HEAD", "POST", "OPTIONS"],
+            allow_headers=["*"],
+        )
     app.add_api_route("/health", health, methods=["GET", "HEAD"])
     app.add_api_route("/metrics", prometheus, methods=["GET"])
     app.add_api_route("/v1/models", models, methods=["GET"])
     app.add_api_route("/v1/models/{name:path}", model, methods=["GET"])
     app.add_api_route("/v1/chat/completions", chat, methods=["POST"])
     app.add_api_route("/v1/completions", completions, methods=["POST"])
+    app.add_api_route("/tokenize", tokenize, methods=["POST"])
+    app.add_api_route("/detokenize", detokenize, methods=["POST"])
     return app
 
 
@@ -390,6 +404,56 @@ async def prometheus(request: Request):
     from prometheus_client import CONTENT_TYPE_LATEST
 
     return Response(_service(request).metrics.text(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def tokenize(request: Request):
+    """llama-server's POST /tokenize: {"content", "add_special" (false), "parse_special" (true),
+    "with_pieces" (false)} -> {"tokens": [id, ...]}, or with pieces [{"id", "piece"}] (a piece
+    that is not whole UTF-8: its bytes)."""
+    service = _service(request)
+    check_auth(service, request)
+    body = await read_json(service, request)
+    content = body.get("content") if isinstance(body, dict) else None
+    if not isinstance(content, str):
+        raise RequestError("'content' must be a string", "content")
+    flags = {
+        name: body.get(name, default)
+        for name, default in (("add_special", False), ("parse_special", True), ("with_pieces", False))
+    }
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise RequestError(f"'{name}' must be true or false, got {value!r}", name)
+    tokenizer = service.worker.target.tokenizer
+    ids = await anyio.to_thread.run_sync(
+        lambda: tokenizer.encode(content, add_special=flags["add_special"], special=flags["parse_special"]),
+        limiter=service.preparing,
+    )
+    if not flags["with_pieces"]:
+        return {"tokens": ids}
+    pieces = []
+    for i in ids:
+        raw = tokenizer.token_bytes(i)
+        try:
+            piece = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            piece = list(raw)
+        pieces.append({"id": i, "piece": piece})
+    return {"tokens": pieces}
+
+
+async def detokenize(request: Request):
+    """llama-server's POST /detokenize: {"tokens": [id, ...]} -> {"content"}."""
+    service = _service(request)
+    check_auth(service, request)
+    body = await read_json(service, request)
+    ids = body.get("tokens") if isinstance(body, dict) else None
+    vocab = service.worker.target.vocab_size
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise RequestError("'tokens' must be a list of token ids", "tokens")
+    bad = next((i for i in ids if not 0 <= i < vocab), None)
+    if bad is not None:
+        raise RequestError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", "tokens")
+    return {"content": service.worker.target.tokenizer.decode(ids)}
 
 
 def model_card(service: Service, name: str) -> dict:
@@ -588,7 +652,7 @@ async def _stream(handle: Handle, service: Service):
                         "object": last["object"],
                         "created": created,
                         "model": job.model,
-                        "system_fingerprint": None,
+                        "system_fingerprint": fingerprint(job.model),
                         "choices": [],
                         "usage": last["usage"],
                         "speculative": last["speculative"],

@@ -414,6 +414,14 @@ def usage_body(stats: GenerationStats) -> dict:
     }
 
 
+def fingerprint(model: str) -> str:
+    """system_fingerprint: the build and the model that answered (OpenAI's field for telling a
+    change of backend from a change of sampling)."""
+    from .. import __version__
+
+    return f"specdec-{__version__}-{model}"
+
+
 def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
 
@@ -451,7 +459,7 @@ def response_body(
         "object": "chat.completion" if job.kind == "chat" else "text_completion",
         "created": created,
         "model": job.model,
-        "system_fingerprint": None,
+        "system_fingerprint": fingerprint(job.model),
         "choices": [choice],
         "usage": usage_body(stats),
         "speculative": speculative_body(stats, policy),
@@ -517,7 +525,7 @@ def chunk_body(
         "object": obj,
         "created": created,
         "model": job.model,
-        "system_fingerprint": None,
+        "system_fingerprint": fingerprint(job.model),
         "choices": [choice],
     }
 
