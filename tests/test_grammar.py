@@ -23,8 +23,8 @@ from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import Engine
 from specdec.errors import FieldError, SpecdecError
-from specdec.grammar import Grammars, GrammarSpec, constraint_spec, masked
-from specdec.sampling import VERIFICATION_RULES
+from specdec.grammar import Grammars, GrammarSpec, constraint_spec
+from specdec.sampling import VERIFICATION_RULES, masked
 
 from .enumerate import exact, total_variation
 from .test_sampled_engine import exact_outcomes

@@ -25,6 +25,7 @@ from .models.base import RowModel, SavedRow, tree_depths
 from .sampling import (
     DraftTree,
     TokenLogprob,
+    masked,
     token_logprob,
     verify_draft,
 )
@@ -509,8 +510,6 @@ class Engine:
         """Each constrained row's logits masked to what its grammar allows at each position
         (Constraint.masks), in place: verification, the bonus token and logprobs all read p
         under the grammar."""
-        from .grammar import masked
-
         for row, r in rows.items():
             if r.constraint is not None:
                 logits[row] = masked(logits[row], r.constraint.masks(drafts[row]))

@@ -369,10 +369,3 @@ class Constraint:
     @property
     def stopped(self) -> bool:
         return self.m.is_stopped()
-
-
-def masked(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
-    """Logits rows with the disallowed tokens at -inf (a copy)."""
-    out = np.array(logits, dtype=np.float32, copy=True)
-    out[~allowed[: len(out)]] = -np.inf
-    return out

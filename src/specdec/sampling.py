@@ -665,6 +665,14 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
+def masked(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """Logits rows with the tokens a grammar disallows at -inf (a copy): the constrained target,
+    before temperature and the filters (../shared/DESIGN.md's order; grammar.Constraint.masks)."""
+    out = np.array(logits, dtype=np.float32, copy=True)
+    out[~allowed[: len(out)]] = -np.inf
+    return out
+
+
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """log p [vocab] of one position's raw logits (temperature 1, no filters), in float64."""
     shifted = logits.astype(np.float64) - float(np.max(logits))
