@@ -318,10 +318,7 @@ class Engine:
         decides between a tree's rule and a chain's; a draft ends at its first end-of-generation
         token (nothing after it is ever emitted) and before any token outside the vocabulary."""
         target = self.target
-        caps = {
-            row: max(0, min(target.n_ctx - len(r.context) - 1, r.config.max_new_tokens - r.stats.generated_tokens - 1))
-            for row, r in rows.items()
-        }
+        caps = {row: self._room(r) for row, r in rows.items()}
         leaves = self._tree_room(rows)
         plan = self.controller.draft(contexts, caps, leaves)
         return {
@@ -462,6 +459,12 @@ class Engine:
             "(0: a chain); a tree cut after drawing would not sample the target's distribution"
         )
 
+    def _room(self, request: Request) -> int:
+        """The most draft tokens a row may take this step: the context's room and the tokens it
+        still wants, the one after the draft counted."""
+        left = request.config.max_new_tokens - request.stats.generated_tokens
+        return max(0, min(self.target.n_ctx - len(request.context) - 1, left - 1))
+
     def _constrain(self, rows, plan, drafts) -> tuple[dict, dict[int, int]]:
         """Each constrained row's draft made the grammar's (Constraint.extend): a free or greedy
         draft is cut at its first token the grammar refuses and followed by the tokens the grammar
@@ -477,9 +480,7 @@ class Engine:
             drafter, draft = plan[row]
             if draft is not None and draft.q is not None and not r.params.greedy:
                 continue
-            cap = max(
-                0, min(self.target.n_ctx - len(r.context) - 1, r.config.max_new_tokens - r.stats.generated_tokens - 1)
-            )
+            cap = self._room(r)
             mine = drafts[row]
             free = drafter is not None and draft is not None and draft.q is None and mine
             lookup = self._lookup(r.context) if free else None  # a free drafter's guesses go on past forced tokens

@@ -141,7 +141,7 @@ def _tokenizer_for(model):
     ll = _llguidance()
     tok = model.tokenizer
     eos = sorted(tok.eog_ids)
-    handle = getattr(getattr(model, "_h", None), "model", None)
+    handle = model.llama_model
     if handle is not None:
         import llama_cpp
         from llguidance.llamacpp import lltokenizer_from_vocab

@@ -74,6 +74,9 @@ class RowModel(Protocol):
     exits_early: bool  # forward_rows(..., n_layers=L) stops after L of its n_layer layers (early exit)
     runs_exit_blocks: bool  # attach_exit_blocks: an early-exit head's blocks drafted through its own cache
     exact: bool  # every row's logits batch-invariant (llama.cpp's exact mode, docs/guide/exact.md)
+    # llama.cpp's model handle, for a library that reads its vocabulary itself (grammar.py's
+    # llguidance tokenizer: the tokens' attributes say which are control tokens); None elsewhere
+    llama_model: object | None
 
     def add_rows(self, n: int = 1) -> list[int]:
         """n new empty rows; their ids."""
@@ -236,6 +239,7 @@ class SingleRow:
     exits_early = False
     runs_exit_blocks = False
     exact = False
+    llama_model = None  # (RowModel.llama_model)
 
     def _solo_row(self) -> int:
         if self._solo is None:
@@ -282,6 +286,7 @@ class SequentialRows:
     exits_early = False  # a subclass whose forward takes n_layers sets it
     runs_exit_blocks = False
     exact = False
+    llama_model = None  # (RowModel.llama_model)
 
     def _row_states(self) -> dict:
         if "_states" not in self.__dict__:

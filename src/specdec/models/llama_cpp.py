@@ -274,6 +274,11 @@ class LlamaCppModel(SingleRow):
     `huge_pages`: ask Linux for 2 MiB pages for the memory llama.cpp takes (hugepages.py): a
     longer load for a slightly faster token; the output is the same either way."""
 
+    @property
+    def llama_model(self):
+        """llama.cpp's model handle (RowModel.llama_model)."""
+        return self._h.model
+
     def __init__(
         self,
         path: str | os.PathLike,
